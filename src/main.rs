@@ -1,1 +1,82 @@
-fn main(){}
+//! The `snowlease` binary: parse flags, validate, set up logging, run one
+//! mode, map the outcome to an exit code (see README.md, "Exit codes").
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use snowlease::config::{ConfigError, LogFormat, WorkerArgs};
+use snowlease::worker::WorkerError;
+use tracing_subscriber::EnvFilter;
+
+/// Leases Snowflake worker IDs and resource pools in Redis.
+#[derive(Parser)]
+#[command(name = "snowlease", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the worker-ID sidecar: claim an ID, renew it, publish it.
+    Worker(WorkerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Worker(args) => {
+            let config = match args.validate() {
+                Ok(config) => config,
+                Err(err) => return config_error(&err),
+            };
+            init_logging(args.log_format);
+            finish(block_on(async move {
+                let shutdown = snowlease::shutdown::listen()?;
+                snowlease::sidecar::run_worker(config, shutdown).await
+            }))
+        }
+    }
+}
+
+fn block_on<F: Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(fut)
+}
+
+fn config_error(err: &ConfigError) -> ExitCode {
+    eprintln!("snowlease: {err}");
+    ExitCode::from(2)
+}
+
+/// Exit codes: 0 clean stop, 2 bad configuration, 3 no ID claimed in time,
+/// 4 lease lost with `--on-loss exit`, 1 anything else.
+fn finish(result: anyhow::Result<()>) -> ExitCode {
+    let Err(err) = result else {
+        return ExitCode::SUCCESS;
+    };
+    tracing::error!(error = format!("{err:#}"), "exiting");
+    eprintln!("snowlease: {err:#}");
+    match err.downcast_ref::<WorkerError>() {
+        Some(WorkerError::ClaimTimeout { .. }) => ExitCode::from(3),
+        Some(WorkerError::LeaseLost { .. }) => ExitCode::from(4),
+        _ if err.downcast_ref::<ConfigError>().is_some() => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_env("SNOWLEASE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

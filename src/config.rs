@@ -1,0 +1,364 @@
+//! Command-line flags (with env twins) and their validation into typed configs.
+//!
+//! Stage one is clap: syntax, env twins, defaults. Stage two is
+//! [`WorkerArgs::validate`]: ranges and cross-field rules, checked before any
+//! socket is bound or Redis is touched, so bad input exits 2 with nothing
+//! half-written.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::store::RedisTarget;
+
+/// A configuration value outside its allowed range; names the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid value for {flag}: {reason}")]
+pub struct ConfigError {
+    /// The flag, as typed on the command line (e.g. `--ttl`).
+    pub flag: &'static str,
+    /// What is wrong and which values are allowed.
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(flag: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            flag,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
+pub const WORKER_ID_LIMIT: u16 = 1023;
+
+/// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 2s, 1m)"))
+}
+
+/// What the worker does after it lost its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLoss {
+    /// Unpublish, then claim any free ID again and publish the new one.
+    Reclaim,
+    /// Unpublish and exit with code 4.
+    Exit,
+}
+
+/// Log line format on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log shippers).
+    Json,
+}
+
+/// Flags of `snowlease worker`; see README.md for the long form.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// Application name: 1-64 chars of [A-Za-z0-9_.-]; part of every lease key.
+    #[arg(long, env = "SNOWLEASE_APP")]
+    pub app: String,
+
+    /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+
+    /// Owner identity [default: POD_IP env, else primary local IP, else hostname].
+    #[arg(long, env = "SNOWLEASE_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// Prefix of lease keys: the key is <prefix><app>:<id>.
+    #[arg(
+        long,
+        env = "SNOWLEASE_KEY_PREFIX",
+        default_value = "snowflake:worker:"
+    )]
+    pub key_prefix: String,
+
+    /// Highest worker ID handed out (0-1023); IDs run from 0 to this value.
+    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = 31)]
+    pub max_worker_id: u32,
+
+    /// Lease TTL in Redis (PX): 1s-1h, e.g. 120s.
+    #[arg(long, env = "SNOWLEASE_TTL", default_value = "120s", value_parser = parse_duration)]
+    pub ttl: Duration,
+
+    /// Time between renewals; at most ttl/2.
+    #[arg(long, env = "SNOWLEASE_RENEW_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub renew_interval: Duration,
+
+    /// Retries of a failed renew round (0-10), with doubling backoff.
+    #[arg(long, env = "SNOWLEASE_RETRIES", default_value_t = 3)]
+    pub retries: u32,
+
+    /// File the worker ID is published to (decimal ID and a newline).
+    #[arg(
+        long,
+        env = "SNOWLEASE_OUTPUT_FILE",
+        default_value = "/var/run/snowlease/worker-id"
+    )]
+    pub output_file: PathBuf,
+
+    /// Address of the HTTP server (/id, /livez, /readyz, /metrics).
+    #[arg(long, env = "SNOWLEASE_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// What to do when the lease is lost: reclaim another ID, or exit with code 4.
+    #[arg(long, env = "SNOWLEASE_ON_LOSS", value_enum, default_value_t = OnLoss::Reclaim)]
+    pub on_loss: OnLoss,
+
+    /// Give up (exit 3) when no ID could be claimed for this long (1s-24h).
+    #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub claim_timeout: Duration,
+
+    /// Log format on stderr.
+    #[arg(long, env = "SNOWLEASE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Validated settings of the worker mode.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Application name (validated).
+    pub app: String,
+    /// Where Redis is, with the URL kept out of logs.
+    pub redis: RedisTarget,
+    /// Explicit identity, if given; else resolved at start.
+    pub identity: Option<String>,
+    /// Lease timing and ID range.
+    pub lease: LeaseSettings,
+    /// File the ID is published to; the state file sits beside it.
+    pub output_file: PathBuf,
+    /// HTTP listen address.
+    pub listen: SocketAddr,
+    /// Behaviour after a loss.
+    pub on_loss: OnLoss,
+    /// How long to keep trying to claim before exit 3.
+    pub claim_timeout: Duration,
+}
+
+/// The lease parameters the worker loop needs, nothing else.
+#[derive(Debug, Clone)]
+pub struct LeaseSettings {
+    /// Key prefix, e.g. `snowflake:worker:`.
+    pub key_prefix: String,
+    /// IDs run 0..=max_worker_id.
+    pub max_worker_id: u16,
+    /// PX of the lease key.
+    pub ttl: Duration,
+    /// Time between renewals (<= ttl/2).
+    pub renew_interval: Duration,
+    /// Retries of a failed renew round.
+    pub retries: u32,
+}
+
+impl LeaseSettings {
+    /// Timeout of one Redis call: a quarter of the renew interval, within
+    /// 100 ms-5 s, so a whole round of retries fits before the deadline.
+    pub fn call_timeout(&self) -> Duration {
+        (self.renew_interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+    }
+}
+
+impl WorkerArgs {
+    /// Checks ranges and cross-field rules; the first violation names its flag.
+    pub fn validate(&self) -> Result<WorkerConfig, ConfigError> {
+        validate_app(&self.app)?;
+        let redis = RedisTarget::parse(&self.redis_url)
+            .map_err(|reason| ConfigError::new("--redis-url", reason))?;
+        if let Some(identity) = &self.identity {
+            validate_identity(identity)?;
+        }
+        validate_key_prefix(&self.key_prefix)?;
+        let max_worker_id = u16::try_from(self.max_worker_id)
+            .ok()
+            .filter(|id| *id <= WORKER_ID_LIMIT)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "--max-worker-id",
+                    format!("{} is outside 0-1023 (10 bits)", self.max_worker_id),
+                )
+            })?;
+        check_range(
+            "--ttl",
+            self.ttl,
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+        )?;
+        if self.renew_interval.is_zero() || self.renew_interval > self.ttl / 2 {
+            return Err(ConfigError::new(
+                "--renew-interval",
+                format!(
+                    "{} must be more than 0 and at most ttl/2 ({})",
+                    humantime::format_duration(self.renew_interval),
+                    humantime::format_duration(self.ttl / 2)
+                ),
+            ));
+        }
+        if self.retries > 10 {
+            return Err(ConfigError::new(
+                "--retries",
+                format!("{} is outside 0-10", self.retries),
+            ));
+        }
+        check_range(
+            "--claim-timeout",
+            self.claim_timeout,
+            Duration::from_secs(1),
+            Duration::from_secs(86_400),
+        )?;
+        if self.output_file.file_name().is_none() {
+            return Err(ConfigError::new("--output-file", "must name a file"));
+        }
+        Ok(WorkerConfig {
+            app: self.app.clone(),
+            redis,
+            identity: self.identity.clone(),
+            lease: LeaseSettings {
+                key_prefix: self.key_prefix.clone(),
+                max_worker_id,
+                ttl: self.ttl,
+                renew_interval: self.renew_interval,
+                retries: self.retries,
+            },
+            output_file: self.output_file.clone(),
+            listen: self.listen,
+            on_loss: self.on_loss,
+            claim_timeout: self.claim_timeout,
+        })
+    }
+}
+
+fn check_range(
+    flag: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::new(
+            flag,
+            format!(
+                "{} is outside {}-{}",
+                humantime::format_duration(value),
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// App names: 1-64 chars of `[A-Za-z0-9_.-]` (worker-id.md), so a name can
+/// never reach into another app's keys or a hash tag.
+pub fn validate_app(app: &str) -> Result<(), ConfigError> {
+    let ok = (1..=64).contains(&app.len())
+        && app
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "--app",
+            format!("{app:?} must be 1-64 characters of [A-Za-z0-9_.-]"),
+        ))
+    }
+}
+
+fn validate_identity(identity: &str) -> Result<(), ConfigError> {
+    let ok = (1..=200).contains(&identity.len())
+        && identity.chars().all(|c| c.is_ascii_graphic() && c != '#');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "--identity",
+            "must be 1-200 printable ASCII characters without spaces or '#'",
+        ))
+    }
+}
+
+fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let ok = (1..=128).contains(&prefix.len())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "--key-prefix",
+            "must be 1-128 printable ASCII characters without spaces or braces",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        worker: WorkerArgs,
+    }
+
+    fn args(extra: &[&str]) -> WorkerArgs {
+        let mut argv = vec!["snowlease"];
+        if !extra.contains(&"--app") {
+            argv.extend(["--app", "orders"]);
+        }
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).expect("parses").worker
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let config = args(&[]).validate().expect("defaults are valid");
+        assert_eq!(config.lease.max_worker_id, 31);
+        assert_eq!(config.lease.ttl, Duration::from_secs(120));
+        assert_eq!(config.lease.renew_interval, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn renew_interval_above_half_ttl_is_refused() {
+        let err = args(&["--ttl", "2s", "--renew-interval", "1001ms"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.flag, "--renew-interval");
+        args(&["--ttl", "2s", "--renew-interval", "1s"])
+            .validate()
+            .expect("exactly ttl/2 is allowed");
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_flag() {
+        let cases: [(&[&str], &str); 5] = [
+            (&["--ttl", "0s"], "--ttl"),
+            (&["--max-worker-id", "1024"], "--max-worker-id"),
+            (&["--app", "a:b"], "--app"),
+            (&["--app", "a b"], "--app"),
+            (&["--redis-url", "http://x"], "--redis-url"),
+        ];
+        for (extra, flag) in cases {
+            let err = args(extra).validate().unwrap_err();
+            assert_eq!(err.flag, flag, "{extra:?}");
+        }
+    }
+
+    #[test]
+    fn durations_accept_ms_s_m() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,183 @@
+//! The lease core: claim, renew and release one Redis key on behalf of an
+//! owner, and the local validity math. Knows nothing of files or HTTP.
+//!
+//! Safety rests on two rules (worker-id.md): a lease is only valid locally
+//! until `sent + TTL - margin`, measured on the monotonic clock from the
+//! moment the command was *sent*; and only a confirmed reply extends it.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionLike;
+use tokio::time::Instant;
+
+use crate::identity::Owner;
+
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/release.lua")));
+
+/// Safety margin subtracted from the TTL: 1% of the TTL (covers clock rates
+/// that differ by up to 1%), at least 100 ms (scheduling jitter).
+pub fn margin(ttl: Duration) -> Duration {
+    (ttl / 100).max(Duration::from_millis(100))
+}
+
+/// The instant until which a lease whose claim or renew was sent at `sent`
+/// may be treated as held. Redis starts its TTL later than `sent`, so this
+/// always ends before Redis lets another owner in.
+pub fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(margin(ttl))
+}
+
+/// What a renew round found in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The key held our owner string; its TTL was reset.
+    Extended,
+    /// The key was missing (Redis lost data) and was set again to our owner.
+    Recreated,
+    /// Another owner or another type holds the key: the lease is gone.
+    Lost,
+}
+
+/// What one lease key looked like in a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// No key: the ID may be claimed.
+    Free,
+    /// A string key: somebody holds it (maybe us).
+    Held,
+    /// A key of another type; never touched. Holds the Redis type name.
+    WrongType(String),
+}
+
+/// Looks at many lease keys in one round trip (a pipeline of `TYPE`).
+///
+/// `TYPE` works on every type, so a foreign key never fails the scan; a
+/// pipeline (rather than one multi-key command) stays valid when the keys
+/// live in different Cluster slots.
+pub async fn scan<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &[String],
+) -> redis::RedisResult<Vec<Slot>> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("TYPE").arg(key);
+    }
+    let types: Vec<String> = pipe.query_async(conn).await?;
+    Ok(types
+        .into_iter()
+        .map(|t| match t.as_str() {
+            "none" => Slot::Free,
+            "string" => Slot::Held,
+            _ => Slot::WrongType(t),
+        })
+        .collect())
+}
+
+/// `SET key owner NX PX ttl`: true when the key is now ours.
+///
+/// Errors are returned as they come; a transient error may hide a claim that
+/// ran, so callers read the key back with [`holder`] (worker-id.md, Claim 5).
+pub async fn claim<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    owner: &Owner,
+    ttl: Duration,
+) -> redis::RedisResult<bool> {
+    let reply: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(owner.as_str())
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms(ttl))
+        .query_async(conn)
+        .await?;
+    Ok(reply.is_some())
+}
+
+/// The owner string stored in a lease key, `None` when it is missing.
+///
+/// Errors: WRONGTYPE when the key is not a string.
+pub async fn holder<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+) -> redis::RedisResult<Option<String>> {
+    redis::cmd("GET").arg(key).query_async(conn).await
+}
+
+/// Runs `renew.lua`: extend when ours, re-create when missing and
+/// `recreate` is set, otherwise report the loss. Never writes to a key that
+/// holds another value.
+pub async fn renew<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    owner: &Owner,
+    ttl: Duration,
+    recreate: bool,
+) -> redis::RedisResult<RenewOutcome> {
+    let code: i64 = RENEW
+        .key(key)
+        .arg(owner.as_str())
+        .arg(ttl_ms(ttl))
+        .arg(if recreate { "1" } else { "0" })
+        .invoke_async(conn)
+        .await?;
+    Ok(match code {
+        1 => RenewOutcome::Extended,
+        2 => RenewOutcome::Recreated,
+        _ => RenewOutcome::Lost,
+    })
+}
+
+/// Runs `release.lua` (compare-and-delete): true when the key was ours and
+/// is now gone, false when it held something else or nothing.
+pub async fn release<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    owner: &Owner,
+) -> redis::RedisResult<bool> {
+    let code: i64 = RELEASE
+        .key(key)
+        .arg(owner.as_str())
+        .invoke_async(conn)
+        .await?;
+    Ok(code == 1)
+}
+
+/// Loads both scripts into the script cache (`SCRIPT LOAD`), so a missing
+/// ACL permission shows at start; `invoke_async` reloads them anyway after
+/// a restart or `SCRIPT FLUSH` (NOSCRIPT).
+pub async fn load_scripts<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
+    RENEW.load_async(conn).await?;
+    RELEASE.load_async(conn).await?;
+    Ok(())
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_is_one_percent_but_at_least_100ms() {
+        assert_eq!(
+            margin(Duration::from_secs(120)),
+            Duration::from_millis(1200)
+        );
+        assert_eq!(margin(Duration::from_secs(2)), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn deadline_ends_before_redis_expiry() {
+        let sent = Instant::now();
+        let ttl = Duration::from_secs(120);
+        let deadline = validity_deadline(sent, ttl);
+        assert_eq!(deadline - sent, Duration::from_millis(118_800));
+        assert!(deadline < sent + ttl);
+    }
+}

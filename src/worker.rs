@@ -1,0 +1,534 @@
+//! Worker-ID mode: claim the lowest free worker ID, renew it, report loss,
+//! and hand the lease back to the caller at shutdown.
+//!
+//! The loop here is the only writer of [`WorkerState`]; the file publisher,
+//! HTTP and metrics read it through a `watch` channel (kubert's pattern).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionLike;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{LeaseSettings, OnLoss};
+use crate::identity::Owner;
+use crate::lease::{self, RenewOutcome, Slot};
+use crate::metrics::WorkerMetrics;
+use crate::store::{Failure, classify};
+
+/// What the sidecar can say about its lease right now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerState {
+    /// No lease yet; claiming.
+    Claiming,
+    /// A lease confirmed by Redis, valid until `valid_until`.
+    Held(HeldLease),
+    /// The lease was lost; about to reclaim or exit.
+    Lost,
+    /// Shutdown started: nothing is published any more.
+    Stopping,
+}
+
+impl WorkerState {
+    /// The lease, only while it is still within its local validity deadline.
+    pub fn valid_lease(&self) -> Option<&HeldLease> {
+        match self {
+            Self::Held(held) if held.is_valid() => Some(held),
+            _ => None,
+        }
+    }
+}
+
+/// A held worker-ID lease as the publishers see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldLease {
+    /// The worker ID (0..=max_worker_id).
+    pub worker_id: u16,
+    /// Owner string stored in the key.
+    pub owner: Owner,
+    /// Monotonic deadline of local validity (sent + TTL - margin).
+    pub valid_until: Instant,
+    /// The same deadline in Unix ms (wall clock, erring early), for files.
+    pub valid_until_unix_ms: u64,
+}
+
+impl HeldLease {
+    /// True while the local validity deadline is in the future.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// Time left until the validity deadline (zero once passed).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+}
+
+/// A lease recorded in the pod-local state file, to be re-adopted at start.
+#[derive(Debug, Clone)]
+pub struct RecordedLease {
+    /// Worker ID the previous process held.
+    pub worker_id: u16,
+    /// Its owner string; adopted only if the key still holds exactly this.
+    pub owner: String,
+}
+
+/// Why the worker loop stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// No ID could be claimed before `--claim-timeout` (exit 3).
+    #[error("no worker ID claimed within {timeout:?}: {detail}")]
+    ClaimTimeout {
+        /// The claim timeout.
+        timeout: Duration,
+        /// How many IDs exist and who holds them, or why Redis failed.
+        detail: String,
+    },
+    /// The lease was lost and `--on-loss exit` is set (exit 4).
+    #[error("lease on worker ID {worker_id} lost (--on-loss exit)")]
+    LeaseLost {
+        /// The ID that was lost.
+        worker_id: u16,
+    },
+    /// Redis refused in a way retries cannot fix (e.g. NOPERM).
+    #[error("redis refused: {0}")]
+    Redis(#[source] redis::RedisError),
+}
+
+/// Everything the worker loop needs; nothing about files or HTTP.
+pub struct Worker<C> {
+    /// Connection (reconnects on its own).
+    pub conn: C,
+    /// Application name (validated).
+    pub app: String,
+    /// Lease timing and ID range.
+    pub settings: LeaseSettings,
+    /// Owner string of this process (replaced by a re-adopted one).
+    pub owner: Owner,
+    /// Behaviour after a loss.
+    pub on_loss: OnLoss,
+    /// Give up claiming after this long.
+    pub claim_timeout: Duration,
+    /// Counters and gauges.
+    pub metrics: Arc<WorkerMetrics>,
+    /// Where state changes go.
+    pub state: watch::Sender<WorkerState>,
+}
+
+enum HoldEnd {
+    Shutdown(HeldLease),
+    Lost(u16),
+}
+
+enum Round {
+    Renewed(Instant),
+    Lost(&'static str),
+    Failed,
+}
+
+impl<C: ConnectionLike + Send> Worker<C> {
+    /// Claims, holds and reclaims until shutdown. Returns the lease still
+    /// held at shutdown (the caller unpublishes, then releases it).
+    ///
+    /// Errors: [`WorkerError`] for claim timeout, loss with `--on-loss exit`,
+    /// or a permanent Redis refusal.
+    pub async fn run(
+        mut self,
+        mut recorded: Option<RecordedLease>,
+        shutdown: CancellationToken,
+    ) -> Result<Option<(HeldLease, String)>, WorkerError> {
+        let held = loop {
+            self.set_state(WorkerState::Claiming);
+            let held = tokio::select! {
+                _ = shutdown.cancelled() => break None,
+                claimed = self.claim(&mut recorded) => claimed?,
+            };
+            match self.hold(held, &shutdown).await {
+                HoldEnd::Shutdown(held) => break Some(held),
+                HoldEnd::Lost(worker_id) if self.on_loss == OnLoss::Exit => {
+                    return Err(WorkerError::LeaseLost { worker_id });
+                }
+                HoldEnd::Lost(_) => info!("on-loss reclaim: claiming a worker ID again"),
+            }
+        };
+        self.set_state(WorkerState::Stopping);
+        Ok(held.map(|held| {
+            let key = self.key(held.worker_id);
+            (held, key)
+        }))
+    }
+
+    fn key(&self, worker_id: u16) -> String {
+        format!("{}{}:{}", self.settings.key_prefix, self.app, worker_id)
+    }
+
+    fn set_state(&self, state: WorkerState) {
+        match &state {
+            WorkerState::Held(held) => {
+                self.metrics.lease_held.set(1);
+                self.metrics.worker_id.set(i64::from(held.worker_id));
+            }
+            _ => {
+                self.metrics.lease_held.set(0);
+                self.metrics.worker_id.set(-1);
+            }
+        }
+        self.state.send_replace(state);
+    }
+
+    fn held(&self, worker_id: u16, sent: Instant, sent_wall: SystemTime) -> HeldLease {
+        let valid_for = lease::validity_deadline(sent, self.settings.ttl) - sent;
+        let unix_ms = (sent_wall + valid_for)
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        HeldLease {
+            worker_id,
+            owner: self.owner.clone(),
+            valid_until: sent + valid_for,
+            valid_until_unix_ms: unix_ms,
+        }
+    }
+
+    /// Claim step of worker-id.md: re-adopt, else lowest free ID, with
+    /// capped, jittered backoff until the claim timeout.
+    async fn claim(
+        &mut self,
+        recorded: &mut Option<RecordedLease>,
+    ) -> Result<HeldLease, WorkerError> {
+        let deadline = Instant::now() + self.claim_timeout;
+        let cap = self.settings.renew_interval.min(Duration::from_secs(5));
+        let mut backoff = Duration::from_millis(100).min(cap);
+        let mut warned = HashSet::new();
+        let mut last_full_log: Option<Instant> = None;
+        let mut detail;
+        let mut scripts_loaded = false;
+        loop {
+            let round = async {
+                if !scripts_loaded {
+                    // SCRIPT LOAD up front: a missing ACL permission shows now.
+                    bounded(
+                        self.settings.call_timeout(),
+                        lease::load_scripts(&mut self.conn),
+                    )
+                    .await?;
+                    scripts_loaded = true;
+                }
+                self.claim_round(recorded, &mut warned).await
+            };
+            match round.await {
+                Ok(Ok(held)) => {
+                    info!(worker_id = held.worker_id, owner = %held.owner.redacted(), "lease acquired");
+                    return Ok(held);
+                }
+                Ok(Err(holders)) => {
+                    detail = format!(
+                        "all {} worker IDs are held ({holders})",
+                        u32::from(self.settings.max_worker_id) + 1
+                    );
+                    if last_full_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                        warn!(
+                            count = u32::from(self.settings.max_worker_id) + 1,
+                            holders = %holders,
+                            "all worker IDs are held; waiting for one to be freed"
+                        );
+                        last_full_log = Some(Instant::now());
+                    }
+                }
+                Err(err) if classify(&err) == Failure::Transient => {
+                    warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "redis unavailable; retrying claim");
+                    detail = format!("redis unavailable: {err}");
+                }
+                Err(err) => return Err(WorkerError::Redis(err)),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(WorkerError::ClaimTimeout {
+                    timeout: self.claim_timeout,
+                    detail,
+                });
+            }
+            sleep(jitter(backoff).min(deadline - now)).await;
+            backoff = (backoff * 2).min(cap);
+        }
+    }
+
+    /// One pass: `Ok(Ok(lease))`, `Ok(Err(holders))` when every ID is
+    /// held, `Err` on a Redis failure.
+    async fn claim_round(
+        &mut self,
+        recorded: &mut Option<RecordedLease>,
+        warned: &mut HashSet<u16>,
+    ) -> redis::RedisResult<Result<HeldLease, String>> {
+        if let Some(rec) = recorded.clone() {
+            if let Some(held) = self.adopt(&rec).await? {
+                return Ok(Ok(held));
+            }
+            *recorded = None;
+        }
+        let keys: Vec<String> = (0..=self.settings.max_worker_id)
+            .map(|id| self.key(id))
+            .collect();
+        let slots = bounded(
+            self.settings.call_timeout(),
+            lease::scan(&mut self.conn, &keys),
+        )
+        .await?;
+        for (id, slot) in (0u16..).zip(&slots) {
+            if let Slot::WrongType(kind) = slot
+                && warned.insert(id)
+            {
+                {
+                    warn!(key = %keys[usize::from(id)], kind = %kind, "lease key has the wrong type; skipping it, not deleting it");
+                }
+            }
+        }
+        for (id, _) in (0u16..).zip(&slots).filter(|(_, s)| **s == Slot::Free) {
+            if let Some(held) = self.try_claim(id).await? {
+                return Ok(Ok(held));
+            }
+        }
+        Ok(Err(self.holders(&keys, &slots).await))
+    }
+
+    /// `SET NX PX` on one ID; on a transient failure the reply may be lost
+    /// while the SET ran, so read the key back before moving on.
+    async fn try_claim(&mut self, id: u16) -> redis::RedisResult<Option<HeldLease>> {
+        let key = self.key(id);
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let claimed = bounded(
+            self.settings.call_timeout(),
+            lease::claim(&mut self.conn, &key, &self.owner, self.settings.ttl),
+        )
+        .await;
+        match claimed {
+            Ok(true) => {
+                WorkerMetrics::count(&self.metrics.claim_attempts, "claimed");
+                Ok(Some(self.held(id, sent, sent_wall)))
+            }
+            Ok(false) => {
+                WorkerMetrics::count(&self.metrics.claim_attempts, "taken");
+                Ok(None)
+            }
+            Err(err) => {
+                WorkerMetrics::count(&self.metrics.claim_attempts, "error");
+                if classify(&err) == Failure::Permanent {
+                    return Err(err);
+                }
+                let value = bounded(
+                    self.settings.call_timeout(),
+                    lease::holder(&mut self.conn, &key),
+                )
+                .await?;
+                if value.as_deref() == Some(self.owner.as_str()) {
+                    Ok(Some(self.held(id, sent, sent_wall)))
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Re-adopts a recorded lease when the key still holds exactly the
+    /// recorded owner string; never re-creates a missing key.
+    async fn adopt(&mut self, rec: &RecordedLease) -> redis::RedisResult<Option<HeldLease>> {
+        if rec.worker_id > self.settings.max_worker_id {
+            return Ok(None);
+        }
+        let key = self.key(rec.worker_id);
+        let owner = Owner::from_recorded(rec.owner.clone());
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let outcome = bounded(
+            self.settings.call_timeout(),
+            lease::renew(&mut self.conn, &key, &owner, self.settings.ttl, false),
+        )
+        .await?;
+        if outcome == RenewOutcome::Extended {
+            WorkerMetrics::count(&self.metrics.claim_attempts, "adopted");
+            info!(
+                worker_id = rec.worker_id,
+                "re-adopted the lease recorded in the state file"
+            );
+            self.owner = owner;
+            return Ok(Some(self.held(rec.worker_id, sent, sent_wall)));
+        }
+        info!(
+            worker_id = rec.worker_id,
+            "recorded lease is gone; claiming a new ID"
+        );
+        Ok(None)
+    }
+
+    /// Who holds the IDs, by identity only (nonces stay out of logs).
+    async fn holders(&mut self, keys: &[String], slots: &[Slot]) -> String {
+        let mut by_identity: BTreeMap<String, usize> = BTreeMap::new();
+        let mut wrong_type = 0;
+        for (key, slot) in keys.iter().zip(slots) {
+            if *slot != Slot::Held {
+                wrong_type += 1;
+                continue;
+            }
+            let value = bounded(
+                self.settings.call_timeout(),
+                lease::holder(&mut self.conn, key),
+            )
+            .await;
+            let identity = match value {
+                Ok(Some(v)) => v
+                    .rsplit_once('#')
+                    .map_or(v.clone(), |(id, _)| id.to_owned()),
+                _ => "unknown".to_owned(),
+            };
+            *by_identity.entry(identity).or_default() += 1;
+        }
+        let mut parts: Vec<String> = by_identity
+            .iter()
+            .map(|(id, n)| format!("{id}: {n}"))
+            .collect();
+        if wrong_type > 0 {
+            parts.push(format!("keys of the wrong type: {wrong_type}"));
+        }
+        parts.join(", ")
+    }
+
+    /// Publishes the lease and renews it until shutdown or loss.
+    async fn hold(&mut self, mut held: HeldLease, shutdown: &CancellationToken) -> HoldEnd {
+        let interval = self.settings.renew_interval;
+        let ttl = self.settings.ttl;
+        // valid_until = sent + ttl - margin, so this is sent + interval.
+        let mut next_renew = held.valid_until - ttl.saturating_sub(lease::margin(ttl)) + interval;
+        self.set_state(WorkerState::Held(held.clone()));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
+                _ = sleep_until(next_renew.min(held.valid_until)) => {}
+            }
+            let round = tokio::select! {
+                _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
+                round = self.renew_round(&held) => round,
+            };
+            match round {
+                Round::Renewed(sent) => {
+                    held = self.held(held.worker_id, sent, SystemTime::now() - sent.elapsed());
+                    next_renew = sent + interval;
+                    self.set_state(WorkerState::Held(held.clone()));
+                }
+                Round::Lost(reason) => {
+                    self.metrics.leases_lost.inc();
+                    self.set_state(WorkerState::Lost);
+                    error!(
+                        worker_id = held.worker_id,
+                        reason, "lease lost; stopped publishing the worker ID"
+                    );
+                    return HoldEnd::Lost(held.worker_id);
+                }
+                // Keep trying with the longest backoff until the deadline.
+                Round::Failed => next_renew = Instant::now() + self.retry_base() * 4,
+            }
+        }
+    }
+
+    fn retry_base(&self) -> Duration {
+        (self.settings.renew_interval / 4).min(Duration::from_secs(1))
+    }
+
+    /// One renew round: the script, retried `retries` times with doubling
+    /// backoff, never sent after the validity deadline.
+    async fn renew_round(&mut self, held: &HeldLease) -> Round {
+        let key = self.key(held.worker_id);
+        let mut backoff = self.retry_base();
+        for attempt in 0..=self.settings.retries {
+            if !held.is_valid() {
+                return Round::Lost("validity deadline passed without a confirmed renewal");
+            }
+            let sent = Instant::now();
+            let reply = bounded(
+                self.settings.call_timeout(),
+                lease::renew(&mut self.conn, &key, &self.owner, self.settings.ttl, true),
+            )
+            .await;
+            match reply {
+                Ok(RenewOutcome::Extended) => {
+                    WorkerMetrics::count(&self.metrics.renewals, "renewed");
+                    debug!(worker_id = held.worker_id, "lease renewed");
+                    return Round::Renewed(sent);
+                }
+                Ok(RenewOutcome::Recreated) => {
+                    WorkerMetrics::count(&self.metrics.renewals, "recreated");
+                    self.metrics.reacquisitions.inc();
+                    warn!(
+                        worker_id = held.worker_id,
+                        "lease re-created after key loss (Redis lost its data?)"
+                    );
+                    return Round::Renewed(sent);
+                }
+                Ok(RenewOutcome::Lost) => {
+                    WorkerMetrics::count(&self.metrics.renewals, "lost");
+                    return Round::Lost("the key holds another owner");
+                }
+                Err(err) => {
+                    WorkerMetrics::count(&self.metrics.renewals, "failed");
+                    warn!(worker_id = held.worker_id, attempt, error = %err, "renew failed");
+                }
+            }
+            if attempt < self.settings.retries {
+                sleep(backoff.min(held.remaining())).await;
+                backoff *= 2;
+            }
+        }
+        Round::Failed
+    }
+}
+
+/// Runs one Redis call under a timeout; a timeout becomes an I/O timeout
+/// error, so it classifies as transient.
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match timeout(limit, fut).await {
+        Ok(result) => result,
+        Err(_) => {
+            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "redis call timed out").into())
+        }
+    }
+}
+
+/// Releases a lease at shutdown with a bounded wait: true when the key was
+/// ours and is deleted. When Redis is down the key simply expires.
+pub async fn release<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    owner: &Owner,
+    limit: Duration,
+) -> bool {
+    match timeout(limit, lease::release(conn, key, owner)).await {
+        Ok(Ok(true)) => {
+            info!(key, "lease released");
+            true
+        }
+        Ok(Ok(false)) => {
+            warn!(
+                key,
+                "lease not released: the key no longer holds our owner string"
+            );
+            false
+        }
+        Ok(Err(err)) => {
+            warn!(key, error = %err, "lease not released; it expires after its TTL");
+            false
+        }
+        Err(_) => {
+            warn!(key, "lease not released in time; it expires after its TTL");
+            false
+        }
+    }
+}
+
+/// Spreads retries of many sidecars: 75-125% of `base`.
+fn jitter(base: Duration) -> Duration {
+    base.mul_f64(rand::random_range(0.75..1.25))
+}
