@@ -1,1 +1,28 @@
-//! snowlease
+//! snowlease: a sidecar that leases Snowflake worker IDs (and resource
+//! pools) in Redis and publishes them to the app beside it.
+//!
+//! The one safety property (shared/design/worker-id.md): no two processes
+//! publish the same worker ID of an app at the same instant.
+//!
+//! # Layout
+//! - [`config`]: flags with env twins, validated into typed configs.
+//! - [`store`]: the Redis connection, URL redaction, error classification.
+//! - [`identity`]: the owner identity and the per-process owner string.
+//! - [`lease`]: the lease core: claim, renew, release one key; validity math.
+//! - [`worker`]: worker-ID mode: lowest free ID, renew loop, loss, reclaim.
+//! - [`publish`]: the ID file and state file, written atomically.
+//! - [`http`]: `/id`, `/livez`, `/readyz`, `/metrics`.
+//! - [`metrics`]: Prometheus metrics of the worker mode.
+//! - [`shutdown`]: SIGTERM/SIGINT into one cancellation token.
+//! - [`sidecar`]: wiring of worker mode and its shutdown order.
+
+pub mod config;
+pub mod http;
+pub mod identity;
+pub mod lease;
+pub mod metrics;
+pub mod publish;
+pub mod shutdown;
+pub mod sidecar;
+pub mod store;
+pub mod worker;
