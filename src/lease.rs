@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::identity::Owner;
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/claim.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/release.lua")));
 
 /// Safety margin subtracted from the TTL: 1% of the TTL (covers clock rates
@@ -76,25 +77,44 @@ pub async fn scan<C: ConnectionLike>(
         .collect())
 }
 
-/// `SET key owner NX PX ttl`: true when the key is now ours.
+/// Result of [`claim_lowest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimReply {
+    /// Index into the keys of the key now held by us, if any.
+    pub claimed: Option<usize>,
+    /// True when that key already held our owner string (an earlier claim
+    /// whose reply was lost had run); its TTL was reset.
+    pub adopted: bool,
+    /// Indexes of keys of another type; they are never touched.
+    pub wrong_type: Vec<usize>,
+}
+
+/// Runs `claim.lua`: in one round trip, adopts a key that already holds our
+/// owner string, else takes the lowest missing key with `SET NX PX`.
 ///
-/// Errors are returned as they come; a transient error may hide a claim that
-/// ran, so callers read the key back with [`holder`] (worker-id.md, Claim 5).
-pub async fn claim<C: ConnectionLike>(
+/// All keys go to one script, so on Redis Cluster they must share a slot.
+/// A transient error may hide a claim that ran; calling this again finds and
+/// adopts that key instead of taking a second one (worker-id.md, Claim 5).
+pub async fn claim_lowest<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
+    keys: &[String],
     owner: &Owner,
     ttl: Duration,
-) -> redis::RedisResult<bool> {
-    let reply: Option<String> = redis::cmd("SET")
-        .arg(key)
+) -> redis::RedisResult<ClaimReply> {
+    let mut invocation = CLAIM.prepare_invoke();
+    for key in keys {
+        invocation.key(key);
+    }
+    let (index, how, wrong_type): (i64, i64, Vec<usize>) = invocation
         .arg(owner.as_str())
-        .arg("NX")
-        .arg("PX")
         .arg(ttl_ms(ttl))
-        .query_async(conn)
+        .invoke_async(conn)
         .await?;
-    Ok(reply.is_some())
+    Ok(ClaimReply {
+        claimed: usize::try_from(index).ok(),
+        adopted: how == 2,
+        wrong_type,
+    })
 }
 
 /// The owner string stored in a lease key, `None` when it is missing.
@@ -146,10 +166,11 @@ pub async fn release<C: ConnectionLike>(
     Ok(code == 1)
 }
 
-/// Loads both scripts into the script cache (`SCRIPT LOAD`), so a missing
+/// Loads the scripts into the script cache (`SCRIPT LOAD`), so a missing
 /// ACL permission shows at start; `invoke_async` reloads them anyway after
 /// a restart or `SCRIPT FLUSH` (NOSCRIPT).
 pub async fn load_scripts<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
+    CLAIM.load_async(conn).await?;
     RENEW.load_async(conn).await?;
     RELEASE.load_async(conn).await?;
     Ok(())

@@ -256,12 +256,20 @@ impl<C: ConnectionLike + Send> Worker<C> {
         }
     }
 
+    /// One claim pass without re-adoption or backoff: the lowest free ID, or
+    /// `None` when every ID is held. Used by the benchmark.
+    ///
+    /// Errors: the Redis error of the scan or of the claim.
+    pub async fn claim_once(&mut self) -> redis::RedisResult<Option<HeldLease>> {
+        Ok(self.claim_round(&mut None, &mut HashSet::new()).await?.ok())
+    }
+
     /// One pass: `Ok(Ok(lease))`, `Ok(Err(holders))` when every ID is
     /// held, `Err` on a Redis failure.
     async fn claim_round(
         &mut self,
         recorded: &mut Option<RecordedLease>,
-        warned: &mut HashSet<u16>,
+        warned: &mut HashSet<usize>,
     ) -> redis::RedisResult<Result<HeldLease, String>> {
         if let Some(rec) = recorded.clone() {
             if let Some(held) = self.adopt(&rec).await? {
@@ -272,64 +280,26 @@ impl<C: ConnectionLike + Send> Worker<C> {
         let keys: Vec<String> = (0..=self.settings.max_worker_id)
             .map(|id| self.key(id))
             .collect();
-        let slots = bounded(
-            self.settings.call_timeout(),
-            lease::scan(&mut self.conn, &keys),
-        )
-        .await?;
-        for (id, slot) in (0u16..).zip(&slots) {
-            if let Slot::WrongType(kind) = slot
-                && warned.insert(id)
-            {
-                {
-                    warn!(key = %keys[usize::from(id)], kind = %kind, "lease key has the wrong type; skipping it, not deleting it");
-                }
-            }
-        }
-        for (id, _) in (0u16..).zip(&slots).filter(|(_, s)| **s == Slot::Free) {
-            if let Some(held) = self.try_claim(id).await? {
-                return Ok(Ok(held));
-            }
-        }
-        Ok(Err(self.holders(&keys, &slots).await))
-    }
-
-    /// `SET NX PX` on one ID; on a transient failure the reply may be lost
-    /// while the SET ran, so read the key back before moving on.
-    async fn try_claim(&mut self, id: u16) -> redis::RedisResult<Option<HeldLease>> {
-        let key = self.key(id);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());
-        let claimed = bounded(
+        let reply = bounded(
             self.settings.call_timeout(),
-            lease::claim(&mut self.conn, &key, &self.owner, self.settings.ttl),
+            lease::claim_lowest(&mut self.conn, &keys, &self.owner, self.settings.ttl),
         )
-        .await;
-        match claimed {
-            Ok(true) => {
-                WorkerMetrics::count(&self.metrics.claim_attempts, "claimed");
-                Ok(Some(self.held(id, sent, sent_wall)))
-            }
-            Ok(false) => {
-                WorkerMetrics::count(&self.metrics.claim_attempts, "taken");
-                Ok(None)
-            }
-            Err(err) => {
-                WorkerMetrics::count(&self.metrics.claim_attempts, "error");
-                if classify(&err) == Failure::Permanent {
-                    return Err(err);
-                }
-                let value = bounded(
-                    self.settings.call_timeout(),
-                    lease::holder(&mut self.conn, &key),
-                )
-                .await?;
-                if value.as_deref() == Some(self.owner.as_str()) {
-                    Ok(Some(self.held(id, sent, sent_wall)))
-                } else {
-                    Err(err)
-                }
+        .await
+        .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;
+        for index in reply.wrong_type {
+            if warned.insert(index) {
+                warn!(key = %keys[index], "lease key has the wrong type; skipping it, not deleting it");
             }
         }
+        let Some(index) = reply.claimed else {
+            WorkerMetrics::count(&self.metrics.claim_attempts, "full");
+            return Ok(Err(self.holders(&keys).await));
+        };
+        let outcome = if reply.adopted { "adopted" } else { "claimed" };
+        WorkerMetrics::count(&self.metrics.claim_attempts, outcome);
+        let worker_id = u16::try_from(index).expect("at most 1024 keys");
+        Ok(Ok(self.held(worker_id, sent, sent_wall)))
     }
 
     /// Re-adopts a recorded lease when the key still holds exactly the
@@ -363,10 +333,14 @@ impl<C: ConnectionLike + Send> Worker<C> {
     }
 
     /// Who holds the IDs, by identity only (nonces stay out of logs).
-    async fn holders(&mut self, keys: &[String], slots: &[Slot]) -> String {
+    async fn holders(&mut self, keys: &[String]) -> String {
+        let timeout = self.settings.call_timeout();
+        let Ok(slots) = bounded(timeout, lease::scan(&mut self.conn, keys)).await else {
+            return "holders unknown: redis unavailable".to_owned();
+        };
         let mut by_identity: BTreeMap<String, usize> = BTreeMap::new();
         let mut wrong_type = 0;
-        for (key, slot) in keys.iter().zip(slots) {
+        for (key, slot) in keys.iter().zip(&slots) {
             if *slot != Slot::Held {
                 wrong_type += 1;
                 continue;
