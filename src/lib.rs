@@ -15,12 +15,14 @@
 //! - [`metrics`]: Prometheus metrics of the worker mode.
 //! - [`shutdown`]: SIGTERM/SIGINT into one cancellation token.
 //! - [`sidecar`]: wiring of worker mode and its shutdown order.
+//! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
 
 pub mod config;
 pub mod http;
 pub mod identity;
 pub mod lease;
 pub mod metrics;
+pub mod pool;
 pub mod publish;
 pub mod shutdown;
 pub mod sidecar;

@@ -1,0 +1,462 @@
+//! Pool mode: lease resource ids (proxy endpoints, accounts) from a named
+//! pool in Redis, prove ownership with a random token, hand them back with a
+//! cooldown. The contract is design/pool.md; each operation is one Lua
+//! script in `pool/`, with Redis `TIME` (ms) as the only clock.
+//!
+//! Beyond the three keys every worker knows, snowlease keeps (same hash
+//! tag, see [`PoolKeys`]): a fence counter, per-lease meta (first-acquired
+//! time for the extend cap, fence, token), a disabled set, and request-id
+//! keys for idempotent acquire. A pool without them is served as well.
+
+mod backoff;
+mod check;
+mod error;
+mod lease;
+mod script;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{ScriptInvocation, Value};
+use serde::Serialize;
+use tokio::time::Instant;
+
+pub use error::PoolError;
+pub use lease::{Extended, LostReason, PoolLease, Released};
+pub use script::{PoolKeys, PoolScript};
+
+use check::{BATCH_MAX, COOLDOWN_MAX_MS, MAX_LEASE_MAX_MS, TTL_MAX_MS};
+use lease::lost_reason;
+use script::Reply;
+
+/// Settings of a [`Pool`] handle that every operation shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Longest total time of one lease, from its acquire: extend never sets
+    /// a deadline past first-acquired + `max_lease`, and acquire refuses a
+    /// longer ttl. Whole ms, 1 ms to 24 h; default 10 min.
+    pub max_lease: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_lease: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What one acquire asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireRequest {
+    /// Lease time: the deadline is Redis now + ttl. Whole ms, 1 ms to
+    /// 600 s, and at most [`PoolOptions::max_lease`].
+    pub ttl: Duration,
+    /// Cooldown given to the expired leases this acquire reclaims first
+    /// (they become due at now + cooldown). Whole ms, 0 to 600 s.
+    pub cooldown: Duration,
+    /// Makes the acquire idempotent: a retry with the same request id
+    /// within the first ttl of the lease it got, while that lease is still
+    /// valid, answers that lease (same id, token, fence) instead of a new
+    /// one. 1-64 chars of `[A-Za-z0-9_-]`.
+    pub request_id: Option<String>,
+}
+
+impl AcquireRequest {
+    /// A request for a lease of `ttl`, no cooldown, no request id.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            cooldown: Duration::ZERO,
+            request_id: None,
+        }
+    }
+
+    /// Sets [`AcquireRequest::cooldown`].
+    pub fn cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// Sets [`AcquireRequest::request_id`].
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+}
+
+/// The answer to an acquire.
+pub enum Acquired<C = ConnectionManager> {
+    /// An id is leased to the caller.
+    Leased(PoolLease<C>),
+    /// No id was due. `next_due_in`: how long until one is by Redis time
+    /// (exact for a cooling id; for one that is leased it assumes the lease
+    /// runs to its deadline), or `None` when none will be by itself (every
+    /// id disabled, or the pool empty). Back off, do not retry at once.
+    Empty {
+        /// Time until the next id is due, if any will be.
+        next_due_in: Option<Duration>,
+        /// Redis time of the attempt, ms (+ `next_due_in` = when).
+        at_ms: u64,
+    },
+}
+
+impl<C> fmt::Debug for Acquired<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Leased(lease) => f.debug_tuple("Leased").field(lease).finish(),
+            Self::Empty { next_due_in, at_ms } => f
+                .debug_struct("Empty")
+                .field("next_due_in", next_due_in)
+                .field("at_ms", at_ms)
+                .finish(),
+        }
+    }
+}
+
+/// Counts of a pool's ids by state, at one Redis time. Never tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PoolStatus {
+    /// Redis time of the count, ms.
+    pub now_ms: u64,
+    /// Ids in ready and due (score <= now).
+    pub ready_due: u64,
+    /// Ids in ready, cooling down (score > now).
+    pub ready_cooling: u64,
+    /// Leases whose deadline is after now.
+    pub leases_valid: u64,
+    /// Leases past their deadline, not yet reclaimed.
+    pub leases_expired: u64,
+    /// Disabled ids, leased or not.
+    pub disabled: u64,
+}
+
+/// The answer to a reap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    /// The ids whose expired leases were reclaimed.
+    pub ids: Vec<String>,
+    /// Expired leases left for another call.
+    pub still_expired: u64,
+    /// Redis time of the reap, ms.
+    pub at_ms: u64,
+}
+
+/// A handle on one named pool. Cheap to clone (the connection is cloned,
+/// which for a `ConnectionManager` shares one multiplexed connection).
+#[derive(Clone)]
+pub struct Pool<C = ConnectionManager> {
+    conn: C,
+    name: Arc<str>,
+    keys: Arc<PoolKeys>,
+    options: PoolOptions,
+    max_lease_ms: u64,
+}
+
+impl<C> fmt::Debug for Pool<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("name", &self.name)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Pool<C>
+where
+    C: ConnectionLike + Clone + Send + Sync,
+{
+    /// A handle on pool `name` (1-64 chars of `[A-Za-z0-9_-]`). Touches no
+    /// Redis key.
+    ///
+    /// Errors: [`PoolError::BadInput`] for a bad name or `max_lease`.
+    pub fn new(conn: C, name: &str, options: PoolOptions) -> Result<Self, PoolError> {
+        check::name("pool", name)?;
+        let max_lease_ms = check::millis("max_lease", options.max_lease, 1, MAX_LEASE_MAX_MS)?;
+        Ok(Self {
+            conn,
+            name: name.into(),
+            keys: Arc::new(PoolKeys::new(name)),
+            options,
+            max_lease_ms,
+        })
+    }
+
+    /// The pool name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pool's key names.
+    pub fn keys(&self) -> &PoolKeys {
+        &self.keys
+    }
+
+    async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Value, PoolError> {
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    fn invocation(&self, script: PoolScript) -> ScriptInvocation<'static> {
+        let mut inv = script.script().prepare_invoke();
+        for key in script.keys(&self.keys) {
+            inv.key(key);
+        }
+        inv
+    }
+
+    async fn batch<S: AsRef<str>>(&self, script: PoolScript, ids: &[S]) -> Result<u64, PoolError> {
+        let mut inv = self.invocation(script);
+        for id in ids {
+            inv.arg(id.as_ref());
+        }
+        match self.run(&inv).await? {
+            Value::Int(n) if n >= 0 => Ok(n as u64),
+            other => Err(PoolError::Reply {
+                script: script.name(),
+                detail: format!("expected a count, got {other:?}"),
+            }),
+        }
+    }
+
+    /// Creates the pool with `ids` (each 1-64 chars of `[A-Za-z0-9_-]`, no
+    /// duplicates), all due at once. More than 1000 ids go in one init of
+    /// the first 1000 and then `add` calls of at most 1000; all ids are
+    /// checked before the first call. Returns how many ids were added.
+    ///
+    /// Errors: [`PoolError::AlreadyInitialized`] when any pool key exists;
+    /// [`PoolError::BadInput`], [`PoolError::DuplicateId`],
+    /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
+    pub async fn init<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
+        check::ids(ids, usize::MAX)?;
+        let mut chunks = ids.chunks(BATCH_MAX);
+        let mut added = self
+            .batch(PoolScript::Init, chunks.next().unwrap_or_default())
+            .await?;
+        for chunk in chunks {
+            added += self.batch(PoolScript::Add, chunk).await?;
+        }
+        Ok(added)
+    }
+
+    /// Adds new `ids` to the pool, due at once, in calls of at most 1000
+    /// ids (each call all or nothing; all ids are checked before the
+    /// first). Returns how many ids were added.
+    ///
+    /// Errors: [`PoolError::DuplicateId`] for an id given twice or already
+    /// in ready, leases, owners or disabled; [`PoolError::BadInput`],
+    /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
+    pub async fn add<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
+        self.in_batches(PoolScript::Add, ids).await
+    }
+
+    /// Takes `ids` out of service (calls of at most 1000 ids): a ready id
+    /// leaves ready now; a leased one stays leased and leaves ready out at
+    /// its release or expiry. Returns how many were newly disabled.
+    ///
+    /// Errors: [`PoolError::UnknownId`], [`PoolError::DuplicateId`],
+    /// [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
+    /// [`PoolError::Redis`].
+    pub async fn disable<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
+        self.in_batches(PoolScript::Disable, ids).await
+    }
+
+    /// Puts disabled `ids` back into service (calls of at most 1000 ids):
+    /// due at once unless leased. Returns how many were enabled.
+    ///
+    /// Errors: as [`Pool::disable`].
+    pub async fn enable<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
+        self.in_batches(PoolScript::Enable, ids).await
+    }
+
+    /// Checks all `ids`, then runs `script` on batches of at most 1000.
+    async fn in_batches<S: AsRef<str>>(
+        &self,
+        script: PoolScript,
+        ids: &[S],
+    ) -> Result<u64, PoolError> {
+        check::ids(ids, usize::MAX)?;
+        let mut count = 0;
+        for chunk in ids.chunks(BATCH_MAX) {
+            count += self.batch(script, chunk).await?;
+        }
+        Ok(count)
+    }
+
+    /// One acquire: reclaims at most 100 expired leases, then leases the
+    /// first due id, or answers [`Acquired::Empty`] with the next-due hint.
+    /// The token is 128 random bits in hex.
+    ///
+    /// Errors: [`PoolError::BadInput`] (see [`AcquireRequest`] for ranges),
+    /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired<C>, PoolError> {
+        let ttl = check::millis("ttl", req.ttl, 1, TTL_MAX_MS)?;
+        if req.ttl > self.options.max_lease {
+            return Err(PoolError::bad(
+                "ttl",
+                format!(
+                    "at most max_lease ({} ms)",
+                    self.options.max_lease.as_millis()
+                ),
+            ));
+        }
+        let cooldown = check::millis("cooldown", req.cooldown, 0, COOLDOWN_MAX_MS)?;
+        if let Some(request_id) = &req.request_id {
+            check::name("request_id", request_id)?;
+        }
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut inv = self.invocation(PoolScript::Acquire);
+        inv.arg(&token).arg(ttl).arg(cooldown);
+        if let Some(request_id) = &req.request_id {
+            inv.key(self.keys.request(request_id)).arg(request_id);
+        }
+        let mut reply = Reply::new(PoolScript::Acquire, self.run(&inv).await?)?;
+        if reply.int()? == 0 {
+            let hint = reply.int()?;
+            let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
+            let at_ms = reply.uint()?;
+            return Ok(Acquired::Empty { next_due_in, at_ms });
+        }
+        let id = reply.string()?;
+        let token = reply.string()?;
+        let deadline_ms = reply.uint()?;
+        let fence = reply.uint()?;
+        reply.uint()?; // Redis now: the lease start, unless replayed
+        let replayed = reply.int()? == 1;
+        Ok(Acquired::Leased(PoolLease::new(
+            self.clone(),
+            id,
+            token,
+            deadline_ms,
+            fence,
+            replayed,
+        )))
+    }
+
+    /// Acquires, retrying empty answers until `wait` has passed: it sleeps
+    /// by the next-due hint when that is near, else by a backoff from
+    /// 10 ms doubling to 500 ms, with jitter, never less than 5 ms and
+    /// never past `wait`; the last attempt is made when `wait` runs out.
+    /// Returns the last [`Acquired::Empty`] if nothing came due in time.
+    /// The same request id (if any) is sent on every attempt.
+    ///
+    /// Errors: as [`Pool::acquire`], returned at once.
+    pub async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<Acquired<C>, PoolError> {
+        let start = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let acquired = self.acquire(req).await?;
+            let Acquired::Empty { next_due_in, .. } = &acquired else {
+                return Ok(acquired);
+            };
+            let remaining = wait.saturating_sub(start.elapsed());
+            if remaining.is_zero() {
+                return Ok(acquired);
+            }
+            let sleep = backoff::sleep_for(*next_due_in, attempt, remaining, &mut rand::rng());
+            tokio::time::sleep(sleep).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Extends the lease of `id` held with `token` (the CLI and HTTP form of
+    /// [`PoolLease::extend`]): deadline = Redis now + `ttl` (whole ms,
+    /// 1 ms to 600 s), capped at first-acquired + max_lease.
+    ///
+    /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
+    /// [`PoolError::Redis`]. A lost lease is [`Extended::NotOwner`].
+    pub async fn extend_lease(
+        &self,
+        id: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Extended, PoolError> {
+        check::name("id", id)?;
+        check::token(token)?;
+        let ttl = check::millis("ttl", ttl, 1, TTL_MAX_MS)?;
+        let mut inv = self.invocation(PoolScript::Extend);
+        inv.arg(id).arg(token).arg(ttl).arg(self.max_lease_ms);
+        let mut reply = Reply::new(PoolScript::Extend, self.run(&inv).await?)?;
+        if reply.int()? == 0 {
+            let at_ms = reply.uint()?;
+            let reason = lost_reason(&mut reply)?;
+            return Ok(Extended::NotOwner { reason, at_ms });
+        }
+        Ok(Extended::Extended {
+            deadline_ms: reply.uint()?,
+            at_ms: reply.uint()?,
+            capped: reply.int()? == 1,
+        })
+    }
+
+    /// Releases the lease of `id` held with `token` (the CLI and HTTP form
+    /// of [`PoolLease::release`]): the id becomes due at Redis now +
+    /// `cooldown` (whole ms, 0 to 600 s), or stays out of ready if disabled.
+    ///
+    /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
+    /// [`PoolError::Redis`]. A lost lease is [`Released::NotOwner`].
+    pub async fn release_lease(
+        &self,
+        id: &str,
+        token: &str,
+        cooldown: Duration,
+    ) -> Result<Released, PoolError> {
+        check::name("id", id)?;
+        check::token(token)?;
+        let cooldown = check::millis("cooldown", cooldown, 0, COOLDOWN_MAX_MS)?;
+        let mut inv = self.invocation(PoolScript::Release);
+        inv.arg(id).arg(token).arg(cooldown);
+        let mut reply = Reply::new(PoolScript::Release, self.run(&inv).await?)?;
+        let released = reply.int()? == 1;
+        let at_ms = reply.uint()?;
+        if released {
+            return Ok(Released::Released { at_ms });
+        }
+        let reason = lost_reason(&mut reply)?;
+        Ok(Released::NotOwner { reason, at_ms })
+    }
+
+    /// Reclaims at most `limit` (1-1000) expired leases: their ids become
+    /// due at Redis now + `cooldown` (whole ms, 0 to 600 s), disabled ones
+    /// stay out of ready. For a maintenance loop, so expired leases come
+    /// back even when nobody acquires.
+    ///
+    /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
+    /// [`PoolError::Redis`].
+    pub async fn reap(&self, limit: usize, cooldown: Duration) -> Result<Reaped, PoolError> {
+        if !(1..=BATCH_MAX).contains(&limit) {
+            return Err(PoolError::bad("limit", format!("1-{BATCH_MAX} leases")));
+        }
+        let cooldown = check::millis("cooldown", cooldown, 0, COOLDOWN_MAX_MS)?;
+        let mut inv = self.invocation(PoolScript::Reap);
+        inv.arg(limit).arg(cooldown);
+        let mut reply = Reply::new(PoolScript::Reap, self.run(&inv).await?)?;
+        Ok(Reaped {
+            at_ms: reply.uint()?,
+            still_expired: reply.uint()?,
+            ids: reply.rest_strings()?,
+        })
+    }
+
+    /// Counts the pool's ids by state.
+    ///
+    /// Errors: [`PoolError::WrongKeyType`], [`PoolError::Redis`].
+    pub async fn status(&self) -> Result<PoolStatus, PoolError> {
+        let inv = self.invocation(PoolScript::Status);
+        let mut reply = Reply::new(PoolScript::Status, self.run(&inv).await?)?;
+        Ok(PoolStatus {
+            now_ms: reply.uint()?,
+            ready_due: reply.uint()?,
+            ready_cooling: reply.uint()?,
+            leases_valid: reply.uint()?,
+            leases_expired: reply.uint()?,
+            disabled: reply.uint()?,
+        })
+    }
+}

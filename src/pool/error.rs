@@ -1,0 +1,159 @@
+//! `PoolError`: what a pool operation can fail with, including the error
+//! codes the Lua scripts answer (see `common.lua`).
+
+use redis::RedisError;
+
+/// Why a pool operation failed. Bad input, wrong key types, duplicate or
+/// unknown ids are permanent; for [`PoolError::Redis`] classify the inner
+/// error (timeouts and dropped connections are worth a retry).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// An argument out of its range, refused by the Rust checks or by the
+    /// script itself. `field` names it (`ttl`, `cooldown_ms`, `ids[3]`,
+    /// `pool`, ...); `expected` gives the range.
+    #[error("invalid {field}: expected {expected}")]
+    BadInput {
+        /// The argument, as the Rust API or the script names it.
+        field: String,
+        /// What would have been accepted, with units and range.
+        expected: String,
+    },
+    /// A pool key holds another Redis type than the layout says; nothing
+    /// was written.
+    #[error("pool key {key} has type {found}, expected {expected}")]
+    WrongKeyType {
+        /// The full key name, e.g. `{proxies}:ready`.
+        key: String,
+        /// The type Redis reports (`string`, `list`, ...).
+        found: String,
+        /// The type the layout needs (`zset`, `hash`, `set`, `string`,
+        /// `integer` for the fence counter).
+        expected: String,
+    },
+    /// `init` on a pool that already has keys.
+    #[error("pool {pool} already initialized")]
+    AlreadyInitialized {
+        /// The pool name.
+        pool: String,
+    },
+    /// An id given twice in one call, or (`add`) already in the pool.
+    #[error("duplicate id {id}: given twice or already in the pool")]
+    DuplicateId {
+        /// The id.
+        id: String,
+    },
+    /// `disable`/`enable` of an id the pool does not hold.
+    #[error("unknown id {id}: not in the pool")]
+    UnknownId {
+        /// The id.
+        id: String,
+    },
+    /// Redis or the connection failed; the operation may or may not have
+    /// run.
+    #[error("redis: {0}")]
+    Redis(#[source] RedisError),
+    /// A script answered something this version does not understand.
+    #[error("unexpected reply from the pool {script} script: {detail}")]
+    Reply {
+        /// The script name (`acquire`, ...).
+        script: &'static str,
+        /// What was wrong with the reply.
+        detail: String,
+    },
+}
+
+impl PoolError {
+    pub(crate) fn bad(field: &str, expected: impl Into<String>) -> Self {
+        Self::BadInput {
+            field: field.to_owned(),
+            expected: expected.into(),
+        }
+    }
+
+    /// The Redis error inside, for a caller's transient/permanent decision.
+    pub fn redis_error(&self) -> Option<&RedisError> {
+        match self {
+            Self::Redis(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// Turns the scripts' error replies into their variants; everything else
+/// stays a Redis error.
+impl From<RedisError> for PoolError {
+    fn from(err: RedisError) -> Self {
+        let (Some(code), Some(detail)) = (err.code(), err.detail()) else {
+            return Self::Redis(err);
+        };
+        let words = |n: usize| detail.splitn(n, ' ').map(str::to_owned).collect::<Vec<_>>();
+        match code {
+            "BADARG" => match words(2).as_slice() {
+                [field, expected] => Self::BadInput {
+                    field: field.clone(),
+                    expected: expected.clone(),
+                },
+                _ => Self::Redis(err),
+            },
+            "KEYTYPE" => match words(3).as_slice() {
+                [key, found, expected] => Self::WrongKeyType {
+                    key: key.clone(),
+                    found: found.clone(),
+                    expected: expected.clone(),
+                },
+                _ => Self::Redis(err),
+            },
+            "POOLEXISTS" => Self::AlreadyInitialized {
+                pool: detail.to_owned(),
+            },
+            "DUPID" => Self::DuplicateId {
+                id: detail.to_owned(),
+            },
+            "NOID" => Self::UnknownId {
+                id: detail.to_owned(),
+            },
+            _ => Self::Redis(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+    }
+
+    #[test]
+    fn script_codes_become_variants() {
+        let err = PoolError::from(server_error("BADARG", "ttl_ms an integer 1-600000"));
+        assert_eq!(
+            err.to_string(),
+            "invalid ttl_ms: expected an integer 1-600000"
+        );
+        let err = PoolError::from(server_error("KEYTYPE", "{p}:ready string zset"));
+        assert!(
+            matches!(&err, PoolError::WrongKeyType { key, found, expected }
+                if key == "{p}:ready" && found == "string" && expected == "zset"),
+            "{err:?}"
+        );
+        assert!(matches!(
+            PoolError::from(server_error("POOLEXISTS", "p")),
+            PoolError::AlreadyInitialized { pool } if pool == "p"
+        ));
+        assert!(matches!(
+            PoolError::from(server_error("DUPID", "a")),
+            PoolError::DuplicateId { id } if id == "a"
+        ));
+        assert!(matches!(
+            PoolError::from(server_error("NOID", "a")),
+            PoolError::UnknownId { id } if id == "a"
+        ));
+        assert!(matches!(
+            PoolError::from(server_error("WRONGTYPE", "Operation against a key")),
+            PoolError::Redis(_)
+        ));
+    }
+}

@@ -1,0 +1,163 @@
+//! A held pool lease and what extend and release answer about it.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use serde::Serialize;
+
+use super::script::Reply;
+use super::{Pool, PoolError};
+
+/// The answer to an extend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extended {
+    /// The lease is still ours, with a new deadline.
+    Extended {
+        /// The new deadline, ms of Redis time.
+        deadline_ms: u64,
+        /// True when the total cap (first-acquired + max_lease), not the
+        /// ttl, set the deadline: the lease cannot be extended further.
+        capped: bool,
+        /// Redis time of the extend, ms.
+        at_ms: u64,
+    },
+    /// The lease is lost; nothing was changed.
+    NotOwner {
+        /// Why the lease is lost.
+        reason: LostReason,
+        /// Redis time of the attempt, ms.
+        at_ms: u64,
+    },
+}
+
+/// The answer to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The id is back in the pool (due after the cooldown).
+    Released {
+        /// Redis time of the release, ms: the end of the lease.
+        at_ms: u64,
+    },
+    /// The lease was already lost; nothing was changed. A late release
+    /// proves nothing: the id may have been leased to someone else.
+    NotOwner {
+        /// Why the lease is lost.
+        reason: LostReason,
+        /// Redis time of the attempt, ms.
+        at_ms: u64,
+    },
+}
+
+/// Why an extend or release found the lease lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LostReason {
+    /// `owners[id]` holds another token, or none: the lease was reclaimed
+    /// or released, and maybe given to someone else.
+    OtherOwner,
+    /// Still our token, but the deadline has passed (not yet reclaimed).
+    Expired,
+}
+
+/// A lease on one id of a pool, as acquire answered it. Its `Debug` never
+/// shows the token.
+pub struct PoolLease<C = ConnectionManager> {
+    pool: Pool<C>,
+    id: String,
+    token: String,
+    deadline_ms: u64,
+    fence: u64,
+    replayed: bool,
+}
+
+impl<C> fmt::Debug for PoolLease<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolLease")
+            .field("pool", &self.pool.name)
+            .field("id", &self.id)
+            .field("token", &"<redacted>")
+            .field("deadline_ms", &self.deadline_ms)
+            .field("fence", &self.fence)
+            .field("replayed", &self.replayed)
+            .finish()
+    }
+}
+
+impl<C> PoolLease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync,
+{
+    pub(super) fn new(
+        pool: Pool<C>,
+        id: String,
+        token: String,
+        deadline_ms: u64,
+        fence: u64,
+        replayed: bool,
+    ) -> Self {
+        Self {
+            pool,
+            id,
+            token,
+            deadline_ms,
+            fence,
+            replayed,
+        }
+    }
+
+    /// The leased id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The lease's token (32 hex chars): proof of ownership. Keep it out of
+    /// logs.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The deadline, ms of Redis time, as of the last acquire or extend.
+    pub fn deadline_ms(&self) -> u64 {
+        self.deadline_ms
+    }
+
+    /// The fence: from a per-pool counter, strictly greater than the fence
+    /// of every lease acquired before in this pool. Send it along with
+    /// writes to the resource so stale holders can be refused.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// True when acquire answered an earlier call's lease for the same
+    /// request id.
+    pub fn replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// Extends the lease to Redis now + `ttl` (capped, see
+    /// [`Pool::extend_lease`]); on success the deadline here follows.
+    pub async fn extend(&mut self, ttl: Duration) -> Result<Extended, PoolError> {
+        let outcome = self.pool.extend_lease(&self.id, &self.token, ttl).await?;
+        if let Extended::Extended { deadline_ms, .. } = outcome {
+            self.deadline_ms = deadline_ms;
+        }
+        Ok(outcome)
+    }
+
+    /// Releases the lease with a `cooldown` (see [`Pool::release_lease`]).
+    /// Safe to retry after a transient error: a second release answers
+    /// [`Released::NotOwner`].
+    pub async fn release(&self, cooldown: Duration) -> Result<Released, PoolError> {
+        self.pool
+            .release_lease(&self.id, &self.token, cooldown)
+            .await
+    }
+}
+
+pub(super) fn lost_reason(reply: &mut Reply) -> Result<LostReason, PoolError> {
+    match reply.string()?.as_str() {
+        "expired" => Ok(LostReason::Expired),
+        _ => Ok(LostReason::OtherOwner),
+    }
+}

@@ -1,0 +1,42 @@
+-- release: hand a leased id back; it becomes due again after the cooldown.
+-- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:meta  5 {P}:disabled
+-- ARGV: 1 id (1-64 chars of [A-Za-z0-9_-])  2 token (1-128 chars)
+--       3 cooldown_ms (integer 0-600000)
+-- Returns: {1, now_ms} released (a disabled id leaves ready out);
+--          {0, now_ms, 'not_owner' | 'expired'} and nothing changed, when
+--          owners[id] is not the token or the deadline is not after now.
+-- Errors: BADARG, KEYTYPE as in common.lua.
+
+local ready, leases, owners, meta, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local _, err = pool_keys({ 'ready', 'leases', 'owners', 'meta', 'disabled' })
+if err then return err end
+if #ARGV ~= 3 then
+  return badarg('ARGV', 'id, token, cooldown_ms')
+end
+local id, token = ARGV[1], ARGV[2]
+err = name_arg('id', id) or token_arg(token)
+if err then return err end
+local cooldown
+cooldown, err = int_arg('cooldown_ms', ARGV[3], 0, 600000)
+if err then return err end
+err = key_types({
+  { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { meta, 'hash' }, { disabled, 'set' },
+})
+if err then return err end
+
+local now = now_ms()
+if redis.call('HGET', owners, id) ~= token then
+  return { 0, now, 'not_owner' }
+end
+local deadline = redis.call('ZSCORE', leases, id)
+if not deadline or tonumber(deadline) <= now then
+  return { 0, now, 'expired' }
+end
+
+redis.call('ZREM', leases, id)
+redis.call('HDEL', owners, id)
+redis.call('HDEL', meta, id)
+if redis.call('SISMEMBER', disabled, id) == 0 then
+  redis.call('ZADD', ready, now + cooldown, id)
+end
+return { 1, now }

@@ -1,0 +1,259 @@
+//! The pool's Lua scripts, each built once with the shared helpers of
+//! `common.lua` in front, the key names of a pool, and reply decoding.
+
+use std::sync::LazyLock;
+
+use redis::{Script, Value};
+
+use super::PoolError;
+
+macro_rules! source {
+    ($file:literal) => {
+        concat!(
+            include_str!("common.lua"),
+            include_str!(concat!($file, ".lua"))
+        )
+    };
+}
+
+/// Every script, built once, in the order of [`PoolScript::ALL`].
+static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+    PoolScript::ALL
+        .iter()
+        .map(|s| Script::new(s.source()))
+        .collect()
+});
+
+/// One pool operation's Lua script. Each file's header gives its KEYS (in
+/// the order of [`PoolScript::keys`]), ARGV (times in ms) and replies.
+/// Public for tools that call the scripts themselves (benchmarks, tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolScript {
+    /// `init.lua`: create a pool with its first ids.
+    Init,
+    /// `add.lua`: add new ids.
+    Add,
+    /// `acquire.lua`: reclaim expired leases, then lease a due id.
+    Acquire,
+    /// `release.lua`: hand a lease back with a cooldown.
+    Release,
+    /// `extend.lua`: move a lease's deadline, within the total cap.
+    Extend,
+    /// `reap.lua`: reclaim expired leases.
+    Reap,
+    /// `status.lua`: counts by state.
+    Status,
+    /// `disable.lua`: take ids out of service.
+    Disable,
+    /// `enable.lua`: put ids back into service.
+    Enable,
+}
+
+impl PoolScript {
+    /// Every script.
+    pub const ALL: [Self; 9] = [
+        Self::Init,
+        Self::Add,
+        Self::Acquire,
+        Self::Release,
+        Self::Extend,
+        Self::Reap,
+        Self::Status,
+        Self::Disable,
+        Self::Enable,
+    ];
+
+    /// The script, built once (its SHA1 computed once); invoke it with
+    /// `invoke_async` so a Redis that lost its script cache reloads it.
+    pub fn script(self) -> &'static Script {
+        &SCRIPTS[self as usize]
+    }
+
+    /// The Lua source: the helpers of `common.lua`, then the operation.
+    pub fn source(self) -> &'static str {
+        match self {
+            Self::Init => source!("init"),
+            Self::Add => source!("add"),
+            Self::Acquire => source!("acquire"),
+            Self::Release => source!("release"),
+            Self::Extend => source!("extend"),
+            Self::Reap => source!("reap"),
+            Self::Status => source!("status"),
+            Self::Disable => source!("disable"),
+            Self::Enable => source!("enable"),
+        }
+    }
+
+    /// The script's name, as its file and in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Init => "init",
+            Self::Add => "add",
+            Self::Acquire => "acquire",
+            Self::Release => "release",
+            Self::Extend => "extend",
+            Self::Reap => "reap",
+            Self::Status => "status",
+            Self::Disable => "disable",
+            Self::Enable => "enable",
+        }
+    }
+
+    /// The KEYS the script takes for `pool`, in order (acquire with a
+    /// request id takes [`PoolKeys::request`] as one more).
+    pub fn keys(self, keys: &PoolKeys) -> Vec<String> {
+        let k = keys;
+        let list: &[&String] = match self {
+            Self::Init | Self::Acquire => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.fence,
+                &k.meta,
+                &k.disabled,
+            ],
+            Self::Release | Self::Reap => &[&k.ready, &k.leases, &k.owners, &k.meta, &k.disabled],
+            Self::Extend => &[&k.leases, &k.owners, &k.meta],
+            Self::Add | Self::Status | Self::Disable | Self::Enable => {
+                &[&k.ready, &k.leases, &k.owners, &k.disabled]
+            }
+        };
+        list.iter().map(|s| (*s).clone()).collect()
+    }
+}
+
+/// The key names of one pool; all share the hash tag `{<pool>}`.
+///
+/// The first three are the layout every worker knows (design/pool.md); the
+/// others are snowlease's own and may be missing on a pool that plain
+/// workers created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKeys {
+    /// `{P}:ready`, zset: ids that may be leased once Redis time (ms) >= score.
+    pub ready: String,
+    /// `{P}:leases`, zset: leased ids; score = deadline (ms, Redis time).
+    pub leases: String,
+    /// `{P}:owners`, hash: id -> token of the current lease.
+    pub owners: String,
+    /// `{P}:fence`, string: the per-pool fence counter (INCR); set to 0 by
+    /// init.
+    pub fence: String,
+    /// `{P}:meta`, hash: id -> `"<first_acquired_ms> <fence> <token>"` of
+    /// the current lease, for the extend cap and to tell whose lease it is.
+    pub meta: String,
+    /// `{P}:disabled`, set: ids out of service until enabled.
+    pub disabled: String,
+    prefix: String,
+}
+
+impl PoolKeys {
+    /// The keys of pool `pool` (not checked here; [`super::Pool::new`]
+    /// checks the name).
+    pub fn new(pool: &str) -> Self {
+        let prefix = format!("{{{pool}}}:");
+        let key = |suffix: &str| format!("{prefix}{suffix}");
+        Self {
+            ready: key("ready"),
+            leases: key("leases"),
+            owners: key("owners"),
+            fence: key("fence"),
+            meta: key("meta"),
+            disabled: key("disabled"),
+            prefix,
+        }
+    }
+
+    /// `{P}:req:<request_id>`, string `"<fence> <id> <token>"` with a TTL of
+    /// the lease's first ttl: the lease an acquire with this request id got.
+    pub fn request(&self, request_id: &str) -> String {
+        format!("{}req:{request_id}", self.prefix)
+    }
+}
+
+/// Decodes a script's array reply.
+pub(crate) struct Reply {
+    script: &'static str,
+    items: std::vec::IntoIter<Value>,
+}
+
+impl Reply {
+    pub(crate) fn new(script: PoolScript, value: Value) -> Result<Self, PoolError> {
+        match value {
+            Value::Array(items) => Ok(Self {
+                script: script.name(),
+                items: items.into_iter(),
+            }),
+            other => Err(PoolError::Reply {
+                script: script.name(),
+                detail: format!("expected an array, got {other:?}"),
+            }),
+        }
+    }
+
+    fn error(&self, detail: String) -> PoolError {
+        PoolError::Reply {
+            script: self.script,
+            detail,
+        }
+    }
+
+    pub(crate) fn int(&mut self) -> Result<i64, PoolError> {
+        match self.items.next() {
+            Some(Value::Int(n)) => Ok(n),
+            other => Err(self.error(format!("expected an integer, got {other:?}"))),
+        }
+    }
+
+    pub(crate) fn uint(&mut self) -> Result<u64, PoolError> {
+        let n = self.int()?;
+        u64::try_from(n)
+            .map_err(|_| self.error(format!("expected a non-negative integer, got {n}")))
+    }
+
+    pub(crate) fn string(&mut self) -> Result<String, PoolError> {
+        match self.items.next() {
+            Some(Value::BulkString(bytes)) => {
+                String::from_utf8(bytes).map_err(|e| self.error(format!("not UTF-8: {e}")))
+            }
+            Some(Value::SimpleString(s)) => Ok(s),
+            other => Err(self.error(format!("expected a string, got {other:?}"))),
+        }
+    }
+
+    pub(crate) fn rest_strings(&mut self) -> Result<Vec<String>, PoolError> {
+        let mut out = Vec::with_capacity(self.items.len());
+        while self.items.len() > 0 {
+            out.push(self.string()?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_hash_tag() {
+        let keys = PoolKeys::new("proxies");
+        assert_eq!(keys.ready, "{proxies}:ready");
+        assert_eq!(keys.leases, "{proxies}:leases");
+        assert_eq!(keys.owners, "{proxies}:owners");
+        assert_eq!(keys.request("r1"), "{proxies}:req:r1");
+        assert_eq!(
+            PoolScript::Extend.keys(&keys),
+            ["{proxies}:leases", "{proxies}:owners", "{proxies}:meta"]
+        );
+    }
+
+    #[test]
+    fn every_script_has_the_helpers_and_its_contract() {
+        for s in PoolScript::ALL {
+            let src = s.source();
+            assert!(src.starts_with("-- common.lua"), "{}", s.name());
+            assert!(src.contains(&format!("-- {}: ", s.name())), "{}", s.name());
+            assert!(src.contains("-- KEYS:") && src.contains("-- ARGV:"));
+            assert_eq!(s.script().get_hash().len(), 40);
+        }
+    }
+}
