@@ -16,8 +16,11 @@
 //! - [`shutdown`]: SIGTERM/SIGINT into one cancellation token.
 //! - [`sidecar`]: wiring of worker mode and its shutdown order.
 //! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
+//! - [`exec`]: the app side: `exec` runs the app only while an ID is published; `id`, `install`.
+//! - [`status`]: read-only view of an app's leases in Redis.
 
 pub mod config;
+pub mod exec;
 pub mod http;
 pub mod identity;
 pub mod lease;
@@ -26,5 +29,6 @@ pub mod pool;
 pub mod publish;
 pub mod shutdown;
 pub mod sidecar;
+pub mod status;
 pub mod store;
 pub mod worker;

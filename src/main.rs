@@ -21,6 +21,16 @@ struct Cli {
 enum Command {
     /// Run the worker-ID sidecar: claim an ID, renew it, publish it.
     Worker(WorkerArgs),
+    /// Run CMD with the published worker ID in its environment; stop it when the ID is lost.
+    Exec(snowlease::exec::ExecArgs),
+    /// Print the published worker ID (for shell scripts).
+    Id(snowlease::exec::IdArgs),
+    /// Show which worker IDs of an app are held, by whom, for how long (read-only).
+    Status(snowlease::status::StatusArgs),
+    /// Copy this binary into DIR (an init container sharing it with the app).
+    Install(snowlease::exec::InstallArgs),
+    /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
+    Pool(snowlease::pool::cli::PoolArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +46,68 @@ fn main() -> ExitCode {
                 let shutdown = snowlease::shutdown::listen()?;
                 snowlease::sidecar::run_worker(config, shutdown).await
             }))
+        }
+        // Exit codes of exec: the command's, 75 ID lost, 3 no ID, 126/127 cannot start.
+        Command::Exec(args) => {
+            let config = match args.validate() {
+                Ok(config) => config,
+                Err(err) => return config_error(&err),
+            };
+            init_logging(args.log_format);
+            snowlease::exec::run_exec(&config).map_or_else(
+                |err| {
+                    eprintln!("snowlease exec: {err:#}");
+                    ExitCode::from(err.exit_code())
+                },
+                ExitCode::from,
+            )
+        }
+        Command::Id(args) => {
+            let (source, wait) = match args.validate() {
+                Ok(valid) => valid,
+                Err(err) => return config_error(&err),
+            };
+            match snowlease::exec::run_id(&source, wait) {
+                Ok(worker_id) => {
+                    println!("{worker_id}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("snowlease id: {err:#}");
+                    ExitCode::from(err.exit_code())
+                }
+            }
+        }
+        Command::Status(args) => {
+            let config = match args.validate() {
+                Ok(config) => config,
+                Err(err) => return config_error(&err),
+            };
+            finish(block_on(
+                async move { snowlease::status::run(&config).await },
+            ))
+        }
+        Command::Install(args) => match snowlease::exec::install(&args.dir) {
+            Ok(path) => {
+                println!("{}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(err) => finish(Err(err)),
+        },
+        // Exit codes of pool: 2 bad input, 3 nothing due, 4 not owner or expired.
+        Command::Pool(args) => {
+            let config = match args.validate() {
+                Ok(config) => config,
+                Err(err) => return config_error(&err),
+            };
+            init_logging(args.log_format());
+            block_on(snowlease::pool::cli::run(config)).map_or_else(
+                |err| {
+                    eprintln!("snowlease pool: {err:#}");
+                    ExitCode::from(snowlease::pool::cli::exit_code(&err))
+                },
+                |()| ExitCode::SUCCESS,
+            )
         }
     }
 }

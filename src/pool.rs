@@ -7,12 +7,18 @@
 //! tag, see [`PoolKeys`]): a fence counter, per-lease meta (first-acquired
 //! time for the extend cap, fence, token), a disabled set, and request-id
 //! keys for idempotent acquire. A pool without them is served as well.
+//!
+//! [`cli`] is `snowlease pool ...`; [`serve`] its HTTP API for workers in
+//! any language, with a background reaper and metrics.
 
 mod backoff;
 mod check;
+pub mod cli;
 mod error;
 mod lease;
+mod metrics;
 mod script;
+pub mod serve;
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +28,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ScriptInvocation, Value};
 use serde::Serialize;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub use error::PoolError;
 pub use lease::{Extended, LostReason, PoolLease, Released};
@@ -348,6 +355,22 @@ where
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<Acquired<C>, PoolError> {
+        self.acquire_wait_until(req, wait, &CancellationToken::new())
+            .await
+    }
+
+    /// [`Pool::acquire_wait`] that also stops waiting when `stop` is
+    /// cancelled (shutdown): it then returns the last [`Acquired::Empty`].
+    /// A call already sent to Redis is never abandoned, so no lease is
+    /// granted that nobody hears of.
+    ///
+    /// Errors: as [`Pool::acquire`], returned at once.
+    pub async fn acquire_wait_until(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+        stop: &CancellationToken,
+    ) -> Result<Acquired<C>, PoolError> {
         let start = Instant::now();
         let mut attempt = 0;
         loop {
@@ -356,11 +379,14 @@ where
                 return Ok(acquired);
             };
             let remaining = wait.saturating_sub(start.elapsed());
-            if remaining.is_zero() {
+            if remaining.is_zero() || stop.is_cancelled() {
                 return Ok(acquired);
             }
             let sleep = backoff::sleep_for(*next_due_in, attempt, remaining, &mut rand::rng());
-            tokio::time::sleep(sleep).await;
+            tokio::select! {
+                () = tokio::time::sleep(sleep) => {}
+                () = stop.cancelled() => return Ok(acquired),
+            }
             attempt = attempt.saturating_add(1);
         }
     }

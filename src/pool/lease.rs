@@ -49,6 +49,15 @@ pub enum Released {
     },
 }
 
+/// A lease as JSON: `{"id", "token", "deadline_ms", "fence"}`.
+#[derive(Serialize)]
+pub(crate) struct LeaseView<'a> {
+    id: &'a str,
+    token: &'a str,
+    deadline_ms: u64,
+    fence: u64,
+}
+
 /// Why an extend or release found the lease lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -135,6 +144,17 @@ where
         self.replayed
     }
 
+    /// What the CLI prints and the HTTP API answers for this lease: the
+    /// only places a token leaves the process.
+    pub(crate) fn view(&self) -> LeaseView<'_> {
+        LeaseView {
+            id: &self.id,
+            token: &self.token,
+            deadline_ms: self.deadline_ms,
+            fence: self.fence,
+        }
+    }
+
     /// Extends the lease to Redis now + `ttl` (capped, see
     /// [`Pool::extend_lease`]); on success the deadline here follows.
     pub async fn extend(&mut self, ttl: Duration) -> Result<Extended, PoolError> {
@@ -152,6 +172,26 @@ where
         self.pool
             .release_lease(&self.id, &self.token, cooldown)
             .await
+    }
+}
+
+impl LostReason {
+    /// The reason as the CLI and the HTTP API name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OtherOwner => "other_owner",
+            Self::Expired => "expired",
+        }
+    }
+
+    /// What it means, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::OtherOwner => {
+                "the id is not held with this token (released, reclaimed, or leased again)"
+            }
+            Self::Expired => "the lease deadline has passed",
+        }
     }
 }
 

@@ -201,6 +201,18 @@ impl RedisServer {
         self.query(redis::cmd("PTTL").arg(key))
     }
 
+    /// GET and PTTL of one key, read atomically (MULTI/EXEC).
+    pub fn get_with_pttl(&self, key: &str) -> (Option<String>, i64) {
+        redis::pipe()
+            .atomic()
+            .cmd("GET")
+            .arg(key)
+            .cmd("PTTL")
+            .arg(key)
+            .query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("GET/PTTL {key}: {e}"))
+    }
+
     pub fn exists(&self, key: &str) -> bool {
         self.query::<i64>(redis::cmd("EXISTS").arg(key)) == 1
     }
@@ -687,8 +699,19 @@ impl Sidecar {
     /// `GET path` with an optional Accept header -> (status, body). Status 0 means no answer
     /// within [`HTTP_TIMEOUT`] or no connection (the body then holds the error).
     pub fn http_get(&self, path: &str, accept: Option<&str>) -> (u16, String) {
+        self.http_get_within(path, accept, HTTP_TIMEOUT)
+    }
+
+    /// [`Sidecar::http_get`] with another timeout (e.g. a request left waiting on a paused
+    /// sidecar until it resumes).
+    pub fn http_get_within(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+        timeout: Duration,
+    ) -> (u16, String) {
         let url = format!("http://{}{}", self.http_addr(), path);
-        let mut req = self.http.get(&url);
+        let mut req = self.http.get(&url).timeout(timeout);
         if let Some(accept) = accept {
             req = req.set("Accept", accept);
         }
@@ -856,6 +879,29 @@ pub fn metric_samples(exposition: &str, name: &str) -> Vec<(String, f64)> {
             Some((labels.trim().to_string(), value.parse().ok()?))
         })
         .collect()
+}
+
+/// Connections waiting in the accept queue of the IPv4 TCP listener on `addr` (from
+/// `/proc/net/tcp`, where a listener's rx_queue is its accept backlog). None when no listener.
+pub fn accept_queue_len(addr: SocketAddr) -> Option<u32> {
+    let SocketAddr::V4(v4) = addr else {
+        return None;
+    };
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let table = fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // f[1] local address, f[3] state (0A = LISTEN), f[4] tx_queue:rx_queue.
+        if f.len() > 4 && f[1] == local && f[3] == "0A" {
+            u32::from_str_radix(f[4].split_once(':')?.1, 16).ok()
+        } else {
+            None
+        }
+    })
 }
 
 /// SIGSTOP `pid` and wait (5 s) until every thread of it is stopped.

@@ -18,9 +18,9 @@ use crate::harness::{RedisServer, ms, secs};
 
 /// Every key: type, whether it expires, full contents. Compared before and
 /// after calls that must change nothing.
-type Dump = BTreeMap<String, String>;
+pub(crate) type Dump = BTreeMap<String, String>;
 
-fn dump(redis: &RedisServer) -> Dump {
+pub(crate) fn dump(redis: &RedisServer) -> Dump {
     let mut conn = redis.conn();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     let mut out = Dump::new();
@@ -47,13 +47,13 @@ fn dump(redis: &RedisServer) -> Dump {
 }
 
 /// Redis TIME in ms.
-fn redis_ms(redis: &RedisServer) -> u64 {
+pub(crate) fn redis_ms(redis: &RedisServer) -> u64 {
     let (s, us): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
     s * 1000 + us / 1000
 }
 
 /// Waits (at most 10 s) until Redis time is past `t_ms`.
-async fn until_redis_after(redis: &RedisServer, t_ms: u64) {
+pub(crate) async fn until_redis_after(redis: &RedisServer, t_ms: u64) {
     let give_up = Instant::now() + secs(10);
     while redis_ms(redis) <= t_ms {
         assert!(Instant::now() < give_up, "Redis time never passed {t_ms}");
@@ -61,7 +61,7 @@ async fn until_redis_after(redis: &RedisServer, t_ms: u64) {
     }
 }
 
-async fn manager(redis: &RedisServer) -> ConnectionManager {
+pub(crate) async fn manager(redis: &RedisServer) -> ConnectionManager {
     redis::Client::open(redis.url())
         .unwrap()
         .get_connection_manager()
@@ -98,7 +98,7 @@ fn empty(acquired: Acquired) -> (Option<Duration>, u64) {
     }
 }
 
-fn zset(redis: &RedisServer, key: &str) -> BTreeMap<String, u64> {
+pub(crate) fn zset(redis: &RedisServer, key: &str) -> BTreeMap<String, u64> {
     let pairs: Vec<(String, u64)> = redis.query(
         redis::cmd("ZRANGE")
             .arg(key)
@@ -109,17 +109,17 @@ fn zset(redis: &RedisServer, key: &str) -> BTreeMap<String, u64> {
     pairs.into_iter().collect()
 }
 
-fn hash(redis: &RedisServer, key: &str) -> BTreeMap<String, String> {
+pub(crate) fn hash(redis: &RedisServer, key: &str) -> BTreeMap<String, String> {
     redis.query(redis::cmd("HGETALL").arg(key))
 }
 
-fn set(redis: &RedisServer, key: &str) -> BTreeSet<String> {
+pub(crate) fn set(redis: &RedisServer, key: &str) -> BTreeSet<String> {
     redis.query(redis::cmd("SMEMBERS").arg(key))
 }
 
 /// The invariants of design/pool.md: no id in both ready and leases; leases
 /// and owners hold the same ids.
-fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
+pub(crate) fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
     let ready = zset(redis, &keys.ready);
     let leases = zset(redis, &keys.leases);
     let owners = hash(redis, &keys.owners);

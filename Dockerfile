@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1
+# The snowlease image: built with Rust on Debian 12, run on distroless/cc
+# (glibc and libgcc only: no shell, no package manager) as UID 65532.
+# Not built in CI (the CI machine has no container engine); see
+# docs/kubernetes.md, "Container image".
+#
+#   docker build -t registry.example.com/snowlease:0.1.0 .
+#
+# The same binary serves the sidecar (`worker`), the app's wrapper (`exec`,
+# copied into a shared volume by `install`) and the operator tools.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
+# Cache mounts keep the crate registry and build artefacts between builds.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin snowlease \
+    && install -m 0755 target/release/snowlease /snowlease
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /snowlease /usr/local/bin/snowlease
+# Numeric, so the kubelet can check runAsNonRoot.
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/snowlease"]
+CMD ["worker"]

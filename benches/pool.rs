@@ -1,0 +1,270 @@
+//! `cargo bench --bench pool`: acquire+release cycles per second through
+//! the Rust API (1 and 50 tasks, 1000 ids), and the client's acquire-only
+//! rate at 50 tasks against `redis-benchmark -c 50` running EVALSHA of the
+//! same acquire script with the same KEYS and ARGV. Starts its own
+//! redis-server on a free loopback port; prints a table with the goal.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use snowlease::pool::{AcquireRequest, Acquired, Pool, PoolOptions, PoolScript, Released};
+
+/// How long each cycle measurement runs (after a short warm-up).
+const CYCLE_TIME: Duration = Duration::from_secs(3);
+/// Acquires per acquire-only run, and ids of its pool (one id each).
+const ACQUIRES: u64 = 100_000;
+/// Runs of each acquire-only measurement; the median is reported.
+const RUNS: usize = 3;
+/// Lease time of the acquire-only runs: long, so nothing expires mid-run.
+const LONG_TTL_MS: u64 = 600_000;
+
+struct Redis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let redis = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let client = redis::Client::open(redis.url()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while client.get_connection().is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn median(mut rates: Vec<f64>) -> f64 {
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
+}
+
+async fn flush(conn: &mut ConnectionManager) {
+    let _: () = redis::cmd("FLUSHALL").query_async(conn).await.unwrap();
+}
+
+/// A fresh pool `name` of `n` ids.
+async fn fresh_pool(conn: &ConnectionManager, name: &str, n: u64) -> Pool {
+    let pool = Pool::new(conn.clone(), name, PoolOptions::default()).unwrap();
+    let ids: Vec<String> = (0..n).map(|i| format!("id-{i}")).collect();
+    assert_eq!(pool.init(&ids).await.unwrap(), n);
+    pool
+}
+
+/// Acquire+release cycles per second with `tasks` concurrent tasks for
+/// [`CYCLE_TIME`], on a pool of 1000 ids.
+async fn cycles(conn: &ConnectionManager, tasks: usize) -> f64 {
+    let mut admin = conn.clone();
+    flush(&mut admin).await;
+    let pool = fresh_pool(conn, "cycles", 1000).await;
+    let done = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_at = Instant::now() + CYCLE_TIME + Duration::from_millis(300);
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (pool, done, counting) = (pool.clone(), done.clone(), counting.clone());
+            tokio::spawn(async move {
+                let req = AcquireRequest::new(Duration::from_secs(30));
+                while Instant::now() < stop_at {
+                    let Acquired::Leased(lease) = pool.acquire(&req).await.unwrap() else {
+                        panic!("1000 ids and at most 50 leases: never empty");
+                    };
+                    let released = lease.release(Duration::ZERO).await.unwrap();
+                    assert!(matches!(released, Released::Released { .. }));
+                    if counting.load(Ordering::Relaxed) {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    // 300 ms warm-up (connection, script cache), then count.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    counting.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    for h in handles {
+        h.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The client's acquire-only rate: [`ACQUIRES`] acquires by 50 tasks on
+/// one multiplexed connection, on a fresh pool of as many ids.
+async fn client_acquires(conn: &ConnectionManager) -> f64 {
+    let mut admin = conn.clone();
+    flush(&mut admin).await;
+    let pool = fresh_pool(conn, "bench", ACQUIRES).await;
+    let left = Arc::new(AtomicU64::new(ACQUIRES));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..50)
+        .map(|_| {
+            let (pool, left) = (pool.clone(), left.clone());
+            tokio::spawn(async move {
+                let req = AcquireRequest::new(Duration::from_millis(LONG_TTL_MS));
+                while left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    let acquired = pool.acquire(&req).await.unwrap();
+                    assert!(matches!(acquired, Acquired::Leased(_)), "pool ran empty");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    ACQUIRES as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `redis-benchmark -c 50 -n ACQUIRES EVALSHA <acquire sha> ...` with the
+/// KEYS and ARGV the client sends (a 32-hex token, ttl, cooldown 0), on a
+/// fresh pool of as many ids as calls.
+///
+/// Why this shape: redis-benchmark repeats one fixed command, and acquire
+/// reads TIME, so every call leases another id until the pool is empty;
+/// after that each call would take the cheap "nothing due" path and the
+/// rate would say nothing about a real acquire. With one id per call and a
+/// ttl far longer than the run, every call of both sides does the same
+/// work: a reclaim step that finds nothing expired, then a real lease
+/// (ZRANGEBYSCORE, ZREM, INCR, HSET x2, ZADD). The client's run above uses
+/// the same pool size, call count, concurrency and argument lengths.
+async fn benchmark_acquires(conn: &ConnectionManager, port: u16) -> f64 {
+    let mut admin = conn.clone();
+    flush(&mut admin).await;
+    let pool = fresh_pool(conn, "bench", ACQUIRES).await;
+    let source = PoolScript::Acquire.source();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(sha, PoolScript::Acquire.script().get_hash());
+    let keys = PoolScript::Acquire.keys(pool.keys());
+    let token = format!("{:032x}", u128::MAX / 3);
+    let output = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", "50", "-n", &ACQUIRES.to_string(), "--csv"])
+        .args(["EVALSHA", &sha, &keys.len().to_string()])
+        .args(&keys)
+        .args([token.as_str(), &LONG_TTL_MS.to_string(), "0"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("redis-benchmark on PATH");
+    let csv = String::from_utf8_lossy(&output.stdout);
+    let rps = csv
+        .lines()
+        .find(|l| l.starts_with("\"EVALSHA"))
+        .and_then(|l| l.split("\",\"").nth(1))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("cannot read redis-benchmark output:\n{csv}"));
+    // Every call must have leased: the pool holds exactly as many leases.
+    let leased: u64 = redis::cmd("ZCARD")
+        .arg(&pool.keys().leases)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(leased, ACQUIRES, "redis-benchmark calls did not all lease");
+    rps
+}
+
+fn main() {
+    let redis = Redis::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = runtime.block_on(async {
+        redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap()
+    });
+    let started = Instant::now();
+    let one = runtime.block_on(cycles(&conn, 1));
+    let fifty = runtime.block_on(cycles(&conn, 50));
+    let (mut bench, mut client) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        bench.push(runtime.block_on(benchmark_acquires(&conn, redis.port)));
+        client.push(runtime.block_on(client_acquires(&conn)));
+    }
+    let (bench, client) = (median(bench), median(client));
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+
+    println!(
+        "snowlease pool benchmark (redis-server on loopback, {cpus} CPUs; acquire-only: median of {RUNS} runs of {ACQUIRES} calls)"
+    );
+    println!(
+        "{:<58} {:>10} {:>7} {:>8}",
+        "measure", "per second", "ratio", "goal"
+    );
+    let row = |name: &str, rate: f64, ratio: &str, goal: &str| {
+        println!("{name:<58} {rate:>10.0} {ratio:>7} {goal:>8}");
+    };
+    row(
+        "acquire+release cycles, Rust API, 1 task, 1000 ids",
+        one,
+        "-",
+        "-",
+    );
+    row(
+        "acquire+release cycles, Rust API, 50 tasks, 1000 ids",
+        fifty,
+        "-",
+        "-",
+    );
+    row(
+        "acquire, redis-benchmark -c 50 EVALSHA acquire.lua",
+        bench,
+        "1.00x",
+        "-",
+    );
+    row(
+        "acquire, Rust API, 50 tasks, one connection",
+        client,
+        &format!("{:.2}x", client / bench),
+        ">= 0.80x",
+    );
+    println!("total bench time {:.1}s", started.elapsed().as_secs_f64());
+}

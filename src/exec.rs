@@ -1,0 +1,299 @@
+//! The app side of the lease: `snowlease exec` runs the app only while the
+//! sidecar publishes a worker ID, `snowlease id` prints that ID, and
+//! `snowlease install` copies this binary into a shared volume.
+//!
+//! `exec` closes the last gap of the safety property: an app that read ID 7
+//! at start and keeps minting after the sidecar lost the lease would mint
+//! duplicates. So `exec` never starts the command without a published ID,
+//! and stops it (SIGTERM to its process group, SIGKILL after `--grace`) the
+//! moment the ID disappears, changes or goes stale, then exits 75 so the
+//! kubelet restarts the app container with the sidecar's next ID.
+
+mod args;
+mod child;
+mod source;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use nix::sys::signal::Signal;
+use tracing::{debug, error, info, warn};
+
+pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
+use child::{Child, Exit, Signals};
+pub use source::{Published, Reading, Source};
+
+/// `exec`/`id`: no ID was published within `--wait` (as the worker's
+/// "could not claim an ID in time").
+pub const EXIT_NO_ID: u8 = 3;
+/// `exec`: the published ID disappeared, changed or went stale while the
+/// command ran; the command was stopped (EX_TEMPFAIL: restart me).
+pub const EXIT_LEASE_LOST: u8 = 75;
+/// `exec`: the command exists but could not be executed.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// `exec`: the command was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// Timeout of one `GET /id`: the poll interval within 100-500 ms (signals
+/// wait meanwhile, so keep it short; the sidecar is local).
+fn http_timeout(poll: Duration) -> Duration {
+    poll.clamp(Duration::from_millis(100), Duration::from_millis(500))
+}
+
+/// Why `exec` or `id` did not run to the end.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// No fresh ID within `--wait`; the command was not started (exit 3).
+    #[error("no worker ID published at {at} within {}: {reason}", humantime::format_duration(*waited))]
+    NoId {
+        /// Where we looked (the file or URL).
+        at: String,
+        /// `--wait`.
+        waited: Duration,
+        /// What the last read found.
+        reason: String,
+    },
+    /// The command could not be started (exit 127 not found, 126 other).
+    #[error("cannot start {program:?}: {error}")]
+    Spawn {
+        /// The program as given.
+        program: OsString,
+        /// The OS error.
+        #[source]
+        error: std::io::Error,
+    },
+    /// Anything else (signal handlers, ...), exit 1.
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl ExecError {
+    /// The documented exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::NoId { .. } => EXIT_NO_ID,
+            Self::Spawn { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+                EXIT_NOT_FOUND
+            }
+            Self::Spawn { .. } => EXIT_CANNOT_EXECUTE,
+            Self::Other(_) => 1,
+        }
+    }
+}
+
+/// Runs `exec`: wait for an ID, run the command with it, watch the ID.
+/// Returns the exit code: the command's (128 + signal when killed),
+/// [`EXIT_LEASE_LOST`] after a loss, 128 + signal when a signal ended the
+/// wait.
+///
+/// Errors: [`ExecError`] when no ID came or the command cannot start.
+pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
+    // Handlers first: a SIGTERM during the wait must not be lost.
+    let signals = Signals::install().context("cannot install signal handlers")?;
+    let published = match wait_for_id(&config.source, config.wait, config.poll, Some(&signals))? {
+        Waited::Id(published) => published,
+        Waited::Signal(signal) => {
+            info!(
+                signal,
+                "signal before any worker ID was published; not starting the command"
+            );
+            return Ok(Exit::Signal(signal).code());
+        }
+    };
+    let worker_id = published.worker_id;
+    let child = Child::spawn(&config.command, &config.env, worker_id).map_err(|error| {
+        ExecError::Spawn {
+            program: config.command[0].clone(),
+            error,
+        }
+    })?;
+    info!(worker_id, pid = child.pid(), env = %config.env, "worker ID published; command started");
+    let (exit, lost) = supervise(config, &signals, &child, published);
+    // Whatever the command left in its process group carries the ID too.
+    child.signal_group(Signal::SIGKILL);
+    child.reap();
+    if lost {
+        error!(worker_id, exit = ?exit, "command stopped after the worker ID was lost; exiting 75");
+        return Ok(EXIT_LEASE_LOST);
+    }
+    info!(worker_id, exit = ?exit, "command exited");
+    Ok(exit.code())
+}
+
+/// Watches the ID while the child runs; returns its exit and whether it
+/// was stopped because the ID was lost.
+fn supervise(
+    config: &ExecConfig,
+    signals: &Signals,
+    child: &Child,
+    mut current: Published,
+) -> (Exit, bool) {
+    let worker_id = current.worker_id;
+    let mut next_read = Instant::now() + config.poll;
+    let mut stop_started: Option<Instant> = None;
+    let mut killed = false;
+    let mut unreachable_logged = false;
+    loop {
+        if let Some(exit) = child.reap() {
+            return (exit, stop_started.is_some());
+        }
+        let now = Instant::now();
+        match stop_started {
+            Some(started) if !killed && now >= started + config.grace => {
+                warn!(
+                    worker_id,
+                    grace_ms = config.grace.as_millis() as u64,
+                    "command still running after --grace; SIGKILL"
+                );
+                child.signal_group(Signal::SIGKILL);
+                killed = true;
+            }
+            Some(_) => {}
+            None if now >= next_read || !current.is_fresh() => {
+                next_read = now + config.poll;
+                let lost = match config.source.read(http_timeout(config.poll)) {
+                    Reading::Published(p) if p.worker_id == worker_id && p.is_fresh() => {
+                        current = p;
+                        unreachable_logged = false;
+                        None
+                    }
+                    Reading::Published(p) if p.worker_id == worker_id => {
+                        Some("the published worker ID is stale".to_owned())
+                    }
+                    Reading::Published(p) => Some(format!(
+                        "the published worker ID changed to {}",
+                        p.worker_id
+                    )),
+                    Reading::Absent(reason) => Some(reason),
+                    Reading::Unreachable(reason) if !current.is_fresh() => {
+                        Some(format!("{reason}; the last reading has expired"))
+                    }
+                    Reading::Unreachable(reason) => {
+                        if !unreachable_logged {
+                            warn!(worker_id, reason = %reason, "cannot read the worker ID; keeping it until the last reading expires");
+                            unreachable_logged = true;
+                        }
+                        None
+                    }
+                };
+                if let Some(reason) = lost {
+                    error!(worker_id, reason = %reason, "worker ID no longer published; stopping the command (SIGTERM)");
+                    child.signal_group(Signal::SIGTERM);
+                    stop_started = Some(now);
+                }
+                continue;
+            }
+            None => {}
+        }
+        let wake = match stop_started {
+            Some(_) if killed => now + Duration::from_millis(100),
+            Some(started) => started + config.grace,
+            None => current.valid_until.map_or(next_read, |t| t.min(next_read)),
+        };
+        match signals.next(wake.saturating_duration_since(now)) {
+            Some(signal) if child::FORWARDED.contains(&signal) => {
+                debug!(signal, "forwarding signal to the command");
+                child.signal(signal);
+            }
+            _ => {}
+        }
+    }
+}
+
+enum Waited {
+    Id(Published),
+    Signal(i32),
+}
+
+/// Re-reads `source` every `poll` until a fresh ID appears or `wait` ends.
+fn wait_for_id(
+    source: &Source,
+    wait: Duration,
+    poll: Duration,
+    signals: Option<&Signals>,
+) -> Result<Waited, ExecError> {
+    let deadline = Instant::now() + wait;
+    let mut logged = false;
+    loop {
+        let reason = match source.read(http_timeout(poll)) {
+            Reading::Published(published) if published.is_fresh() => {
+                return Ok(Waited::Id(published));
+            }
+            Reading::Published(_) => "stale".to_owned(),
+            Reading::Absent(reason) | Reading::Unreachable(reason) => reason,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(ExecError::NoId {
+                at: source.to_string(),
+                waited: wait,
+                reason,
+            });
+        }
+        if !logged {
+            info!(source = %source, reason = %reason, "waiting for a worker ID");
+            logged = true;
+        }
+        let pause = poll.min(deadline - now);
+        match signals {
+            Some(signals) => match signals.next(pause) {
+                Some(signal) if child::ends_wait(signal) => return Ok(Waited::Signal(signal)),
+                _ => {}
+            },
+            None => std::thread::sleep(pause),
+        }
+    }
+}
+
+/// Runs `id`: the published worker ID, waiting up to `wait` for one.
+///
+/// Errors: [`ExecError::NoId`] (exit 3).
+pub fn run_id(source: &Source, wait: Duration) -> Result<u16, ExecError> {
+    match wait_for_id(source, wait, Duration::from_millis(100), None)? {
+        Waited::Id(published) => Ok(published.worker_id),
+        Waited::Signal(_) => unreachable!("no signal handlers installed"),
+    }
+}
+
+/// Copies the running binary to `<dir>/snowlease` atomically, so an init
+/// container can hand `snowlease exec` to an app image through a volume
+/// (the runtime image has no shell and no `cp`).
+///
+/// Errors: I/O errors, with the path.
+pub fn install(dir: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = std::env::current_exe().context("cannot locate the running binary")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dest = dir.join("snowlease");
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".snowlease-")
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot write into {}", dir.display()))?;
+    let mut input =
+        std::fs::File::open(&exe).with_context(|| format!("cannot read {}", exe.display()))?;
+    std::io::copy(&mut input, &mut tmp)
+        .with_context(|| format!("cannot copy to {}", dir.display()))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(&dest)
+        .map_err(|e| e.error)
+        .with_context(|| format!("cannot create {}", dest.display()))?;
+    Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_errors_map_to_shell_codes() {
+        let spawn = |kind| ExecError::Spawn {
+            program: "x".into(),
+            error: std::io::Error::from(kind),
+        };
+        assert_eq!(spawn(std::io::ErrorKind::NotFound).exit_code(), 127);
+        assert_eq!(spawn(std::io::ErrorKind::PermissionDenied).exit_code(), 126);
+    }
+}

@@ -1,0 +1,165 @@
+//! The wrapped command as a child process: signal handlers installed
+//! explicitly (so this works as PID 1), the child in its own process group,
+//! signals forwarded, exits reaped (orphans too, when we are PID 1).
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::iterator::Handle;
+use tracing::debug;
+
+/// Signals passed on to the child as they arrive.
+pub const FORWARDED: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
+
+/// Signals that end `exec` while no child runs yet.
+pub fn ends_wait(signal: i32) -> bool {
+    matches!(signal, SIGTERM | SIGINT | SIGHUP | SIGQUIT)
+}
+
+/// Arriving signals, delivered through a channel by a helper thread.
+pub struct Signals {
+    rx: Receiver<i32>,
+    handle: Handle,
+}
+
+impl Signals {
+    /// Installs handlers for [`FORWARDED`] and SIGCHLD. A PID 1 gets no
+    /// default action for SIGTERM/SIGINT, hence explicit handlers.
+    ///
+    /// Errors: when a handler cannot be registered.
+    pub fn install() -> std::io::Result<Self> {
+        let mut wanted = FORWARDED.to_vec();
+        wanted.push(SIGCHLD);
+        let mut signals = signal_hook::iterator::Signals::new(wanted)?;
+        let handle = signals.handle();
+        let (tx, rx) = mpsc::channel();
+        thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for signal in signals.forever() {
+                    if tx.send(signal).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Self { rx, handle })
+    }
+
+    /// The next signal, or `None` after `timeout`.
+    pub fn next(&self, timeout: Duration) -> Option<i32> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        self.handle.close();
+    }
+}
+
+/// How the child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+impl Exit {
+    /// Shell convention: the code, or 128 + signal number.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Code(code) => u8::try_from(code & 0xff).unwrap_or(1),
+            Self::Signal(signal) => u8::try_from(128 + (signal & 0x7f)).unwrap_or(255),
+        }
+    }
+}
+
+/// A running child in its own process group (its PID is the group ID),
+/// so a stop reaches whatever it started, too.
+pub struct Child {
+    pid: Pid,
+}
+
+impl Child {
+    /// Starts `command` with `env_name=worker_id` added to our environment.
+    ///
+    /// Errors: the spawn error (not found, not executable, ...).
+    pub fn spawn(command: &[OsString], env_name: &str, worker_id: u16) -> std::io::Result<Self> {
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| std::io::Error::other("empty command"))?;
+        let child = std::process::Command::new(program)
+            .args(args)
+            .env(env_name, worker_id.to_string())
+            .process_group(0)
+            .spawn()?;
+        let pid = Pid::from_raw(i32::try_from(child.id()).map_err(std::io::Error::other)?);
+        // Reaped with waitpid below, not through `child`.
+        drop(child);
+        Ok(Self { pid })
+    }
+
+    /// Process ID (and process group ID) of the child.
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw().unsigned_abs()
+    }
+
+    /// Reaps every exited child without blocking (as PID 1 that includes
+    /// orphans handed to us); returns our child's exit once it happened.
+    pub fn reap(&self) -> Option<Exit> {
+        let mut ours = None;
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == self.pid => {
+                    ours = Some(Exit::Code(code));
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) if pid == self.pid => {
+                    ours = Some(Exit::Signal(signal as i32));
+                }
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return ours,
+                Ok(other) => debug!(status = ?other, "reaped another process"),
+                Err(Errno::EINTR) => {}
+                Err(err) => {
+                    debug!(error = %err, "waitpid failed");
+                    return ours;
+                }
+            }
+        }
+    }
+
+    /// Sends `signal` to the child only (as a signal from the kubelet would
+    /// reach the command if it ran without us).
+    pub fn signal(&self, signal: i32) {
+        if let Ok(signal) = Signal::try_from(signal) {
+            let _ = kill(self.pid, signal);
+        }
+    }
+
+    /// Sends `signal` to the child's whole process group.
+    pub fn signal_group(&self, signal: Signal) {
+        let _ = killpg(self.pid, signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        assert_eq!(Exit::Code(0).code(), 0);
+        assert_eq!(Exit::Code(42).code(), 42);
+        assert_eq!(Exit::Signal(SIGTERM).code(), 143);
+        assert_eq!(Exit::Signal(9).code(), 137);
+    }
+}

@@ -1,0 +1,312 @@
+//! Reads the worker ID the sidecar publishes, from the ID file (with its
+//! state file) or from `GET /id`, and says until when it may be used.
+//!
+//! An ID counts as published only while the sidecar says so: the ID file
+//! exists and, when the state file beside it exists, that file names the
+//! same ID with a `valid_until_ms` still in the future (a sidecar killed
+//! with SIGKILL leaves its ID file behind, but not a fresh deadline).
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+use crate::config::WORKER_ID_LIMIT;
+use crate::publish::{StateFile, state_path};
+
+/// Where the sidecar publishes the worker ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The ID file (`--output-file` of the sidecar); the state file sits beside it.
+    File(PathBuf),
+    /// Base URL of the sidecar's HTTP server; `/id` is appended.
+    Url(url::Url),
+}
+
+/// A published worker ID and how long it may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The worker ID.
+    pub worker_id: u16,
+    /// Monotonic deadline after which the ID is stale unless read again;
+    /// `None` when the source gives none (an ID file without state file).
+    pub valid_until: Option<Instant>,
+}
+
+impl Published {
+    /// True while the deadline (if any) is in the future.
+    pub fn is_fresh(&self) -> bool {
+        self.valid_until.is_none_or(|t| Instant::now() < t)
+    }
+}
+
+/// What one read of the source found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    /// A fresh ID.
+    Published(Published),
+    /// No ID is published; the reason is for logs.
+    Absent(String),
+    /// The source could not be read (sidecar HTTP down, timeout); the last
+    /// fresh reading still holds until its deadline.
+    Unreachable(String),
+}
+
+impl Source {
+    /// Base URL checks for `--url`: `http://host[:port][/prefix]`.
+    ///
+    /// Errors: a message naming what is wrong.
+    pub fn parse_url(text: &str) -> Result<url::Url, String> {
+        let url = url::Url::parse(text).map_err(|e| format!("cannot parse {text:?}: {e}"))?;
+        if url.scheme() != "http" {
+            return Err(format!(
+                "{text:?}: only http:// is supported (the sidecar in the same pod)"
+            ));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(format!("{text:?}: no host"));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("{text:?}: no query or fragment allowed"));
+        }
+        Ok(url)
+    }
+
+    /// Reads the source once; `timeout` bounds an HTTP request.
+    pub fn read(&self, timeout: Duration) -> Reading {
+        match self {
+            Self::File(path) => read_file(path),
+            Self::Url(base) => read_url(base, timeout),
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Url(url) => write!(f, "{}", id_url(url)),
+        }
+    }
+}
+
+/// Parses the ID file's contents: a decimal ID and one newline.
+fn parse_id(text: &str) -> Option<u16> {
+    let digits = text.strip_suffix('\n').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|id| *id <= WORKER_ID_LIMIT)
+}
+
+fn read_file(path: &std::path::Path) -> Reading {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Reading::Absent("no ID file".into());
+        }
+        Err(err) => return Reading::Absent(format!("cannot read the ID file: {err}")),
+    };
+    let Some(worker_id) = parse_id(&text) else {
+        return Reading::Absent(format!("ID file holds {text:?}, not a worker ID"));
+    };
+    // Read after the ID file: the sidecar writes the state file first, so a
+    // state naming another ID means the ID in hand was lost meanwhile.
+    let state = match std::fs::read(state_path(path)) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Reading::Published(Published {
+                worker_id,
+                valid_until: None,
+            });
+        }
+        Err(err) => return Reading::Absent(format!("cannot read the state file: {err}")),
+    };
+    let state: StateFile = match serde_json::from_slice(&state) {
+        Ok(state) => state,
+        Err(err) => return Reading::Absent(format!("unreadable state file: {err}")),
+    };
+    if state.worker_id != worker_id {
+        return Reading::Absent(format!(
+            "state file names worker ID {}, ID file {worker_id}",
+            state.worker_id
+        ));
+    }
+    let now_ms = unix_ms(SystemTime::now());
+    if state.valid_until_ms <= now_ms {
+        return Reading::Absent(format!(
+            "stale: the state file's valid_until_ms passed {} ms ago (sidecar gone?)",
+            now_ms - state.valid_until_ms
+        ));
+    }
+    Reading::Published(Published {
+        worker_id,
+        valid_until: Some(Instant::now() + Duration::from_millis(state.valid_until_ms - now_ms)),
+    })
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `<base>/id`, keeping a path prefix of the base URL.
+fn id_url(base: &url::Url) -> String {
+    format!("{}/id", base.as_str().trim_end_matches('/'))
+}
+
+#[derive(Deserialize)]
+struct IdBody {
+    worker_id: u16,
+    lease_expires_in_ms: u64,
+}
+
+fn read_url(base: &url::Url, timeout: Duration) -> Reading {
+    let sent = Instant::now();
+    let (status, body) = match http_get(base, timeout) {
+        Ok(reply) => reply,
+        Err(err) => return Reading::Unreachable(format!("GET {}: {err}", id_url(base))),
+    };
+    match status {
+        200 => match serde_json::from_slice::<IdBody>(&body) {
+            Ok(id) if id.worker_id <= WORKER_ID_LIMIT => Reading::Published(Published {
+                worker_id: id.worker_id,
+                // From the moment the request was sent: errs early.
+                valid_until: Some(sent + Duration::from_millis(id.lease_expires_in_ms)),
+            }),
+            _ => Reading::Absent(format!("GET {}: unexpected body", id_url(base))),
+        },
+        503 => Reading::Absent("sidecar answers 503: no valid lease".into()),
+        other => Reading::Unreachable(format!("GET {}: status {other}", id_url(base))),
+    }
+}
+
+/// A minimal HTTP/1.1 GET with `Connection: close` (the sidecar is local;
+/// no client library needed). Returns the status and the body.
+fn http_get(base: &url::Url, timeout: Duration) -> std::io::Result<(u16, Vec<u8>)> {
+    use std::io::{Error, ErrorKind};
+    let host = base.host_str().unwrap_or_default();
+    let port = base.port_or_known_default().unwrap_or(80);
+    let addr = (host.trim_matches(['[', ']']), port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, "no address"))?;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let path = format!("{}/id", base.path().trim_end_matches('/'));
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: application/json\r\n\
+         Connection: close\r\n\r\n"
+    )?;
+    let mut reply = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut reply)?;
+    parse_reply(&reply).ok_or_else(|| Error::new(ErrorKind::InvalidData, "malformed HTTP reply"))
+}
+
+fn parse_reply(reply: &[u8]) -> Option<(u16, Vec<u8>)> {
+    let split = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&reply[..split]).ok()?;
+    let body = &reply[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let chunked = lines.any(|l| {
+        l.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && l.to_ascii_lowercase().contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    Some((status, body))
+}
+
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&data[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publish::write_atomic;
+
+    fn state(worker_id: u16, valid_until_ms: u64) -> Vec<u8> {
+        serde_json::to_vec(&StateFile {
+            app: "orders".into(),
+            worker_id,
+            owner: "10.0.0.1#00".into(),
+            valid_until_ms,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn id_file_contents_must_be_one_decimal_id() {
+        assert_eq!(parse_id("7\n"), Some(7));
+        assert_eq!(parse_id("1023"), Some(1023));
+        for bad in ["", "\n", "7\n\n", " 7\n", "-1\n", "1024\n", "x\n"] {
+            assert_eq!(parse_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fresh_state_gives_a_deadline_and_stale_or_other_id_gives_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("worker-id");
+        assert!(matches!(read_file(&file), Reading::Absent(_)));
+        write_atomic(&file, b"7\n").unwrap();
+        let Reading::Published(p) = read_file(&file) else {
+            panic!("an ID file alone is published")
+        };
+        assert_eq!((p.worker_id, p.valid_until), (7, None));
+
+        let now = unix_ms(SystemTime::now());
+        write_atomic(&state_path(&file), &state(7, now + 5_000)).unwrap();
+        let Reading::Published(p) = read_file(&file) else {
+            panic!("fresh state")
+        };
+        let left = p.valid_until.unwrap() - Instant::now();
+        assert!(left > Duration::from_secs(4) && left <= Duration::from_secs(5));
+
+        write_atomic(&state_path(&file), &state(7, now - 1)).unwrap();
+        assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
+        write_atomic(&state_path(&file), &state(9, now + 5_000)).unwrap();
+        assert!(matches!(read_file(&file), Reading::Absent(_)));
+    }
+
+    #[test]
+    fn http_replies_parse_plain_and_chunked() {
+        let plain = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(parse_reply(plain), Some((503, b"{}".to_vec())));
+        let chunked =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_reply(chunked), Some((200, b"abcde".to_vec())));
+        assert_eq!(parse_reply(b"garbage"), None);
+    }
+
+    #[test]
+    fn only_plain_http_urls_are_accepted() {
+        let url = Source::parse_url("http://127.0.0.1:8080/").unwrap();
+        assert_eq!(id_url(&url), "http://127.0.0.1:8080/id");
+        let prefixed = Source::parse_url("http://localhost:8080/snowlease").unwrap();
+        assert_eq!(id_url(&prefixed), "http://localhost:8080/snowlease/id");
+        for bad in ["https://x:1", "ftp://x", "http://", "x", "http://h/?a=1"] {
+            assert!(Source::parse_url(bad).is_err(), "{bad}");
+        }
+    }
+}

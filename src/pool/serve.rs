@@ -1,0 +1,589 @@
+//! `snowlease pool serve`: the pool API over HTTP for workers in any
+//! language (meant for loopback), a background reaper per pool, readiness
+//! that follows Redis, and metrics. [`router`] is pure; [`run`] wires it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use prometheus_client::registry::Registry;
+use serde_json::{Map, Value, json};
+use tokio::net::TcpListener;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, TTL_MAX_MS};
+use super::metrics::PoolMetrics;
+use super::{
+    AcquireRequest, Acquired, Extended, LostReason, Pool, PoolError, PoolOptions, Released,
+};
+use crate::http;
+use crate::store::RedisTarget;
+
+/// Longest `wait_ms` of one HTTP acquire.
+pub const WAIT_MAX_MS: u64 = 60_000;
+/// Most reap calls (of 1000 leases each) per pool and reaper round, so a
+/// huge backlog cannot hold off the status refresh for long.
+const REAP_CALLS_PER_ROUND: usize = 10;
+/// Bound on draining HTTP connections at shutdown.
+const HTTP_STOP_LIMIT: Duration = Duration::from_secs(1);
+
+/// Validated settings of `pool serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub(crate) pools: Vec<String>,
+    pub(crate) redis: RedisTarget,
+    pub(crate) redis_timeout: Duration,
+    pub(crate) listen: SocketAddr,
+    pub(crate) reap_interval: Duration,
+    pub(crate) reap_cooldown: Duration,
+    pub(crate) max_lease: Duration,
+}
+
+/// What the handlers share: the served pools, metrics, readiness.
+#[derive(Clone)]
+pub struct ServeState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pools: HashMap<String, Served>,
+    metrics: PoolMetrics,
+    registry: Registry,
+    /// True once Redis answered, false from the first call it did not.
+    redis_up: AtomicBool,
+    shutdown: CancellationToken,
+}
+
+struct Served {
+    pool: Pool,
+    label: Arc<str>,
+}
+
+impl ServeState {
+    /// State for serving `pools`; `shutdown` ends waiting acquires and makes
+    /// `/readyz` answer 503. Unready until Redis first answers.
+    pub fn new(pools: Vec<Pool>, shutdown: CancellationToken) -> Self {
+        let labels: Vec<Arc<str>> = pools.iter().map(|p| Arc::from(p.name())).collect();
+        let mut registry = Registry::default();
+        let metrics = PoolMetrics::new(&mut registry, &labels);
+        let pools = pools
+            .into_iter()
+            .zip(labels)
+            .map(|(pool, label)| (pool.name().to_owned(), Served { pool, label }))
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                pools,
+                metrics,
+                registry,
+                redis_up: AtomicBool::new(false),
+                shutdown,
+            }),
+        }
+    }
+
+    fn pool(&self, name: &str) -> Result<&Served, ApiError> {
+        self.inner
+            .pools
+            .get(name)
+            .ok_or_else(|| ApiError::UnknownPool(name.to_owned()))
+    }
+
+    /// Records whether Redis answered (any reply but a Redis error counts).
+    fn note<T>(&self, result: &Result<T, PoolError>) {
+        let up = !matches!(result, Err(PoolError::Redis(_)));
+        if self.inner.redis_up.swap(up, Ordering::Relaxed) != up {
+            match result {
+                Err(err) => warn!(error = %err, "redis not answering; not ready"),
+                Ok(_) => info!("redis answers; ready"),
+            }
+        }
+    }
+
+    /// One reaper round for `name`: reclaim expired leases (up to
+    /// [`REAP_CALLS_PER_ROUND`] calls), then refresh its gauges.
+    async fn reap_round(&self, name: &str, cooldown: Duration) {
+        let Ok(served) = self.pool(name) else { return };
+        for _ in 0..REAP_CALLS_PER_ROUND {
+            let result = served.pool.reap(BATCH_MAX, cooldown).await;
+            self.note(&result);
+            match result {
+                Ok(reaped) => {
+                    if !reaped.ids.is_empty() {
+                        info!(pool = name, count = reaped.ids.len(), ids = ?reaped.ids, "reclaimed expired leases");
+                        self.inner
+                            .metrics
+                            .reaped(&served.label, reaped.ids.len() as u64);
+                    }
+                    if reaped.still_expired == 0 {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    debug!(pool = name, error = %err, "reap failed");
+                    return;
+                }
+            }
+        }
+        let status = served.pool.status().await;
+        self.note(&status);
+        if let Ok(status) = status {
+            self.inner.metrics.set_status(&served.label, &status);
+        }
+    }
+}
+
+/// The routes of `pool serve`. Pure: tests drive it with `oneshot`.
+///
+/// - `POST /pools/{pool}/leases` `{ttl_ms, cooldown_ms?, wait_ms?,
+///   request_id?}`: 201 `{id, token, deadline_ms, fence}`, or 503 `{error,
+///   next_due_in_ms, at_ms}` with `Retry-After`.
+/// - `POST /pools/{pool}/leases/{id}/extend` `{token, ttl_ms}`: 200 `{id,
+///   deadline_ms, capped}` or 409 `{error, reason}`.
+/// - `POST /pools/{pool}/leases/{id}/release` `{token, cooldown_ms?}`: 200
+///   `{id, released_at_ms}` or 409 `{error, reason}`.
+/// - `GET /pools/{pool}`: the status counts.
+/// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
+///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
+pub fn router(state: ServeState) -> Router {
+    Router::new()
+        .route("/pools/{pool}", get(status))
+        .route("/pools/{pool}/leases", post(acquire))
+        .route("/pools/{pool}/leases/{id}/extend", post(extend))
+        .route("/pools/{pool}/leases/{id}/release", post(release))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+        .merge(http::liveness_routes())
+}
+
+/// Serves the pools of `config` until `shutdown` fires: binds the
+/// listener, starts one reaper per pool, then drains HTTP (bounded).
+///
+/// Errors: the listener cannot bind; the HTTP server fails.
+pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
+    if !config.listen.ip().is_loopback() {
+        warn!(listen = %config.listen, "not a loopback address: whoever reaches it can take and release leases");
+    }
+    let conn = config.redis.connect(config.redis_timeout)?;
+    let options = PoolOptions {
+        max_lease: config.max_lease,
+    };
+    let pools = config
+        .pools
+        .iter()
+        .map(|name| Pool::new(conn.clone(), name, options))
+        .collect::<Result<Vec<_>, _>>()?;
+    let state = ServeState::new(pools, shutdown.clone());
+    info!(pools = ?config.pools, redis = %config.redis, reap_interval = ?config.reap_interval, "serving pools");
+
+    let reapers: Vec<_> = config
+        .pools
+        .iter()
+        .map(|name| {
+            tokio::spawn(reap_loop(
+                state.clone(),
+                name.clone(),
+                config.reap_interval,
+                config.reap_cooldown,
+            ))
+        })
+        .collect();
+    let http_stop = CancellationToken::new();
+    let mut http_task = tokio::spawn(http::serve(listener, router(state), http_stop.clone()));
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        ended = &mut http_task => {
+            shutdown.cancel();
+            return match ended {
+                Ok(Ok(())) => Err(anyhow::anyhow!("http server stopped")),
+                Ok(Err(err)) => Err(err).context("http server"),
+                Err(err) => Err(err).context("http server"),
+            };
+        }
+    }
+    // Reapers and waiting acquires end at the cancel; then HTTP drains.
+    for reaper in reapers {
+        let _ = reaper.await;
+    }
+    http_stop.cancel();
+    if tokio::time::timeout(HTTP_STOP_LIMIT, http_task)
+        .await
+        .is_err()
+    {
+        warn!("http server did not stop within 1s");
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Reaps `name` every `every` until shutdown; a round in flight is dropped
+/// at shutdown (a reap is safe to cut: it runs whole in Redis or not).
+async fn reap_loop(state: ServeState, name: String, every: Duration, cooldown: Duration) {
+    let shutdown = state.inner.shutdown.clone();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = state.reap_round(&name, cooldown) => {}
+        }
+    }
+}
+
+/// An HTTP error answer, as JSON with an `error` field.
+#[derive(Debug)]
+enum ApiError {
+    UnknownPool(String),
+    BadInput { field: String, expected: String },
+    Lost(LostReason),
+    Pool(PoolError),
+}
+
+impl ApiError {
+    fn bad(field: &str, expected: impl Into<String>) -> Self {
+        Self::BadInput {
+            field: field.to_owned(),
+            expected: expected.into(),
+        }
+    }
+}
+
+impl From<PoolError> for ApiError {
+    fn from(err: PoolError) -> Self {
+        match err {
+            PoolError::BadInput { field, expected } => Self::BadInput { field, expected },
+            other => Self::Pool(other),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            Self::UnknownPool(pool) => (
+                StatusCode::NOT_FOUND,
+                json!({ "error": "unknown pool", "pool": pool }),
+            ),
+            Self::BadInput { field, expected } => (
+                StatusCode::BAD_REQUEST,
+                json!({ "error": "bad input", "field": field, "expected": expected }),
+            ),
+            Self::Lost(reason) => (
+                StatusCode::CONFLICT,
+                json!({ "error": "lease lost", "reason": reason.as_str(), "detail": reason.describe() }),
+            ),
+            Self::Pool(err) => {
+                warn!(error = %err, "pool call failed");
+                match err {
+                    PoolError::Redis(_) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        json!({ "error": "redis unavailable" }),
+                    ),
+                    PoolError::WrongKeyType { key, .. } => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({ "error": "pool key has the wrong type", "key": key }),
+                    ),
+                    _ => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({ "error": "internal error" }),
+                    ),
+                }
+            }
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+/// A JSON object request body, taken apart field by field so every error
+/// names its field; unknown fields are refused (a typo is not a default).
+struct Body(Map<String, Value>);
+
+impl Body {
+    fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(Map::new()));
+        }
+        match serde_json::from_slice(bytes) {
+            Ok(Value::Object(map)) => Ok(Self(map)),
+            _ => Err(ApiError::bad("body", "a JSON object")),
+        }
+    }
+
+    /// An integer field within `lo..=hi`; absent or null means `default`.
+    fn int(
+        &mut self,
+        field: &str,
+        default: Option<u64>,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Duration, ApiError> {
+        let expected = || format!("an integer {lo}-{hi}");
+        let ms = match self.0.remove(field) {
+            None | Some(Value::Null) => {
+                default.ok_or_else(|| ApiError::bad(field, format!("{} (required)", expected())))?
+            }
+            Some(value) => value
+                .as_u64()
+                .filter(|n| (lo..=hi).contains(n))
+                .ok_or_else(|| ApiError::bad(field, expected()))?,
+        };
+        Ok(Duration::from_millis(ms))
+    }
+
+    /// A string field; absent or null is `None`.
+    fn string(&mut self, field: &str) -> Result<Option<String>, ApiError> {
+        match self.0.remove(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::bad(field, "a string")),
+        }
+    }
+
+    fn token(&mut self) -> Result<String, ApiError> {
+        match self.string("token")? {
+            Some(token) if check::token(&token).is_ok() => Ok(token),
+            _ => Err(ApiError::bad("token", "a string of 1-128 chars (required)")),
+        }
+    }
+
+    fn finish(self) -> Result<(), ApiError> {
+        match self.0.keys().next() {
+            Some(field) => Err(ApiError::bad(field, "no such field")),
+            None => Ok(()),
+        }
+    }
+}
+
+fn lease_id(id: &str) -> Result<(), ApiError> {
+    check::name("id", id).map_err(ApiError::from)
+}
+
+async fn acquire(
+    State(state): State<ServeState>,
+    Path(pool): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let served = state.pool(&pool)?;
+    let mut body = Body::parse(&body)?;
+    let max_ttl = TTL_MAX_MS.min(served.pool.max_lease_ms);
+    let ttl = body.int("ttl_ms", None, 1, max_ttl)?;
+    let cooldown = body.int("cooldown_ms", Some(0), 0, COOLDOWN_MAX_MS)?;
+    let wait = body.int("wait_ms", Some(0), 0, WAIT_MAX_MS)?;
+    let request_id = body.string("request_id")?;
+    body.finish()?;
+    let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
+    if let Some(request_id) = request_id {
+        if check::name("request_id", &request_id).is_err() {
+            return Err(ApiError::bad("request_id", "1-64 chars of [A-Za-z0-9_-]"));
+        }
+        req = req.request_id(request_id);
+    }
+
+    let started = Instant::now();
+    let result = served
+        .pool
+        .acquire_wait_until(&req, wait, &state.inner.shutdown)
+        .await;
+    state.note(&result);
+    let metrics = &state.inner.metrics;
+    match result {
+        Ok(Acquired::Leased(lease)) => {
+            metrics.acquired(&served.label, "leased", started.elapsed());
+            debug!(pool = %pool, id = lease.id(), fence = lease.fence(), replayed = lease.replayed(), "leased");
+            Ok((StatusCode::CREATED, Json(lease.view())).into_response())
+        }
+        Ok(Acquired::Empty { next_due_in, at_ms }) => {
+            metrics.acquired(&served.label, "empty", started.elapsed());
+            let next_due_in_ms = next_due_in.map(|d| d.as_millis() as u64);
+            let body = json!({
+                "error": "no id due",
+                "next_due_in_ms": next_due_in_ms,
+                "at_ms": at_ms,
+                "detail": super::cli::hint_words(next_due_in),
+            });
+            let retry_after = retry_after_secs(next_due_in).to_string();
+            Ok((
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, retry_after)],
+                Json(body),
+            )
+                .into_response())
+        }
+        Err(err) => {
+            metrics.acquired(&served.label, "error", started.elapsed());
+            Err(err.into())
+        }
+    }
+}
+
+/// `Retry-After` of an empty acquire: the hint in whole seconds, rounded
+/// up, at least 1 (also when nothing will come due by itself).
+fn retry_after_secs(next_due_in: Option<Duration>) -> u64 {
+    next_due_in
+        .map_or(1, |d| d.as_millis().div_ceil(1000) as u64)
+        .max(1)
+}
+
+async fn extend(
+    State(state): State<ServeState>,
+    Path((pool, id)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let served = state.pool(&pool)?;
+    lease_id(&id)?;
+    let mut body = Body::parse(&body)?;
+    let token = body.token()?;
+    let ttl = body.int("ttl_ms", None, 1, TTL_MAX_MS)?;
+    body.finish()?;
+    let result = served.pool.extend_lease(&id, &token, ttl).await;
+    state.note(&result);
+    let metrics = &state.inner.metrics;
+    match result {
+        Ok(Extended::Extended {
+            deadline_ms,
+            capped,
+            ..
+        }) => {
+            metrics.extended(&served.label, if capped { "capped" } else { "extended" });
+            Ok(
+                Json(json!({ "id": id, "deadline_ms": deadline_ms, "capped": capped }))
+                    .into_response(),
+            )
+        }
+        Ok(Extended::NotOwner { reason, .. }) => {
+            metrics.extended(&served.label, reason.as_str());
+            Err(ApiError::Lost(reason))
+        }
+        Err(err) => {
+            metrics.extended(&served.label, "error");
+            Err(err.into())
+        }
+    }
+}
+
+async fn release(
+    State(state): State<ServeState>,
+    Path((pool, id)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let served = state.pool(&pool)?;
+    lease_id(&id)?;
+    let mut body = Body::parse(&body)?;
+    let token = body.token()?;
+    let cooldown = body.int("cooldown_ms", Some(0), 0, COOLDOWN_MAX_MS)?;
+    body.finish()?;
+    let result = served.pool.release_lease(&id, &token, cooldown).await;
+    state.note(&result);
+    let metrics = &state.inner.metrics;
+    match result {
+        Ok(Released::Released { at_ms }) => {
+            metrics.released(&served.label, "released");
+            debug!(pool = %pool, id = %id, "released");
+            Ok(Json(json!({ "id": id, "released_at_ms": at_ms })).into_response())
+        }
+        Ok(Released::NotOwner { reason, .. }) => {
+            metrics.released(&served.label, reason.as_str());
+            Err(ApiError::Lost(reason))
+        }
+        Err(err) => {
+            metrics.released(&served.label, "error");
+            Err(err.into())
+        }
+    }
+}
+
+async fn status(
+    State(state): State<ServeState>,
+    Path(pool): Path<String>,
+) -> Result<Response, ApiError> {
+    let served = state.pool(&pool)?;
+    let result = served.pool.status().await;
+    state.note(&result);
+    let status = result?;
+    state.inner.metrics.set_status(&served.label, &status);
+    let mut body = serde_json::to_value(status).unwrap_or_default();
+    body["pool"] = pool.into();
+    Ok(Json(body).into_response())
+}
+
+/// 200 once Redis answered; 503 while it does not, and from shutdown on.
+async fn readyz(State(state): State<ServeState>) -> Response {
+    if state.inner.shutdown.is_cancelled() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: shutting down\n",
+        )
+            .into_response()
+    } else if !state.inner.redis_up.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: redis not answering\n",
+        )
+            .into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn metrics(State(state): State<ServeState>) -> Response {
+    http::encode_metrics(&state.inner.registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(retry_after_secs(Some(ms(0))), 1);
+        assert_eq!(retry_after_secs(Some(ms(1))), 1);
+        assert_eq!(retry_after_secs(Some(ms(1000))), 1);
+        assert_eq!(retry_after_secs(Some(ms(1001))), 2);
+        assert_eq!(retry_after_secs(None), 1);
+    }
+
+    #[test]
+    fn bodies_name_the_bad_field() {
+        let field = |text: &str, f: fn(&mut Body) -> Result<(), ApiError>| {
+            let mut body = match Body::parse(text.as_bytes()) {
+                Ok(body) => body,
+                Err(ApiError::BadInput { field, .. }) => return field,
+                Err(other) => panic!("{other:?}"),
+            };
+            match f(&mut body).and_then(|()| body.finish()) {
+                Err(ApiError::BadInput { field, .. }) => field,
+                other => panic!("{text}: {other:?}"),
+            }
+        };
+        let ttl = |b: &mut Body| b.int("ttl_ms", None, 1, 600_000).map(drop);
+        assert_eq!(field("[1]", ttl), "body");
+        assert_eq!(field("{}", ttl), "ttl_ms");
+        assert_eq!(field(r#"{"ttl_ms": 0}"#, ttl), "ttl_ms");
+        assert_eq!(field(r#"{"ttl_ms": 1.5}"#, ttl), "ttl_ms");
+        assert_eq!(field(r#"{"ttl_ms": "5"}"#, ttl), "ttl_ms");
+        assert_eq!(field(r#"{"ttl_ms": 5, "ttl": 5}"#, ttl), "ttl");
+        let token = |b: &mut Body| b.token().map(drop);
+        assert_eq!(field(r#"{"token": ""}"#, token), "token");
+        assert_eq!(field(r#"{"token": 7}"#, token), "token");
+    }
+}

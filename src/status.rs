@@ -1,0 +1,370 @@
+//! `snowlease status`: which worker IDs of an app are held, by which owner
+//! string, for how much longer; keys of the wrong type marked; the free
+//! count. Read-only: TYPE, PTTL and GET, in two pipelined round trips.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Value};
+use serde::Serialize;
+
+use crate::config::{ConfigError, WORKER_ID_LIMIT, validate_app};
+use crate::store::RedisTarget;
+
+/// Timeout of each Redis round trip of `status`.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Flags of `snowlease status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Application name, as given to the sidecars.
+    #[arg(long, env = "SNOWLEASE_APP")]
+    pub app: String,
+
+    /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+
+    /// Prefix of lease keys: the key is <prefix><app>:<id>.
+    #[arg(
+        long,
+        env = "SNOWLEASE_KEY_PREFIX",
+        default_value = "snowflake:worker:"
+    )]
+    pub key_prefix: String,
+
+    /// Highest worker ID (0-1023), as given to the sidecars.
+    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = 31)]
+    pub max_worker_id: u32,
+
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Validated settings of `status`.
+#[derive(Debug, Clone)]
+pub struct StatusConfig {
+    /// Application name.
+    pub app: String,
+    /// Where Redis is.
+    pub redis: RedisTarget,
+    /// Key prefix.
+    pub key_prefix: String,
+    /// IDs run 0..=max_worker_id.
+    pub max_worker_id: u16,
+    /// JSON output.
+    pub json: bool,
+}
+
+impl StatusArgs {
+    /// Checks every flag; the first violation names its flag.
+    pub fn validate(&self) -> Result<StatusConfig, ConfigError> {
+        validate_app(&self.app)?;
+        let redis = RedisTarget::parse(&self.redis_url)
+            .map_err(|reason| ConfigError::new("--redis-url", reason))?;
+        let prefix_ok = (1..=128).contains(&self.key_prefix.len())
+            && self
+                .key_prefix
+                .chars()
+                .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
+        if !prefix_ok {
+            return Err(ConfigError::new(
+                "--key-prefix",
+                "must be 1-128 printable ASCII characters without spaces or braces",
+            ));
+        }
+        let max_worker_id = u16::try_from(self.max_worker_id)
+            .ok()
+            .filter(|id| *id <= WORKER_ID_LIMIT)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "--max-worker-id",
+                    format!("{} is outside 0-1023 (10 bits)", self.max_worker_id),
+                )
+            })?;
+        Ok(StatusConfig {
+            app: self.app.clone(),
+            redis,
+            key_prefix: self.key_prefix.clone(),
+            max_worker_id,
+            json: self.json,
+        })
+    }
+}
+
+/// The leases of one app as Redis holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Application name.
+    pub app: String,
+    /// Key prefix; keys are `<prefix><app>:<id>`.
+    pub key_prefix: String,
+    /// Number of IDs (max_worker_id + 1).
+    pub ids: u32,
+    /// IDs whose key holds an owner string.
+    pub held: u32,
+    /// IDs whose key has another type (skipped by sidecars, never deleted).
+    pub wrong_type: u32,
+    /// IDs without a key: claimable now.
+    pub free: u32,
+    /// Every ID that is not free, lowest first.
+    pub leases: Vec<Entry>,
+}
+
+/// One ID that is not free.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    /// The worker ID.
+    pub worker_id: u16,
+    /// The key's Redis type: `string` for a lease, anything else is wrong.
+    #[serde(rename = "type")]
+    pub key_type: String,
+    /// Owner string (`<identity>#<nonce>`) of a string key.
+    pub owner: Option<String>,
+    /// Remaining TTL (PTTL) in ms; `None` when the key never expires.
+    pub ttl_ms: Option<u64>,
+}
+
+impl Entry {
+    /// True for a lease key (string), false for a key of the wrong type.
+    pub fn is_lease(&self) -> bool {
+        self.key_type == "string"
+    }
+}
+
+/// Reads every lease key of `app`: one pipeline of TYPE + PTTL for all
+/// keys, then one of GET for the string keys. A key that expires between
+/// the two counts as free.
+///
+/// Errors: the first Redis error (NOPERM, connection, timeout).
+pub async fn read<C: ConnectionLike>(
+    conn: &mut C,
+    app: &str,
+    key_prefix: &str,
+    max_worker_id: u16,
+) -> RedisResult<Report> {
+    let keys: Vec<String> = (0..=max_worker_id)
+        .map(|id| format!("{key_prefix}{app}:{id}"))
+        .collect();
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for key in &keys {
+        pipe.cmd("TYPE").arg(key).cmd("PTTL").arg(key);
+    }
+    let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    let mut entries = Vec::new();
+    for ((worker_id, key), pair) in (0u16..).zip(&keys).zip(replies.chunks(2)) {
+        let [key_type, pttl] = pair else {
+            return Err(short_reply());
+        };
+        let key_type: String = redis::from_redis_value(key_type.clone()?)?;
+        let pttl: i64 = redis::from_redis_value(pttl.clone()?)?;
+        if key_type == "none" || pttl == -2 {
+            continue;
+        }
+        entries.push((
+            key.as_str(),
+            Entry {
+                worker_id,
+                key_type,
+                owner: None,
+                ttl_ms: u64::try_from(pttl).ok(),
+            },
+        ));
+    }
+
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let strings: Vec<usize> = (0..entries.len())
+        .filter(|i| entries[*i].1.is_lease())
+        .collect();
+    for i in &strings {
+        pipe.cmd("GET").arg(entries[*i].0);
+    }
+    if !strings.is_empty() {
+        let values: Vec<RedisResult<Option<String>>> = pipe.query_async(conn).await?;
+        if values.len() != strings.len() {
+            return Err(short_reply());
+        }
+        for (i, value) in strings.into_iter().zip(values) {
+            let entry = &mut entries[i].1;
+            match value {
+                Ok(owner) => entry.owner = owner,
+                // Replaced by another type between the two round trips.
+                Err(err) if err.code() == Some("WRONGTYPE") => {
+                    entry.key_type = "changed".into();
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    // A string key that expired between the two round trips is free.
+    let leases: Vec<Entry> = entries
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| !e.is_lease() || e.owner.is_some())
+        .collect();
+    let held = leases.iter().filter(|e| e.is_lease()).count() as u32;
+    let wrong_type = leases.len() as u32 - held;
+    let ids = u32::from(max_worker_id) + 1;
+    Ok(Report {
+        app: app.to_owned(),
+        key_prefix: key_prefix.to_owned(),
+        ids,
+        held,
+        wrong_type,
+        free: ids - held - wrong_type,
+        leases,
+    })
+}
+
+fn short_reply() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::other("pipeline reply shorter than sent"))
+}
+
+/// Runs `status`: reads the report and prints it to stdout.
+///
+/// Errors: Redis unreachable or refusing (e.g. NOPERM), with the URL
+/// (password redacted).
+pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
+    let mut conn = config.redis.connect(CALL_TIMEOUT)?;
+    let report = tokio::time::timeout(
+        CALL_TIMEOUT * 2,
+        read(
+            &mut conn,
+            &config.app,
+            &config.key_prefix,
+            config.max_worker_id,
+        ),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("timed out"))
+    .and_then(|r| r.map_err(anyhow::Error::from))
+    .with_context(|| {
+        format!(
+            "cannot read the leases of {} from {}",
+            config.app, config.redis
+        )
+    })?;
+    let text = if config.json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        render(&report)
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// The report as a table, one line per ID that is not free.
+pub fn render(report: &Report) -> String {
+    let mut out = format!(
+        "app {}: {} of {} worker IDs free, {} held, {} wrong type (keys {}{}:0-{})\n",
+        report.app,
+        report.free,
+        report.ids,
+        report.held,
+        report.wrong_type,
+        report.key_prefix,
+        report.app,
+        report.ids - 1
+    );
+    if report.leases.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "{:>4}  {:<10}  {:>10}  OWNER", "ID", "STATE", "TTL");
+    for entry in &report.leases {
+        let state = if entry.is_lease() {
+            "held"
+        } else {
+            "wrong-type"
+        };
+        let ttl = entry.ttl_ms.map_or("no expiry".to_owned(), |ms| {
+            format!("{:.1}s", ms as f64 / 1000.0)
+        });
+        let owner = entry
+            .owner
+            .clone()
+            .unwrap_or_else(|| format!("({} key, not touched)", entry.key_type));
+        let _ = writeln!(
+            out,
+            "{:>4}  {state:<10}  {ttl:>10}  {owner}",
+            entry.worker_id
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_marks_wrong_types_and_keys_without_expiry() {
+        let report = Report {
+            app: "orders".into(),
+            key_prefix: "snowflake:worker:".into(),
+            ids: 4,
+            held: 2,
+            wrong_type: 1,
+            free: 1,
+            leases: vec![
+                Entry {
+                    worker_id: 0,
+                    key_type: "string".into(),
+                    owner: Some("10.0.0.7#00aa".into()),
+                    ttl_ms: Some(119_250),
+                },
+                Entry {
+                    worker_id: 1,
+                    key_type: "string".into(),
+                    owner: Some("legacy".into()),
+                    ttl_ms: None,
+                },
+                Entry {
+                    worker_id: 3,
+                    key_type: "hash".into(),
+                    owner: None,
+                    ttl_ms: None,
+                },
+            ],
+        };
+        let text = render(&report);
+        assert!(
+            text.starts_with("app orders: 1 of 4 worker IDs free, 2 held, 1 wrong type"),
+            "{text}"
+        );
+        assert!(
+            text.contains("119.2s  10.0.0.7#00aa") || text.contains("119.3s  10.0.0.7#00aa"),
+            "{text}"
+        );
+        assert!(text.contains("no expiry  legacy"), "{text}");
+        assert!(
+            text.contains("wrong-type") && text.contains("(hash key, not touched)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let args = |prefix: &str, max| StatusArgs {
+            app: "orders".into(),
+            redis_url: "redis://127.0.0.1:1".into(),
+            key_prefix: prefix.into(),
+            max_worker_id: max,
+            json: false,
+        };
+        assert_eq!(
+            args("a{b}", 31).validate().unwrap_err().flag,
+            "--key-prefix"
+        );
+        assert_eq!(
+            args("p:", 1024).validate().unwrap_err().flag,
+            "--max-worker-id"
+        );
+        assert!(args("p:", 1023).validate().is_ok());
+    }
+}

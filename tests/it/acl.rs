@@ -1,0 +1,241 @@
+//! Redis ACL: the minimal rules of docs/kubernetes.md ("Redis ACL") are enough, and a user
+//! lacking a needed permission gets a clear error at start.
+
+use crate::harness::*;
+
+/// Worker mode, as documented: scripts by SHA (loaded at start), the commands the scripts
+/// call, only the app's lease keys.
+const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +set +pexpire +del";
+
+/// `status`, as documented: read-only key access, three read commands.
+const STATUS_RULES: &str = "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get";
+
+/// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
+/// scripts call, only that pool's keys (braces are literal in ACL key patterns).
+const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
+    +time +type +exists +get +set +incr +hget +hset +hdel +hexists +sadd +srem +scard \
+    +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
+
+/// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.
+fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(user)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw");
+    for rule in rules.split_whitespace() {
+        cmd.arg(rule);
+    }
+    let _: () = redis.query(&mut cmd);
+    format!("redis://{user}:pw@127.0.0.1:{}", redis.port())
+}
+
+/// Entries of `ACL LOG` (denied commands and keys), as text.
+fn acl_log(redis: &RedisServer) -> Vec<String> {
+    let entries: Vec<redis::Value> = redis.query(redis::cmd("ACL").arg("LOG"));
+    entries.iter().map(|e| format!("{e:?}")).collect()
+}
+
+/// The minimal worker rules cover a whole lease life: claim, renew, re-create after key loss,
+/// reload after SCRIPT FLUSH, release at SIGTERM; Redis denies nothing on the way.
+#[test]
+fn worker_runs_with_the_minimal_acl() {
+    let redis = RedisServer::start();
+    let url = acl_user(&redis, "snowlease", WORKER_RULES);
+    let mut sidecar = Sidecar::worker_at(&url, "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    let key = worker_key("orders", lease.worker_id);
+    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
+
+    let _: () = redis.query(redis::cmd("DEL").arg(&key));
+    assert!(
+        poll_until(secs(3), || redis.get(&key).as_deref()
+            == Some(lease.owner.as_str())),
+        "key re-created by the renew script"
+    );
+    let _: () = redis.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    let renewed = sidecar
+        .metric("snowlease_renewals_total{outcome=\"renewed\"}")
+        .unwrap_or(0.0);
+    assert!(poll_until(secs(3), || sidecar
+        .metric("snowlease_renewals_total{outcome=\"renewed\"}")
+        .unwrap_or(0.0)
+        > renewed + 1.0));
+    assert_eq!(sidecar.id().map(|l| l.worker_id), Some(lease.worker_id));
+
+    sidecar.signal(Signal::SIGTERM);
+    assert_eq!(sidecar.wait_exit(secs(5)).and_then(|s| s.code()), Some(0));
+    assert!(!redis.exists(&key), "released with the release script");
+    assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
+}
+
+/// A user without SCRIPT LOAD / EVALSHA: the sidecar stops at start with exit 1 and an error
+/// naming the refused command, having written nothing.
+#[test]
+fn worker_without_script_permissions_fails_at_start() {
+    let redis = RedisServer::start();
+    let rules = WORKER_RULES.replace(" +evalsha +script|load", "");
+    let url = acl_user(&redis, "noscripts", &rules);
+    let mut sidecar = Sidecar::worker_at(&url, "orders")
+        .flag("--claim-timeout", "5m")
+        .spawn();
+    let status = sidecar
+        .wait_exit(secs(5))
+        .expect("exits at once, not at --claim-timeout");
+    assert_eq!(status.code(), Some(1));
+    let log = sidecar.log_lines().join("\n");
+    assert!(log.contains("redis refused"), "{log}");
+    assert!(log.to_lowercase().contains("noperm"), "{log}");
+    assert!(log.contains("script|load"), "names the command: {log}");
+    assert!(!log.contains(":pw@"), "password hidden: {log}");
+    assert_eq!(redis.dbsize(), 0);
+    assert!(!sidecar.output_file().exists());
+}
+
+/// Wanted, not yet true: a user without PEXPIRE (only called inside the renew and claim
+/// scripts) should fail at start too. Today the sidecar claims and publishes, every renew fails
+/// ("The user executing the script can't run this command", no command named), the lease is
+/// lost at its deadline, and only the reclaim exits 1 (see the report to the lead).
+#[test]
+#[ignore = "the worker does not probe in-script permissions at start yet"]
+fn worker_without_pexpire_fails_at_start() {
+    let redis = RedisServer::start();
+    let rules = WORKER_RULES.replace(" +pexpire", "");
+    let url = acl_user(&redis, "limited", &rules);
+    let mut sidecar = Sidecar::worker_at(&url, "orders").spawn();
+    let status = sidecar.wait_exit(secs(5)).expect("exits at start");
+    assert_eq!(status.code(), Some(1));
+    let log = sidecar.log_lines().join("\n");
+    assert!(
+        log.to_lowercase().contains("pexpire"),
+        "names the command: {log}"
+    );
+    assert_eq!(
+        sidecar.count_log("lease acquired"),
+        0,
+        "never published: {log}"
+    );
+}
+
+/// `status` works with read-only key access (`%R~`), and that user cannot write a lease key.
+#[test]
+fn status_runs_with_a_read_only_acl() {
+    let redis = RedisServer::start();
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(worker_key("orders", 2))
+            .arg("10.0.0.1#00000000000000ab")
+            .arg("PX")
+            .arg(60_000),
+    );
+    let url = acl_user(&redis, "viewer", STATUS_RULES);
+    let run = run_snowlease(
+        &["status", "--app", "orders", "--redis-url", &url, "--json"],
+        &[],
+        secs(15),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["held"], 1);
+    assert_eq!(report["leases"][0]["owner"], "10.0.0.1#00000000000000ab");
+    assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_connection_with_timeout(secs(2)).unwrap();
+    let write: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(worker_key("orders", 3))
+        .arg("x")
+        .query(&mut conn);
+    assert!(write.is_err(), "the status user cannot write");
+}
+
+/// `status` with a user lacking PTTL: exit 1 with an error naming the command.
+#[test]
+fn status_without_permission_names_the_command() {
+    let redis = RedisServer::start();
+    let url = acl_user(&redis, "partial", &STATUS_RULES.replace(" +pttl", ""));
+    let run = run_snowlease(
+        &["status", "--app", "orders", "--redis-url", &url],
+        &[],
+        secs(15),
+    );
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("pttl"), "{run:?}");
+}
+
+/// `snowlease pool <command> --pool <pool> --redis-url <url> <args>`; panics unless it exits 0.
+fn pool_cli(url: &str, command: &str, pool: &str, args: &[&str]) -> serde_json::Value {
+    let mut argv = vec!["pool", command, "--pool", pool, "--redis-url", url];
+    argv.extend_from_slice(args);
+    let run = run_snowlease(&argv, &[], secs(15));
+    assert_eq!(run.code, Some(0), "{argv:?}: {run:?}");
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{argv:?}: {e}: {run:?}"))
+}
+
+/// The documented pool rules cover every pool command (init, add, acquire with a request id,
+/// extend, release, reap, disable, enable, status) with nothing denied; the user cannot reach
+/// another pool, and without SCRIPT LOAD the first command names the refused command.
+#[test]
+fn pool_cli_runs_with_the_minimal_acl() {
+    let redis = RedisServer::start();
+    let url = acl_user(&redis, "pool", POOL_RULES);
+    pool_cli(&url, "init", "proxies", &["--ids", "a,b,c"]);
+    pool_cli(&url, "add", "proxies", &["--ids", "d"]);
+    let lease = pool_cli(
+        &url,
+        "acquire",
+        "proxies",
+        &["--ttl", "10s", "--request-id", "r1"],
+    );
+    let (id, token) = (
+        lease["id"].as_str().unwrap(),
+        lease["token"].as_str().unwrap(),
+    );
+    pool_cli(
+        &url,
+        "extend",
+        "proxies",
+        &["--id", id, "--token", token, "--ttl", "20s"],
+    );
+    pool_cli(&url, "release", "proxies", &["--id", id, "--token", token]);
+    pool_cli(&url, "reap", "proxies", &[]);
+    pool_cli(&url, "disable", "proxies", &["--ids", "b"]);
+    pool_cli(&url, "enable", "proxies", &["--ids", "b"]);
+    let status = pool_cli(&url, "status", "proxies", &["--json"]);
+    assert_eq!(status["ready_due"], 4, "{status}");
+    assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
+
+    let run = run_snowlease(
+        &["pool", "status", "--pool", "other", "--redis-url", &url],
+        &[],
+        secs(15),
+    );
+    assert_ne!(
+        run.code,
+        Some(0),
+        "another pool's keys are out of reach: {run:?}"
+    );
+    assert!(run.stderr.to_lowercase().contains("noperm"), "{run:?}");
+
+    let noload = acl_user(&redis, "noload", &POOL_RULES.replace(" +script|load", ""));
+    let _: () = redis.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    let run = run_snowlease(
+        &[
+            "pool",
+            "status",
+            "--pool",
+            "proxies",
+            "--redis-url",
+            &noload,
+        ],
+        &[],
+        secs(15),
+    );
+    assert_ne!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stderr.contains("script|load"),
+        "names the command: {run:?}"
+    );
+    assert!(!run.stderr.contains(":pw@"), "password hidden: {run:?}");
+}

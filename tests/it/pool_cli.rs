@@ -1,0 +1,383 @@
+//! `snowlease pool ...` as a real process against a real redis-server: the
+//! JSON it prints, exit codes 0/2/3/4, id files bigger than one script call,
+//! and bad input that writes nothing.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde_json::Value;
+use snowlease::pool::PoolKeys;
+
+use crate::harness::{RedisServer, Run, ms, poll_until, run_snowlease, secs};
+use crate::pool::{check_invariants, dump, hash, redis_ms, zset};
+
+/// Runs `snowlease pool <args>` with `REDIS_URL` (and `env`) set.
+fn pool_cmd(redis: &RedisServer, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let url = redis.url();
+    let mut full_env = vec![("REDIS_URL", url.as_str())];
+    full_env.extend_from_slice(env);
+    let mut argv = vec!["pool"];
+    argv.extend_from_slice(args);
+    run_snowlease(&argv, &full_env, secs(20))
+}
+
+/// Runs a command that must succeed and print one JSON object.
+#[track_caller]
+fn pool_json(redis: &RedisServer, args: &[&str]) -> Value {
+    let run = pool_cmd(redis, args, &[]);
+    assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {run:?}"))
+}
+
+/// EVALSHA calls Redis has answered so far.
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis.query(redis::cmd("INFO").arg("commandstats"));
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+fn ids_file(dir: &tempfile::TempDir, name: &str, ids: impl Iterator<Item = String>) -> String {
+    let mut text = String::from("# one id per line\n");
+    for id in ids {
+        let _ = writeln!(text, "{id}");
+    }
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Round trip: init from a 2500-id file (three script calls: one init, two
+/// adds; a script takes at most 1000), add 1500 more, acquire prints the
+/// lease as JSON, a wrong token exits 4 and changes nothing, the right one
+/// releases with its cooldown; the token never reaches stderr.
+#[test]
+fn cli_round_trip_from_an_ids_file() {
+    let redis = RedisServer::start();
+    let keys = PoolKeys::new("proxies");
+    let dir = tempfile::tempdir().unwrap();
+    let first = ids_file(&dir, "first", (0..2500).map(|i| format!("vn-{i:04}")));
+    let init = pool_json(&redis, &["init", "--pool", "proxies", "--ids-file", &first]);
+    assert_eq!(init["added"], 2500);
+    let ready = zset(&redis, &keys.ready);
+    assert_eq!(ready.len(), 2500);
+    assert!(ready.values().all(|score| *score == 0));
+    let more = ids_file(&dir, "more", (2500..4000).map(|i| format!("vn-{i:04}")));
+    assert_eq!(
+        pool_json(&redis, &["add", "--pool", "proxies", "--ids-file", &more])["added"],
+        1500
+    );
+
+    let run = pool_cmd(
+        &redis,
+        &["acquire", "--pool", "proxies", "--ttl", "30s"],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let lease: Value = serde_json::from_str(&run.stdout).unwrap();
+    let fields: Vec<&str> = lease
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(fields.len(), 4, "{lease}");
+    let (id, token) = (
+        lease["id"].as_str().unwrap(),
+        lease["token"].as_str().unwrap(),
+    );
+    assert_eq!(lease["fence"], 1);
+    assert_eq!(hash(&redis, &keys.owners)[id], token);
+    assert_eq!(
+        zset(&redis, &keys.leases)[id],
+        lease["deadline_ms"].as_u64().unwrap()
+    );
+    assert!(!run.stderr.contains(token));
+    check_invariants(&redis, &keys);
+
+    let before = dump(&redis);
+    let wrong = pool_cmd(
+        &redis,
+        &[
+            "release",
+            "--pool",
+            "proxies",
+            "--id",
+            id,
+            "--token",
+            "0123456789abcdef",
+        ],
+        &[],
+    );
+    assert_eq!(wrong.code, Some(4), "{wrong:?}");
+    assert!(wrong.stderr.contains("other_owner"), "{wrong:?}");
+    assert_eq!(dump(&redis), before);
+
+    // The right token, through its env twin (keeps it out of argv).
+    let released = pool_cmd(
+        &redis,
+        &[
+            "release",
+            "--pool",
+            "proxies",
+            "--id",
+            id,
+            "--cooldown",
+            "500ms",
+        ],
+        &[("SNOWLEASE_POOL_TOKEN", token)],
+    );
+    assert_eq!(released.code, Some(0), "{released:?}");
+    assert!(!released.stderr.contains(token));
+    let at = serde_json::from_str::<Value>(&released.stdout).unwrap()["released_at_ms"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(zset(&redis, &keys.ready)[id], at + 500);
+    check_invariants(&redis, &keys);
+
+    let status = pool_json(&redis, &["status", "--pool", "proxies", "--json"]);
+    assert_eq!(status["ready_due"], 3999);
+    assert_eq!(status["leases_valid"], 0);
+    assert_eq!(status["pool"], "proxies");
+    let table = pool_cmd(&redis, &["status", "--pool", "proxies"], &[]);
+    assert_eq!(table.code, Some(0));
+    assert!(table.stdout.contains("ready, due"), "{table:?}");
+    assert!(table.stdout.contains("3999"), "{table:?}");
+}
+
+/// `acquire --wait` on a pool with nothing due exits 3 after about the
+/// wait, having backed off (a bounded number of attempts, no hot loop).
+#[test]
+fn cli_acquire_wait_on_an_empty_pool_exits_3() {
+    let redis = RedisServer::start();
+    pool_json(&redis, &["init", "--pool", "p", "--ids", "only"]);
+    pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "30s"]);
+
+    let before = evalsha_calls(&redis);
+    let started = Instant::now();
+    let run = pool_cmd(
+        &redis,
+        &["acquire", "--pool", "p", "--ttl", "5s", "--wait", "800ms"],
+        &[],
+    );
+    let took = started.elapsed();
+    let attempts = evalsha_calls(&redis) - before;
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    assert!(run.stderr.contains("--wait 800ms"), "{run:?}");
+    assert!(run.stderr.contains("next id is due in"), "{run:?}");
+    assert!(took >= ms(800) && took < ms(2500), "{took:?}");
+    // Backoff from 10 ms doubling to 500 ms: about 7 attempts in 800 ms.
+    assert!((3..=20).contains(&attempts), "{attempts} attempts");
+
+    // Without --wait: one attempt, exit 3 at once.
+    let run = pool_cmd(&redis, &["acquire", "--pool", "p", "--ttl", "5s"], &[]);
+    assert_eq!(run.code, Some(3), "{run:?}");
+}
+
+/// Bad flags, ids and tokens exit 2 with a message naming the flag (and
+/// never echoing a token); Redis refusals of the input (init on an existing
+/// pool, an id already present, an unknown id) exit 2 too; the keyspace is
+/// unchanged after each.
+#[test]
+fn cli_bad_input_exits_2_and_writes_nothing() {
+    let redis = RedisServer::start();
+    pool_json(&redis, &["init", "--pool", "p", "--ids", "a,b,c"]);
+    let lease = pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "60s"]);
+    let id = lease["id"].as_str().unwrap().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let bad_line = ids_file(
+        &dir,
+        "bad",
+        (0..2000).map(|i| {
+            if i == 1499 {
+                "bad id".into()
+            } else {
+                format!("n{i}")
+            }
+        }),
+    );
+    let dup_line = ids_file(&dir, "dup", ["x", "y", "x"].into_iter().map(String::from));
+    let secret = "s".repeat(129);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["init", "--pool", "p", "--ids", "d"],
+            "already initialized",
+        ),
+        (vec!["acquire", "--pool", "p", "--ttl", "0s"], "--ttl"),
+        (vec!["acquire", "--pool", "p", "--ttl", "600001ms"], "--ttl"),
+        (vec!["acquire", "--pool", "p", "--ttl", "1500us"], "--ttl"),
+        (vec!["acquire", "--pool", "p"], "--ttl"),
+        (
+            vec!["acquire", "--pool", "p", "--ttl", "1s", "--cooldown=-1s"],
+            "--cooldown",
+        ),
+        (
+            vec!["acquire", "--pool", "p", "--ttl", "1s", "--cooldown", "11m"],
+            "--cooldown",
+        ),
+        (vec!["acquire", "--pool", "a:b", "--ttl", "1s"], "--pool"),
+        (
+            vec![
+                "acquire",
+                "--pool",
+                "p",
+                "--ttl",
+                "1s",
+                "--request-id",
+                "r/1",
+            ],
+            "--request-id",
+        ),
+        (
+            vec!["release", "--pool", "p", "--id", &id, "--token", ""],
+            "--token",
+        ),
+        (
+            vec!["release", "--pool", "p", "--id", &id, "--token", &secret],
+            "--token",
+        ),
+        (
+            vec!["release", "--pool", "p", "--id", "a b", "--token", "t"],
+            "--id",
+        ),
+        (
+            vec![
+                "extend", "--pool", "p", "--id", &id, "--token", "t", "--ttl", "0s",
+            ],
+            "--ttl",
+        ),
+        (vec!["add", "--pool", "p", "--ids", "d,e,d"], "--ids"),
+        (
+            vec!["add", "--pool", "p", "--ids-file", &bad_line],
+            "line 1501",
+        ),
+        (
+            vec!["add", "--pool", "p", "--ids-file", &dup_line],
+            "--ids-file",
+        ),
+        (vec!["add", "--pool", "p", "--ids", "d,a"], "duplicate id a"),
+        (
+            vec!["disable", "--pool", "p", "--ids", "nope"],
+            "unknown id nope",
+        ),
+        (
+            vec!["add", "--pool", "p", "--ids", "d", "--ids-file", &dup_line],
+            "--ids",
+        ),
+        (
+            vec!["status", "--pool", "p", "--redis-url", "http://x"],
+            "--redis-url",
+        ),
+        (vec!["reap", "--pool", "p", "--limit", "1001"], "--limit"),
+        (
+            vec!["serve", "--pool", "p", "--reap-interval", "0s"],
+            "--reap-interval",
+        ),
+    ];
+    let before = dump(&redis);
+    for (args, names) in cases {
+        let run = pool_cmd(&redis, &args, &[]);
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains(names),
+            "{args:?} should name {names}: {run:?}"
+        );
+        assert!(!run.stderr.contains(&secret), "{args:?} echoed the token");
+        assert_eq!(dump(&redis), before, "{args:?} wrote to Redis");
+    }
+}
+
+/// Extend moves the deadline and stops at --max-lease (capped); reap
+/// returns an expired lease; a late release of it exits 4 ("expired");
+/// disable keeps an id out until enable.
+#[test]
+fn cli_extend_reap_disable_enable() {
+    let redis = RedisServer::start();
+    let keys = PoolKeys::new("p");
+    pool_json(&redis, &["init", "--pool", "p", "--ids", "a"]);
+    let lease = pool_json(
+        &redis,
+        &["acquire", "--pool", "p", "--ttl", "1s", "--max-lease", "3s"],
+    );
+    let token = lease["token"].as_str().unwrap();
+    let extend = |ttl: &str| {
+        pool_json(
+            &redis,
+            &[
+                "extend",
+                "--pool",
+                "p",
+                "--id",
+                "a",
+                "--token",
+                token,
+                "--ttl",
+                ttl,
+                "--max-lease",
+                "3s",
+            ],
+        )
+    };
+    let first = lease["deadline_ms"].as_u64().unwrap();
+    let extended = extend("2s");
+    assert_eq!(extended["capped"], false);
+    assert!(extended["deadline_ms"].as_u64().unwrap() > first);
+    let capped = extend("10s");
+    assert_eq!(capped["capped"], true);
+    assert_eq!(capped["deadline_ms"].as_u64().unwrap(), first - 1000 + 3000);
+
+    // A short lease, expired in Redis time, then reaped.
+    let run = pool_cmd(
+        &redis,
+        &["release", "--pool", "p", "--id", "a", "--token", token],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let short = pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "50ms"]);
+    let deadline = short["deadline_ms"].as_u64().unwrap();
+    assert!(poll_until(secs(5), || redis_ms(&redis) > deadline));
+    let late = pool_cmd(
+        &redis,
+        &[
+            "release",
+            "--pool",
+            "p",
+            "--id",
+            "a",
+            "--token",
+            short["token"].as_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(late.code, Some(4), "{late:?}");
+    assert!(late.stderr.contains("expired"), "{late:?}");
+    let reaped = pool_json(&redis, &["reap", "--pool", "p", "--cooldown", "0s"]);
+    assert_eq!(reaped["reclaimed"], 1);
+    assert_eq!(reaped["ids"][0], "a");
+    assert_eq!(reaped["still_expired"], 0);
+    check_invariants(&redis, &keys);
+
+    assert_eq!(
+        pool_json(&redis, &["disable", "--pool", "p", "--ids", "a"])["disabled"],
+        1
+    );
+    let run = pool_cmd(&redis, &["acquire", "--pool", "p", "--ttl", "1s"], &[]);
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(
+        run.stderr.contains("no id will become due by itself"),
+        "{run:?}"
+    );
+    assert_eq!(
+        pool_json(&redis, &["status", "--pool", "p", "--json"])["disabled"],
+        1
+    );
+    assert_eq!(
+        pool_json(&redis, &["enable", "--pool", "p", "--ids", "a"])["enabled"],
+        1
+    );
+    let again = pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "1s"]);
+    assert_eq!(again["id"], "a");
+    assert_eq!(again["fence"], 3);
+}

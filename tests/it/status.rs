@@ -1,0 +1,150 @@
+//! `snowlease status`: the leases of an app as Redis holds them, read-only.
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// Every key of the database with its type, value (strings) and whether it expires.
+fn snapshot(redis: &RedisServer) -> Vec<(String, String, Option<String>, bool)> {
+    redis
+        .keys("*")
+        .into_iter()
+        .map(|k| {
+            let kind = redis.key_type(&k);
+            let value = (kind == "string").then(|| redis.get(&k)).flatten();
+            let expires = redis.pttl(&k) >= 0;
+            (k, kind, value, expires)
+        })
+        .collect()
+}
+
+fn status(redis_url: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "status",
+        "--app",
+        "orders",
+        "--redis-url",
+        redis_url,
+        "--max-worker-id",
+        "7",
+    ];
+    args.extend_from_slice(extra);
+    run_snowlease(&args, &[], secs(15))
+}
+
+/// `status` against a Redis with a held lease, an expiring-soon key, a key without expiry and a
+/// wrong-type key: owner strings, TTLs, the wrong type marked, the free count; nothing written,
+/// no TTL extended.
+#[test]
+fn status_reports_held_expiring_and_wrong_type_keys() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "30s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    assert_eq!(lease.worker_id, 0);
+    let set = |key: String, value: &str, px: Option<u64>| {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value);
+        if let Some(px) = px {
+            cmd.arg("PX").arg(px);
+        }
+        let _: () = redis.query(&mut cmd);
+    };
+    set(
+        worker_key("orders", 3),
+        "10.0.0.9#00000000000000aa",
+        Some(2_000),
+    );
+    set(worker_key("orders", 6), "legacy-owner", None);
+    let _: () = redis.query(
+        redis::cmd("HSET")
+            .arg(worker_key("orders", 5))
+            .arg("f")
+            .arg("v"),
+    );
+    set(worker_key("orders", 8), "outside-the-range", None);
+    set(worker_key("billing", 1), "another-app", None);
+    let before = snapshot(&redis);
+    let pttl_before = redis.pttl(&worker_key("orders", 3));
+
+    let run = status(&redis.url(), &["--json"]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+    assert_eq!(report["ids"], 8);
+    assert_eq!(report["held"], 3);
+    assert_eq!(report["wrong_type"], 1);
+    assert_eq!(report["free"], 4);
+    let leases = report["leases"].as_array().unwrap();
+    let ids: Vec<u64> = leases
+        .iter()
+        .map(|l| l["worker_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [0, 3, 5, 6]);
+    assert_eq!(leases[0]["owner"], lease.owner.as_str());
+    let ttl0 = leases[0]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl0 > 0 && ttl0 <= 30_000, "{ttl0}");
+    let ttl3 = leases[1]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl3 > 0 && ttl3 <= 2_000, "{ttl3}");
+    assert_eq!(leases[2]["type"], "hash");
+    assert!(leases[2]["owner"].is_null());
+    assert!(leases[3]["ttl_ms"].is_null(), "no expiry");
+
+    let run = status(&redis.url(), &[]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with("app orders: 4 of 8 worker IDs free, 3 held, 1 wrong type"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains(&lease.owner), "{}", run.stdout);
+    assert!(run.stdout.contains("wrong-type") && run.stdout.contains("hash"));
+    assert!(
+        run.stdout.contains("no expiry  legacy-owner"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("outside-the-range") && !run.stdout.contains("another-app"));
+
+    assert_eq!(snapshot(&redis), before, "status wrote nothing");
+    assert!(
+        redis.pttl(&worker_key("orders", 3)) <= pttl_before,
+        "no TTL extended"
+    );
+
+    // The expiring key frees its ID.
+    assert!(poll_until(secs(5), || !redis.exists(&worker_key("orders", 3))));
+    let run = status(&redis.url(), &["--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+    assert_eq!(
+        (report["held"].as_u64(), report["free"].as_u64()),
+        (Some(2), Some(5))
+    );
+}
+
+/// Bad flags exit 2 naming the flag; an unreachable Redis exits 1 with the URL, password hidden.
+#[test]
+fn status_bad_input_and_unreachable_redis() {
+    for (args, flag) in [
+        (&["status", "--app", "a b"][..], "--app"),
+        (
+            &["status", "--app", "a", "--max-worker-id", "1024"][..],
+            "--max-worker-id",
+        ),
+        (
+            &["status", "--app", "a", "--redis-url", "http://h:1"][..],
+            "--redis-url",
+        ),
+    ] {
+        let run = run_snowlease(args, &[], secs(10));
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+        assert!(run.stderr.contains(flag), "{args:?}: {run:?}");
+    }
+    let url = format!("redis://user:s3cret@127.0.0.1:{}", free_port());
+    let run = status(&url, &[]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("127.0.0.1"), "{run:?}");
+    assert!(!run.stderr.contains("s3cret"), "{run:?}");
+}

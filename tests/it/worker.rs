@@ -1,0 +1,658 @@
+//! Worker mode on a healthy Redis: claim, publish, release, re-adoption, bad input.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+use std::time::Instant;
+
+use crate::harness::*;
+
+/// Checks everything a holding sidecar publishes against Redis: `/id`, the ID file, the state
+/// file and the lease key agree. Returns the `/id` reply.
+pub fn assert_published(redis: &RedisServer, sidecar: &Sidecar, app: &str) -> IdReply {
+    let lease = sidecar.wait_for_lease(secs(15));
+    assert_eq!(lease.app, app);
+    let key = worker_key(app, lease.worker_id);
+    assert_eq!(
+        redis.get(&key).as_deref(),
+        Some(lease.owner.as_str()),
+        "{}: key {key} must hold the owner from /id",
+        sidecar.name()
+    );
+    assert!(
+        poll_until(secs(2), || sidecar.read_output_file()
+            == Some(format!("{}\n", lease.worker_id))),
+        "{}: ID file {:?} must hold {}",
+        sidecar.name(),
+        sidecar.read_output_file(),
+        lease.worker_id
+    );
+    let state = sidecar.read_state().expect("state file beside the ID file");
+    assert_eq!(state["app"], app);
+    assert_eq!(state["worker_id"], lease.worker_id);
+    assert_eq!(state["owner"], lease.owner.as_str());
+    lease
+}
+
+/// Asserts the owner string is `<identity>#<16 hex digits>`.
+fn assert_owner_format(owner: &str, identity: &str) {
+    let nonce = owner
+        .strip_prefix(identity)
+        .and_then(|r| r.strip_prefix('#'))
+        .unwrap_or_else(|| panic!("owner {owner:?} must start with {identity:?}#"));
+    assert_eq!(nonce.len(), 16, "nonce of {owner:?}");
+    assert!(
+        nonce.chars().all(|c| c.is_ascii_hexdigit()),
+        "nonce of {owner:?} must be hex"
+    );
+}
+
+/// A holder publishes its ID consistently: /id JSON and text, file, state file, Redis key with
+/// a PX TTL, readiness, liveness and metrics.
+#[test]
+fn holder_publishes_id_everywhere() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--identity", "10.0.0.7")
+        .spawn();
+    let lease = assert_published(&redis, &sidecar, "orders");
+    assert_eq!(lease.worker_id, 0, "lowest free ID first");
+    assert_owner_format(&lease.owner, "10.0.0.7");
+    assert!(lease.lease_expires_in_ms > 0 && lease.lease_expires_in_ms <= 2000);
+
+    let pttl = redis.pttl(&worker_key("orders", 0));
+    assert!(pttl > 0 && pttl <= 2000, "PX TTL of the key: {pttl}");
+
+    let (status, body) = sidecar.http_get("/id", Some("text/plain"));
+    assert_eq!((status, body.as_str()), (200, "0\n"));
+    assert_eq!(sidecar.readyz(), 200);
+    assert_eq!(sidecar.http_get("/livez", None).0, 200);
+    assert_eq!(sidecar.http_get("/healthz", None).0, 200);
+
+    let state = sidecar.read_state().unwrap();
+    let valid_until = state["valid_until_ms"].as_u64().expect("valid_until_ms");
+    let now = unix_ms();
+    assert!(
+        valid_until > now - 2000 && valid_until <= now + 2000,
+        "valid_until_ms {valid_until} vs now {now}"
+    );
+
+    assert_eq!(sidecar.metric("snowlease_lease_held"), Some(1.0));
+    assert_eq!(sidecar.metric("snowlease_worker_id"), Some(0.0));
+    assert_eq!(sidecar.metric("snowlease_leases_lost_total"), Some(0.0));
+    let claims: f64 = sidecar
+        .metric_samples("snowlease_claim_attempts_total")
+        .iter()
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        claims >= 1.0,
+        "claim attempts counted: {}",
+        sidecar.metrics()
+    );
+    assert!(
+        poll_until(secs(5), || sidecar
+            .metric("snowlease_renewals_total{outcome=\"renewed\"}")
+            .unwrap_or(0.0)
+            >= 2.0),
+        "renewals must be counted: {}",
+        sidecar.metrics()
+    );
+    // Renewals keep the key alive past its first TTL.
+    assert_eq!(
+        redis.get(&worker_key("orders", 0)).as_deref(),
+        Some(lease.owner.as_str())
+    );
+    assert_eq!(
+        redis.keys("*"),
+        vec![worker_key("orders", 0)],
+        "only the lease key"
+    );
+}
+
+/// `--key-prefix` and env twins are honoured: the key lives under the given prefix.
+#[test]
+fn key_prefix_and_env_twins() {
+    let redis = RedisServer::start();
+    let sidecar = SidecarBuilder::new("worker")
+        .env("SNOWLEASE_APP", "billing")
+        .env("REDIS_URL", redis.url())
+        .env("SNOWLEASE_KEY_PREFIX", "custom:ids:")
+        .env("SNOWLEASE_TTL", "2s")
+        .env("SNOWLEASE_RENEW_INTERVAL", "500ms")
+        .env("SNOWLEASE_IDENTITY", "pod-x")
+        .env("SNOWLEASE_MAX_WORKER_ID", "3")
+        .spawn();
+    let lease = sidecar.wait_for_lease(secs(15));
+    assert_eq!(lease.app, "billing");
+    assert_owner_format(&lease.owner, "pod-x");
+    assert_eq!(
+        redis.keys("*"),
+        vec![format!("custom:ids:billing:{}", lease.worker_id)]
+    );
+    assert_eq!(
+        redis.get(&format!("custom:ids:billing:{}", lease.worker_id)),
+        Some(lease.owner)
+    );
+}
+
+/// 33 sidecars on 32 IDs: 32 distinct IDs agreeing with Redis; the 33rd stays unready and
+/// unpublished, says all 32 are held, and takes the ID freed by a SIGTERM.
+#[test]
+fn thirty_three_sidecars_share_thirty_two_ids() {
+    let app = "crowd";
+    let redis = RedisServer::start();
+    let spawn = |i: usize| {
+        Sidecar::worker(&redis, app)
+            .name(format!("sidecar {i}"))
+            .flag("--identity", format!("10.1.0.{i}"))
+            .flag("--ttl", "3s")
+            .flag("--renew-interval", "1s")
+            .flag("--max-worker-id", "31")
+            .spawn()
+    };
+    let mut holders: Vec<Sidecar> = (0..32).map(spawn).collect();
+    let mut ids = BTreeSet::new();
+    let mut leases = Vec::new();
+    for (i, s) in holders.iter().enumerate() {
+        let lease = assert_published(&redis, s, app);
+        assert_owner_format(&lease.owner, &format!("10.1.0.{i}"));
+        assert!(ids.insert(lease.worker_id), "ID {} twice", lease.worker_id);
+        leases.push(lease);
+    }
+    assert_eq!(ids, (0..=31).collect::<BTreeSet<u32>>());
+    assert_eq!(redis.keys(&format!("{PREFIX}{app}:*")).len(), 32);
+
+    let mut last = spawn(32);
+    let full = last
+        .wait_for_event("all worker IDs are held", secs(15))
+        .expect("the 33rd sidecar logs that all IDs are held");
+    assert_eq!(
+        full["fields"]["count"], 32,
+        "count field of {full}: 32 IDs exist"
+    );
+    assert!(
+        !full["fields"]["holders"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "holders named in {full}"
+    );
+    // It stays unpublished for a while (several claim rounds).
+    let started = Instant::now();
+    while started.elapsed() < secs(2) {
+        assert_eq!(last.readyz(), 503);
+        assert_eq!(last.get_id().0, 503);
+        assert!(!last.output_file().exists(), "33rd must publish no file");
+        thread::sleep(ms(100));
+    }
+
+    // SIGTERM the holder of ID 17; the 33rd takes exactly that ID.
+    let idx = leases.iter().position(|l| l.worker_id == 17).unwrap();
+    holders[idx].signal(Signal::SIGTERM);
+    let status = holders[idx].wait_exit(secs(2)).expect("exit within 2 s");
+    assert_eq!(status.code(), Some(0));
+    let lease = last.wait_for_lease(secs(20));
+    assert_eq!(lease.worker_id, 17);
+    let lease = assert_published(&redis, &last, app);
+    assert_eq!(lease.worker_id, 17);
+    // Everybody else still holds their own ID.
+    for (s, l) in holders
+        .iter()
+        .zip(&leases)
+        .filter(|(_, l)| l.worker_id != 17)
+    {
+        assert_eq!(
+            s.id().map(|r| r.worker_id),
+            Some(l.worker_id),
+            "{}",
+            s.name()
+        );
+    }
+    assert!(last.is_running());
+}
+
+/// Shared body of the clean-stop tests: `sig` deletes our key, removes both files, exits 0
+/// within 2 s.
+fn clean_stop(sig: Signal) {
+    let redis = RedisServer::start();
+    let mut sidecar = Sidecar::worker(&redis, "orders").spawn();
+    let lease = assert_published(&redis, &sidecar, "orders");
+    let key = worker_key("orders", lease.worker_id);
+
+    sidecar.signal(sig);
+    let t = Instant::now();
+    let status = sidecar.wait_exit(secs(2)).expect("exit within 2 s");
+    assert_eq!(status.code(), Some(0), "clean stop after {:?}", t.elapsed());
+    assert!(!redis.exists(&key), "key {key} must be deleted on {sig}");
+    assert!(!sidecar.output_file().exists(), "ID file must be removed");
+    assert!(!sidecar.state_file().exists(), "state file must be removed");
+    assert!(sidecar.count_log("released") > 0, "release is logged");
+}
+
+/// SIGTERM: key deleted, files removed, exit 0 within 2 s.
+#[test]
+fn sigterm_releases_key_and_files() {
+    clean_stop(Signal::SIGTERM);
+}
+
+/// SIGINT: key deleted, files removed, exit 0 within 2 s.
+#[test]
+fn sigint_releases_key_and_files() {
+    clean_stop(Signal::SIGINT);
+}
+
+/// SIGTERM after someone else overwrote the key: the key is left alone (compare-and-delete),
+/// the file is removed, exit 0 within 2 s.
+#[test]
+fn sigterm_leaves_a_key_that_is_no_longer_ours() {
+    let redis = RedisServer::start();
+    let mut sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--max-worker-id", "0")
+        .flag("--ttl", "3s")
+        .flag("--renew-interval", "1s")
+        .spawn();
+    let lease = assert_published(&redis, &sidecar, "orders");
+    let key = worker_key("orders", lease.worker_id);
+    let _: () = redis.query(redis::cmd("SET").arg(&key).arg("other").arg("KEEPTTL"));
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(secs(2)).expect("exit within 2 s");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        redis.get(&key).as_deref(),
+        Some("other"),
+        "someone else's key must survive our release"
+    );
+    assert!(!sidecar.output_file().exists());
+    assert!(!sidecar.state_file().exists());
+}
+
+/// SIGTERM to the sidecar running as PID 1 of its own PID namespace: clean release, exit 0
+/// within 2 s.
+#[test]
+fn sigterm_as_pid_1_releases() {
+    let probe = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "true"])
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("NOTE: skipping the PID 1 case, `unshare --pid --fork` failed: {probe:?}");
+        return;
+    }
+    let redis = RedisServer::start();
+    let mut sidecar = Sidecar::worker(&redis, "orders")
+        .wrap(&["unshare", "--pid", "--fork", "--kill-child"])
+        .spawn();
+    let lease = assert_published(&redis, &sidecar, "orders");
+    let pid = sidecar.pid();
+    assert_ne!(pid, sidecar.spawned_pid());
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let nspid = status
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .expect("NSpid line");
+    assert_eq!(
+        nspid.split_whitespace().last(),
+        Some("1"),
+        "sidecar must be PID 1 in its namespace: {nspid}"
+    );
+
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar
+        .wait_exit(secs(2))
+        .expect("exit within 2 s as PID 1");
+    assert_eq!(status.code(), Some(0));
+    assert!(!redis.exists(&worker_key("orders", lease.worker_id)));
+    assert!(!sidecar.output_file().exists());
+}
+
+/// Sidecar restarted in the same pod re-adopts its ID and owner string; a process with the same
+/// identity in another pod folder does not take over that key.
+#[test]
+fn restart_in_same_pod_readopts_other_pod_does_not() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    // A long TTL: re-adoption must not depend on the old key expiring.
+    let worker = |pod: &PodDir, name: &str| {
+        Sidecar::worker(&redis, "orders")
+            .name(name)
+            .pod(pod)
+            .flag("--identity", "10.0.0.9")
+            .flag("--max-worker-id", "3")
+            .flag("--ttl", "10s")
+            .flag("--renew-interval", "1s")
+            .spawn()
+    };
+    let mut first = worker(&pod, "first");
+    let lease = assert_published(&redis, &first, "orders");
+    first.signal(Signal::SIGKILL);
+    first.wait_exit(secs(2)).expect("SIGKILL ends it");
+    let key = worker_key("orders", lease.worker_id);
+    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
+
+    // Same identity, other pod folder: a new nonce, so the orphaned key is someone else's.
+    let stranger = worker(&PodDir::new(), "stranger");
+    let other = assert_published(&redis, &stranger, "orders");
+    assert_ne!(other.worker_id, lease.worker_id);
+    assert_ne!(other.owner, lease.owner);
+    assert_owner_format(&other.owner, "10.0.0.9");
+    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
+
+    // Same pod folder: the state file leads back to the same ID and owner string.
+    let second = worker(&pod, "second");
+    let again = assert_published(&redis, &second, "orders");
+    assert_eq!(again.worker_id, lease.worker_id, "same ID after restart");
+    assert_eq!(again.owner, lease.owner, "same owner string after restart");
+    assert!(
+        second.wait_for_log("re-adopt", secs(2)),
+        "re-adoption is logged"
+    );
+    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
+    assert_eq!(redis.keys("*").len(), 2, "no third key");
+}
+
+/// A state file is no proof: when the recorded key holds another value, the restarted sidecar
+/// claims another ID and leaves that key alone.
+#[test]
+fn restart_does_not_readopt_a_key_taken_by_someone_else() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    let worker = |name: &str| {
+        Sidecar::worker(&redis, "orders")
+            .name(name)
+            .pod(&pod)
+            .flag("--identity", "10.0.0.9")
+            .flag("--max-worker-id", "3")
+            .flag("--ttl", "10s")
+            .flag("--renew-interval", "1s")
+            .spawn()
+    };
+    let mut first = worker("first");
+    let lease = assert_published(&redis, &first, "orders");
+    first.signal(Signal::SIGKILL);
+    first.wait_exit(secs(2)).expect("SIGKILL ends it");
+    let key = worker_key("orders", lease.worker_id);
+    let _: () = redis.query(redis::cmd("SET").arg(&key).arg("other").arg("KEEPTTL"));
+
+    let second = worker("second");
+    let again = assert_published(&redis, &second, "orders");
+    assert_ne!(again.worker_id, lease.worker_id);
+    assert_ne!(
+        again.owner, lease.owner,
+        "the recorded owner string is dropped"
+    );
+    assert_eq!(redis.get(&key).as_deref(), Some("other"));
+}
+
+/// `publish::write_atomic`: a reader in a tight loop during 1000 rewrites never sees an empty
+/// or partial ID file.
+#[test]
+fn id_file_rewrites_are_atomic() {
+    let dir = PodDir::new();
+    let path = dir.worker_id_file();
+    snowlease::publish::write_atomic(&path, b"7\n").unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (path, done, reads) = (path.clone(), done.clone(), reads.clone());
+        thread::spawn(move || {
+            let mut bad = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                match fs::read(&path) {
+                    Ok(bytes) => {
+                        reads.fetch_add(1, Ordering::Relaxed);
+                        if bytes != b"7\n" && bytes != b"1023\n" {
+                            bad.push(bytes);
+                        }
+                    }
+                    Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}"),
+                }
+            }
+            bad
+        })
+    };
+    for i in 0..1000 {
+        let contents: &[u8] = if i % 2 == 0 { b"1023\n" } else { b"7\n" };
+        snowlease::publish::write_atomic(&path, contents).unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    let bad = reader.join().unwrap();
+    let reads = reads.load(Ordering::Relaxed);
+    assert!(reads > 0, "the reader must have read the file");
+    assert!(
+        bad.is_empty(),
+        "{} torn reads of {reads}: {bad:?}",
+        bad.len()
+    );
+    assert_eq!(fs::read(&path).unwrap(), b"7\n");
+    let leftovers: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "worker-id")
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// Total connections a Redis server has accepted.
+fn connections_received(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(conn).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_connections_received in INFO stats")
+}
+
+/// One bad-configuration case: flag overrides, environment, words the message must contain.
+struct BadInput<'a> {
+    over: &'a [(&'a str, &'a str)],
+    env: &'a [(&'a str, &'a str)],
+    words: &'a [&'a str],
+}
+
+fn bad<'a>(
+    over: &'a [(&'a str, &'a str)],
+    env: &'a [(&'a str, &'a str)],
+    words: &'a [&'a str],
+) -> BadInput<'a> {
+    BadInput { over, env, words }
+}
+
+/// Each invalid flag or env value exits 2 naming the flag, before touching Redis (no connection,
+/// no key, no file).
+#[test]
+fn bad_configuration_exits_2_before_touching_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let pod = PodDir::new();
+    let out = pod.worker_id_file();
+    let out = out.to_str().unwrap();
+    let base = |over: &[(&str, &str)]| -> Vec<String> {
+        let mut flags = vec![
+            ("--app", "orders"),
+            ("--redis-url", url.as_str()),
+            ("--ttl", "3s"),
+            ("--renew-interval", "1s"),
+            ("--output-file", out),
+            ("--listen", "127.0.0.1:0"),
+            ("--claim-timeout", "2s"),
+        ];
+        for (k, v) in over {
+            match flags.iter_mut().find(|(n, _)| n == k) {
+                Some(slot) => slot.1 = v,
+                None => flags.push((k, v)),
+            }
+        }
+        let mut args = vec!["worker".to_string()];
+        for (k, v) in flags {
+            args.push(k.to_string());
+            args.push(v.to_string());
+        }
+        args
+    };
+    let long_app = "x".repeat(65);
+    let long_app = [("--app", long_app.as_str())];
+    let cases = [
+        bad(&[("--ttl", "0")], &[], &["--ttl"]),
+        bad(&[("--ttl", "0s")], &[], &["--ttl"]),
+        bad(&[("--ttl", "soon")], &[], &["--ttl"]),
+        bad(
+            &[("--ttl", "3s"), ("--renew-interval", "2s")],
+            &[],
+            &["--renew-interval"],
+        ),
+        bad(
+            &[("--max-worker-id", "1024")],
+            &[],
+            &["--max-worker-id", "1023"],
+        ),
+        bad(&[("--app", "a:b")], &[], &["--app"]),
+        bad(&[("--app", "a b")], &[], &["--app"]),
+        bad(&[("--app", "")], &[], &["--app"]),
+        bad(&long_app, &[], &["--app"]),
+        bad(&[("--redis-url", "not a url")], &[], &["--redis-url"]),
+        bad(&[("--on-loss", "panic")], &[], &["--on-loss"]),
+        bad(
+            &[],
+            &[("SNOWLEASE_MAX_WORKER_ID", "5000")],
+            &["max-worker-id", "1023"],
+        ),
+    ];
+    let mut conn = redis.conn();
+    let before = connections_received(&mut conn);
+    for BadInput { over, env, words } in &cases {
+        let args = base(over);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = run_snowlease(&args, env, secs(10));
+        let case = format!("{over:?} {env:?}: {run:?}");
+        assert_eq!(run.code, Some(2), "{case}");
+        for word in words.iter() {
+            assert!(
+                run.stderr.to_lowercase().contains(&word.to_lowercase()),
+                "message must name {word}: {case}"
+            );
+        }
+        assert!(!run.stderr.contains("panicked"), "{case}");
+        assert_eq!(redis.dbsize(), 0, "no key after {case}");
+        assert!(!Path::new(out).exists(), "no ID file after {case}");
+    }
+    // `redis.dbsize()` opens a connection per call; the sidecar must have opened none.
+    let after = connections_received(&mut conn);
+    assert_eq!(
+        after - before,
+        cases.len() as u64,
+        "only the test's own DBSIZE connections may reach Redis"
+    );
+}
+
+/// Redis unreachable at start: readiness stays off, the claim is retried with warnings, and
+/// the sidecar exits 3 with a clear error at --claim-timeout.
+#[test]
+fn unreachable_redis_exits_3_at_claim_timeout() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    let mut sidecar = Sidecar::worker_at(&url, "orders")
+        .flag("--claim-timeout", "2s")
+        .spawn();
+    sidecar.http_addr();
+    assert_eq!(sidecar.readyz(), 503);
+    assert_eq!(sidecar.get_id().0, 503);
+    assert!(
+        sidecar.http_get("/livez", None).0 == 200,
+        "liveness never depends on Redis"
+    );
+    let status = sidecar.wait_exit(secs(10)).expect("exit at claim timeout");
+    let elapsed = started.elapsed();
+    assert_eq!(status.code(), Some(3));
+    assert!(
+        elapsed >= ms(1900) && elapsed < secs(6),
+        "exit at --claim-timeout 2s, took {elapsed:?}"
+    );
+    assert!(
+        sidecar.count_log("redis unavailable") >= 2,
+        "retries are logged"
+    );
+    let last = sidecar.log_lines().join("\n").to_lowercase();
+    assert!(
+        last.contains("claim") && last.contains("redis"),
+        "the final error says what failed"
+    );
+    assert!(!sidecar.output_file().exists());
+}
+
+/// All IDs held until --claim-timeout: exit 3 with an error saying how many IDs exist and that
+/// they are held.
+#[test]
+fn all_ids_held_exits_3_at_claim_timeout() {
+    let redis = RedisServer::start();
+    let holder = Sidecar::worker(&redis, "orders")
+        .flag("--identity", "10.9.0.1")
+        .flag("--max-worker-id", "1")
+        .spawn();
+    let other = Sidecar::worker(&redis, "orders")
+        .flag("--identity", "10.9.0.2")
+        .flag("--max-worker-id", "1")
+        .spawn();
+    holder.wait_for_lease(secs(15));
+    other.wait_for_lease(secs(15));
+    let started = Instant::now();
+    let mut late = Sidecar::worker(&redis, "orders")
+        .flag("--max-worker-id", "1")
+        .flag("--claim-timeout", "2s")
+        .spawn();
+    let status = late.wait_exit(secs(10)).expect("exit at claim timeout");
+    assert_eq!(status.code(), Some(3));
+    assert!(started.elapsed() >= ms(1900), "not before --claim-timeout");
+    let stderr = late.log_lines().join("\n");
+    let last = late.log_lines().last().cloned().unwrap_or_default();
+    let says_two = last
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| word == "2");
+    assert!(
+        says_two && last.contains("held") && last.contains("10.9.0.1") && last.contains("10.9.0.2"),
+        "final error says how many IDs exist (2) and who holds them: {last}"
+    );
+    assert!(!stderr.contains("lease acquired"));
+    assert!(!late.output_file().exists());
+    assert!(holder.id().is_some() && other.id().is_some());
+}
+
+/// A WRONGTYPE key in the ID range is skipped with a warning and never deleted; keys of other
+/// apps and outside the prefix are never touched.
+#[test]
+fn wrong_type_key_is_skipped_and_kept() {
+    let redis = RedisServer::start();
+    let hash = worker_key("orders", 0);
+    let _: () = redis.query(redis::cmd("HSET").arg(&hash).arg("f").arg("v"));
+    let _: () = redis.query(redis::cmd("SET").arg(worker_key("payments", 1)).arg("x"));
+    let _: () = redis.query(redis::cmd("SET").arg("unrelated").arg("y"));
+    let mut sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--max-worker-id", "3")
+        .spawn();
+    let lease = assert_published(&redis, &sidecar, "orders");
+    assert_eq!(lease.worker_id, 1, "ID 0 is a hash; next is 1");
+    let warning = sidecar
+        .wait_for_event("wrong type", secs(2))
+        .expect("wrong type warning");
+    assert_eq!(level(&warning), "WARN");
+    assert!(
+        warning.to_string().contains(&hash),
+        "names the key: {warning}"
+    );
+    assert!(poll_until(secs(5), || sidecar
+        .metric("snowlease_renewals_total{outcome=\"renewed\"}")
+        .unwrap_or(0.0)
+        >= 2.0));
+    sidecar.signal(Signal::SIGTERM);
+    assert_eq!(sidecar.wait_exit(secs(2)).and_then(|s| s.code()), Some(0));
+
+    assert_eq!(redis.key_type(&hash), "hash");
+    let v: Option<String> = redis.query(redis::cmd("HGET").arg(&hash).arg("f"));
+    assert_eq!(v.as_deref(), Some("v"));
+    assert_eq!(redis.pttl(&hash), -1, "no TTL added to the hash");
+    assert_eq!(redis.get(&worker_key("payments", 1)).as_deref(), Some("x"));
+    assert_eq!(redis.pttl(&worker_key("payments", 1)), -1);
+    assert_eq!(redis.get("unrelated").as_deref(), Some("y"));
+    assert!(!redis.exists(&worker_key("orders", 1)));
+}
