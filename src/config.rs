@@ -176,15 +176,7 @@ impl WorkerArgs {
             validate_identity(identity)?;
         }
         validate_key_prefix(&self.key_prefix)?;
-        let max_worker_id = u16::try_from(self.max_worker_id)
-            .ok()
-            .filter(|id| *id <= WORKER_ID_LIMIT)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "--max-worker-id",
-                    format!("{} is outside 0-1023 (10 bits)", self.max_worker_id),
-                )
-            })?;
+        let max_worker_id = validate_max_worker_id(self.max_worker_id)?;
         check_range(
             "--ttl",
             self.ttl,
@@ -255,6 +247,19 @@ fn check_range(
     Ok(())
 }
 
+/// Highest worker ID: 0-1023, the 10 worker bits of a Snowflake ID.
+pub fn validate_max_worker_id(value: u32) -> Result<u16, ConfigError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|id| *id <= WORKER_ID_LIMIT)
+        .ok_or_else(|| {
+            ConfigError::new(
+                "--max-worker-id",
+                format!("{value} is outside 0-1023 (10 bits)"),
+            )
+        })
+}
+
 /// App names: 1-64 chars of `[A-Za-z0-9_.-]` (worker-id.md), so a name can
 /// never reach into another app's keys or a hash tag.
 pub fn validate_app(app: &str) -> Result<(), ConfigError> {
@@ -285,7 +290,9 @@ fn validate_identity(identity: &str) -> Result<(), ConfigError> {
     }
 }
 
-fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
+/// Key prefixes: 1-128 printable ASCII characters without spaces or braces
+/// (braces would form a Redis Cluster hash tag).
+pub fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
     let ok = (1..=128).contains(&prefix.len())
         && prefix
             .chars()

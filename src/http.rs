@@ -84,7 +84,7 @@ fn wants_text(headers: &HeaderMap) -> bool {
 
 fn state_name(state: &WorkerState) -> &'static str {
     match state {
-        WorkerState::Claiming => "claiming",
+        WorkerState::Claiming | WorkerState::Readopting(_) => "claiming",
         WorkerState::Held(_) => "expired",
         WorkerState::Lost => "lost",
         WorkerState::Stopping => "stopping",

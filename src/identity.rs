@@ -63,6 +63,11 @@ impl Owner {
         &self.0
     }
 
+    /// The nonce part (after the last `#`), for names of this process only.
+    pub fn nonce(&self) -> &str {
+        self.0.rsplit_once('#').map_or("", |(_, nonce)| nonce)
+    }
+
     /// The owner with the nonce shortened to 4 hex digits, for logs.
     pub fn redacted(&self) -> String {
         match self.0.rsplit_once('#') {

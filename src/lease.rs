@@ -8,11 +8,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::ConnectionLike;
+use redis::{RedisError, Script};
 use tokio::time::Instant;
 
 use crate::identity::Owner;
+use crate::store::{Failure, classify};
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/claim.lua")));
@@ -174,6 +175,43 @@ pub async fn load_scripts<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult
     RENEW.load_async(conn).await?;
     RELEASE.load_async(conn).await?;
     Ok(())
+}
+
+/// Runs every lease script once on `probe_key`, a key of this process only
+/// (`SET`, `PEXPIRE`, `DEL` inside the scripts), and leaves nothing behind.
+///
+/// `SCRIPT LOAD` alone checks no command inside a script, so without this a
+/// user missing e.g. `+pexpire` would claim and publish an ID, then fail at
+/// the first renew. Errors: the first Redis error (NOPERM and script ACL
+/// errors classify as permanent).
+pub async fn probe<C: ConnectionLike>(
+    conn: &mut C,
+    probe_key: &str,
+    owner: &Owner,
+) -> redis::RedisResult<()> {
+    let ttl = Duration::from_secs(5);
+    load_scripts(conn)
+        .await
+        .map_err(step("SCRIPT LOAD failed (needs +script|load +evalsha)"))?;
+    renew(conn, probe_key, owner, ttl, true)
+        .await
+        .map_err(step("renew.lua could not GET or SET (needs +get +set)"))?;
+    renew(conn, probe_key, owner, ttl, true)
+        .await
+        .map_err(step("renew.lua could not PEXPIRE (needs +pexpire)"))?;
+    release(conn, probe_key, owner)
+        .await
+        .map_err(step("release.lua could not DEL (needs +del)"))?;
+    Ok(())
+}
+
+/// Names the probe step in a permanent error: a script ACL error from
+/// Redis names the script, not the command it was refused.
+fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError {
+    move |err| match classify(&err) {
+        Failure::Permanent => (err.kind(), what, err.to_string()).into(),
+        Failure::Transient => err,
+    }
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {

@@ -69,6 +69,7 @@ pub fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease> {
     (state.app == app).then_some(RecordedLease {
         worker_id: state.worker_id,
         owner: state.owner,
+        valid_until_ms: state.valid_until_ms,
     })
 }
 
@@ -93,6 +94,16 @@ pub async fn run_publisher(
                 tokio::select! {
                     changed = state.changed() => if changed.is_err() { break },
                     _ = sleep_until(held.valid_until) => files.unpublish_id(&mut published),
+                }
+                continue;
+            }
+            // The earlier process's ID file stays while its record is
+            // valid: no one else can hold the key before then, and a
+            // sidecar restart must not make the app see the ID vanish.
+            WorkerState::Readopting(until) if until > tokio::time::Instant::now() => {
+                tokio::select! {
+                    changed = state.changed() => if changed.is_err() { break },
+                    _ = sleep_until(until) => files.unpublish_id(&mut published),
                 }
                 continue;
             }

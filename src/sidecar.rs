@@ -53,7 +53,12 @@ pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> an
     let metrics = Arc::new(WorkerMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let (state_tx, state_rx) = watch::channel(WorkerState::Claiming);
+    let recorded = publish::read_state(&config.output_file, &config.app);
+    let initial = match recorded.as_ref().and_then(|r| r.deadline()) {
+        Some(until) => WorkerState::Readopting(until),
+        None => WorkerState::Claiming,
+    };
+    let (state_tx, state_rx) = watch::channel(initial);
 
     let http_stop = CancellationToken::new();
     let router = http::worker_router(WorkerHttp {
@@ -62,7 +67,6 @@ pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> an
         registry: Arc::new(registry),
     });
     let http_task = tokio::spawn(http::serve(listener, router, http_stop.clone()));
-    let recorded = publish::read_state(&config.output_file, &config.app);
     let publisher = tokio::spawn(publish::run_publisher(
         state_rx,
         config.output_file.clone(),

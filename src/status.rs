@@ -11,7 +11,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 use serde::Serialize;
 
-use crate::config::{ConfigError, WORKER_ID_LIMIT, validate_app};
+use crate::config::{ConfigError, validate_app, validate_key_prefix, validate_max_worker_id};
 use crate::store::RedisTarget;
 
 /// Timeout of each Redis round trip of `status`.
@@ -66,26 +66,8 @@ impl StatusArgs {
         validate_app(&self.app)?;
         let redis = RedisTarget::parse(&self.redis_url)
             .map_err(|reason| ConfigError::new("--redis-url", reason))?;
-        let prefix_ok = (1..=128).contains(&self.key_prefix.len())
-            && self
-                .key_prefix
-                .chars()
-                .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
-        if !prefix_ok {
-            return Err(ConfigError::new(
-                "--key-prefix",
-                "must be 1-128 printable ASCII characters without spaces or braces",
-            ));
-        }
-        let max_worker_id = u16::try_from(self.max_worker_id)
-            .ok()
-            .filter(|id| *id <= WORKER_ID_LIMIT)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "--max-worker-id",
-                    format!("{} is outside 0-1023 (10 bits)", self.max_worker_id),
-                )
-            })?;
+        validate_key_prefix(&self.key_prefix)?;
+        let max_worker_id = validate_max_worker_id(self.max_worker_id)?;
         Ok(StatusConfig {
             app: self.app.clone(),
             redis,

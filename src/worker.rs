@@ -25,6 +25,11 @@ use crate::store::{Failure, classify};
 pub enum WorkerState {
     /// No lease yet; claiming.
     Claiming,
+    /// Start-up with a lease recorded by an earlier process in this pod,
+    /// valid (by its record, erring early) until the given instant; being
+    /// re-adopted. Not published over HTTP, but the ID file may stay until
+    /// that instant so a sidecar restart does not stop the app.
+    Readopting(Instant),
     /// A lease confirmed by Redis, valid until `valid_until`.
     Held(HeldLease),
     /// The lease was lost; about to reclaim or exit.
@@ -75,6 +80,20 @@ pub struct RecordedLease {
     pub worker_id: u16,
     /// Its owner string; adopted only if the key still holds exactly this.
     pub owner: String,
+    /// Unix ms until which the earlier process held it, erring early.
+    pub valid_until_ms: u64,
+}
+
+impl RecordedLease {
+    /// The recorded deadline on the monotonic clock; `None` once passed.
+    pub fn deadline(&self) -> Option<Instant> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .ok()?
+            .as_millis();
+        let left = u128::from(self.valid_until_ms).checked_sub(now_ms)?;
+        Some(Instant::now() + Duration::from_millis(u64::try_from(left).ok()?))
+    }
 }
 
 /// Why the worker loop stopped other than by shutdown.
@@ -96,7 +115,7 @@ pub enum WorkerError {
     },
     /// Redis refused in a way retries cannot fix (e.g. NOPERM).
     #[error("redis refused: {0}")]
-    Redis(#[source] redis::RedisError),
+    Redis(redis::RedisError),
 }
 
 /// Everything the worker loop needs; nothing about files or HTTP.
@@ -142,7 +161,6 @@ impl<C: ConnectionLike + Send> Worker<C> {
         shutdown: CancellationToken,
     ) -> Result<Option<(HeldLease, String)>, WorkerError> {
         let held = loop {
-            self.set_state(WorkerState::Claiming);
             let held = tokio::select! {
                 _ = shutdown.cancelled() => break None,
                 claimed = self.claim(&mut recorded) => claimed?,
@@ -209,10 +227,16 @@ impl<C: ConnectionLike + Send> Worker<C> {
         loop {
             let round = async {
                 if !scripts_loaded {
-                    // SCRIPT LOAD up front: a missing ACL permission shows now.
+                    // A missing ACL permission shows now, not at the first renew.
+                    let probe = format!(
+                        "{}{}:probe:{}",
+                        self.settings.key_prefix,
+                        self.app,
+                        self.owner.nonce()
+                    );
                     bounded(
                         self.settings.call_timeout(),
-                        lease::load_scripts(&mut self.conn),
+                        lease::probe(&mut self.conn, &probe, &self.owner),
                     )
                     .await?;
                     scripts_loaded = true;
@@ -276,6 +300,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 return Ok(Ok(held));
             }
             *recorded = None;
+            self.set_state(WorkerState::Claiming);
         }
         let keys: Vec<String> = (0..=self.settings.max_worker_id)
             .map(|id| self.key(id))
@@ -442,6 +467,11 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 Ok(RenewOutcome::Lost) => {
                     WorkerMetrics::count(&self.metrics.renewals, "lost");
                     return Round::Lost("the key holds another owner");
+                }
+                Err(err) if classify(&err) == Failure::Permanent => {
+                    WorkerMetrics::count(&self.metrics.renewals, "failed");
+                    error!(worker_id = held.worker_id, error = %err, "renew refused by redis");
+                    return Round::Lost("redis refused the renew script");
                 }
                 Err(err) => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");

@@ -70,7 +70,13 @@ pub enum PoolCommand {
 #[derive(Args)]
 pub struct RedisArgs {
     /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    // hide_env_values: --help must not print a password from the env.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
     pub redis_url: String,
 
     /// Timeout of one Redis call (10ms-60s).

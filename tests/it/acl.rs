@@ -93,12 +93,9 @@ fn worker_without_script_permissions_fails_at_start() {
     assert!(!sidecar.output_file().exists());
 }
 
-/// Wanted, not yet true: a user without PEXPIRE (only called inside the renew and claim
-/// scripts) should fail at start too. Today the sidecar claims and publishes, every renew fails
-/// ("The user executing the script can't run this command", no command named), the lease is
-/// lost at its deadline, and only the reclaim exits 1 (see the report to the lead).
+/// A user without PEXPIRE (called only inside the scripts, which SCRIPT LOAD does not check)
+/// fails at start, exit 1, with PEXPIRE named by the start-up probe, before any ID is published.
 #[test]
-#[ignore = "the worker does not probe in-script permissions at start yet"]
 fn worker_without_pexpire_fails_at_start() {
     let redis = RedisServer::start();
     let rules = WORKER_RULES.replace(" +pexpire", "");
