@@ -65,8 +65,13 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_APP")]
     pub app: String,
 
-    /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: String,
 
     /// Owner identity [default: POD_IP env, else primary local IP, else hostname].

@@ -25,7 +25,12 @@ pub struct StatusArgs {
     pub app: String,
 
     /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: String,
 
     /// Prefix of lease keys: the key is <prefix><app>:<id>.

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -24,11 +24,13 @@ use tracing::{debug, info, warn};
 
 use super::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, TTL_MAX_MS};
 use super::metrics::PoolMetrics;
-use super::{
-    AcquireRequest, Acquired, Extended, LostReason, Pool, PoolError, PoolOptions, Released,
-};
+use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
 use crate::http;
 use crate::store::RedisTarget;
+
+mod body;
+
+use body::{ApiError, Body, lease_id};
 
 /// Longest `wait_ms` of one HTTP acquire.
 pub const WAIT_MAX_MS: u64 = 60_000;
@@ -249,134 +251,6 @@ async fn reap_loop(state: ServeState, name: String, every: Duration, cooldown: D
     }
 }
 
-/// An HTTP error answer, as JSON with an `error` field.
-#[derive(Debug)]
-enum ApiError {
-    UnknownPool(String),
-    BadInput { field: String, expected: String },
-    Lost(LostReason),
-    Pool(PoolError),
-}
-
-impl ApiError {
-    fn bad(field: &str, expected: impl Into<String>) -> Self {
-        Self::BadInput {
-            field: field.to_owned(),
-            expected: expected.into(),
-        }
-    }
-}
-
-impl From<PoolError> for ApiError {
-    fn from(err: PoolError) -> Self {
-        match err {
-            PoolError::BadInput { field, expected } => Self::BadInput { field, expected },
-            other => Self::Pool(other),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, body) = match self {
-            Self::UnknownPool(pool) => (
-                StatusCode::NOT_FOUND,
-                json!({ "error": "unknown pool", "pool": pool }),
-            ),
-            Self::BadInput { field, expected } => (
-                StatusCode::BAD_REQUEST,
-                json!({ "error": "bad input", "field": field, "expected": expected }),
-            ),
-            Self::Lost(reason) => (
-                StatusCode::CONFLICT,
-                json!({ "error": "lease lost", "reason": reason.as_str(), "detail": reason.describe() }),
-            ),
-            Self::Pool(err) => {
-                warn!(error = %err, "pool call failed");
-                match err {
-                    PoolError::Redis(_) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        json!({ "error": "redis unavailable" }),
-                    ),
-                    PoolError::WrongKeyType { key, .. } => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({ "error": "pool key has the wrong type", "key": key }),
-                    ),
-                    _ => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({ "error": "internal error" }),
-                    ),
-                }
-            }
-        };
-        (status, Json(body)).into_response()
-    }
-}
-
-/// A JSON object request body, taken apart field by field so every error
-/// names its field; unknown fields are refused (a typo is not a default).
-struct Body(Map<String, Value>);
-
-impl Body {
-    fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Self(Map::new()));
-        }
-        match serde_json::from_slice(bytes) {
-            Ok(Value::Object(map)) => Ok(Self(map)),
-            _ => Err(ApiError::bad("body", "a JSON object")),
-        }
-    }
-
-    /// An integer field within `lo..=hi`; absent or null means `default`.
-    fn int(
-        &mut self,
-        field: &str,
-        default: Option<u64>,
-        lo: u64,
-        hi: u64,
-    ) -> Result<Duration, ApiError> {
-        let expected = || format!("an integer {lo}-{hi}");
-        let ms = match self.0.remove(field) {
-            None | Some(Value::Null) => {
-                default.ok_or_else(|| ApiError::bad(field, format!("{} (required)", expected())))?
-            }
-            Some(value) => value
-                .as_u64()
-                .filter(|n| (lo..=hi).contains(n))
-                .ok_or_else(|| ApiError::bad(field, expected()))?,
-        };
-        Ok(Duration::from_millis(ms))
-    }
-
-    /// A string field; absent or null is `None`.
-    fn string(&mut self, field: &str) -> Result<Option<String>, ApiError> {
-        match self.0.remove(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(ApiError::bad(field, "a string")),
-        }
-    }
-
-    fn token(&mut self) -> Result<String, ApiError> {
-        match self.string("token")? {
-            Some(token) if check::token(&token).is_ok() => Ok(token),
-            _ => Err(ApiError::bad("token", "a string of 1-128 chars (required)")),
-        }
-    }
-
-    fn finish(self) -> Result<(), ApiError> {
-        match self.0.keys().next() {
-            Some(field) => Err(ApiError::bad(field, "no such field")),
-            None => Ok(()),
-        }
-    }
-}
-
-fn lease_id(id: &str) -> Result<(), ApiError> {
-    check::name("id", id).map_err(ApiError::from)
-}
-
 async fn acquire(
     State(state): State<ServeState>,
     Path(pool): Path<String>,
@@ -560,30 +434,5 @@ mod tests {
         assert_eq!(retry_after_secs(Some(ms(1000))), 1);
         assert_eq!(retry_after_secs(Some(ms(1001))), 2);
         assert_eq!(retry_after_secs(None), 1);
-    }
-
-    #[test]
-    fn bodies_name_the_bad_field() {
-        let field = |text: &str, f: fn(&mut Body) -> Result<(), ApiError>| {
-            let mut body = match Body::parse(text.as_bytes()) {
-                Ok(body) => body,
-                Err(ApiError::BadInput { field, .. }) => return field,
-                Err(other) => panic!("{other:?}"),
-            };
-            match f(&mut body).and_then(|()| body.finish()) {
-                Err(ApiError::BadInput { field, .. }) => field,
-                other => panic!("{text}: {other:?}"),
-            }
-        };
-        let ttl = |b: &mut Body| b.int("ttl_ms", None, 1, 600_000).map(drop);
-        assert_eq!(field("[1]", ttl), "body");
-        assert_eq!(field("{}", ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": 0}"#, ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": 1.5}"#, ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": "5"}"#, ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": 5, "ttl": 5}"#, ttl), "ttl");
-        let token = |b: &mut Body| b.token().map(drop);
-        assert_eq!(field(r#"{"token": ""}"#, token), "token");
-        assert_eq!(field(r#"{"token": 7}"#, token), "token");
     }
 }

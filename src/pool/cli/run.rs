@@ -1,0 +1,279 @@
+//! Runs a validated `snowlease pool` command against Redis: prints its
+//! JSON (or the status table) on stdout; the errors behind exit codes 2-4.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use serde_json::json;
+
+use super::{Op, PoolCliConfig, human};
+use crate::config::ConfigError;
+use crate::pool::{
+    Acquired, Extended, LostReason, Pool, PoolError, PoolOptions, PoolStatus, Released,
+};
+
+/// Exit code: bad input (a flag or id out of range, a duplicate or unknown
+/// id, init of an existing pool); nothing was written.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code: acquire found nothing due within `--wait`.
+pub const EXIT_NOTHING_DUE: u8 = 3;
+/// Exit code: release or extend of a lease that is not ours or expired.
+pub const EXIT_NOT_OWNER: u8 = 4;
+
+/// Most reap calls one `pool reap` makes.
+const REAP_ROUNDS: usize = 1000;
+
+/// Why a pool command ended without doing its job, for exit codes 3 and 4.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolCliError {
+    /// Acquire found no id due within `--wait`.
+    #[error("nothing due in pool {pool} within --wait {wait}; {hint}")]
+    NothingDue {
+        /// The pool.
+        pool: String,
+        /// The wait, as typed.
+        wait: String,
+        /// When the next id is due, in words.
+        hint: String,
+    },
+    /// Release or extend of a lease that is lost; nothing was changed.
+    #[error("lease of {id} in pool {pool} is lost ({}): {}", .reason.as_str(), .reason.describe())]
+    NotOwner {
+        /// The pool.
+        pool: String,
+        /// The id.
+        id: String,
+        /// Why.
+        reason: LostReason,
+    },
+}
+
+impl PoolCliError {
+    fn lost(pool: &str, id: &str, reason: LostReason) -> Self {
+        Self::NotOwner {
+            pool: pool.to_owned(),
+            id: id.to_owned(),
+            reason,
+        }
+    }
+}
+
+/// The exit code of a failed pool command: 2 bad input, 3 nothing due,
+/// 4 not owner or expired, 1 anything else (Redis down, wrong key types).
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    if let Some(err) = err.downcast_ref::<PoolCliError>() {
+        return match err {
+            PoolCliError::NothingDue { .. } => EXIT_NOTHING_DUE,
+            PoolCliError::NotOwner { .. } => EXIT_NOT_OWNER,
+        };
+    }
+    if err.downcast_ref::<ConfigError>().is_some() {
+        return EXIT_BAD_INPUT;
+    }
+    match err.downcast_ref::<PoolError>() {
+        Some(
+            PoolError::BadInput { .. }
+            | PoolError::DuplicateId { .. }
+            | PoolError::UnknownId { .. }
+            | PoolError::AlreadyInitialized { .. },
+        ) => EXIT_BAD_INPUT,
+        _ => 1,
+    }
+}
+
+/// Runs one validated command: prints its result on stdout; `serve` runs
+/// until SIGTERM/SIGINT.
+///
+/// Errors: [`PoolCliError`] (exit 3, 4), [`PoolError`] and others; see
+/// [`exit_code`].
+pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
+    if let Op::Serve(serve) = config.op {
+        let shutdown = crate::shutdown::listen()?;
+        return crate::pool::serve::run(serve, shutdown).await;
+    }
+    let conn = config.redis.connect(config.redis_timeout)?;
+    let out = match execute(conn, config.op).await {
+        Ok(out) => out,
+        // Only failures of Redis itself need to say which Redis.
+        Err(err) if exit_code(&err) == 1 => {
+            return Err(err.context(format!("redis {}", config.redis)));
+        }
+        Err(err) => return Err(err),
+    };
+    println!("{out}");
+    Ok(())
+}
+
+async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
+    let open =
+        |pool: &str, max_lease: Duration| Pool::new(conn.clone(), pool, PoolOptions { max_lease });
+    let default = PoolOptions::default().max_lease;
+    let out = match op {
+        Op::Init(pool, ids) => {
+            let added = open(&pool, default)?.init(&ids).await?;
+            json!({ "pool": pool, "added": added })
+        }
+        Op::Add(pool, ids) => {
+            let added = open(&pool, default)?.add(&ids).await?;
+            json!({ "pool": pool, "added": added })
+        }
+        Op::Disable(pool, ids) => {
+            let disabled = open(&pool, default)?.disable(&ids).await?;
+            json!({ "pool": pool, "disabled": disabled })
+        }
+        Op::Enable(pool, ids) => {
+            let enabled = open(&pool, default)?.enable(&ids).await?;
+            json!({ "pool": pool, "enabled": enabled })
+        }
+        Op::Acquire {
+            pool,
+            req,
+            wait,
+            max_lease,
+        } => match open(&pool, max_lease)?.acquire_wait(&req, wait).await? {
+            Acquired::Leased(lease) => return Ok(serde_json::to_string(&lease.view())?),
+            Acquired::Empty { next_due_in, .. } => {
+                return Err(PoolCliError::NothingDue {
+                    pool,
+                    wait: human(wait).to_string(),
+                    hint: hint_words(next_due_in),
+                }
+                .into());
+            }
+        },
+        Op::Release {
+            pool,
+            id,
+            token,
+            cooldown,
+        } => match open(&pool, default)?
+            .release_lease(&id, &token, cooldown)
+            .await?
+        {
+            Released::Released { at_ms } => {
+                json!({ "pool": pool, "id": id, "released_at_ms": at_ms })
+            }
+            Released::NotOwner { reason, .. } => {
+                return Err(PoolCliError::lost(&pool, &id, reason).into());
+            }
+        },
+        Op::Extend {
+            pool,
+            id,
+            token,
+            ttl,
+            max_lease,
+        } => match open(&pool, max_lease)?
+            .extend_lease(&id, &token, ttl)
+            .await?
+        {
+            Extended::Extended {
+                deadline_ms,
+                capped,
+                ..
+            } => json!({ "pool": pool, "id": id, "deadline_ms": deadline_ms, "capped": capped }),
+            Extended::NotOwner { reason, .. } => {
+                return Err(PoolCliError::lost(&pool, &id, reason).into());
+            }
+        },
+        Op::Reap {
+            pool,
+            limit,
+            cooldown,
+        } => {
+            let handle = open(&pool, default)?;
+            let mut ids = Vec::new();
+            let mut still_expired = 0;
+            for _ in 0..REAP_ROUNDS {
+                let reaped = handle.reap(limit, cooldown).await?;
+                ids.extend(reaped.ids);
+                still_expired = reaped.still_expired;
+                if still_expired == 0 {
+                    break;
+                }
+            }
+            json!({ "pool": pool, "reclaimed": ids.len(), "ids": ids, "still_expired": still_expired })
+        }
+        Op::Status { pool, json } => {
+            let status = open(&pool, default)?.status().await?;
+            if !json {
+                return Ok(status_table(&pool, &status));
+            }
+            let mut value = serde_json::to_value(status)?;
+            value["pool"] = pool.into();
+            value
+        }
+        Op::Serve(_) => unreachable!("serve is run by run()"),
+    };
+    Ok(out.to_string())
+}
+
+/// The next-due hint in words.
+pub(crate) fn hint_words(next_due_in: Option<Duration>) -> String {
+    match next_due_in {
+        Some(d) => format!(
+            "the next id is due in {} (sooner if a lease is released early)",
+            human(Duration::from_millis(d.as_millis() as u64))
+        ),
+        None => "no id will become due by itself (every id disabled, or the pool empty)".into(),
+    }
+}
+
+fn status_table(pool: &str, s: &PoolStatus) -> String {
+    let mut out = format!("pool {pool} (Redis time {} ms)\n", s.now_ms);
+    let rows = [
+        ("ready, due", s.ready_due),
+        ("ready, cooling down", s.ready_cooling),
+        ("leased, valid", s.leases_valid),
+        ("leased, expired", s.leases_expired),
+        ("disabled", s.disabled),
+    ];
+    let _ = writeln!(out, "{:<22} {:>8}", "state", "ids");
+    for (state, n) in rows {
+        let _ = writeln!(out, "{state:<22} {n:>8}");
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        let code = |e: anyhow::Error| exit_code(&e);
+        assert_eq!(code(PoolError::bad("ttl", "1-2").into()), 2);
+        assert_eq!(
+            code(anyhow::Error::from(PoolError::DuplicateId { id: "a".into() }).context("redis x")),
+            2
+        );
+        assert_eq!(
+            code(PoolCliError::lost("p", "a", LostReason::Expired).into()),
+            4
+        );
+        let due = PoolCliError::NothingDue {
+            pool: "p".into(),
+            wait: "1s".into(),
+            hint: hint_words(None),
+        };
+        assert_eq!(code(due.into()), 3);
+        assert_eq!(code(anyhow::anyhow!("redis down")), 1);
+    }
+
+    #[test]
+    fn table_lists_every_state() {
+        let status = PoolStatus {
+            now_ms: 7,
+            ready_due: 1,
+            ready_cooling: 2,
+            leases_valid: 3,
+            leases_expired: 4,
+            disabled: 5,
+        };
+        let table = status_table("p", &status);
+        assert!(table.starts_with("pool p (Redis time 7 ms)"), "{table}");
+        assert!(table.contains("leased, expired               4"), "{table}");
+    }
+}

@@ -1,0 +1,401 @@
+//! Stage two of the pool flags: ranges, whole milliseconds, names, id
+//! files and cross-field rules, checked into a [`PoolCliConfig`] before any
+//! socket is bound or Redis is touched; the first violation names its flag.
+
+use std::time::Duration;
+
+use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs};
+use crate::config::ConfigError;
+use crate::pool::AcquireRequest;
+use crate::pool::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, MAX_LEASE_MAX_MS, TTL_MAX_MS};
+use crate::pool::serve::ServeConfig;
+use crate::store::RedisTarget;
+
+/// Longest `--wait` of acquire.
+const WAIT_MAX: Duration = Duration::from_secs(86_400);
+
+/// A validated `snowlease pool` command.
+pub struct PoolCliConfig {
+    pub(super) redis: RedisTarget,
+    pub(super) redis_timeout: Duration,
+    pub(super) op: Op,
+}
+
+/// A validated operation. No `Debug`: release and extend hold a token.
+pub(super) enum Op {
+    Init(String, Vec<String>),
+    Add(String, Vec<String>),
+    Disable(String, Vec<String>),
+    Enable(String, Vec<String>),
+    Acquire {
+        pool: String,
+        req: AcquireRequest,
+        wait: Duration,
+        max_lease: Duration,
+    },
+    Release {
+        pool: String,
+        id: String,
+        token: String,
+        cooldown: Duration,
+    },
+    Extend {
+        pool: String,
+        id: String,
+        token: String,
+        ttl: Duration,
+        max_lease: Duration,
+    },
+    Reap {
+        pool: String,
+        limit: usize,
+        cooldown: Duration,
+    },
+    Status {
+        pool: String,
+        json: bool,
+    },
+    Serve(ServeConfig),
+}
+
+impl PoolArgs {
+    /// Checks every flag (and reads `--ids-file`); the first violation
+    /// names its flag. Touches no Redis key.
+    pub fn validate(&self) -> Result<PoolCliConfig, ConfigError> {
+        let redis_args = self.redis_args();
+        let redis = RedisTarget::parse(&redis_args.redis_url)
+            .map_err(|reason| ConfigError::new("--redis-url", reason))?;
+        let redis_timeout = redis_args.redis_timeout;
+        range(
+            "--redis-timeout",
+            redis_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+        )?;
+        let op = match &self.command {
+            PoolCommand::Init(a) => Op::Init(pool_name(&a.target.pool)?, read_ids(&a.source)?),
+            PoolCommand::Add(a) => Op::Add(pool_name(&a.target.pool)?, read_ids(&a.source)?),
+            PoolCommand::Disable(a) => {
+                Op::Disable(pool_name(&a.target.pool)?, read_ids(&a.source)?)
+            }
+            PoolCommand::Enable(a) => Op::Enable(pool_name(&a.target.pool)?, read_ids(&a.source)?),
+            PoolCommand::Acquire(a) => {
+                let pool = pool_name(&a.target.pool)?;
+                let max_lease = whole_ms("--max-lease", a.max_lease, 1, MAX_LEASE_MAX_MS)?;
+                whole_ms("--ttl", a.ttl, 1, TTL_MAX_MS)?;
+                if a.ttl > max_lease {
+                    return Err(ConfigError::new(
+                        "--ttl",
+                        format!(
+                            "{} is longer than --max-lease {}",
+                            human(a.ttl),
+                            human(max_lease)
+                        ),
+                    ));
+                }
+                let cooldown = whole_ms("--cooldown", a.cooldown, 0, COOLDOWN_MAX_MS)?;
+                range("--wait", a.wait, Duration::ZERO, WAIT_MAX)?;
+                let mut req = AcquireRequest::new(a.ttl).cooldown(cooldown);
+                if let Some(request_id) = &a.request_id {
+                    if check::name("request_id", request_id).is_err() {
+                        return Err(ConfigError::new(
+                            "--request-id",
+                            format!("{request_id:?} must be 1-64 chars of [A-Za-z0-9_-]"),
+                        ));
+                    }
+                    req = req.request_id(request_id.clone());
+                }
+                Op::Acquire {
+                    pool,
+                    req,
+                    wait: a.wait,
+                    max_lease,
+                }
+            }
+            PoolCommand::Release(a) => {
+                let (id, token) = lease_ref(&a.lease)?;
+                Op::Release {
+                    pool: pool_name(&a.target.pool)?,
+                    id,
+                    token,
+                    cooldown: whole_ms("--cooldown", a.cooldown, 0, COOLDOWN_MAX_MS)?,
+                }
+            }
+            PoolCommand::Extend(a) => {
+                let (id, token) = lease_ref(&a.lease)?;
+                Op::Extend {
+                    pool: pool_name(&a.target.pool)?,
+                    id,
+                    token,
+                    ttl: whole_ms("--ttl", a.ttl, 1, TTL_MAX_MS)?,
+                    max_lease: whole_ms("--max-lease", a.max_lease, 1, MAX_LEASE_MAX_MS)?,
+                }
+            }
+            PoolCommand::Reap(a) => {
+                if !(1..=BATCH_MAX).contains(&a.limit) {
+                    return Err(ConfigError::new(
+                        "--limit",
+                        format!("{} is outside 1-{BATCH_MAX}", a.limit),
+                    ));
+                }
+                Op::Reap {
+                    pool: pool_name(&a.target.pool)?,
+                    limit: a.limit,
+                    cooldown: whole_ms("--cooldown", a.cooldown, 0, COOLDOWN_MAX_MS)?,
+                }
+            }
+            PoolCommand::Status(a) => Op::Status {
+                pool: pool_name(&a.target.pool)?,
+                json: a.json,
+            },
+            PoolCommand::Serve(a) => Op::Serve(serve_config(a, &redis, redis_timeout)?),
+        };
+        Ok(PoolCliConfig {
+            redis,
+            redis_timeout,
+            op,
+        })
+    }
+}
+
+fn serve_config(
+    a: &ServeArgs,
+    redis: &RedisTarget,
+    redis_timeout: Duration,
+) -> Result<ServeConfig, ConfigError> {
+    let mut pools = Vec::with_capacity(a.pools.len());
+    for pool in &a.pools {
+        let pool = pool_name(pool)?;
+        if pools.contains(&pool) {
+            return Err(ConfigError::new("--pool", format!("{pool} is given twice")));
+        }
+        pools.push(pool);
+    }
+    range(
+        "--reap-interval",
+        a.reap_interval,
+        Duration::from_millis(10),
+        Duration::from_secs(3600),
+    )?;
+    Ok(ServeConfig {
+        pools,
+        redis: redis.clone(),
+        redis_timeout,
+        listen: a.listen,
+        reap_interval: a.reap_interval,
+        reap_cooldown: whole_ms("--reap-cooldown", a.reap_cooldown, 0, COOLDOWN_MAX_MS)?,
+        max_lease: whole_ms("--max-lease", a.max_lease, 1, MAX_LEASE_MAX_MS)?,
+    })
+}
+
+pub(super) fn human(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
+}
+
+fn range(flag: &'static str, d: Duration, lo: Duration, hi: Duration) -> Result<(), ConfigError> {
+    if d < lo || d > hi {
+        return Err(ConfigError::new(
+            flag,
+            format!("{} is outside {}-{}", human(d), human(lo), human(hi)),
+        ));
+    }
+    Ok(())
+}
+
+/// A duration the scripts take in ms: whole ms within `lo..=hi` ms.
+fn whole_ms(flag: &'static str, d: Duration, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
+    match check::millis(flag, d, lo, hi) {
+        Ok(_) => Ok(d),
+        Err(_) => Err(ConfigError::new(
+            flag,
+            format!(
+                "{} is not a whole number of milliseconds within {}-{}",
+                human(d),
+                human(Duration::from_millis(lo)),
+                human(Duration::from_millis(hi))
+            ),
+        )),
+    }
+}
+
+fn pool_name(pool: &str) -> Result<String, ConfigError> {
+    check::name("pool", pool).map_err(|_| {
+        ConfigError::new(
+            "--pool",
+            format!("{pool:?} must be 1-64 chars of [A-Za-z0-9_-]"),
+        )
+    })?;
+    Ok(pool.to_owned())
+}
+
+fn lease_ref(lease: &LeaseRef) -> Result<(String, String), ConfigError> {
+    if check::name("id", &lease.id).is_err() {
+        return Err(ConfigError::new(
+            "--id",
+            format!("{:?} must be 1-64 chars of [A-Za-z0-9_-]", lease.id),
+        ));
+    }
+    // Never echo the token: it may be a real one with a typo.
+    if check::token(&lease.token).is_err() {
+        return Err(ConfigError::new(
+            "--token",
+            format!("must be 1-128 chars (got {})", lease.token.len()),
+        ));
+    }
+    Ok((lease.id.clone(), lease.token.clone()))
+}
+
+/// The ids of `--ids` or `--ids-file`, all checked: 1-64 chars of
+/// `[A-Za-z0-9_-]`, no duplicates, at least one.
+fn read_ids(source: &IdSource) -> Result<Vec<String>, ConfigError> {
+    let (flag, items): (&'static str, Vec<(String, String)>) = match (&source.ids, &source.ids_file)
+    {
+        (Some(ids), _) => (
+            "--ids",
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| (format!("item {}", i + 1), id.clone()))
+                .collect(),
+        ),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new("--ids-file", format!("cannot read {}: {e}", path.display()))
+            })?;
+            let items = text
+                .lines()
+                .enumerate()
+                .map(|(n, line)| (format!("line {}", n + 1), line.trim().to_owned()))
+                .filter(|(_, id)| !id.is_empty() && !id.starts_with('#'))
+                .collect();
+            ("--ids-file", items)
+        }
+        (None, None) => return Err(ConfigError::new("--ids", "give --ids or --ids-file")),
+    };
+    if items.is_empty() {
+        return Err(ConfigError::new(flag, "no ids given"));
+    }
+    let mut seen = std::collections::HashMap::with_capacity(items.len());
+    for (place, id) in &items {
+        if check::name("id", id).is_err() {
+            return Err(ConfigError::new(
+                flag,
+                format!("{place}: {id:?} must be 1-64 chars of [A-Za-z0-9_-]"),
+            ));
+        }
+        if let Some(first) = seen.insert(id.as_str(), place) {
+            return Err(ConfigError::new(
+                flag,
+                format!("{place}: {id} is given twice (first at {first})"),
+            ));
+        }
+    }
+    Ok(items.into_iter().map(|(_, id)| id).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: PoolCommand,
+    }
+
+    fn parse(argv: &[&str]) -> Result<PoolArgs, clap::Error> {
+        let mut full = vec!["pool"];
+        full.extend_from_slice(argv);
+        Cli::try_parse_from(full).map(|cli| PoolArgs {
+            command: cli.command,
+        })
+    }
+
+    fn flag_of(argv: &[&str]) -> &'static str {
+        match parse(argv).unwrap().validate() {
+            Err(err) => err.flag,
+            Ok(_) => panic!("{argv:?} validated"),
+        }
+    }
+
+    #[test]
+    fn acquire_flags_validate() {
+        let args = parse(&["acquire", "--pool", "p", "--ttl", "30s", "--wait", "2s"]).unwrap();
+        let config = args.validate().unwrap();
+        match config.op {
+            Op::Acquire { req, wait, .. } => {
+                assert_eq!(req.ttl, Duration::from_secs(30));
+                assert_eq!(wait, Duration::from_secs(2));
+            }
+            _ => panic!("not acquire"),
+        }
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_flag() {
+        let cases: [(&[&str], &str); 9] = [
+            (&["acquire", "--pool", "p", "--ttl", "0s"], "--ttl"),
+            (&["acquire", "--pool", "p", "--ttl", "11m"], "--ttl"),
+            (&["acquire", "--pool", "p", "--ttl", "1500us"], "--ttl"),
+            (
+                &["acquire", "--pool", "p", "--ttl", "2m", "--max-lease", "1m"],
+                "--ttl",
+            ),
+            (&["acquire", "--pool", "a:b", "--ttl", "1s"], "--pool"),
+            (
+                &[
+                    "acquire",
+                    "--pool",
+                    "p",
+                    "--ttl",
+                    "1s",
+                    "--request-id",
+                    "a b",
+                ],
+                "--request-id",
+            ),
+            (
+                &["release", "--pool", "p", "--id", "x", "--token", ""],
+                "--token",
+            ),
+            (&["init", "--pool", "p", "--ids", "a,b,a"], "--ids"),
+            (&["serve", "--pool", "p,p"], "--pool"),
+        ];
+        for (argv, flag) in cases {
+            assert_eq!(flag_of(argv), flag, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn token_is_never_echoed() {
+        let long = "s".repeat(129);
+        let args = parse(&[
+            "extend", "--pool", "p", "--id", "x", "--token", &long, "--ttl", "1s",
+        ]);
+        let err = args.unwrap().validate().err().unwrap();
+        assert_eq!(err.flag, "--token");
+        assert!(!err.to_string().contains("sss"), "{err}");
+    }
+
+    #[test]
+    fn ids_come_from_exactly_one_source() {
+        assert!(parse(&["init", "--pool", "p"]).is_err());
+        assert!(parse(&["init", "--pool", "p", "--ids", "a", "--ids-file", "f"]).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ids");
+        std::fs::write(&file, "# proxies\na\n\n b \nc\n").unwrap();
+        let args = parse(&["add", "--pool", "p", "--ids-file", file.to_str().unwrap()]).unwrap();
+        match args.validate().unwrap().op {
+            Op::Add(pool, ids) => assert_eq!(
+                (pool.as_str(), ids),
+                ("p", vec!["a".into(), "b".into(), "c".into()])
+            ),
+            _ => panic!("not add"),
+        }
+        std::fs::write(&file, "a\nb c\n").unwrap();
+        let args = parse(&["add", "--pool", "p", "--ids-file", file.to_str().unwrap()]).unwrap();
+        let err = args.validate().err().unwrap();
+        assert_eq!(err.flag, "--ids-file");
+        assert!(err.reason.contains("line 2"), "{err}");
+    }
+}
