@@ -33,6 +33,15 @@ enum Command {
     Pool(snowlease::pool::cli::PoolArgs),
 }
 
+/// `eprintln!` that ignores a closed stderr instead of panicking, so the
+/// exit code stays the documented one.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -56,7 +65,7 @@ fn main() -> ExitCode {
             init_logging(args.log_format);
             snowlease::exec::run_exec(&config).map_or_else(
                 |err| {
-                    eprintln!("snowlease exec: {err:#}");
+                    report!("snowlease exec: {err:#}");
                     ExitCode::from(err.exit_code())
                 },
                 ExitCode::from,
@@ -73,7 +82,7 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(err) => {
-                    eprintln!("snowlease id: {err:#}");
+                    report!("snowlease id: {err:#}");
                     ExitCode::from(err.exit_code())
                 }
             }
@@ -103,7 +112,7 @@ fn main() -> ExitCode {
             init_logging(args.log_format());
             block_on(snowlease::pool::cli::run(config)).map_or_else(
                 |err| {
-                    eprintln!("snowlease pool: {err:#}");
+                    report!("snowlease pool: {err:#}");
                     ExitCode::from(snowlease::pool::cli::exit_code(&err))
                 },
                 |()| ExitCode::SUCCESS,
@@ -121,7 +130,7 @@ fn block_on<F: Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()
 }
 
 fn config_error(err: &ConfigError) -> ExitCode {
-    eprintln!("snowlease: {err}");
+    report!("snowlease: {err}");
     ExitCode::from(2)
 }
 
@@ -132,7 +141,7 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
         return ExitCode::SUCCESS;
     };
     tracing::error!(error = format!("{err:#}"), "exiting");
-    eprintln!("snowlease: {err:#}");
+    report!("snowlease: {err:#}");
     match err.downcast_ref::<WorkerError>() {
         Some(WorkerError::ClaimTimeout { .. }) => ExitCode::from(3),
         Some(WorkerError::LeaseLost { .. }) => ExitCode::from(4),
@@ -147,7 +156,10 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A closed stderr (log pipe gone) must not turn into a panic that
+        // skips the release of the lease.
+        .log_internal_errors(false);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

@@ -9,6 +9,7 @@
 //! - `pool_http`: `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
 
 mod acl;
+mod breaker;
 mod exec;
 mod harness;
 mod pool;

@@ -656,3 +656,43 @@ fn wrong_type_key_is_skipped_and_kept() {
     assert_eq!(redis.get("unrelated").as_deref(), Some("y"));
     assert!(!redis.exists(&worker_key("orders", 1)));
 }
+
+/// A closed stderr (the log pipe's reader is gone) does not stop the sidecar from working
+/// or from releasing its key on SIGTERM with exit 0.
+#[test]
+fn closed_stderr_still_releases_on_sigterm() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("worker-id");
+    let mut child = std::process::Command::new(BIN)
+        .args(["worker", "--app", "pipes", "--redis-url", &redis.url()])
+        .args([
+            "--ttl",
+            "2s",
+            "--renew-interval",
+            "500ms",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--output-file")
+        .arg(&file)
+        .env_clear()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    assert!(
+        poll_until(secs(5), || file.exists()),
+        "publishes with stderr closed"
+    );
+    // Renewals write log lines into the broken pipe as well.
+    thread::sleep(ms(1200));
+    assert_eq!(redis.dbsize(), 1);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "exit code with a closed stderr");
+    assert_eq!(redis.dbsize(), 0, "key released");
+    assert!(!file.exists());
+}

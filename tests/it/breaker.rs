@@ -1,0 +1,340 @@
+//! Regression tests for defects found by adversarial testing (real processes, real faults).
+//! Each test that currently fails is `#[ignore = "defect: ..."]`; run them with
+//! `cargo test --test it breaker -- --include-ignored`.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
+use crate::harness::*;
+
+/// True while `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next())
+        })
+        .is_some_and(|state| state != 'Z')
+}
+
+/// SIGKILLs a process on drop (an app left behind by a killed `exec`).
+struct KillOnDrop(Option<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Polls `/id` of both sidecars for `how_long`; returns the first ID that `b` answered 200 with
+/// while `a` answered 200 with the same ID both just before and just after (so `a` published it
+/// all along).
+fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
+    let end = Instant::now() + how_long;
+    while Instant::now() < end {
+        let before = a.id().map(|r| r.worker_id);
+        let middle = b.id().map(|r| r.worker_id);
+        let after = a.id().map(|r| r.worker_id);
+        if middle.is_some() && before == middle && after == middle {
+            return middle;
+        }
+        thread::sleep(ms(20));
+    }
+    None
+}
+
+/// Two sidecars given the same `--output-file` (a shared volume, a copy-pasted manifest, a
+/// compose file with `replicas: 2`): the second reads the first one's live state file and
+/// "re-adopts" its lease with the first one's owner string, so both publish the same ID.
+/// Expected: the second never publishes an ID the first still publishes (lock the state file,
+/// or refuse to start).
+#[test]
+#[ignore = "defect: a second process sharing --output-file re-adopts a live lease; both publish the same ID"]
+fn shared_output_file_never_publishes_one_id_twice() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    let first = Sidecar::worker(&redis, "orders")
+        .name("first")
+        .pod(&pod)
+        .flag("--max-worker-id", "3")
+        .spawn();
+    let lease = first.wait_for_lease(secs(10));
+    let second = Sidecar::worker(&redis, "orders")
+        .name("second")
+        .pod(&pod)
+        .flag("--max-worker-id", "3")
+        .spawn();
+    thread::sleep(ms(500));
+    let dup = both_published(&first, &second, secs(2));
+    assert_eq!(
+        dup, None,
+        "first and second both publish worker ID {dup:?} (first got {})",
+        lease.worker_id
+    );
+}
+
+/// `rediss://` is documented for TLS, but every TLS connection attempt panics: rustls is built
+/// without a crypto provider ("Could not automatically determine the process-level
+/// CryptoProvider"), exit 101. Expected: no panic; a TLS error against a plain port, retried
+/// until `--claim-timeout` (exit 3) or reported (exit 1).
+#[test]
+#[ignore = "defect: any rediss:// URL panics (rustls has no CryptoProvider), exit 101"]
+fn rediss_url_does_not_panic() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    let url = format!("rediss://127.0.0.1:{}", redis.port());
+    let out = pod.worker_id_file();
+    let run = run_snowlease(
+        &[
+            "worker",
+            "--app",
+            "orders",
+            "--redis-url",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+            "--output-file",
+            &out.to_string_lossy(),
+            "--ttl",
+            "2s",
+            "--renew-interval",
+            "500ms",
+            "--claim-timeout",
+            "1s",
+        ],
+        &[],
+        secs(20),
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    assert!(
+        matches!(run.code, Some(1 | 3)),
+        "exit code {:?}: {}",
+        run.code,
+        run.stderr
+    );
+}
+
+/// Redis restarted empty (no persistence; the same for FLUSHALL, DEL, or a failover to a
+/// replica that missed the write): a sidecar that starts meanwhile claims the lowest ID, which
+/// the old holder keeps publishing until its next renew (up to --renew-interval, 60 s by
+/// default). Expected: never two sidecars publishing one ID.
+#[test]
+#[ignore = "defect: after Redis loses its data a new sidecar takes an ID that the holder still publishes"]
+fn redis_data_loss_never_publishes_one_id_twice() {
+    let mut redis = RedisServer::start();
+    let worker = |name: &str| {
+        Sidecar::worker(&redis, "orders")
+            .name(name)
+            .flag("--max-worker-id", "3")
+            .flag("--ttl", "10s")
+            .flag("--renew-interval", "5s")
+            .spawn()
+    };
+    let holder = worker("holder");
+    let lease = holder.wait_for_lease(secs(10));
+    redis.restart();
+    let newcomer = Sidecar::worker(&redis, "orders")
+        .name("newcomer")
+        .flag("--max-worker-id", "3")
+        .flag("--ttl", "10s")
+        .flag("--renew-interval", "5s")
+        .spawn();
+    newcomer.wait_for_lease(secs(10));
+    let dup = both_published(&holder, &newcomer, secs(2));
+    assert_eq!(
+        dup, None,
+        "holder and newcomer both publish worker ID {dup:?} (holder got {})",
+        lease.worker_id
+    );
+}
+
+/// A loopback TCP proxy to `target` that delays every server-to-client chunk by `delay` (a
+/// remote Redis). Threads end when the sockets close; the accept loop ends with `stop`.
+fn latency_proxy(target: u16, delay: Duration, stop: Arc<AtomicBool>) -> u16 {
+    let port = free_port();
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind proxy");
+    listener.set_nonblocking(true).unwrap();
+    thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((client, _)) = listener.accept() else {
+                thread::sleep(ms(5));
+                continue;
+            };
+            client.set_nonblocking(false).unwrap();
+            let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = c_read.read(&mut buf) {
+                    if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = s_write.shutdown(Shutdown::Write);
+            });
+            let (mut s_read, mut c_write) = (server, client);
+            thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    thread::sleep(delay);
+                    if c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = c_write.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    port
+}
+
+/// All IDs held: after each full claim round the sidecar lists the holders with one GET per
+/// key, sequentially, each bounded only by the per-call timeout. With 1024 IDs and a Redis
+/// 5 ms away that alone takes > 5 s (and up to 1024 x 5 s with the default renew interval
+/// when Redis stops answering mid-scan: measured 85 s for `--claim-timeout 1s` with a 100 ms
+/// call timeout), so `--claim-timeout` is not honoured. Expected: exit 3 about at the timeout.
+#[test]
+#[ignore = "defect: --claim-timeout overrun by the sequential per-key holders scan (1024 GETs)"]
+fn claim_timeout_is_honoured_with_all_1024_ids_held() {
+    let redis = RedisServer::start();
+    let mut pipe = redis::pipe();
+    for id in 0..1024 {
+        pipe.cmd("SET")
+            .arg(worker_key("orders", id))
+            .arg(format!("pod-{}#0000", id % 7))
+            .arg("PX")
+            .arg(600_000)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut redis.conn()).expect("fill all 1024 IDs");
+    let stop = Arc::new(AtomicBool::new(false));
+    let proxy = latency_proxy(redis.port(), ms(5), stop.clone());
+    let started = Instant::now();
+    let mut sidecar = Sidecar::worker_at(&format!("redis://127.0.0.1:{proxy}"), "orders")
+        .flag("--max-worker-id", "1023")
+        .flag("--ttl", "2s")
+        .flag("--renew-interval", "400ms")
+        .flag("--claim-timeout", "1s")
+        .spawn();
+    let status = sidecar.wait_exit(secs(60));
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(status.and_then(|s| s.code()), Some(3), "exit 3");
+    assert!(took < secs(3), "--claim-timeout 1s, exit after {took:?}");
+}
+
+/// Redis answering OOM (maxmemory reached, noeviction) is a passing condition, but the
+/// start-up probe treats it as permanent: exit 1 at once, blaming ACLs ("needs +get +set").
+/// A holder whose key must be re-created under OOM likewise loses its lease and exits 1
+/// despite `--on-loss reclaim`. Expected: retried like "Redis unreachable", lease once
+/// memory is available.
+#[test]
+#[ignore = "defect: Redis OOM is treated as a permanent refusal: exit 1 with a misleading ACL hint"]
+fn redis_oom_at_start_is_retried() {
+    let redis = RedisServer::start();
+    let _: () = redis.query(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("noeviction"),
+    );
+    let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1"));
+    let mut sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--claim-timeout", "30s")
+        .spawn();
+    thread::sleep(secs(2));
+    let running = sidecar.is_running();
+    let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
+    assert!(
+        running,
+        "sidecar exited under OOM: {:?}",
+        sidecar.log_lines().last()
+    );
+    sidecar.wait_for_lease(secs(10));
+}
+
+/// `exec` with its default `--grace 10s`: when the ID is lost (here the sidecar is frozen past
+/// its TTL), `exec` only sends SIGTERM; an app that drains slowly (here: ignores SIGTERM) goes
+/// on with the old ID for up to 10 s, while another sidecar publishes that ID ~100 ms after
+/// the deadline (the margin is 1% of the TTL, at least 100 ms). Expected: the app is gone
+/// before anyone else can hold its ID (grace bounded by the margin, or SIGKILL at the
+/// deadline).
+#[test]
+#[ignore = "defect: exec's default --grace 10s lets the app outlive its lease while another pod holds the ID"]
+fn exec_app_is_gone_before_the_id_is_published_elsewhere() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    let holder = Sidecar::worker(&redis, "orders")
+        .name("holder")
+        .pod(&pod)
+        .flag("--max-worker-id", "0")
+        .spawn();
+    holder.wait_for_lease(secs(10));
+    let pid_file = pod.path().join("app.pid");
+    let script = r#"trap '' TERM; echo $$ > "$PIDFILE"; exec sleep 600"#;
+    let _app = SidecarBuilder::new("exec")
+        .name("exec")
+        .pod(&pod)
+        .without("--listen")
+        .flag("--file", pod.worker_id_file().to_string_lossy())
+        .flag("--poll", "100ms")
+        .env("PIDFILE", &pid_file)
+        .switch("--")
+        .switch("sh")
+        .switch("-c")
+        .switch(script)
+        .spawn();
+    let pid: i32 = poll_some(secs(10), || {
+        fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .expect("app started");
+    let _reaper = KillOnDrop(Some(pid));
+    holder.pause();
+    let other = Sidecar::worker(&redis, "orders")
+        .name("other")
+        .flag("--max-worker-id", "0")
+        .spawn();
+    other.wait_for_lease(secs(10));
+    let published = Instant::now();
+    let gone = poll_until(ms(300), || !alive(pid));
+    assert!(
+        gone,
+        "the app with the old ID still runs {:?} after another sidecar published it",
+        published.elapsed()
+    );
+}
+
+/// The ID file is written only when the ID changes: once removed (tmp cleaner, an operator, a
+/// second sidecar sharing the folder) it never comes back while the lease is held, though
+/// `/readyz` stays 200; `exec` then exits 75 and its restart waits forever.
+#[test]
+#[ignore = "defect: a removed ID file is never re-created while the lease is held"]
+fn removed_id_file_is_restored_while_held() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    assert!(poll_until(secs(2), || sidecar.output_file().exists()));
+    fs::remove_file(sidecar.output_file()).unwrap();
+    let back = poll_until(secs(3), || {
+        sidecar.read_output_file() == Some(format!("{}\n", lease.worker_id))
+    });
+    assert_eq!(sidecar.readyz(), 200);
+    assert!(back, "ID file not re-created within 3 s (6 renewals)");
+}

@@ -1,0 +1,244 @@
+//! A private `redis-server` per test: free port, no persistence, faults, log on failure.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::Instant;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+use super::{free_port, ms, poll_until, secs, stop_process};
+
+fn redis_server_bin() -> &'static str {
+    if Path::new("/usr/bin/redis-server").exists() {
+        "/usr/bin/redis-server"
+    } else {
+        "redis-server"
+    }
+}
+
+/// A private `redis-server` on a free loopback port, persistence off, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits (10 s) until it answers PING; tries other ports
+    /// if the server does not come up.
+    pub fn start() -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("snowlease-redis-")
+            .tempdir()
+            .expect("tempdir");
+        let mut errors = Vec::new();
+        for _ in 0..5 {
+            let port = free_port();
+            match spawn_redis(port, dir.path()) {
+                Ok(child) => {
+                    return RedisServer {
+                        port,
+                        dir,
+                        child: Some(child),
+                    };
+                }
+                Err(e) => errors.push(format!("port {port}: {e}")),
+            }
+        }
+        panic!(
+            "redis-server did not start: {errors:?}\nlog:\n{}",
+            read_to_string_lossy(&dir.path().join("redis.log"))
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Process ID of the running server.
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().expect("redis-server is running").id() as i32)
+    }
+
+    /// A new synchronous connection with 2 s read and write timeouts (so a test never hangs on
+    /// a paused server).
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("redis url");
+        let conn = client
+            .get_connection_with_timeout(secs(2))
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()));
+        conn.set_read_timeout(Some(secs(2))).unwrap();
+        conn.set_write_timeout(Some(secs(2))).unwrap();
+        conn
+    }
+
+    /// Runs one command on a fresh connection, e.g. `redis.query(redis::cmd("DBSIZE"))`.
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
+        cmd.query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("redis command failed: {e}"))
+    }
+
+    /// GET as a string (None when missing).
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.query(redis::cmd("GET").arg(key))
+    }
+
+    /// PTTL in ms (-2 missing, -1 no expiry).
+    pub fn pttl(&self, key: &str) -> i64 {
+        self.query(redis::cmd("PTTL").arg(key))
+    }
+
+    /// GET and PTTL of one key, read atomically (MULTI/EXEC).
+    pub fn get_with_pttl(&self, key: &str) -> (Option<String>, i64) {
+        redis::pipe()
+            .atomic()
+            .cmd("GET")
+            .arg(key)
+            .cmd("PTTL")
+            .arg(key)
+            .query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("GET/PTTL {key}: {e}"))
+    }
+
+    pub fn exists(&self, key: &str) -> bool {
+        self.query::<i64>(redis::cmd("EXISTS").arg(key)) == 1
+    }
+
+    pub fn key_type(&self, key: &str) -> String {
+        self.query(redis::cmd("TYPE").arg(key))
+    }
+
+    pub fn dbsize(&self) -> i64 {
+        self.query(&mut redis::cmd("DBSIZE"))
+    }
+
+    /// All keys matching `pattern`, sorted.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self.query(redis::cmd("KEYS").arg(pattern));
+        keys.sort();
+        keys
+    }
+
+    /// SIGKILL the server and start an empty one on the same port (10 s deadline).
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + secs(10);
+        let mut last_err = String::new();
+        while Instant::now() < deadline {
+            match spawn_redis(self.port, self.dir.path()) {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(e) => last_err = e,
+            }
+            thread::sleep(ms(100));
+        }
+        panic!(
+            "redis-server did not restart on port {}: {last_err}\nlog:\n{}",
+            self.port,
+            self.log()
+        );
+    }
+
+    /// SIGKILL the server (no-op when already stopped). Its data is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGCONT first: a paused server would otherwise stay a zombie-to-be until resumed.
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = kill(pid, Signal::SIGCONT);
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP, returning once the server is stopped: it keeps its sockets and data but
+    /// answers nothing (the kernel still accepts connections and buffers requests).
+    pub fn pause(&self) {
+        stop_process(self.pid());
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT redis-server");
+    }
+
+    /// The server's log file (all runs on this port, including restarts).
+    pub fn log(&self) -> String {
+        read_to_string_lossy(&self.dir.path().join("redis.log"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        if thread::panicking() {
+            eprintln!(
+                "===== redis-server :{} log =====\n{}",
+                self.port,
+                self.log()
+            );
+        }
+    }
+}
+
+/// Starts redis-server on `port` and waits until it answers PING; kills it on failure.
+fn spawn_redis(port: u16, dir: &Path) -> Result<Child, String> {
+    let mut child = Command::new(redis_server_bin())
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", redis_server_bin()))?;
+    let url = format!("redis://127.0.0.1:{port}");
+    let up = poll_until(secs(10), || {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return true;
+        }
+        ping(&url)
+    });
+    match child.try_wait() {
+        Ok(None) if up => Ok(child),
+        Ok(Some(status)) => Err(format!("redis-server exited: {status}")),
+        _ => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err("redis-server did not answer PING within 10 s".into())
+        }
+    }
+}
+
+pub(super) fn ping(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut conn) = client.get_connection_with_timeout(ms(200)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(ms(500)));
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .is_ok_and(|r| r == "PONG")
+}
+
+fn read_to_string_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| format!("<cannot read {}: {e}>", path.display()))
+}
