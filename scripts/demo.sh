@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-redis.sh
+echo "building the release binary (cargo build --release)..."
 cargo build --release --locked --quiet
 
 free_port() {
@@ -24,18 +25,23 @@ setsid redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly
   --dir "$dir" --logfile "$dir/redis.log" &
 redis_pid=$!
 cleanup() {
+  # The terminal's Ctrl-C may have closed a pipe we print to (| tee): keep
+  # going on write errors so Redis is always stopped.
+  set +e
+  trap '' PIPE
   trap - INT TERM EXIT
   if [ -n "${sidecar_pid:-}" ]; then kill -INT "$sidecar_pid" 2>/dev/null || true; wait "$sidecar_pid" || true; fi
-  echo "keys left in Redis: $(redis-cli -p "$redis_port" --raw dbsize 2>/dev/null || echo '?')"
+  echo "lease keys left in Redis: $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:[0-9]*' 2>/dev/null | wc -l)" 2>/dev/null || true
   kill "$redis_pid" 2>/dev/null || true
   wait "$redis_pid" 2>/dev/null || true
   rm -rf "$dir"
-  echo "stopped sidecar and redis-server"
+  echo "stopped sidecar and redis-server" 2>/dev/null || true
 }
 trap cleanup INT TERM EXIT
 until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
 
 setsid ./target/release/snowlease worker --app demo --redis-url "redis://127.0.0.1:$redis_port" \
+  --ttl 10s --renew-interval 5s \
   --output-file "$dir/worker-id" --listen "127.0.0.1:$http_port" &
 sidecar_pid=$!
 until [ -s "$dir/worker-id" ]; do
@@ -47,6 +53,6 @@ echo "worker ID (file $dir/worker-id): $(cat "$dir/worker-id")"
 if command -v curl >/dev/null; then
   echo "GET http://127.0.0.1:$http_port/id: $(curl -s "http://127.0.0.1:$http_port/id")"
 fi
-echo "lease key: $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:*')"
+echo "lease key: $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:[0-9]*')"
 echo "Press Ctrl-C to release the ID and stop."
 wait "$sidecar_pid"

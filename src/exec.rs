@@ -5,12 +5,15 @@
 //! `exec` closes the last gap of the safety property: an app that read ID 7
 //! at start and keeps minting after the sidecar lost the lease would mint
 //! duplicates. So `exec` never starts the command without a published ID,
-//! and stops it (SIGTERM to its process group, SIGKILL after `--grace`) the
-//! moment the ID disappears, changes or goes stale, then exits 75 so the
-//! kubelet restarts the app container with the sidecar's next ID.
+//! stops it (SIGTERM to its process group, SIGKILL after `--grace`) the
+//! moment the ID disappears or changes, makes sure it is gone by the lease's
+//! validity deadline (SIGTERM `--grace` before it, SIGKILL at it; the rules
+//! are in `exec/deadline.rs`), then exits 75 so the kubelet restarts the app
+//! container with the sidecar's next ID.
 
 mod args;
 mod child;
+mod deadline;
 mod source;
 
 use std::ffi::OsString;
@@ -23,6 +26,7 @@ use tracing::{debug, error, info, warn};
 
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
 use child::{Child, Exit, Signals};
+use deadline::Deadlines;
 pub use source::{Published, Reading, Source};
 
 /// `exec`/`id`: no ID was published within `--wait` (as the worker's
@@ -123,7 +127,7 @@ pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
 }
 
 /// Watches the ID while the child runs; returns its exit and whether it
-/// was stopped because the ID was lost.
+/// was stopped because the ID was lost. When to stop: `deadline.rs`.
 fn supervise(
     config: &ExecConfig,
     signals: &Signals,
@@ -131,66 +135,104 @@ fn supervise(
     mut current: Published,
 ) -> (Exit, bool) {
     let worker_id = current.worker_id;
+    let mut rules = Deadlines::new(config.grace);
+    let mut warned_cap = rules.observe(current.valid_until, Instant::now());
     let mut next_read = Instant::now() + config.poll;
-    let mut stop_started: Option<Instant> = None;
+    // Set once SIGTERM went out: when to send SIGKILL.
+    let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut unreachable_logged = false;
     loop {
+        if warned_cap {
+            warn!(
+                worker_id,
+                grace_ms = config.grace.as_millis() as u64,
+                used_ms = rules.grace().as_millis() as u64,
+                validity_ms = rules.longest().unwrap_or_default().as_millis() as u64,
+                "--grace is more than a quarter of the lease's validity; using a quarter, \
+                 so the command is gone by the lease's deadline (set --grace well below \
+                 TTL - renew interval)"
+            );
+            warned_cap = false;
+        }
         if let Some(exit) = child.reap() {
-            return (exit, stop_started.is_some());
+            return (exit, kill_at.is_some());
         }
         let now = Instant::now();
-        match stop_started {
-            Some(started) if !killed && now >= started + config.grace => {
+        match kill_at {
+            Some(at) if !killed && now >= at => {
                 warn!(
                     worker_id,
-                    grace_ms = config.grace.as_millis() as u64,
-                    "command still running after --grace; SIGKILL"
+                    grace_ms = rules.grace().as_millis() as u64,
+                    "command still running after the grace (or at the lease's deadline); SIGKILL"
                 );
                 child.signal_group(Signal::SIGKILL);
                 killed = true;
             }
             Some(_) => {}
-            None if now >= next_read || !current.is_fresh() => {
+            // Read on schedule, and again when the deadline comes within
+            // the grace: the sidecar may have renewed meanwhile.
+            None if now >= next_read || rules.expiring(current.valid_until, now) => {
                 next_read = now + config.poll;
-                let lost = match config.source.read(http_timeout(config.poll)) {
-                    Reading::Published(p) if p.worker_id == worker_id && p.is_fresh() => {
+                let read = config.source.read(http_timeout(config.poll));
+                let now = Instant::now();
+                let lost = match read {
+                    Reading::Published(p) if p.worker_id == worker_id => {
+                        warned_cap |= rules.observe(p.valid_until, now);
                         current = p;
                         unreachable_logged = false;
-                        None
-                    }
-                    Reading::Published(p) if p.worker_id == worker_id => {
-                        Some("the published worker ID is stale".to_owned())
+                        rules.expiring(p.valid_until, now).then(|| {
+                            format!(
+                                "the published worker ID goes stale in {} ms, within the grace \
+                                 of {} ms, and was not renewed",
+                                p.valid_until
+                                    .map_or(0, |t| t.saturating_duration_since(now).as_millis()),
+                                rules.grace().as_millis()
+                            )
+                        })
                     }
                     Reading::Published(p) => Some(format!(
                         "the published worker ID changed to {}",
                         p.worker_id
                     )),
                     Reading::Absent(reason) => Some(reason),
-                    Reading::Unreachable(reason) if !current.is_fresh() => {
-                        Some(format!("{reason}; the last reading has expired"))
+                    Reading::Unreachable(reason) if rules.expiring(current.valid_until, now) => {
+                        Some(format!(
+                            "{reason}; the last reading goes stale within the grace of {} ms",
+                            rules.grace().as_millis()
+                        ))
                     }
                     Reading::Unreachable(reason) => {
                         if !unreachable_logged {
-                            warn!(worker_id, reason = %reason, "cannot read the worker ID; keeping it until the last reading expires");
+                            warn!(worker_id, reason = %reason, "cannot read the worker ID; keeping it until the last reading nears its deadline");
                             unreachable_logged = true;
                         }
                         None
                     }
                 };
                 if let Some(reason) = lost {
-                    error!(worker_id, reason = %reason, "worker ID no longer published; stopping the command (SIGTERM)");
+                    // The lease may be someone else's already: SIGKILL after
+                    // the grace, never after the last fresh reading's deadline.
+                    let at = rules.kill_at(now, current.valid_until);
+                    error!(
+                        worker_id,
+                        reason = %reason,
+                        kill_in_ms = at.saturating_duration_since(now).as_millis() as u64,
+                        "worker ID no longer published; stopping the command (SIGTERM)"
+                    );
                     child.signal_group(Signal::SIGTERM);
-                    stop_started = Some(now);
+                    kill_at = Some(at);
                 }
                 continue;
             }
             None => {}
         }
-        let wake = match stop_started {
+        let wake = match kill_at {
             Some(_) if killed => now + Duration::from_millis(100),
-            Some(started) => started + config.grace,
-            None => current.valid_until.map_or(next_read, |t| t.min(next_read)),
+            Some(at) => at,
+            None => rules
+                .term_at(current.valid_until)
+                .map_or(next_read, |t| t.min(next_read)),
         };
         match signals.next(wake.saturating_duration_since(now)) {
             Some(signal) if child::FORWARDED.contains(&signal) => {

@@ -13,7 +13,7 @@ use redis::{RedisError, Script};
 use tokio::time::Instant;
 
 use crate::identity::Owner;
-use crate::store::{Failure, classify};
+use crate::store::{is_auth_error, is_permission_error};
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/claim.lua")));
@@ -78,20 +78,34 @@ pub async fn scan<C: ConnectionLike>(
         .collect())
 }
 
+/// What [`claim_lowest`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key at this index is ours now (`SET NX PX`).
+    Claimed(usize),
+    /// The key at this index already held our owner string (an earlier
+    /// claim whose reply was lost had run); its TTL was reset.
+    Adopted(usize),
+    /// Every key is held (by others, or by keys of another type).
+    AllHeld,
+    /// The claim guard is closed for this long: Redis is fresh or lost its
+    /// data, and holders from before may still publish their IDs.
+    Paused(Duration),
+}
+
 /// Result of [`claim_lowest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimReply {
-    /// Index into the keys of the key now held by us, if any.
-    pub claimed: Option<usize>,
-    /// True when that key already held our owner string (an earlier claim
-    /// whose reply was lost had run); its TTL was reset.
-    pub adopted: bool,
+    /// What happened.
+    pub outcome: ClaimOutcome,
     /// Indexes of keys of another type; they are never touched.
     pub wrong_type: Vec<usize>,
 }
 
 /// Runs `claim.lua`: in one round trip, adopts a key that already holds our
-/// owner string, else takes the lowest missing key with `SET NX PX`.
+/// owner string, else, when the app's claim guard is open, takes the lowest
+/// missing key with `SET NX PX`. A missing guard is set to Redis time + TTL
+/// (see the script header for why).
 ///
 /// All keys go to one script, so on Redis Cluster they must share a slot.
 /// A transient error may hide a claim that ran; calling this again finds and
@@ -99,6 +113,7 @@ pub struct ClaimReply {
 pub async fn claim_lowest<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],
+    guard_key: &str,
     owner: &Owner,
     ttl: Duration,
 ) -> redis::RedisResult<ClaimReply> {
@@ -106,26 +121,37 @@ pub async fn claim_lowest<C: ConnectionLike>(
     for key in keys {
         invocation.key(key);
     }
-    let (index, how, wrong_type): (i64, i64, Vec<usize>) = invocation
+    invocation.key(guard_key);
+    let (index, how, wrong_type, wait_ms): (i64, i64, Vec<usize>, u64) = invocation
         .arg(owner.as_str())
         .arg(ttl_ms(ttl))
         .invoke_async(conn)
         .await?;
+    let outcome = match (usize::try_from(index), how) {
+        (Ok(index), 2) => ClaimOutcome::Adopted(index),
+        (Ok(index), _) => ClaimOutcome::Claimed(index),
+        _ if index == -2 => ClaimOutcome::Paused(Duration::from_millis(wait_ms)),
+        _ => ClaimOutcome::AllHeld,
+    };
     Ok(ClaimReply {
-        claimed: usize::try_from(index).ok(),
-        adopted: how == 2,
+        outcome,
         wrong_type,
     })
 }
 
-/// The owner string stored in a lease key, `None` when it is missing.
+/// The owner strings stored in string keys, in one pipeline of `GET`s;
+/// `None` for a missing key.
 ///
-/// Errors: WRONGTYPE when the key is not a string.
-pub async fn holder<C: ConnectionLike>(
+/// Errors: WRONGTYPE when a key is not a string.
+pub async fn holders<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
-) -> redis::RedisResult<Option<String>> {
-    redis::cmd("GET").arg(key).query_async(conn).await
+    keys: &[&String],
+) -> redis::RedisResult<Vec<Option<String>>> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("GET").arg(key);
+    }
+    pipe.query_async(conn).await
 }
 
 /// Runs `renew.lua`: extend when ours, re-create when missing and
@@ -182,8 +208,8 @@ pub async fn load_scripts<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult
 ///
 /// `SCRIPT LOAD` alone checks no command inside a script, so without this a
 /// user missing e.g. `+pexpire` would claim and publish an ID, then fail at
-/// the first renew. Errors: the first Redis error (NOPERM and script ACL
-/// errors classify as permanent).
+/// the first renew. Errors: the first Redis error; a permission error names
+/// the command the step needs.
 pub async fn probe<C: ConnectionLike>(
     conn: &mut C,
     probe_key: &str,
@@ -205,12 +231,23 @@ pub async fn probe<C: ConnectionLike>(
     Ok(())
 }
 
-/// Names the probe step in a permanent error: a script ACL error from
-/// Redis names the script, not the command it was refused.
+/// Names the probe step in a permission error (a script ACL error from
+/// Redis names the script, not the command it was refused), and says so
+/// plainly when the login failed. Other errors pass unchanged: transient
+/// ones (OOM, loading, timeouts) are retried by the caller.
 fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError {
-    move |err| match classify(&err) {
-        Failure::Permanent => (err.kind(), what, err.to_string()).into(),
-        Failure::Transient => err,
+    move |err| {
+        if is_auth_error(&err) {
+            let hint = "wrong user name or password in --redis-url";
+            match err.detail() {
+                Some(detail) => (err.kind(), hint, detail.to_owned()).into(),
+                None => (err.kind(), hint).into(),
+            }
+        } else if is_permission_error(&err) {
+            (err.kind(), what, err.to_string()).into()
+        } else {
+            err
+        }
     }
 }
 

@@ -27,7 +27,8 @@ pub struct WorkerMetrics {
     pub leases_lost: Counter,
     /// Keys re-created by the renew script after Redis lost them.
     pub reacquisitions: Counter,
-    /// Claim attempts by outcome: claimed, adopted, full (every ID held), error.
+    /// Claim attempts by outcome: claimed, adopted, full (every ID held),
+    /// paused (claim guard closed after a Redis reset), error.
     pub claim_attempts: Family<Outcome, Counter>,
 }
 

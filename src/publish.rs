@@ -1,11 +1,15 @@
 //! Publishes the worker ID to the app beside the sidecar: the ID file and
 //! the state file on a shared volume, each written atomically, and removed
-//! the moment the lease is no longer provably held.
+//! the moment the lease is no longer provably held; one process per ID file
+//! (a lock file beside it).
 
+use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::sleep_until;
@@ -32,6 +36,59 @@ pub fn state_path(output_file: &Path) -> PathBuf {
     let mut name = output_file.as_os_str().to_owned();
     name.push(".state.json");
     PathBuf::from(name)
+}
+
+/// Path of the lock file for an ID file: `<output-file>.lock`.
+pub fn lock_path(output_file: &Path) -> PathBuf {
+    let mut name = output_file.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Takes an exclusive `flock` on `<output-file>.lock` without waiting, so
+/// that two live processes never share one ID file and state file (the
+/// second would re-adopt the first one's lease and publish its ID). The
+/// kernel drops the lock when the holder dies, so a restarted sidecar can
+/// still re-adopt. Keep the returned guard for the life of the process;
+/// the lock file itself is never removed (a new process may hold it then).
+///
+/// Errors: [`OutputLockError::InUse`] when another live process holds it;
+/// [`OutputLockError::Io`] when the lock file cannot be opened or locked.
+pub fn lock_output(output_file: &Path) -> Result<Flock<File>, OutputLockError> {
+    let path = lock_path(output_file);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o644)
+        .open(&path)
+        .map_err(|source| OutputLockError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+        Errno::EWOULDBLOCK => OutputLockError::InUse(output_file.to_owned()),
+        errno => OutputLockError::Io {
+            path,
+            source: errno.into(),
+        },
+    })
+}
+
+/// Why [`lock_output`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputLockError {
+    /// Another live process holds the lock.
+    #[error("another snowlease worker is using --output-file {}", .0.display())]
+    InUse(PathBuf),
+    /// The lock file cannot be opened or locked.
+    #[error("cannot lock {}", .path.display())]
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
 }
 
 /// Writes `contents` to `path` so that readers see the old file or the new
@@ -141,12 +198,20 @@ impl Files {
         if let Err(err) = write_atomic(&self.state, &json) {
             error!(path = %self.state.display(), error = %err, "cannot write state file");
         }
-        if *published != Some(held.worker_id) {
-            match write_atomic(&self.id, format!("{}\n", held.worker_id).as_bytes()) {
-                Ok(()) => *published = Some(held.worker_id),
-                Err(err) => {
-                    error!(path = %self.id.display(), error = %err, "cannot write worker ID file")
-                }
+        // Checked at every renew, not only when the ID changes: a tmp
+        // cleaner or an operator may have removed or replaced the file.
+        let contents = format!("{}\n", held.worker_id);
+        if std::fs::read(&self.id).ok().as_deref() == Some(contents.as_bytes()) {
+            *published = Some(held.worker_id);
+            return;
+        }
+        if *published == Some(held.worker_id) {
+            warn!(path = %self.id.display(), "worker ID file was removed or changed; writing it again");
+        }
+        match write_atomic(&self.id, contents.as_bytes()) {
+            Ok(()) => *published = Some(held.worker_id),
+            Err(err) => {
+                error!(path = %self.id.display(), error = %err, "cannot write worker ID file")
             }
         }
     }
@@ -175,6 +240,25 @@ mod tests {
             state_path(Path::new("/var/run/snowlease/worker-id")),
             PathBuf::from("/var/run/snowlease/worker-id.state.json")
         );
+    }
+
+    #[test]
+    fn output_lock_is_exclusive_and_freed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker-id");
+        let held = lock_output(&path).unwrap();
+        let err = lock_output(&path).err().unwrap();
+        assert!(
+            matches!(&err, OutputLockError::InUse(p) if *p == path),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("another snowlease worker"),
+            "{err}"
+        );
+        drop(held);
+        assert!(lock_output(&path).is_ok());
+        assert!(lock_path(&path).exists(), "the lock file stays");
     }
 
     #[test]

@@ -1,13 +1,19 @@
-//! One shutdown source: SIGTERM or SIGINT cancels a token that every task
-//! watches; a second signal aborts at once (exit 130).
+//! One shutdown source: SIGTERM, SIGINT (or SIGHUP, SIGQUIT, SIGUSR1,
+//! SIGUSR2) cancels a token that every task watches; a second signal aborts
+//! at once (exit 130).
 
 use futures::StreamExt;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook_tokio::Signals;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Installs the SIGTERM/SIGINT handlers and returns the token they cancel.
+/// The signals that stop the process cleanly. Besides SIGTERM and SIGINT,
+/// these are the ones whose default action kills the process: without a
+/// handler a stray `kill -HUP` would skip unpublishing and the release.
+const SHUTDOWN_SIGNALS: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
+
+/// Installs the shutdown signal handlers and returns the token they cancel.
 ///
 /// Handlers are installed explicitly, so this also works as PID 1 in a
 /// container, where the kernel ignores signals without a handler.
@@ -15,7 +21,7 @@ use tracing::{info, warn};
 /// Errors: when the handlers cannot be registered.
 pub fn listen() -> std::io::Result<CancellationToken> {
     let token = CancellationToken::new();
-    let mut signals = Signals::new([SIGTERM, SIGINT])?;
+    let mut signals = Signals::new(SHUTDOWN_SIGNALS)?;
     let cancel = token.clone();
     tokio::spawn(async move {
         if let Some(signal) = signals.next().await {
@@ -37,6 +43,10 @@ fn signal_name(signal: i32) -> &'static str {
     match signal {
         SIGTERM => "SIGTERM",
         SIGINT => "SIGINT",
+        SIGHUP => "SIGHUP",
+        SIGQUIT => "SIGQUIT",
+        SIGUSR1 => "SIGUSR1",
+        SIGUSR2 => "SIGUSR2",
         _ => "other",
     }
 }

@@ -26,8 +26,9 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(1);
 /// (re)claimed.
 ///
 /// Errors: [`worker::WorkerError`] inside the `anyhow::Error` for claim
-/// timeout (exit 3) and loss with `--on-loss exit` (exit 4); I/O errors for
-/// the listener and the output folder.
+/// timeout (exit 3) and loss with `--on-loss exit` (exit 4);
+/// [`publish::OutputLockError`] when another live process uses the same
+/// `--output-file`; I/O errors for the listener and the output folder.
 pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let (identity, source) = resolve_identity(config.identity.as_deref());
     let owner = Owner::generate(&identity);
@@ -45,6 +46,9 @@ pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> an
             )
         })?;
     }
+    // Held until this function returns: the process owns the ID file and
+    // the state file. Taken before the state file is read or Redis is used.
+    let _output_lock = publish::lock_output(&config.output_file)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;

@@ -10,13 +10,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{LeaseSettings, OnLoss};
 use crate::identity::Owner;
-use crate::lease::{self, RenewOutcome, Slot};
+use crate::lease::{self, ClaimOutcome, RenewOutcome, Slot};
 use crate::metrics::WorkerMetrics;
 use crate::store::{Failure, classify};
 
@@ -143,10 +143,17 @@ enum HoldEnd {
     Lost(u16),
 }
 
-enum Round {
+enum RenewRound {
     Renewed(Instant),
     Lost(&'static str),
     Failed,
+}
+
+/// What one claim pass found.
+enum Round {
+    Held(HeldLease),
+    AllHeld(String),
+    Paused(Duration),
 }
 
 impl<C: ConnectionLike + Send> Worker<C> {
@@ -212,7 +219,8 @@ impl<C: ConnectionLike + Send> Worker<C> {
     }
 
     /// Claim step of worker-id.md: re-adopt, else lowest free ID, with
-    /// capped, jittered backoff until the claim timeout.
+    /// capped, jittered backoff; every wait and call ends by the claim
+    /// timeout.
     async fn claim(
         &mut self,
         recorded: &mut Option<RecordedLease>,
@@ -221,52 +229,53 @@ impl<C: ConnectionLike + Send> Worker<C> {
         let cap = self.settings.renew_interval.min(Duration::from_secs(5));
         let mut backoff = Duration::from_millis(100).min(cap);
         let mut warned = HashSet::new();
-        let mut last_full_log: Option<Instant> = None;
-        let mut detail;
-        let mut scripts_loaded = false;
+        let mut last_log: Option<Instant> = None;
+        let mut detail = String::from("no claim attempt finished in time");
+        let mut probed = false;
         loop {
             let round = async {
-                if !scripts_loaded {
-                    // A missing ACL permission shows now, not at the first renew.
-                    let probe = format!(
-                        "{}{}:probe:{}",
-                        self.settings.key_prefix,
-                        self.app,
-                        self.owner.nonce()
-                    );
-                    bounded(
-                        self.settings.call_timeout(),
-                        lease::probe(&mut self.conn, &probe, &self.owner),
-                    )
-                    .await?;
-                    scripts_loaded = true;
+                if !probed {
+                    self.probe().await?;
+                    probed = true;
                 }
                 self.claim_round(recorded, &mut warned).await
             };
-            match round.await {
-                Ok(Ok(held)) => {
+            let mut pause = jitter(backoff);
+            match timeout_at(deadline, round).await {
+                Ok(Ok(Round::Held(held))) => {
                     info!(worker_id = held.worker_id, owner = %held.owner.redacted(), "lease acquired");
                     return Ok(held);
                 }
-                Ok(Err(holders)) => {
-                    detail = format!(
-                        "all {} worker IDs are held ({holders})",
-                        u32::from(self.settings.max_worker_id) + 1
-                    );
-                    if last_full_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
-                        warn!(
-                            count = u32::from(self.settings.max_worker_id) + 1,
-                            holders = %holders,
-                            "all worker IDs are held; waiting for one to be freed"
-                        );
-                        last_full_log = Some(Instant::now());
+                Ok(Ok(Round::AllHeld(holders))) => {
+                    let count = u32::from(self.settings.max_worker_id) + 1;
+                    detail = format!("all {count} worker IDs are held ({holders})");
+                    if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                        warn!(count, holders = %holders, "all worker IDs are held; waiting for one to be freed");
+                        last_log = Some(Instant::now());
                     }
+                    backoff = (backoff * 2).min(cap);
                 }
-                Err(err) if classify(&err) == Failure::Transient => {
-                    warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "redis unavailable; retrying claim");
+                Ok(Ok(Round::Paused(wait))) => {
+                    detail = format!(
+                        "claims paused for {} ms after a Redis reset",
+                        wait.as_millis()
+                    );
+                    if last_log.is_none() {
+                        warn!(
+                            wait_ms = wait.as_millis() as u64,
+                            "no claim guard in Redis (fresh, or it lost its data): waiting one TTL so that earlier holders can renew or give up"
+                        );
+                        last_log = Some(Instant::now());
+                    }
+                    pause = wait + jitter(Duration::from_millis(50));
+                }
+                Ok(Err(err)) if classify(&err) == Failure::Transient => {
+                    warn!(error = %err, retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
                     detail = format!("redis unavailable: {err}");
+                    backoff = (backoff * 2).min(cap);
                 }
-                Err(err) => return Err(WorkerError::Redis(err)),
+                Ok(Err(err)) => return Err(WorkerError::Redis(err)),
+                Err(_) => {}
             }
             let now = Instant::now();
             if now >= deadline {
@@ -275,29 +284,47 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     detail,
                 });
             }
-            sleep(jitter(backoff).min(deadline - now)).await;
-            backoff = (backoff * 2).min(cap);
+            sleep(pause.min(deadline - now)).await;
         }
     }
 
-    /// One claim pass without re-adoption or backoff: the lowest free ID, or
-    /// `None` when every ID is held. Used by the benchmark.
-    ///
-    /// Errors: the Redis error of the scan or of the claim.
-    pub async fn claim_once(&mut self) -> redis::RedisResult<Option<HeldLease>> {
-        Ok(self.claim_round(&mut None, &mut HashSet::new()).await?.ok())
+    /// Runs every script once on a key of this process, so a missing ACL
+    /// permission shows at start, not at the first renew.
+    async fn probe(&mut self) -> redis::RedisResult<()> {
+        let key = format!(
+            "{}{}:probe:{}",
+            self.settings.key_prefix,
+            self.app,
+            self.owner.nonce()
+        );
+        bounded(
+            self.settings.call_timeout(),
+            lease::probe(&mut self.conn, &key, &self.owner),
+        )
+        .await
     }
 
-    /// One pass: `Ok(Ok(lease))`, `Ok(Err(holders))` when every ID is
-    /// held, `Err` on a Redis failure.
+    /// One claim pass without re-adoption or backoff: the lowest free ID, or
+    /// `None` when every ID is held or claims are paused. Used by the
+    /// benchmark.
+    ///
+    /// Errors: the Redis error of the claim.
+    pub async fn claim_once(&mut self) -> redis::RedisResult<Option<HeldLease>> {
+        match self.claim_round(&mut None, &mut HashSet::new()).await? {
+            Round::Held(held) => Ok(Some(held)),
+            _ => Ok(None),
+        }
+    }
+
+    /// One pass: re-adopt the recorded lease, else run `claim.lua`.
     async fn claim_round(
         &mut self,
         recorded: &mut Option<RecordedLease>,
         warned: &mut HashSet<usize>,
-    ) -> redis::RedisResult<Result<HeldLease, String>> {
+    ) -> redis::RedisResult<Round> {
         if let Some(rec) = recorded.clone() {
             if let Some(held) = self.adopt(&rec).await? {
-                return Ok(Ok(held));
+                return Ok(Round::Held(held));
             }
             *recorded = None;
             self.set_state(WorkerState::Claiming);
@@ -305,10 +332,17 @@ impl<C: ConnectionLike + Send> Worker<C> {
         let keys: Vec<String> = (0..=self.settings.max_worker_id)
             .map(|id| self.key(id))
             .collect();
+        let guard = format!("{}{}:guard", self.settings.key_prefix, self.app);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());
         let reply = bounded(
             self.settings.call_timeout(),
-            lease::claim_lowest(&mut self.conn, &keys, &self.owner, self.settings.ttl),
+            lease::claim_lowest(
+                &mut self.conn,
+                &keys,
+                &guard,
+                &self.owner,
+                self.settings.ttl,
+            ),
         )
         .await
         .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;
@@ -317,14 +351,21 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 warn!(key = %keys[index], "lease key has the wrong type; skipping it, not deleting it");
             }
         }
-        let Some(index) = reply.claimed else {
-            WorkerMetrics::count(&self.metrics.claim_attempts, "full");
-            return Ok(Err(self.holders(&keys).await));
+        let (index, outcome) = match reply.outcome {
+            ClaimOutcome::Claimed(index) => (index, "claimed"),
+            ClaimOutcome::Adopted(index) => (index, "adopted"),
+            ClaimOutcome::AllHeld => {
+                WorkerMetrics::count(&self.metrics.claim_attempts, "full");
+                return Ok(Round::AllHeld(self.holders(&keys).await));
+            }
+            ClaimOutcome::Paused(wait) => {
+                WorkerMetrics::count(&self.metrics.claim_attempts, "paused");
+                return Ok(Round::Paused(wait));
+            }
         };
-        let outcome = if reply.adopted { "adopted" } else { "claimed" };
         WorkerMetrics::count(&self.metrics.claim_attempts, outcome);
         let worker_id = u16::try_from(index).expect("at most 1024 keys");
-        Ok(Ok(self.held(worker_id, sent, sent_wall)))
+        Ok(Round::Held(self.held(worker_id, sent, sent_wall)))
     }
 
     /// Re-adopts a recorded lease when the key still holds exactly the
@@ -357,38 +398,36 @@ impl<C: ConnectionLike + Send> Worker<C> {
         Ok(None)
     }
 
-    /// Who holds the IDs, by identity only (nonces stay out of logs).
+    /// Who holds the IDs, by identity only (nonces stay out of logs): two
+    /// pipelined round trips, each under the call timeout.
     async fn holders(&mut self, keys: &[String]) -> String {
         let timeout = self.settings.call_timeout();
         let Ok(slots) = bounded(timeout, lease::scan(&mut self.conn, keys)).await else {
             return "holders unknown: redis unavailable".to_owned();
         };
+        let held: Vec<&String> = keys
+            .iter()
+            .zip(&slots)
+            .filter(|(_, slot)| **slot == Slot::Held)
+            .map(|(key, _)| key)
+            .collect();
+        let values = bounded(timeout, lease::holders(&mut self.conn, &held))
+            .await
+            .unwrap_or_default();
         let mut by_identity: BTreeMap<String, usize> = BTreeMap::new();
-        let mut wrong_type = 0;
-        for (key, slot) in keys.iter().zip(&slots) {
-            if *slot != Slot::Held {
-                wrong_type += 1;
-                continue;
-            }
-            let value = bounded(
-                self.settings.call_timeout(),
-                lease::holder(&mut self.conn, key),
-            )
-            .await;
-            let identity = match value {
-                Ok(Some(v)) => v
-                    .rsplit_once('#')
-                    .map_or(v.clone(), |(id, _)| id.to_owned()),
-                _ => "unknown".to_owned(),
-            };
-            *by_identity.entry(identity).or_default() += 1;
+        for value in values.into_iter().flatten() {
+            let identity = value.rsplit_once('#').map_or(value.as_str(), |(id, _)| id);
+            *by_identity.entry(identity.to_owned()).or_default() += 1;
         }
         let mut parts: Vec<String> = by_identity
             .iter()
             .map(|(id, n)| format!("{id}: {n}"))
             .collect();
+        let wrong_type = keys.len() - held.len();
         if wrong_type > 0 {
-            parts.push(format!("keys of the wrong type: {wrong_type}"));
+            parts.push(format!(
+                "keys of the wrong type or just freed: {wrong_type}"
+            ));
         }
         parts.join(", ")
     }
@@ -410,12 +449,12 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 round = self.renew_round(&held) => round,
             };
             match round {
-                Round::Renewed(sent) => {
+                RenewRound::Renewed(sent) => {
                     held = self.held(held.worker_id, sent, SystemTime::now() - sent.elapsed());
                     next_renew = sent + interval;
                     self.set_state(WorkerState::Held(held.clone()));
                 }
-                Round::Lost(reason) => {
+                RenewRound::Lost(reason) => {
                     self.metrics.leases_lost.inc();
                     self.set_state(WorkerState::Lost);
                     error!(
@@ -425,7 +464,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     return HoldEnd::Lost(held.worker_id);
                 }
                 // Keep trying with the longest backoff until the deadline.
-                Round::Failed => next_renew = Instant::now() + self.retry_base() * 4,
+                RenewRound::Failed => next_renew = Instant::now() + self.retry_base() * 4,
             }
         }
     }
@@ -436,12 +475,12 @@ impl<C: ConnectionLike + Send> Worker<C> {
 
     /// One renew round: the script, retried `retries` times with doubling
     /// backoff, never sent after the validity deadline.
-    async fn renew_round(&mut self, held: &HeldLease) -> Round {
+    async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
         let key = self.key(held.worker_id);
         let mut backoff = self.retry_base();
         for attempt in 0..=self.settings.retries {
             if !held.is_valid() {
-                return Round::Lost("validity deadline passed without a confirmed renewal");
+                return RenewRound::Lost("validity deadline passed without a confirmed renewal");
             }
             let sent = Instant::now();
             let reply = bounded(
@@ -453,7 +492,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 Ok(RenewOutcome::Extended) => {
                     WorkerMetrics::count(&self.metrics.renewals, "renewed");
                     debug!(worker_id = held.worker_id, "lease renewed");
-                    return Round::Renewed(sent);
+                    return RenewRound::Renewed(sent);
                 }
                 Ok(RenewOutcome::Recreated) => {
                     WorkerMetrics::count(&self.metrics.renewals, "recreated");
@@ -462,16 +501,16 @@ impl<C: ConnectionLike + Send> Worker<C> {
                         worker_id = held.worker_id,
                         "lease re-created after key loss (Redis lost its data?)"
                     );
-                    return Round::Renewed(sent);
+                    return RenewRound::Renewed(sent);
                 }
                 Ok(RenewOutcome::Lost) => {
                     WorkerMetrics::count(&self.metrics.renewals, "lost");
-                    return Round::Lost("the key holds another owner");
+                    return RenewRound::Lost("the key holds another owner");
                 }
                 Err(err) if classify(&err) == Failure::Permanent => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
                     error!(worker_id = held.worker_id, error = %err, "renew refused by redis");
-                    return Round::Lost("redis refused the renew script");
+                    return RenewRound::Lost("redis refused the renew script");
                 }
                 Err(err) => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
@@ -483,7 +522,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 backoff *= 2;
             }
         }
-        Round::Failed
+        RenewRound::Failed
     }
 }
 

@@ -36,7 +36,7 @@ pub struct ExecArgs {
     #[arg(long, env = "SNOWLEASE_EXEC_POLL", default_value = "1s", value_parser = parse_duration)]
     pub poll: Duration,
 
-    /// After the ID is lost: time between SIGTERM and SIGKILL to the command; 0s-10m.
+    /// SIGTERM this long before the lease's deadline (SIGKILL at it), or before SIGKILL after a loss; keep well below TTL - renew interval; 0s-10m.
     #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 
@@ -60,7 +60,7 @@ pub struct ExecConfig {
     pub wait: Duration,
     /// Re-read interval.
     pub poll: Duration,
-    /// SIGTERM-to-SIGKILL time after a loss.
+    /// SIGTERM-to-SIGKILL time (see `deadline`).
     pub grace: Duration,
     /// Program and arguments.
     pub command: Vec<OsString>,

@@ -1,31 +1,44 @@
 -- Claim the lowest free worker ID in one round trip (worker-id.md, "Claim").
 --
 -- KEYS[1..n]  lease keys of IDs 0..n-1, in ID order
+-- KEYS[n+1]   claim guard of the app, e.g. snowflake:worker:<app>:guard: a
+--             string without expiry holding the Redis time (ms) from which
+--             new claims are allowed
 -- ARGV[1]     owner string "<identity>#<nonce>"
 -- ARGV[2]     TTL in milliseconds (integer >= 1)
 --
--- Returns {index, how, wrong}:
---   index  0-based position of the key now held by us, or -1 when every
---          key is held (by others or by keys of another type)
---   how    1 = claimed now with SET NX PX; 2 = already ours (an earlier
---          claim whose reply was lost ran after all; TTL reset), 0 = none
---   wrong  0-based positions of keys of another type (never touched)
--- A key holding exactly our owner string is adopted before any new claim,
--- so a retried claim never takes a second ID. Keys are only written by
--- SET NX, never overwritten.
+-- Returns {index, how, wrong, wait_ms}:
+--   index    0-based position of the key now held by us, -1 when every key
+--            is held, -2 when claims are paused (see wait_ms)
+--   how      1 = claimed now with SET NX PX; 2 = already ours (an earlier
+--            claim whose reply was lost ran after all; TTL reset); 0 = none
+--   wrong    0-based positions of keys of another type (never touched)
+--   wait_ms  with index -2: ms until claims are allowed; else 0
+--
+-- The guard: a Redis without it is fresh or lost its data (restart without
+-- persistence, FLUSHALL). Holders from before may still publish their IDs
+-- until their own validity deadline, at most one TTL away, and re-create
+-- their keys at their next renew. So the first claimant sets the guard to
+-- now + TTL and nobody claims a new ID before then. Time is Redis' TIME.
 local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR claim: ttl must be an integer >= 1 ms')
 end
+local guard_key = KEYS[#KEYS]
+local guard_type = redis.call('TYPE', guard_key).ok
+if guard_type ~= 'none' and guard_type ~= 'string' then
+  return redis.error_reply('ERR claim: ' .. guard_key .. ' has type ' .. guard_type .. ', expected string')
+end
 local first_free = -1
 local wrong = {}
-for i, key in ipairs(KEYS) do
+for i = 1, #KEYS - 1 do
+  local key = KEYS[i]
   local kind = redis.call('TYPE', key).ok
   if kind == 'string' then
     if redis.call('GET', key) == ARGV[1] then
       -- Reset the TTL: validity is counted from this call's send time.
       redis.call('PEXPIRE', key, ttl)
-      return {i - 1, 2, wrong}
+      return {i - 1, 2, wrong, 0}
     end
   elseif kind == 'none' then
     if first_free < 0 then first_free = i - 1 end
@@ -33,8 +46,18 @@ for i, key in ipairs(KEYS) do
     wrong[#wrong + 1] = i - 1
   end
 end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local open_at = tonumber(redis.call('GET', guard_key))
+if open_at == nil then
+  open_at = now + ttl
+  redis.call('SET', guard_key, open_at)
+end
+if now < open_at then
+  return {-2, 0, wrong, open_at - now}
+end
 if first_free < 0 then
-  return {-1, 0, wrong}
+  return {-1, 0, wrong, 0}
 end
 redis.call('SET', KEYS[first_free + 1], ARGV[1], 'NX', 'PX', ttl)
-return {first_free, 1, wrong}
+return {first_free, 1, wrong, 0}

@@ -1,6 +1,6 @@
 //! Regression tests for defects found by adversarial testing (real processes, real faults).
-//! Each test that currently fails is `#[ignore = "defect: ..."]`; run them with
-//! `cargo test --test it breaker -- --include-ignored`.
+//! Each began as a failing reproduction of a defect found by trying to break
+//! snowlease; all pass now.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -55,12 +55,11 @@ fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
 }
 
 /// Two sidecars given the same `--output-file` (a shared volume, a copy-pasted manifest, a
-/// compose file with `replicas: 2`): the second reads the first one's live state file and
-/// "re-adopts" its lease with the first one's owner string, so both publish the same ID.
-/// Expected: the second never publishes an ID the first still publishes (lock the state file,
-/// or refuse to start).
+/// compose file with `replicas: 2`): the second would read the first one's live state file and
+/// "re-adopt" its lease with the first one's owner string, so both would publish the same ID.
+/// Expected: the second finds `<output-file>.lock` held, exits 1 saying so and never publishes
+/// (nor touches the files); the first keeps its key and its ID.
 #[test]
-#[ignore = "defect: a second process sharing --output-file re-adopts a live lease; both publish the same ID"]
 fn shared_output_file_never_publishes_one_id_twice() {
     let redis = RedisServer::start();
     let pod = PodDir::new();
@@ -70,59 +69,86 @@ fn shared_output_file_never_publishes_one_id_twice() {
         .flag("--max-worker-id", "3")
         .spawn();
     let lease = first.wait_for_lease(secs(10));
-    let second = Sidecar::worker(&redis, "orders")
+    let mut second = Sidecar::worker(&redis, "orders")
         .name("second")
         .pod(&pod)
         .flag("--max-worker-id", "3")
         .spawn();
-    thread::sleep(ms(500));
-    let dup = both_published(&first, &second, secs(2));
+    let status = second
+        .wait_exit(secs(5))
+        .expect("the second exits at start");
+    assert_eq!(status.code(), Some(1));
+    let log = second.log_lines().join("\n");
+    assert!(
+        log.contains("another snowlease worker is using --output-file"),
+        "{log}"
+    );
+    assert_eq!(second.count_log("lease acquired"), 0, "{log}");
+    let key = worker_key("orders", lease.worker_id);
+    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
+    for other in (0..=3).filter(|&id| id != lease.worker_id) {
+        assert!(
+            !redis.exists(&worker_key("orders", other)),
+            "ID {other} taken"
+        );
+    }
+    assert_eq!(first.id().map(|r| r.worker_id), Some(lease.worker_id));
     assert_eq!(
-        dup, None,
-        "first and second both publish worker ID {dup:?} (first got {})",
-        lease.worker_id
+        first.read_output_file(),
+        Some(format!("{}\n", lease.worker_id)),
+        "the first one's ID file stays"
     );
 }
 
-/// `rediss://` is documented for TLS, but every TLS connection attempt panics: rustls is built
-/// without a crypto provider ("Could not automatically determine the process-level
-/// CryptoProvider"), exit 101. Expected: no panic; a TLS error against a plain port, retried
-/// until `--claim-timeout` (exit 3) or reported (exit 1).
+/// `rediss://` is documented for TLS, but every TLS connection attempt panicked: rustls was
+/// built without a crypto provider ("Could not automatically determine the process-level
+/// CryptoProvider"), exit 101. Expected, against a plain (non-TLS) port: no panic, a TLS error,
+/// bounded: the worker retries until `--claim-timeout` (exit 3), `status` and `pool` report it
+/// (exit 1).
 #[test]
-#[ignore = "defect: any rediss:// URL panics (rustls has no CryptoProvider), exit 101"]
 fn rediss_url_does_not_panic() {
     let redis = RedisServer::start();
     let pod = PodDir::new();
     let url = format!("rediss://127.0.0.1:{}", redis.port());
-    let out = pod.worker_id_file();
-    let run = run_snowlease(
-        &[
-            "worker",
-            "--app",
-            "orders",
-            "--redis-url",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-            "--output-file",
-            &out.to_string_lossy(),
-            "--ttl",
-            "2s",
-            "--renew-interval",
-            "500ms",
-            "--claim-timeout",
-            "1s",
-        ],
-        &[],
-        secs(20),
-    );
-    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
-    assert!(
-        matches!(run.code, Some(1 | 3)),
-        "exit code {:?}: {}",
-        run.code,
-        run.stderr
-    );
+    let out = pod.worker_id_file().to_string_lossy().into_owned();
+    let worker = [
+        "worker",
+        "--app",
+        "orders",
+        "--redis-url",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--output-file",
+        &out,
+        "--ttl",
+        "2s",
+        "--renew-interval",
+        "500ms",
+        "--claim-timeout",
+        "1s",
+    ];
+    let status = ["status", "--app", "orders", "--redis-url", &url];
+    let pool = ["pool", "status", "--pool", "proxies", "--redis-url", &url];
+    for (args, codes) in [
+        (&worker[..], &[3][..]),
+        (&status[..], &[1][..]),
+        (&pool[..], &[1][..]),
+    ] {
+        let run = run_snowlease(args, &[], secs(20));
+        assert!(!run.stderr.contains("panicked"), "{args:?}: {}", run.stderr);
+        assert!(
+            run.code.is_some_and(|c| codes.contains(&c)),
+            "{args:?}: exit code {:?}: {}",
+            run.code,
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains(&format!("127.0.0.1:{}", redis.port())),
+            "{args:?}: names the server: {}",
+            run.stderr
+        );
+    }
 }
 
 /// Redis restarted empty (no persistence; the same for FLUSHALL, DEL, or a failover to a
@@ -130,27 +156,28 @@ fn rediss_url_does_not_panic() {
 /// the old holder keeps publishing until its next renew (up to --renew-interval, 60 s by
 /// default). Expected: never two sidecars publishing one ID.
 #[test]
-#[ignore = "defect: after Redis loses its data a new sidecar takes an ID that the holder still publishes"]
 fn redis_data_loss_never_publishes_one_id_twice() {
     let mut redis = RedisServer::start();
-    let worker = |name: &str| {
-        Sidecar::worker(&redis, "orders")
+    redis.open_claim_guard("orders");
+    let worker = |redis: &RedisServer, name: &str| {
+        Sidecar::worker(redis, "orders")
             .name(name)
             .flag("--max-worker-id", "3")
             .flag("--ttl", "10s")
             .flag("--renew-interval", "5s")
             .spawn()
     };
-    let holder = worker("holder");
+    let holder = worker(&redis, "holder");
     let lease = holder.wait_for_lease(secs(10));
     redis.restart();
-    let newcomer = Sidecar::worker(&redis, "orders")
-        .name("newcomer")
-        .flag("--max-worker-id", "3")
-        .flag("--ttl", "10s")
-        .flag("--renew-interval", "5s")
-        .spawn();
-    newcomer.wait_for_lease(secs(10));
+    let newcomer = worker(&redis, "newcomer");
+    // The guard is gone with the data: the newcomer waits one TTL, during
+    // which the holder re-creates its key at its next renew.
+    let taken = newcomer.wait_for_lease(secs(20));
+    assert_ne!(
+        taken.worker_id, lease.worker_id,
+        "newcomer took the holder's ID"
+    );
     let dup = both_published(&holder, &newcomer, secs(2));
     assert_eq!(
         dup, None,
@@ -211,7 +238,6 @@ fn latency_proxy(target: u16, delay: Duration, stop: Arc<AtomicBool>) -> u16 {
 /// when Redis stops answering mid-scan: measured 85 s for `--claim-timeout 1s` with a 100 ms
 /// call timeout), so `--claim-timeout` is not honoured. Expected: exit 3 about at the timeout.
 #[test]
-#[ignore = "defect: --claim-timeout overrun by the sequential per-key holders scan (1024 GETs)"]
 fn claim_timeout_is_honoured_with_all_1024_ids_held() {
     let redis = RedisServer::start();
     let mut pipe = redis::pipe();
@@ -246,7 +272,6 @@ fn claim_timeout_is_honoured_with_all_1024_ids_held() {
 /// despite `--on-loss reclaim`. Expected: retried like "Redis unreachable", lease once
 /// memory is available.
 #[test]
-#[ignore = "defect: Redis OOM is treated as a permanent refusal: exit 1 with a misleading ACL hint"]
 fn redis_oom_at_start_is_retried() {
     let redis = RedisServer::start();
     let _: () = redis.query(
@@ -270,14 +295,12 @@ fn redis_oom_at_start_is_retried() {
     sidecar.wait_for_lease(secs(10));
 }
 
-/// `exec` with its default `--grace 10s`: when the ID is lost (here the sidecar is frozen past
-/// its TTL), `exec` only sends SIGTERM; an app that drains slowly (here: ignores SIGTERM) goes
-/// on with the old ID for up to 10 s, while another sidecar publishes that ID ~100 ms after
-/// the deadline (the margin is 1% of the TTL, at least 100 ms). Expected: the app is gone
-/// before anyone else can hold its ID (grace bounded by the margin, or SIGKILL at the
-/// deadline).
+/// `exec` with its default `--grace 10s`: when the lease is not renewed (here the sidecar is
+/// frozen past its TTL), another sidecar can publish the ID ~100 ms after the deadline (the
+/// margin is 1% of the TTL, at least 100 ms), so an app that drains slowly (here: ignores
+/// SIGTERM) must be gone by the deadline: `exec` sends SIGTERM the grace before it (capped at a
+/// quarter of the 1.9 s validity here) and SIGKILL at the deadline.
 #[test]
-#[ignore = "defect: exec's default --grace 10s lets the app outlive its lease while another pod holds the ID"]
 fn exec_app_is_gone_before_the_id_is_published_elsewhere() {
     let redis = RedisServer::start();
     let pod = PodDir::new();
@@ -325,7 +348,6 @@ fn exec_app_is_gone_before_the_id_is_published_elsewhere() {
 /// second sidecar sharing the folder) it never comes back while the lease is held, though
 /// `/readyz` stays 200; `exec` then exits 75 and its restart waits forever.
 #[test]
-#[ignore = "defect: a removed ID file is never re-created while the lease is held"]
 fn removed_id_file_is_restored_while_held() {
     let redis = RedisServer::start();
     let sidecar = Sidecar::worker(&redis, "orders").spawn();

@@ -10,8 +10,9 @@ use crate::harness::*;
 
 /// Poll interval given to `exec` in these tests.
 const POLL: &str = "100ms";
-/// Grace period (`--grace 1s`) given to `exec` in these tests.
-const GRACE: Duration = Duration::from_secs(1);
+/// Grace period (`--grace 500ms`) given to `exec` in these tests: below a quarter of the
+/// lease's validity (`exec` caps it there), so the SIGKILL after a loss comes after all of it.
+const GRACE: Duration = Duration::from_millis(500);
 
 /// App script: writes the ID it got to `$SAW` (atomically) and its PID to `$SAW.pid`, then
 /// becomes `sleep` (same PID).
@@ -30,7 +31,7 @@ fn exec_app(pod: &PodDir, name: &str, flags: &[(&str, &str)], script: &str) -> S
         .flag("--file", pod.worker_id_file().to_string_lossy())
         .flag("--env", "WORKER_ID")
         .flag("--poll", POLL)
-        .flag("--grace", "1s")
+        .flag("--grace", "500ms")
         .env("SAW", saw_path(pod, name));
     for (flag, value) in flags {
         builder = builder.flag(flag, *value);
@@ -103,7 +104,7 @@ fn pod_app_follows_the_sidecars_lease() {
     let status = app.wait_exit(secs(10)).expect("exec exits after the loss");
     let took = stolen.elapsed();
     assert_eq!(status.code(), Some(75), "documented exit code: lease lost");
-    // Renew interval 1 s + grace 1 s, plus poll (100 ms) and scheduling slack.
+    // Renew interval 1 s + grace, plus poll (100 ms) and scheduling slack.
     assert!(took < secs(1) + GRACE + ms(800), "stopped after {took:?}");
     assert!(
         took >= GRACE,
@@ -142,6 +143,8 @@ fn pod_app_follows_the_sidecars_lease() {
         .keys(&format!("{PREFIX}orders:*"))
         .into_iter()
         .filter(|k| redis.get(k).as_deref() != Some("other"))
+        // The claim guard (`<prefix><app>:guard`) is per app, not a lease, and stays.
+        .filter(|k| !k.ends_with(":guard"))
         .collect();
     assert!(ours.is_empty(), "keys left behind: {ours:?}");
     assert!(!pod.worker_id_file().exists());
@@ -181,8 +184,9 @@ fn exec_without_published_id_never_starts_the_command() {
     assert!(!marker.exists(), "the command must never start");
 }
 
-/// A sidecar killed with SIGKILL leaves its ID file behind: the running app is stopped at the
-/// state file's `valid_until_ms` (exit 75), and a new `exec` refuses the stale ID (exit 3).
+/// A sidecar killed with SIGKILL leaves its ID file behind: the running app is stopped by the
+/// state file's `valid_until_ms` (SIGTERM the grace before it; exit 75), and after that deadline
+/// a new `exec` refuses the stale ID (exit 3).
 #[test]
 fn stale_id_after_sidecar_crash_stops_and_refuses_the_app() {
     let redis = RedisServer::start();
@@ -199,6 +203,13 @@ fn stale_id_after_sidecar_crash_stops_and_refuses_the_app() {
     let killed = Instant::now();
     let status = app.wait_exit(secs(10)).expect("exec stops the app");
     assert_eq!(status.code(), Some(75));
+    let valid_until_ms = sidecar.read_state().expect("state file left behind")["valid_until_ms"]
+        .as_u64()
+        .expect("valid_until_ms");
+    assert!(
+        unix_ms() <= valid_until_ms + 50,
+        "stopped by the deadline, not after it"
+    );
     assert!(
         killed.elapsed() < secs(2) + ms(800),
         "{:?}",
@@ -210,6 +221,8 @@ fn stale_id_after_sidecar_crash_stops_and_refuses_the_app() {
     );
     assert!(app.count_log("stale") > 0, "{:?}", app.log_lines());
 
+    // Once the deadline has passed, the ID is stale for good.
+    assert!(poll_until(secs(5), || unix_ms() > valid_until_ms));
     let marker = pod.path().join("marker");
     let run = run_snowlease(
         &[
@@ -229,6 +242,46 @@ fn stale_id_after_sidecar_crash_stops_and_refuses_the_app() {
     assert_eq!(run.code, Some(3), "{run:?}");
     assert!(run.stderr.contains("stale"), "{run:?}");
     assert!(!marker.exists());
+}
+
+/// A frozen sidecar (SIGSTOP) leaves a fresh-looking ID file whose deadline nobody extends; Redis
+/// frees the ID ~100 ms after that deadline. `exec` with a `--grace` longer than the lease
+/// (10 s, capped at a quarter of the 1.9 s validity, with a warning) sends SIGTERM that much
+/// before the deadline and SIGKILL at it: the app that ignores SIGTERM is gone by the deadline
+/// (exit 75), while it kept running through every renewal before.
+#[test]
+fn frozen_sidecar_app_is_gone_by_the_deadline() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    let sidecar = Sidecar::worker(&redis, "orders").pod(&pod).spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    let mut app = exec_app(&pod, "app", &[("--grace", "10s")], STUBBORN_APP).spawn();
+    assert_eq!(wait_app_saw(&pod, "app", secs(10)), Some(lease.worker_id));
+    let pid = app_pid(&pod, "app");
+    thread::sleep(secs(2));
+    assert!(
+        app.is_running(),
+        "renewals keep the app running: {:?}",
+        app.log_lines()
+    );
+    assert!(app.count_log("more than a quarter of the lease's validity") > 0);
+
+    sidecar.pause();
+    let state = sidecar.read_state().expect("state file");
+    let valid_until_ms = state["valid_until_ms"].as_u64().expect("valid_until_ms");
+    assert!(poll_until(secs(5), || !process_exists(pid)), "app stopped");
+    let gone_ms = unix_ms();
+    let status = app.wait_exit(secs(5)).expect("exec exits");
+    sidecar.resume();
+    assert_eq!(status.code(), Some(75));
+    // SIGKILL at the deadline; allow for this test's polling (and ms rounding).
+    assert!(
+        gone_ms <= valid_until_ms + 50,
+        "app gone {} ms after the deadline",
+        gone_ms.saturating_sub(valid_until_ms)
+    );
+    assert!(app.count_log("goes stale") > 0, "{:?}", app.log_lines());
+    assert!(app.count_log("SIGKILL") > 0);
 }
 
 /// `exec --url` reads `GET /id` of the sidecar: the app sees the ID, and a stolen lease (503 at

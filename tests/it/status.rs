@@ -38,6 +38,7 @@ fn status(redis_url: &str, extra: &[&str]) -> Run {
 #[test]
 fn status_reports_held_expiring_and_wrong_type_keys() {
     let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
     let sidecar = Sidecar::worker(&redis, "orders")
         .flag("--ttl", "30s")
         .flag("--renew-interval", "10s")

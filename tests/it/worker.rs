@@ -108,8 +108,8 @@ fn holder_publishes_id_everywhere() {
     );
     assert_eq!(
         redis.keys("*"),
-        vec![worker_key("orders", 0)],
-        "only the lease key"
+        vec![worker_key("orders", 0), format!("{PREFIX}orders:guard")],
+        "only the lease key and the app's claim guard"
     );
 }
 
@@ -131,7 +131,10 @@ fn key_prefix_and_env_twins() {
     assert_owner_format(&lease.owner, "pod-x");
     assert_eq!(
         redis.keys("*"),
-        vec![format!("custom:ids:billing:{}", lease.worker_id)]
+        vec![
+            format!("custom:ids:billing:{}", lease.worker_id),
+            "custom:ids:billing:guard".to_owned()
+        ]
     );
     assert_eq!(
         redis.get(&format!("custom:ids:billing:{}", lease.worker_id)),
@@ -164,7 +167,11 @@ fn thirty_three_sidecars_share_thirty_two_ids() {
         leases.push(lease);
     }
     assert_eq!(ids, (0..=31).collect::<BTreeSet<u32>>());
-    assert_eq!(redis.keys(&format!("{PREFIX}{app}:*")).len(), 32);
+    assert_eq!(
+        redis.keys(&format!("{PREFIX}{app}:*")).len(),
+        32 + 1,
+        "32 leases and the guard"
+    );
 
     let mut last = spawn(32);
     let full = last
@@ -350,7 +357,11 @@ fn restart_in_same_pod_readopts_other_pod_does_not() {
         "re-adoption is logged"
     );
     assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
-    assert_eq!(redis.keys("*").len(), 2, "no third key");
+    assert_eq!(
+        redis.keys("*").len(),
+        2 + 1,
+        "no third lease key (plus the guard)"
+    );
 }
 
 /// A state file is no proof: when the recorded key holds another value, the restarted sidecar
@@ -688,11 +699,12 @@ fn closed_stderr_still_releases_on_sigterm() {
     );
     // Renewals write log lines into the broken pipe as well.
     thread::sleep(ms(1200));
-    assert_eq!(redis.dbsize(), 1);
+    let key = worker_key("pipes", 0);
+    assert!(redis.exists(&key));
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "exit code with a closed stderr");
-    assert_eq!(redis.dbsize(), 0, "key released");
+    assert!(!redis.exists(&key), "key released");
     assert!(!file.exists());
 }

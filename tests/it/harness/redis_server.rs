@@ -10,7 +10,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use super::{free_port, ms, poll_until, secs, stop_process};
+use super::{PREFIX, free_port, ms, poll_until, secs, stop_process};
 
 fn redis_server_bin() -> &'static str {
     if Path::new("/usr/bin/redis-server").exists() {
@@ -106,6 +106,12 @@ impl RedisServer {
             .arg(key)
             .query(&mut self.conn())
             .unwrap_or_else(|e| panic!("GET/PTTL {key}: {e}"))
+    }
+
+    /// Opens the claim guard of `app` (default prefix) as an established
+    /// deployment has it, so a first claim does not wait one TTL.
+    pub fn open_claim_guard(&self, app: &str) {
+        let _: () = self.query(redis::cmd("SET").arg(format!("{PREFIX}{app}:guard")).arg(0));
     }
 
     pub fn exists(&self, key: &str) -> bool {
