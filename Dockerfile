@@ -2,7 +2,7 @@
 # The snowlease image: built with Rust on Debian 12, run on distroless/cc
 # (glibc and libgcc only: no shell, no package manager) as UID 65532.
 # Not built in CI (the CI machine has no container engine); see
-# docs/kubernetes.md, "Container image".
+# README.md, Kubernetes, "Container image".
 #
 #   docker build -t registry.example.com/snowlease:0.1.0 .
 #

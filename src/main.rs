@@ -65,7 +65,7 @@ fn main() -> ExitCode {
             init_logging(args.log_format);
             snowlease::exec::run_exec(&config).map_or_else(
                 |err| {
-                    report!("snowlease exec: {err:#}");
+                    report!("snowlease exec: {}", describe(&err));
                     ExitCode::from(err.exit_code())
                 },
                 ExitCode::from,
@@ -82,7 +82,7 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(err) => {
-                    report!("snowlease id: {err:#}");
+                    report!("snowlease id: {}", describe(&err));
                     ExitCode::from(err.exit_code())
                 }
             }
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
             init_logging(args.log_format());
             block_on(snowlease::pool::cli::run(config)).map_or_else(
                 |err| {
-                    report!("snowlease pool: {err:#}");
+                    report!("snowlease pool: {}", describe(err.as_ref()));
                     ExitCode::from(snowlease::pool::cli::exit_code(&err))
                 },
                 |()| ExitCode::SUCCESS,
@@ -140,14 +140,30 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
     let Err(err) = result else {
         return ExitCode::SUCCESS;
     };
-    tracing::error!(error = format!("{err:#}"), "exiting");
-    report!("snowlease: {err:#}");
+    let text = describe(err.as_ref());
+    tracing::error!(error = %text, "exiting");
+    report!("snowlease: {text}");
     match err.downcast_ref::<WorkerError>() {
         Some(WorkerError::ClaimTimeout { .. }) => ExitCode::from(3),
         Some(WorkerError::LeaseLost { .. }) => ExitCode::from(4),
         _ if err.downcast_ref::<ConfigError>().is_some() => ExitCode::from(2),
         _ => ExitCode::FAILURE,
     }
+}
+
+/// An error with its causes, each said once: a redis-rs error repeats its
+/// own text as its source, which `{:#}` would print twice.
+fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn init_logging(format: LogFormat) {

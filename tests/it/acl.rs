@@ -1,4 +1,4 @@
-//! Redis ACL: the minimal rules of docs/kubernetes.md ("Redis ACL") are enough, and a user
+//! Redis ACL: the minimal rules of README.md ("Redis ACL") are enough, and a user
 //! lacking a needed permission gets a clear error at start.
 
 use crate::harness::*;
