@@ -4,13 +4,17 @@
 //! same acquire script with the same KEYS and ARGV. Starts its own
 //! redis-server on a free loopback port; prints a table with the goal.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use snowlease::pool::{AcquireRequest, Acquired, Pool, PoolOptions, PoolScript, Released};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::Redis;
 
 /// How long each cycle measurement runs (after a short warm-up).
 const CYCLE_TIME: Duration = Duration::from_secs(3);
@@ -20,58 +24,6 @@ const ACQUIRES: u64 = 100_000;
 const RUNS: usize = 3;
 /// Lease time of the acquire-only runs: long, so nothing expires mid-run.
 const LONG_TTL_MS: u64 = 600_000;
-
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let redis = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let client = redis::Client::open(redis.url()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while client.get_connection().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn median(mut rates: Vec<f64>) -> f64 {
     rates.sort_by(f64::total_cmp);
@@ -226,7 +178,7 @@ fn main() {
     let fifty = runtime.block_on(cycles(&conn, 50));
     let (mut bench, mut client) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
-        bench.push(runtime.block_on(benchmark_acquires(&conn, redis.port)));
+        bench.push(runtime.block_on(benchmark_acquires(&conn, redis.port())));
         client.push(runtime.block_on(client_acquires(&conn)));
     }
     let (bench, client) = (median(bench), median(client));

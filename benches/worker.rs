@@ -15,65 +15,9 @@ use snowlease::worker::{Worker, WorkerState};
 const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
 const TRIALS: usize = 300;
 
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let redis = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let client = redis::Client::open(redis.url()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while client.get_connection().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::Redis;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -192,14 +136,16 @@ fn stop(sidecars: Vec<Sidecar>) {
     }
 }
 
-/// Time from spawning `count` sidecars at once until every ID file exists.
-fn startup(url: &str, app: &str, count: usize) -> Duration {
+/// Time from spawning `count` sidecars at once until every ID file exists,
+/// and how much of it the bench itself spent spawning them.
+fn startup(url: &str, app: &str, count: usize) -> (Duration, Duration) {
     open_claim_guard(url, app);
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
     let sidecars: Vec<Sidecar> = (0..count)
         .map(|n| spawn_sidecar(url, app, dir.path(), n))
         .collect();
+    let spawned = start.elapsed();
     let deadline = start + Duration::from_secs(30);
     while !sidecars.iter().all(|s| s.file.exists()) {
         assert!(Instant::now() < deadline, "sidecars did not publish");
@@ -207,7 +153,7 @@ fn startup(url: &str, app: &str, count: usize) -> Duration {
     }
     let elapsed = start.elapsed();
     stop(sidecars);
-    elapsed
+    (elapsed, spawned)
 }
 
 /// Opens the app's claim guard as an established deployment has it, so the
@@ -255,14 +201,14 @@ fn main() {
     // Median of 5 runs each, apps apart so runs never see each other's keys.
     let one = median(
         (0..5)
-            .map(|r| startup(&url, &format!("one{r}"), 1))
+            .map(|r| startup(&url, &format!("one{r}"), 1).0)
             .collect(),
     );
-    let all = median(
-        (0..5)
-            .map(|r| startup(&url, &format!("all{r}"), 32))
-            .collect(),
-    );
+    let runs: Vec<(Duration, Duration)> = (0..5)
+        .map(|r| startup(&url, &format!("all{r}"), 32))
+        .collect();
+    let all = median(runs.iter().map(|r| r.0).collect());
+    let spawning = median(runs.iter().map(|r| r.1).collect());
     let rss_kib = idle_rss(&url);
     let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);
 
@@ -300,6 +246,13 @@ fn main() {
         ms(all),
         all.as_secs_f64() / one.as_secs_f64(),
         "<= 3x"
+    );
+    println!(
+        "{:<44} {:>10.1}ms {:>10} {:>8}",
+        "  of which the bench spent spawning them",
+        ms(spawning),
+        "-",
+        "-"
     );
     println!(
         "{:<44} {:>10.2}MiB {:>10} {:>8}",

@@ -232,7 +232,8 @@ impl WorkerArgs {
     }
 }
 
-fn check_range(
+/// Checks `min <= value <= max`; the error names `flag` and the range.
+pub fn check_range(
     flag: &'static str,
     value: Duration,
     min: Duration,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::Source;
-use crate::config::{ConfigError, LogFormat, parse_duration};
+use crate::config::{ConfigError, LogFormat, check_range, parse_duration};
 
 /// Default ID file: the sidecar's default `--output-file`.
 const DEFAULT_FILE: &str = "/var/run/snowlease/worker-id";
@@ -157,26 +157,6 @@ fn source(file: Option<&Path>, url: Option<&str>) -> Result<Source, ConfigError>
         (Some(file), None) => Ok(Source::File(file.to_owned())),
         (None, None) => Ok(Source::File(PathBuf::from(DEFAULT_FILE))),
     }
-}
-
-fn check_range(
-    flag: &'static str,
-    value: Duration,
-    min: Duration,
-    max: Duration,
-) -> Result<(), ConfigError> {
-    if value < min || value > max {
-        return Err(ConfigError::new(
-            flag,
-            format!(
-                "{} is outside {}-{}",
-                humantime::format_duration(value),
-                humantime::format_duration(min),
-                humantime::format_duration(max)
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Flags of `snowlease install`.
