@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-redis.sh
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 # Integration tests mostly wait on TTLs and processes, so run more of them
-# at once than there are cores.
-cargo test --locked -- --test-threads="${TEST_THREADS:-8}" "$@"
+# at once than there are cores. --all-targets would add the benches; doc
+# tests: there are none.
+cargo test --locked --lib --bins --tests -- --test-threads="${TEST_THREADS:-8}" "$@" 2>&1 | tee "$log"
+# One closing line over all test binaries.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -84,7 +84,8 @@ fn wants_text(headers: &HeaderMap) -> bool {
 
 fn state_name(state: &WorkerState) -> &'static str {
     match state {
-        WorkerState::Claiming | WorkerState::Readopting(_) => "claiming",
+        WorkerState::Claiming => "claiming",
+        WorkerState::Readopting(_) => "readopting",
         WorkerState::Held(_) => "expired",
         WorkerState::Lost => "lost",
         WorkerState::Stopping => "stopping",

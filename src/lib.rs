@@ -13,7 +13,7 @@
 //! - [`publish`]: the ID file and state file, written atomically.
 //! - [`http`]: `/id`, `/livez`, `/readyz`, `/metrics`.
 //! - [`metrics`]: Prometheus metrics of the worker mode.
-//! - [`shutdown`]: SIGTERM/SIGINT into one cancellation token.
+//! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
 //! - [`sidecar`]: wiring of worker mode and its shutdown order.
 //! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
 //! - [`exec`]: the app side: `exec` runs the app only while an ID is published; `id`, `install`.

@@ -9,7 +9,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::sleep_until;
@@ -61,11 +61,19 @@ pub fn lock_output(output_file: &Path) -> Result<Flock<File>, OutputLockError> {
         .truncate(false)
         .write(true)
         .mode(0o644)
+        // A FIFO or device at that path must not block the start-up.
+        .custom_flags(OFlag::O_NONBLOCK.bits())
         .open(&path)
         .map_err(|source| OutputLockError::Io {
             path: path.clone(),
             source,
         })?;
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(OutputLockError::Io {
+            path,
+            source: std::io::Error::other("not a regular file"),
+        });
+    }
     Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
         Errno::EWOULDBLOCK => OutputLockError::InUse(output_file.to_owned()),
         errno => OutputLockError::Io {

@@ -163,6 +163,17 @@ struct IdBody {
     lease_expires_in_ms: u64,
 }
 
+/// The `state` field of a 503 body from `/id`.
+fn state_of(body: &[u8]) -> Option<&str> {
+    #[derive(Deserialize)]
+    struct Unpublished<'a> {
+        state: &'a str,
+    }
+    serde_json::from_slice::<Unpublished>(body)
+        .ok()
+        .map(|b| b.state)
+}
+
 fn read_url(base: &url::Url, timeout: Duration) -> Reading {
     let sent = Instant::now();
     let (status, body) = match http_get(base, timeout) {
@@ -178,6 +189,11 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
             }),
             _ => Reading::Absent(format!("GET {}: unexpected body", id_url(base))),
         },
+        // A restarted sidecar re-checking the lease it recorded: not a loss
+        // yet, so the last reading holds until its own deadline.
+        503 if state_of(&body) == Some("readopting") => {
+            Reading::Unreachable("sidecar is re-adopting its recorded lease".into())
+        }
         503 => Reading::Absent("sidecar answers 503: no valid lease".into()),
         other => Reading::Unreachable(format!("GET {}: status {other}", id_url(base))),
     }

@@ -49,7 +49,10 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local open_at = tonumber(redis.call('GET', guard_key))
-if open_at == nil then
+-- Missing: set it. Unreadable, or further away than one TTL (written by
+-- hand, or Redis' clock went back): no holder of this app (one TTL for all
+-- its sidecars, see README) needs more, so start one TTL from now instead.
+if open_at == nil or open_at > now + ttl then
   open_at = now + ttl
   redis.call('SET', guard_key, open_at)
 end

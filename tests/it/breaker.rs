@@ -1,6 +1,7 @@
 //! Regression tests for defects found by adversarial testing (real processes, real faults).
 //! Each began as a failing reproduction of a defect found by trying to break
-//! snowlease; all pass now.
+//! snowlease. Two stay ignored: limits the README states (mixed TTLs, partial
+//! data loss); run them with `-- --include-ignored`.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -359,4 +360,261 @@ fn removed_id_file_is_restored_while_held() {
     });
     assert_eq!(sidecar.readyz(), 200);
     assert!(back, "ID file not re-created within 3 s (6 renewals)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Second breaker round (claim guard, re-adoption, output lock, exec).
+
+/// Sidecars of one app with different `--ttl` (a rolling update that changes the TTL, two
+/// manifests): after a Redis data loss the guard is set to now + the TTL of the *first
+/// claimant*. A newcomer with a short TTL opens the guard long before a long-TTL holder renews,
+/// takes the holder's ID, and both publish it until the holder's next renew.
+/// Expected: the guard covers the longest TTL any holder may use (or the README forbids mixed
+/// TTLs and the sidecar refuses them).
+#[test]
+#[ignore = "known limit (README, Claim guard): sidecars of one app must share --ttl; a short-TTL newcomer can take a long-TTL holder's ID after a data loss"]
+fn mixed_ttl_after_data_loss_never_publishes_one_id_twice() {
+    let mut redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let holder = Sidecar::worker(&redis, "orders")
+        .name("holder")
+        .flag("--max-worker-id", "3")
+        .flag("--ttl", "20s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    let lease = holder.wait_for_lease(secs(10));
+    redis.restart();
+    let newcomer = Sidecar::worker(&redis, "orders")
+        .name("newcomer")
+        .flag("--max-worker-id", "3")
+        .flag("--ttl", "2s")
+        .flag("--renew-interval", "500ms")
+        .spawn();
+    let taken = newcomer.wait_for_lease(secs(20));
+    let dup = both_published(&holder, &newcomer, secs(2));
+    assert!(
+        taken.worker_id != lease.worker_id && dup.is_none(),
+        "newcomer took ID {} while the holder still publishes {} (dup {dup:?})",
+        taken.worker_id,
+        lease.worker_id
+    );
+}
+
+/// Redis restarted from an older snapshot (RDB persistence is on by default in redis.conf; the
+/// same as a failover to a replica that lagged): the guard is in the snapshot, the holder's
+/// newer key is not. Claims are open at once and a newcomer takes the holder's ID, which the
+/// holder publishes until its next renew.
+#[test]
+#[ignore = "known limit (README, Claim guard): only total data loss is detected; a restore from an older snapshot or a lagging replica keeps the guard but loses newer keys"]
+fn restart_from_older_snapshot_never_publishes_one_id_twice() {
+    let mut redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let _: () = redis.query(&mut redis::cmd("SAVE"));
+    let holder = Sidecar::worker(&redis, "orders")
+        .name("holder")
+        .flag("--max-worker-id", "3")
+        .flag("--ttl", "20s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    let lease = holder.wait_for_lease(secs(10));
+    // restart() SIGKILLs and starts a server in the same --dir: it loads dump.rdb.
+    redis.restart();
+    assert!(
+        redis.exists(&format!("{PREFIX}orders:guard")),
+        "snapshot loaded"
+    );
+    let newcomer = Sidecar::worker(&redis, "orders")
+        .name("newcomer")
+        .flag("--max-worker-id", "3")
+        .flag("--ttl", "20s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    let taken = newcomer.wait_for_lease(secs(10));
+    let dup = both_published(&holder, &newcomer, secs(2));
+    assert!(
+        taken.worker_id != lease.worker_id && dup.is_none(),
+        "newcomer took ID {} while the holder still publishes {} (dup {dup:?})",
+        taken.worker_id,
+        lease.worker_id
+    );
+}
+
+/// A guard far in the future (Redis' clock was ahead when it was set and got corrected, or a
+/// typo): every new claim waits for it, far longer than one TTL, with all IDs free.
+/// Expected: a guard more than one TTL ahead cannot come from a claim (it sets now + TTL), so it
+/// is bounded (reset to now + TTL) or named as bogus; observed: claims paused for an hour.
+#[test]
+fn guard_far_in_the_future_is_bounded() {
+    let redis = RedisServer::start();
+    let guard = format!("{PREFIX}orders:guard");
+    let _: () = redis.query(redis::cmd("SET").arg(&guard).arg(unix_ms() + 3_600_000));
+    let mut sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--max-worker-id", "3")
+        .flag("--claim-timeout", "8s")
+        .spawn();
+    let got = poll_until(secs(10), || sidecar.id().is_some());
+    let status = sidecar.wait_exit(secs(1));
+    assert!(
+        got,
+        "no ID within 8 s (4 TTLs) with all IDs free; exit {status:?}; log: {:?}",
+        sidecar.events_with("paused").last()
+    );
+}
+
+/// The first duplicate among the `/id` answers of `sidecars`, sampled every 20 ms for
+/// `how_long`: (ID, names of the two publishers).
+fn any_duplicate(sidecars: &[&Sidecar], how_long: Duration) -> Option<(u32, String, String)> {
+    let end = Instant::now() + how_long;
+    while Instant::now() < end {
+        let mut seen: Vec<(u32, &str)> = Vec::new();
+        for s in sidecars {
+            if let Some(r) = s.id() {
+                if let Some((_, other)) = seen.iter().find(|(id, _)| *id == r.worker_id) {
+                    // Re-check the earlier one: it still publishes the ID now.
+                    let earlier = sidecars.iter().find(|x| x.name() == *other).unwrap();
+                    if earlier.id().map(|e| e.worker_id) == Some(r.worker_id) {
+                        return Some((r.worker_id, other.to_string(), s.name().to_string()));
+                    }
+                }
+                seen.push((r.worker_id, s.name()));
+            }
+        }
+        thread::sleep(ms(20));
+    }
+    None
+}
+
+/// Many sidecars on an empty Redis, then Redis restarted empty while holders run and
+/// newcomers start, then FLUSHALL while newcomers wait on the guard: never two publishers of
+/// one ID.
+#[test]
+fn guard_races_with_many_sidecars_never_publish_one_id_twice() {
+    let mut redis = RedisServer::start();
+    let spawn = |redis: &RedisServer, name: String| {
+        Sidecar::worker(redis, "orders")
+            .name(name)
+            .flag("--max-worker-id", "9")
+            .spawn()
+    };
+    let mut all: Vec<Sidecar> = (0..5).map(|i| spawn(&redis, format!("h{i}"))).collect();
+    for s in &all {
+        s.wait_for_lease(secs(10));
+    }
+    redis.restart();
+    all.extend((0..3).map(|i| spawn(&redis, format!("n{i}"))));
+    let refs: Vec<&Sidecar> = all.iter().collect();
+    assert_eq!(any_duplicate(&refs, secs(1)), None);
+    let _: () = redis.query(&mut redis::cmd("FLUSHALL"));
+    assert_eq!(any_duplicate(&refs, secs(5)), None);
+    for s in &all {
+        s.wait_for_lease(secs(5));
+    }
+    assert_eq!(any_duplicate(&refs, secs(1)), None);
+}
+
+/// Sidecar restarted in the same pod (SIGKILL, container restart) while it cannot reach Redis
+/// (a partition of this pod only), with a state file whose `valid_until_ms` lies further ahead
+/// than the TTL (the wall clock was stepped back between the write and the restart, or the file
+/// was edited): the restarted sidecar keeps the old ID file while Readopting until that recorded
+/// deadline, however far away, though it cannot have held the key for more than one TTL. The
+/// key expires in Redis after the TTL and another pod claims and publishes the ID while this
+/// pod's ID file (and state file, which `exec --file` trusts) still names it.
+/// Expected: the kept file is bounded by one TTL from the restart (no lease outlives a TTL
+/// without a renew); observed: it stays until the recorded deadline / the claim timeout.
+#[test]
+fn readopting_keeps_the_old_id_file_at_most_one_ttl() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let pod = PodDir::new();
+    let mut first = Sidecar::worker(&redis, "orders")
+        .name("first")
+        .pod(&pod)
+        .flag("--max-worker-id", "0")
+        .spawn();
+    let lease = first.wait_for_lease(secs(10));
+    first.signal(Signal::SIGKILL);
+    first.wait_exit(secs(5)).expect("killed");
+    let state_file = fs::read_to_string(format!("{}.state.json", pod.worker_id_file().display()))
+        .expect("state file left behind");
+    let mut state: serde_json::Value = serde_json::from_str(&state_file).unwrap();
+    let until = state["valid_until_ms"].as_u64().unwrap() + 60_000;
+    state["valid_until_ms"] = until.into();
+    fs::write(
+        format!("{}.state.json", pod.worker_id_file().display()),
+        serde_json::to_vec(&state).unwrap(),
+    )
+    .unwrap();
+    let dead = format!("redis://127.0.0.1:{}", free_port());
+    let _restarted = Sidecar::worker_at(&dead, "orders")
+        .name("restarted")
+        .pod(&pod)
+        .flag("--max-worker-id", "0")
+        .spawn();
+    let other = Sidecar::worker(&redis, "orders")
+        .name("other")
+        .flag("--max-worker-id", "0")
+        .spawn();
+    let taken = other.wait_for_lease(secs(10));
+    assert_eq!(taken.worker_id, lease.worker_id);
+    let file = fs::read_to_string(pod.worker_id_file()).ok();
+    assert_eq!(
+        file, None,
+        "the restarted sidecar still publishes ID file {file:?} while another pod holds ID {}",
+        taken.worker_id
+    );
+}
+
+/// `exec` while its sidecar is SIGKILLed and restarted in the same pod (same ID re-adopted):
+/// the app must keep running, with `--file` and with `--url` (fixed port).
+#[test]
+fn exec_survives_a_sidecar_restart_that_keeps_the_id() {
+    for use_url in [false, true] {
+        let redis = RedisServer::start();
+        redis.open_claim_guard("orders");
+        let pod = PodDir::new();
+        let port = free_port();
+        let worker = |name: &str| {
+            Sidecar::worker(&redis, "orders")
+                .name(name)
+                .pod(&pod)
+                .flag("--listen", format!("127.0.0.1:{port}"))
+                .flag("--max-worker-id", "3")
+                .spawn()
+        };
+        let mut first = worker("first");
+        let lease = first.wait_for_lease(secs(10));
+        let source = if use_url {
+            ("--url", format!("http://127.0.0.1:{port}"))
+        } else {
+            (
+                "--file",
+                pod.worker_id_file().to_string_lossy().into_owned(),
+            )
+        };
+        let mut exec = SidecarBuilder::new("exec")
+            .name("exec")
+            .pod(&pod)
+            .without("--listen")
+            .flag(source.0, source.1.clone())
+            .flag("--poll", "20ms")
+            .switch("--")
+            .switch("sleep")
+            .switch("600")
+            .spawn();
+        assert!(exec.wait_for_log("command started", secs(5)));
+        first.signal(Signal::SIGKILL);
+        first.wait_exit(secs(5)).expect("killed");
+        thread::sleep(ms(200));
+        let second = worker("second");
+        let again = second.wait_for_lease(secs(10));
+        assert_eq!(again.worker_id, lease.worker_id, "same ID re-adopted");
+        let exited = exec.wait_exit(secs(2));
+        assert_eq!(
+            exited,
+            None,
+            "exec ({}) stopped the app though the ID stayed: {:?}",
+            source.0,
+            exec.events_with("stopping").last()
+        );
+    }
 }
