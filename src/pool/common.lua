@@ -119,17 +119,23 @@ local function lease_meta(meta, id, token)
   return tonumber(first), tonumber(fence)
 end
 
+-- Ends the lease of `id`: out of leases, owners and meta, and back into
+-- ready at now + cooldown unless it is disabled.
+local function end_lease(ready, leases, owners, meta, disabled, id, now, cooldown)
+  redis.call('ZREM', leases, id)
+  redis.call('HDEL', owners, id)
+  redis.call('HDEL', meta, id)
+  if redis.call('SISMEMBER', disabled, id) == 0 then
+    redis.call('ZADD', ready, now + cooldown, id)
+  end
+end
+
 -- Moves up to `limit` expired leases (deadline <= now) back to ready at
 -- now + cooldown, or leaves disabled ones out of ready. Returns their ids.
 local function reclaim(ready, leases, owners, meta, disabled, now, cooldown, limit)
   local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
   for _, id in ipairs(expired) do
-    redis.call('ZREM', leases, id)
-    redis.call('HDEL', owners, id)
-    redis.call('HDEL', meta, id)
-    if redis.call('SISMEMBER', disabled, id) == 0 then
-      redis.call('ZADD', ready, now + cooldown, id)
-    end
+    end_lease(ready, leases, owners, meta, disabled, id, now, cooldown)
   end
   return expired
 end

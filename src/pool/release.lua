@@ -33,10 +33,5 @@ if not deadline or tonumber(deadline) <= now then
   return { 0, now, 'expired' }
 end
 
-redis.call('ZREM', leases, id)
-redis.call('HDEL', owners, id)
-redis.call('HDEL', meta, id)
-if redis.call('SISMEMBER', disabled, id) == 0 then
-  redis.call('ZADD', ready, now + cooldown, id)
-end
+end_lease(ready, leases, owners, meta, disabled, id, now, cooldown)
 return { 1, now }
