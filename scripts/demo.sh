@@ -31,7 +31,7 @@ cleanup() {
   trap '' PIPE
   trap - INT TERM EXIT
   if [ -n "${sidecar_pid:-}" ]; then kill -INT "$sidecar_pid" 2>/dev/null || true; wait "$sidecar_pid" || true; fi
-  echo "lease keys left in Redis: $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:[0-9]*' 2>/dev/null | wc -l)" 2>/dev/null || true
+  echo "lease keys left in Redis: $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:[0-9]*' 2>/dev/null | grep -c .)" 2>/dev/null || true
   kill "$redis_pid" 2>/dev/null || true
   wait "$redis_pid" 2>/dev/null || true
   rm -rf "$dir"
