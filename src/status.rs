@@ -100,6 +100,28 @@ pub struct Report {
     pub free: u32,
     /// Every ID that is not free, lowest first.
     pub leases: Vec<Entry>,
+    /// The app's claim guard (`<prefix><app>:guard`).
+    pub claim_guard: ClaimGuard,
+}
+
+/// The claim guard as `status` sees it (README, "Claim guard").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum ClaimGuard {
+    /// No guard: the next claim sets it and waits one TTL.
+    Missing,
+    /// New claims are allowed.
+    Open,
+    /// New claims wait this long (Redis time).
+    Closed {
+        /// ms until claims are allowed.
+        opens_in_ms: u64,
+    },
+    /// The guard key holds something that is not a number (the next
+    /// claim resets it).
+    Unreadable,
+    /// The guard key has another type: claims fail until it is removed.
+    WrongType,
 }
 
 /// One ID that is not free.
@@ -142,7 +164,14 @@ pub async fn read<C: ConnectionLike>(
     for key in &keys {
         pipe.cmd("TYPE").arg(key).cmd("PTTL").arg(key);
     }
-    let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    pipe.cmd("GET")
+        .arg(format!("{key_prefix}{app}:guard"))
+        .cmd("TIME");
+    let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    let (Some(time), Some(guard)) = (replies.pop(), replies.pop()) else {
+        return Err(short_reply());
+    };
+    let claim_guard = claim_guard(guard, time?)?;
     let mut entries = Vec::new();
     for ((worker_id, key), pair) in (0u16..).zip(&keys).zip(replies.chunks(2)) {
         let [key_type, pttl] = pair else {
@@ -206,6 +235,26 @@ pub async fn read<C: ConnectionLike>(
         wrong_type,
         free: ids - held - wrong_type,
         leases,
+        claim_guard,
+    })
+}
+
+/// Reads the guard's value against Redis' `TIME`.
+fn claim_guard(guard: RedisResult<Value>, time: Value) -> RedisResult<ClaimGuard> {
+    let (secs, micros): (u64, u64) = redis::from_redis_value(time)?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let value: Option<String> = match guard {
+        Ok(value) => redis::from_redis_value(value)?,
+        Err(err) if err.code() == Some("WRONGTYPE") => return Ok(ClaimGuard::WrongType),
+        Err(err) => return Err(err),
+    };
+    Ok(match value.map(|v| v.trim().parse::<u64>()) {
+        None => ClaimGuard::Missing,
+        Some(Err(_)) => ClaimGuard::Unreadable,
+        Some(Ok(open_at)) if open_at > now_ms => ClaimGuard::Closed {
+            opens_in_ms: open_at - now_ms,
+        },
+        Some(Ok(_)) => ClaimGuard::Open,
     })
 }
 
@@ -259,6 +308,25 @@ pub fn render(report: &Report) -> String {
         report.app,
         report.ids - 1
     );
+    match report.claim_guard {
+        ClaimGuard::Open => {}
+        ClaimGuard::Missing => out.push_str(
+            "claim guard missing (fresh Redis or data lost): the next claim waits one TTL\n",
+        ),
+        ClaimGuard::Closed { opens_in_ms } => {
+            let _ = writeln!(
+                out,
+                "claim guard closed: new claims wait another {:.1}s (Redis reset)",
+                opens_in_ms as f64 / 1000.0
+            );
+        }
+        ClaimGuard::Unreadable => {
+            out.push_str("claim guard unreadable: the next claim resets it\n");
+        }
+        ClaimGuard::WrongType => {
+            out.push_str("claim guard has the wrong type: claims fail until the key is removed\n");
+        }
+    }
     if report.leases.is_empty() {
         return out;
     }
@@ -318,12 +386,14 @@ mod tests {
                     ttl_ms: None,
                 },
             ],
+            claim_guard: ClaimGuard::Closed { opens_in_ms: 1500 },
         };
         let text = render(&report);
         assert!(
             text.starts_with("app orders: 1 of 4 worker IDs free, 2 held, 1 wrong type"),
             "{text}"
         );
+        assert!(text.contains("new claims wait another 1.5s"), "{text}");
         assert!(
             text.contains("119.2s  10.0.0.7#00aa") || text.contains("119.3s  10.0.0.7#00aa"),
             "{text}"

@@ -8,7 +8,8 @@ use crate::harness::*;
 const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +set +pexpire +del +time";
 
 /// `status`, as documented: read-only key access, three read commands.
-const STATUS_RULES: &str = "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get";
+const STATUS_RULES: &str =
+    "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get +time";
 
 /// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).

@@ -91,6 +91,7 @@ fn status_reports_held_expiring_and_wrong_type_keys() {
     assert_eq!(leases[2]["type"], "hash");
     assert!(leases[2]["owner"].is_null());
     assert!(leases[3]["ttl_ms"].is_null(), "no expiry");
+    assert_eq!(report["claim_guard"]["state"], "open");
 
     let run = status(&redis.url(), &[]);
     assert_eq!(run.code, Some(0), "{run:?}");
@@ -123,6 +124,33 @@ fn status_reports_held_expiring_and_wrong_type_keys() {
         (report["held"].as_u64(), report["free"].as_u64()),
         (Some(2), Some(5))
     );
+}
+
+/// The claim guard shows as missing on a fresh Redis, then closed (with the time left) once a
+/// sidecar's first claim has set it.
+#[test]
+fn status_shows_the_claim_guard() {
+    let redis = RedisServer::start();
+    let run = status(&redis.url(), &["--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+    assert_eq!(report["claim_guard"]["state"], "missing", "{run:?}");
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "30s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    assert!(poll_until(secs(5), || redis.exists(&format!("{PREFIX}orders:guard"))));
+    let run = status(&redis.url(), &[]);
+    assert!(
+        run.stdout
+            .contains("claim guard closed: new claims wait another"),
+        "{run:?}"
+    );
+    let run = status(&redis.url(), &["--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+    assert_eq!(report["claim_guard"]["state"], "closed");
+    let left = report["claim_guard"]["opens_in_ms"].as_u64().unwrap();
+    assert!(left > 20_000 && left <= 30_000, "{left}");
+    drop(sidecar);
 }
 
 /// Bad flags exit 2 naming the flag; an unreachable Redis exits 1 with the URL, password hidden.
