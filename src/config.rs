@@ -58,14 +58,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// Flags of `snowlease worker`; see README.md for the long form.
+/// `--redis-url`, shared by every command that talks to Redis.
 #[derive(Debug, Clone, Args)]
-pub struct WorkerArgs {
-    /// Application name: 1-64 chars of [A-Za-z0-9_.-]; part of every lease key.
-    #[arg(long, env = "SNOWLEASE_APP")]
-    pub app: String,
-
+pub struct RedisUrlArg {
     /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    // hide_env_values: --help must not print a password from the env.
     #[arg(
         long,
         env = "REDIS_URL",
@@ -73,6 +70,25 @@ pub struct WorkerArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+}
+
+impl RedisUrlArg {
+    /// Parses the URL; the error names `--redis-url` and hides the password.
+    pub fn target(&self) -> Result<RedisTarget, ConfigError> {
+        RedisTarget::parse(&self.redis_url)
+            .map_err(|reason| ConfigError::new("--redis-url", reason))
+    }
+}
+
+/// Flags of `snowlease worker`; see README.md for the long form.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// Application name: 1-64 chars of [A-Za-z0-9_.-]; part of every lease key.
+    #[arg(long, env = "SNOWLEASE_APP")]
+    pub app: String,
+
+    #[command(flatten)]
+    pub redis: RedisUrlArg,
 
     /// Owner identity [default: POD_IP env, else primary local IP, else hostname].
     #[arg(long, env = "SNOWLEASE_IDENTITY")]
@@ -175,8 +191,7 @@ impl WorkerArgs {
     /// Checks ranges and cross-field rules; the first violation names its flag.
     pub fn validate(&self) -> Result<WorkerConfig, ConfigError> {
         validate_app(&self.app)?;
-        let redis = RedisTarget::parse(&self.redis_url)
-            .map_err(|reason| ConfigError::new("--redis-url", reason))?;
+        let redis = self.redis.target()?;
         if let Some(identity) = &self.identity {
             validate_identity(identity)?;
         }

@@ -11,7 +11,9 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 use serde::Serialize;
 
-use crate::config::{ConfigError, validate_app, validate_key_prefix, validate_max_worker_id};
+use crate::config::{
+    ConfigError, RedisUrlArg, validate_app, validate_key_prefix, validate_max_worker_id,
+};
 use crate::store::RedisTarget;
 
 /// Timeout of each Redis round trip of `status`.
@@ -24,14 +26,8 @@ pub struct StatusArgs {
     #[arg(long, env = "SNOWLEASE_APP")]
     pub app: String,
 
-    /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
-    #[arg(
-        long,
-        env = "REDIS_URL",
-        hide_env_values = true,
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub redis_url: String,
+    #[command(flatten)]
+    pub redis: RedisUrlArg,
 
     /// Prefix of lease keys: the key is <prefix><app>:<id>.
     #[arg(
@@ -69,8 +65,7 @@ impl StatusArgs {
     /// Checks every flag; the first violation names its flag.
     pub fn validate(&self) -> Result<StatusConfig, ConfigError> {
         validate_app(&self.app)?;
-        let redis = RedisTarget::parse(&self.redis_url)
-            .map_err(|reason| ConfigError::new("--redis-url", reason))?;
+        let redis = self.redis.target()?;
         validate_key_prefix(&self.key_prefix)?;
         let max_worker_id = validate_max_worker_id(self.max_worker_id)?;
         Ok(StatusConfig {
@@ -409,7 +404,9 @@ mod tests {
     fn bad_flags_are_named() {
         let args = |prefix: &str, max| StatusArgs {
             app: "orders".into(),
-            redis_url: "redis://127.0.0.1:1".into(),
+            redis: RedisUrlArg {
+                redis_url: "redis://127.0.0.1:1".into(),
+            },
             key_prefix: prefix.into(),
             max_worker_id: max,
             json: false,

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use crate::config::{LogFormat, parse_duration};
+use crate::config::{LogFormat, RedisUrlArg, parse_duration};
 
 /// Flags of `snowlease pool`.
 #[derive(Args)]
@@ -55,15 +55,8 @@ pub enum PoolCommand {
 /// Where Redis is, and how this process logs.
 #[derive(Args)]
 pub struct RedisArgs {
-    /// Redis URL: redis://[user:password@]host:port[/db] or rediss:// for TLS.
-    // hide_env_values: --help must not print a password from the env.
-    #[arg(
-        long,
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
-        hide_env_values = true
-    )]
-    pub redis_url: String,
+    #[command(flatten)]
+    pub redis: RedisUrlArg,
 
     /// Timeout of one Redis call (10ms-60s).
     #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]

@@ -105,6 +105,26 @@ local function fence_value(key)
   end
 end
 
+-- The checks of disable and enable: KEYS are ready, leases, owners,
+-- disabled of one pool with their types, ARGV a batch of ids, and each id
+-- known to the pool (in one of the four keys). Returns an error or nil.
+local function check_admin_ids()
+  local ready, leases, owners, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local _, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled' })
+  if err then return err end
+  err = ids_arg(1)
+  if err then return err end
+  err = key_types({ { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { disabled, 'set' } })
+  if err then return err end
+  for i = 1, #ARGV do
+    local id = ARGV[i]
+    if not (redis.call('ZSCORE', ready, id) or redis.call('ZSCORE', leases, id)
+        or redis.call('HEXISTS', owners, id) == 1 or redis.call('SISMEMBER', disabled, id) == 1) then
+      return fail('NOID', id)
+    end
+  end
+end
+
 -- meta[id] = '<first_acquired_ms> <fence> <token>' of the current lease;
 -- returns first, fence when it belongs to this token, else nil.
 local function lease_meta(meta, id, token)

@@ -6,20 +6,9 @@
 -- Errors: NOID when an id is in none of ready, leases, owners, disabled;
 --         BADARG, DUPID, KEYTYPE as in common.lua.
 
-local ready, leases, owners, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local _, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled' })
+local ready, leases, disabled = KEYS[1], KEYS[2], KEYS[4]
+local err = check_admin_ids()
 if err then return err end
-err = ids_arg(1)
-if err then return err end
-err = key_types({ { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { disabled, 'set' } })
-if err then return err end
-for i = 1, #ARGV do
-  local id = ARGV[i]
-  if not (redis.call('ZSCORE', ready, id) or redis.call('ZSCORE', leases, id)
-      or redis.call('HEXISTS', owners, id) == 1 or redis.call('SISMEMBER', disabled, id) == 1) then
-    return fail('NOID', id)
-  end
-end
 
 local now = now_ms()
 local count = 0

@@ -63,8 +63,7 @@ impl PoolArgs {
     /// names its flag. Touches no Redis key.
     pub fn validate(&self) -> Result<PoolCliConfig, ConfigError> {
         let redis_args = self.redis_args();
-        let redis = RedisTarget::parse(&redis_args.redis_url)
-            .map_err(|reason| ConfigError::new("--redis-url", reason))?;
+        let redis = redis_args.redis.target()?;
         let redis_timeout = redis_args.redis_timeout;
         range(
             "--redis-timeout",
