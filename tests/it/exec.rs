@@ -150,6 +150,15 @@ fn pod_app_follows_the_sidecars_lease() {
     assert!(!pod.worker_id_file().exists());
 }
 
+/// Runs `exec --file FILE FLAGS -- sh -c 'touch MARKER'`: the marker exists only if the
+/// command was started.
+fn exec_touching(file: &std::path::Path, marker: &std::path::Path, flags: &[&str]) -> Run {
+    let mut args = vec!["exec", "--file", file.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    args.extend(["--", "sh", "-c", "touch \"$MARK\""]);
+    run_snowlease(&args, &[("MARK", marker.to_str().unwrap())], secs(10))
+}
+
 /// `exec` with no ID published within `--wait`: the command never starts (its marker file is
 /// never created), a clear error names the file, exit 3.
 #[test]
@@ -158,23 +167,7 @@ fn exec_without_published_id_never_starts_the_command() {
     let marker = pod.path().join("marker");
     let file = pod.worker_id_file();
     let started = Instant::now();
-    let run = run_snowlease(
-        &[
-            "exec",
-            "--file",
-            file.to_str().unwrap(),
-            "--wait",
-            "1s",
-            "--poll",
-            "100ms",
-            "--",
-            "sh",
-            "-c",
-            "touch \"$MARK\"",
-        ],
-        &[("MARK", marker.to_str().unwrap())],
-        secs(10),
-    );
+    let run = exec_touching(&file, &marker, &["--wait", "1s", "--poll", "100ms"]);
     assert_eq!(run.code, Some(3), "{run:?}");
     assert!(started.elapsed() >= secs(1), "waited --wait");
     assert!(
@@ -224,21 +217,7 @@ fn stale_id_after_sidecar_crash_stops_and_refuses_the_app() {
     // Once the deadline has passed, the ID is stale for good.
     assert!(poll_until(secs(5), || unix_ms() > valid_until_ms));
     let marker = pod.path().join("marker");
-    let run = run_snowlease(
-        &[
-            "exec",
-            "--file",
-            pod.worker_id_file().to_str().unwrap(),
-            "--wait",
-            "300ms",
-            "--",
-            "sh",
-            "-c",
-            "touch \"$MARK\"",
-        ],
-        &[("MARK", marker.to_str().unwrap())],
-        secs(10),
-    );
+    let run = exec_touching(&pod.worker_id_file(), &marker, &["--wait", "300ms"]);
     assert_eq!(run.code, Some(3), "{run:?}");
     assert!(run.stderr.contains("stale"), "{run:?}");
     assert!(!marker.exists());
