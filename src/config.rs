@@ -32,6 +32,9 @@ impl ConfigError {
     }
 }
 
+/// Default `--output-file` of the sidecar, read by `exec` and `id` too.
+pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
+
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
 pub const WORKER_ID_LIMIT: u16 = 1023;
 
@@ -122,7 +125,7 @@ pub struct WorkerArgs {
     #[arg(
         long,
         env = "SNOWLEASE_OUTPUT_FILE",
-        default_value = "/var/run/snowlease/worker-id"
+        default_value = DEFAULT_OUTPUT_FILE
     )]
     pub output_file: PathBuf,
 
@@ -281,7 +284,7 @@ pub fn validate_max_worker_id(value: u32) -> Result<u16, ConfigError> {
         })
 }
 
-/// App names: 1-64 chars of `[A-Za-z0-9_.-]` (worker-id.md), so a name can
+/// App names: 1-64 chars of `[A-Za-z0-9_.-]` (the key layout of the existing plugin), so a name can
 /// never reach into another app's keys or a hash tag.
 pub fn validate_app(app: &str) -> Result<(), ConfigError> {
     let ok = (1..=64).contains(&app.len())

@@ -305,22 +305,12 @@ pub fn run_id(source: &Source, wait: Duration) -> Result<u16, ExecError> {
 ///
 /// Errors: I/O errors, with the path.
 pub fn install(dir: &Path) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     let exe = std::env::current_exe().context("cannot locate the running binary")?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dest = dir.join("snowlease");
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".snowlease-")
-        .permissions(std::fs::Permissions::from_mode(0o755))
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot write into {}", dir.display()))?;
     let mut input =
         std::fs::File::open(&exe).with_context(|| format!("cannot read {}", exe.display()))?;
-    std::io::copy(&mut input, &mut tmp)
-        .with_context(|| format!("cannot copy to {}", dir.display()))?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(&dest)
-        .map_err(|e| e.error)
+    crate::publish::write_atomic_from(&dest, 0o755, &mut input)
         .with_context(|| format!("cannot create {}", dest.display()))?;
     Ok(dest)
 }

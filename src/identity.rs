@@ -17,7 +17,7 @@ pub enum IdentitySource {
 }
 
 /// Resolves the identity once, first that exists: the flag, `POD_IP`, the
-/// primary non-loopback local IP, the hostname (worker-id.md, "Owner").
+/// primary non-loopback local IP, the hostname (README, "Keys").
 pub fn resolve_identity(flag: Option<&str>) -> (String, IdentitySource) {
     if let Some(identity) = flag.filter(|s| !s.is_empty()) {
         return (identity.to_owned(), IdentitySource::Flag);
@@ -39,6 +39,14 @@ pub fn resolve_identity(flag: Option<&str>) -> (String, IdentitySource) {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown-host".to_owned());
     (host, IdentitySource::Hostname)
+}
+
+/// The identity part of an owner string (before the last `#`; all of it
+/// when there is no `#`, as with keys written by other tools).
+pub fn identity_of(owner: &str) -> &str {
+    owner
+        .rsplit_once('#')
+        .map_or(owner, |(identity, _)| identity)
 }
 
 /// The value stored in a lease key: `<identity>#<nonce>`, nonce 64 random

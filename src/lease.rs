@@ -1,12 +1,13 @@
-//! The lease core: claim, renew and release one Redis key on behalf of an
-//! owner, and the local validity math. Knows nothing of files or HTTP.
+//! The lease core: the names of an app's keys, claiming the lowest free ID,
+//! renewing and releasing one lease key on behalf of an owner, and the local
+//! validity math. Knows nothing of files or HTTP.
 //!
-//! Safety rests on two rules (worker-id.md): a lease is only valid locally
+//! Safety rests on two rules (README, "Validity"): a lease is only valid locally
 //! until `sent + TTL - margin`, measured on the monotonic clock from the
 //! moment the command was *sent*; and only a confirmed reply extends it.
 
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
@@ -21,15 +22,71 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("le
 
 /// Safety margin subtracted from the TTL: 1% of the TTL (covers clock rates
 /// that differ by up to 1%), at least 100 ms (scheduling jitter).
-pub fn margin(ttl: Duration) -> Duration {
+pub(crate) fn margin(ttl: Duration) -> Duration {
     (ttl / 100).max(Duration::from_millis(100))
+}
+
+/// How long after sending a claim or renew the lease may be treated as
+/// held: TTL - margin.
+pub fn validity(ttl: Duration) -> Duration {
+    ttl.saturating_sub(margin(ttl))
 }
 
 /// The instant until which a lease whose claim or renew was sent at `sent`
 /// may be treated as held. Redis starts its TTL later than `sent`, so this
 /// always ends before Redis lets another owner in.
 pub fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(margin(ttl))
+    sent + validity(ttl)
+}
+
+/// Unix time of `t` in ms (the unit of the state file's `valid_until_ms`);
+/// 0 before 1970, saturating.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Time left until the Unix time `ms`; `None` once it has passed.
+pub fn until_unix_ms(ms: u64) -> Option<Duration> {
+    let left = ms.checked_sub(unix_ms(SystemTime::now()))?;
+    (left > 0).then(|| Duration::from_millis(left))
+}
+
+/// Names of one app's keys, all under `<prefix><app>:` (snowlease never
+/// touches other keys): lease keys `<id>`, the claim guard `guard`, and
+/// start-up probe keys `probe:<nonce>`.
+#[derive(Debug, Clone)]
+pub struct LeaseKeys {
+    base: String,
+}
+
+impl LeaseKeys {
+    /// Keys of `app` under `prefix` (both validated by the caller).
+    pub fn new(prefix: &str, app: &str) -> Self {
+        Self {
+            base: format!("{prefix}{app}:"),
+        }
+    }
+
+    /// The lease key of one worker ID.
+    pub fn id(&self, worker_id: u16) -> String {
+        format!("{}{worker_id}", self.base)
+    }
+
+    /// The lease keys of IDs `0..=max_worker_id`, in ID order.
+    pub fn ids(&self, max_worker_id: u16) -> Vec<String> {
+        (0..=max_worker_id).map(|id| self.id(id)).collect()
+    }
+
+    /// The app's claim guard (see `claim.lua`).
+    pub fn guard(&self) -> String {
+        format!("{}guard", self.base)
+    }
+
+    /// The start-up probe key of one process.
+    pub fn probe(&self, nonce: &str) -> String {
+        format!("{}probe:{nonce}", self.base)
+    }
 }
 
 /// What a renew round found in Redis.
@@ -43,44 +100,9 @@ pub enum RenewOutcome {
     Lost,
 }
 
-/// What one lease key looked like in a scan.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Slot {
-    /// No key: the ID may be claimed.
-    Free,
-    /// A string key: somebody holds it (maybe us).
-    Held,
-    /// A key of another type; never touched. Holds the Redis type name.
-    WrongType(String),
-}
-
-/// Looks at many lease keys in one round trip (a pipeline of `TYPE`).
-///
-/// `TYPE` works on every type, so a foreign key never fails the scan; a
-/// pipeline (rather than one multi-key command) stays valid when the keys
-/// live in different Cluster slots.
-pub async fn scan<C: ConnectionLike>(
-    conn: &mut C,
-    keys: &[String],
-) -> redis::RedisResult<Vec<Slot>> {
-    let mut pipe = redis::pipe();
-    for key in keys {
-        pipe.cmd("TYPE").arg(key);
-    }
-    let types: Vec<String> = pipe.query_async(conn).await?;
-    Ok(types
-        .into_iter()
-        .map(|t| match t.as_str() {
-            "none" => Slot::Free,
-            "string" => Slot::Held,
-            _ => Slot::WrongType(t),
-        })
-        .collect())
-}
-
 /// What [`claim_lowest`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimOutcome {
+pub(crate) enum ClaimOutcome {
     /// The key at this index is ours now (`SET NX PX`).
     Claimed(usize),
     /// The key at this index already held our owner string (an earlier
@@ -95,7 +117,7 @@ pub enum ClaimOutcome {
 
 /// Result of [`claim_lowest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimReply {
+pub(crate) struct ClaimReply {
     /// What happened.
     pub outcome: ClaimOutcome,
     /// Indexes of keys of another type; they are never touched.
@@ -107,10 +129,11 @@ pub struct ClaimReply {
 /// missing key with `SET NX PX`. A missing guard is set to Redis time + TTL
 /// (see the script header for why).
 ///
-/// All keys go to one script, so on Redis Cluster they must share a slot.
+/// All keys go to one script, so on Redis Cluster they would have to share
+/// a slot; Cluster is not supported yet.
 /// A transient error may hide a claim that ran; calling this again finds and
-/// adopts that key instead of taking a second one (worker-id.md, Claim 5).
-pub async fn claim_lowest<C: ConnectionLike>(
+/// adopts that key instead of taking a second one (README, "Claim").
+pub(crate) async fn claim_lowest<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],
     guard_key: &str,
@@ -137,21 +160,6 @@ pub async fn claim_lowest<C: ConnectionLike>(
         outcome,
         wrong_type,
     })
-}
-
-/// The owner strings stored in string keys, in one pipeline of `GET`s;
-/// `None` for a missing key.
-///
-/// Errors: WRONGTYPE when a key is not a string.
-pub async fn holders<C: ConnectionLike>(
-    conn: &mut C,
-    keys: &[&String],
-) -> redis::RedisResult<Vec<Option<String>>> {
-    let mut pipe = redis::pipe();
-    for key in keys {
-        pipe.cmd("GET").arg(key);
-    }
-    pipe.query_async(conn).await
 }
 
 /// Runs `renew.lua`: extend when ours, re-create when missing and
@@ -196,21 +204,23 @@ pub async fn release<C: ConnectionLike>(
 /// Loads the scripts into the script cache (`SCRIPT LOAD`), so a missing
 /// ACL permission shows at start; `invoke_async` reloads them anyway after
 /// a restart or `SCRIPT FLUSH` (NOSCRIPT).
-pub async fn load_scripts<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
+async fn load_scripts<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
     CLAIM.load_async(conn).await?;
     RENEW.load_async(conn).await?;
     RELEASE.load_async(conn).await?;
     Ok(())
 }
 
-/// Runs every lease script once on `probe_key`, a key of this process only
-/// (`SET`, `PEXPIRE`, `DEL` inside the scripts), and leaves nothing behind.
+/// Loads all three scripts, then runs `renew.lua` twice and `release.lua`
+/// once on `probe_key`, a key of this process only (`GET`, `SET`,
+/// `PEXPIRE`, `DEL` inside the scripts), and leaves nothing behind.
+/// (`claim.lua`'s `TYPE` and `TIME` are checked by the first claim.)
 ///
 /// `SCRIPT LOAD` alone checks no command inside a script, so without this a
 /// user missing e.g. `+pexpire` would claim and publish an ID, then fail at
 /// the first renew. Errors: the first Redis error; a permission error names
 /// the command the step needs.
-pub async fn probe<C: ConnectionLike>(
+pub(crate) async fn probe<C: ConnectionLike>(
     conn: &mut C,
     probe_key: &str,
     owner: &Owner,

@@ -1,14 +1,14 @@
 //! snowlease: a sidecar that leases Snowflake worker IDs (and resource
 //! pools) in Redis and publishes them to the app beside it.
 //!
-//! The one safety property (shared/design/worker-id.md): no two processes
+//! The one safety property (README, "How the worker-ID sidecar behaves"): no two processes
 //! publish the same worker ID of an app at the same instant.
 //!
 //! # Layout
 //! - [`config`]: flags with env twins, validated into typed configs.
 //! - [`store`]: the Redis connection, URL redaction, error classification.
 //! - [`identity`]: the owner identity and the per-process owner string.
-//! - [`lease`]: the lease core: claim, renew, release one key; validity math.
+//! - [`lease`]: the lease core: key names, claim (lowest free ID), renew, release; validity math.
 //! - [`worker`]: worker-ID mode: lowest free ID, renew loop, loss, reclaim.
 //! - [`publish`]: the ID file and state file, written atomically.
 //! - [`http`]: `/id`, `/livez`, `/readyz`, `/metrics`.

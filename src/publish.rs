@@ -4,7 +4,7 @@
 //! (a lock file beside it).
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -33,15 +33,17 @@ pub struct StateFile {
 
 /// Path of the state file for an ID file: `<output-file>.state.json`.
 pub fn state_path(output_file: &Path) -> PathBuf {
-    let mut name = output_file.as_os_str().to_owned();
-    name.push(".state.json");
-    PathBuf::from(name)
+    with_suffix(output_file, ".state.json")
 }
 
 /// Path of the lock file for an ID file: `<output-file>.lock`.
-pub fn lock_path(output_file: &Path) -> PathBuf {
-    let mut name = output_file.as_os_str().to_owned();
-    name.push(".lock");
+pub(crate) fn lock_path(output_file: &Path) -> PathBuf {
+    with_suffix(output_file, ".lock")
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
     PathBuf::from(name)
 }
 
@@ -105,16 +107,23 @@ pub enum OutputLockError {
 ///
 /// Errors: any I/O error; `path` is then unchanged.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    // 0644: the app container may run as another user than the sidecar.
+    write_atomic_from(path, 0o644, &mut &contents[..])
+}
+
+/// [`write_atomic`] with the file mode and the contents from a reader.
+///
+/// Errors: any I/O error; `path` is then unchanged.
+pub fn write_atomic_from(path: &Path, mode: u32, contents: &mut impl Read) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    // 0644: the app container may run as another user than the sidecar.
     let mut tmp = tempfile::Builder::new()
         .prefix(".snowlease-")
-        .permissions(std::fs::Permissions::from_mode(0o644))
+        .permissions(std::fs::Permissions::from_mode(mode))
         .tempfile_in(dir)?;
-    tmp.write_all(contents)?;
+    std::io::copy(contents, &mut tmp)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())

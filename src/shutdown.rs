@@ -11,7 +11,7 @@ use tracing::{info, warn};
 /// The signals that stop the process cleanly. Besides SIGTERM and SIGINT,
 /// these are the ones whose default action kills the process: without a
 /// handler a stray `kill -HUP` would skip unpublishing and the release.
-const SHUTDOWN_SIGNALS: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
+pub(crate) const SHUTDOWN_SIGNALS: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
 
 /// Installs the shutdown signal handlers and returns the token they cancel.
 ///

@@ -8,14 +8,12 @@ use anyhow::Context;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::WorkerConfig;
 use crate::http::{self, WorkerHttp};
 use crate::identity::{Owner, resolve_identity};
-use crate::lease;
 use crate::metrics::WorkerMetrics;
 use crate::publish;
 use crate::worker::{self, Worker, WorkerState};
@@ -60,11 +58,8 @@ pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> an
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     let recorded = publish::read_state(&config.output_file, &config.app);
-    // The record's deadline is wall-clock based (a clock step or an edit
-    // could push it out): never keep the old ID file past one validity span.
-    let longest = lease::validity_deadline(Instant::now(), config.lease.ttl);
-    let initial = match recorded.as_ref().and_then(|r| r.deadline()) {
-        Some(until) => WorkerState::Readopting(until.min(longest)),
+    let initial = match recorded.as_ref().and_then(|r| r.deadline(config.lease.ttl)) {
+        Some(until) => WorkerState::Readopting(until),
         None => WorkerState::Claiming,
     };
     let (state_tx, state_rx) = watch::channel(initial);

@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::config::{
     ConfigError, RedisUrlArg, validate_app, validate_key_prefix, validate_max_worker_id,
 };
+use crate::lease::LeaseKeys;
 use crate::store::RedisTarget;
 
 /// Timeout of each Redis round trip of `status`.
@@ -151,17 +152,14 @@ pub async fn read<C: ConnectionLike>(
     key_prefix: &str,
     max_worker_id: u16,
 ) -> RedisResult<Report> {
-    let keys: Vec<String> = (0..=max_worker_id)
-        .map(|id| format!("{key_prefix}{app}:{id}"))
-        .collect();
+    let names = LeaseKeys::new(key_prefix, app);
+    let keys = names.ids(max_worker_id);
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for key in &keys {
         pipe.cmd("TYPE").arg(key).cmd("PTTL").arg(key);
     }
-    pipe.cmd("GET")
-        .arg(format!("{key_prefix}{app}:guard"))
-        .cmd("TIME");
+    pipe.cmd("GET").arg(names.guard()).cmd("TIME");
     let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
     let (Some(time), Some(guard)) = (replies.pop(), replies.pop()) else {
         return Err(short_reply());

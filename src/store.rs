@@ -134,7 +134,7 @@ pub fn classify(err: &RedisError) -> Failure {
 
 /// True when Redis refused a command to this user: `NOPERM`, or an ACL
 /// refusal inside a script (which Redis reports as `ERR`).
-pub fn is_permission_error(err: &RedisError) -> bool {
+pub(crate) fn is_permission_error(err: &RedisError) -> bool {
     match err.kind() {
         ErrorKind::Server(ServerErrorKind::NoPerm) => true,
         ErrorKind::Server(ServerErrorKind::ResponseError) => {
@@ -145,7 +145,7 @@ pub fn is_permission_error(err: &RedisError) -> bool {
 }
 
 /// True when the login failed: wrong user name or password (`WRONGPASS`).
-pub fn is_auth_error(err: &RedisError) -> bool {
+pub(crate) fn is_auth_error(err: &RedisError) -> bool {
     err.kind() == ErrorKind::AuthenticationFailed || err.code() == Some("WRONGPASS")
 }
 

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
@@ -15,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{LeaseSettings, OnLoss};
-use crate::identity::Owner;
-use crate::lease::{self, ClaimOutcome, RenewOutcome, Slot};
+use crate::identity::{Owner, identity_of};
+use crate::lease::{self, ClaimOutcome, LeaseKeys, RenewOutcome};
 use crate::metrics::WorkerMetrics;
+use crate::status;
 use crate::store::{Failure, classify};
 
 /// What the sidecar can say about its lease right now.
@@ -85,14 +86,13 @@ pub struct RecordedLease {
 }
 
 impl RecordedLease {
-    /// The recorded deadline on the monotonic clock; `None` once passed.
-    pub fn deadline(&self) -> Option<Instant> {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .ok()?
-            .as_millis();
-        let left = u128::from(self.valid_until_ms).checked_sub(now_ms)?;
-        Some(Instant::now() + Duration::from_millis(u64::try_from(left).ok()?))
+    /// The recorded deadline on the monotonic clock, never more than one
+    /// validity span (TTL - margin) away: the record is wall-clock based, and
+    /// a clock step or an edit must not keep a stale ID published longer.
+    /// `None` once passed.
+    pub fn deadline(&self, ttl: Duration) -> Option<Instant> {
+        let left = lease::until_unix_ms(self.valid_until_ms)?;
+        Some(Instant::now() + left.min(lease::validity(ttl)))
     }
 }
 
@@ -167,10 +167,12 @@ impl<C: ConnectionLike + Send> Worker<C> {
         mut recorded: Option<RecordedLease>,
         shutdown: CancellationToken,
     ) -> Result<Option<(HeldLease, String)>, WorkerError> {
+        // Once per process: the ACL check does not change on a reclaim.
+        let mut probed = false;
         let held = loop {
             let held = tokio::select! {
                 _ = shutdown.cancelled() => break None,
-                claimed = self.claim(&mut recorded) => claimed?,
+                claimed = self.claim(&mut recorded, &mut probed) => claimed?,
             };
             match self.hold(held, &shutdown).await {
                 HoldEnd::Shutdown(held) => break Some(held),
@@ -182,13 +184,13 @@ impl<C: ConnectionLike + Send> Worker<C> {
         };
         self.set_state(WorkerState::Stopping);
         Ok(held.map(|held| {
-            let key = self.key(held.worker_id);
+            let key = self.keys().id(held.worker_id);
             (held, key)
         }))
     }
 
-    fn key(&self, worker_id: u16) -> String {
-        format!("{}{}:{}", self.settings.key_prefix, self.app, worker_id)
+    fn keys(&self) -> LeaseKeys {
+        LeaseKeys::new(&self.settings.key_prefix, &self.app)
     }
 
     fn set_state(&self, state: WorkerState) {
@@ -205,40 +207,41 @@ impl<C: ConnectionLike + Send> Worker<C> {
         self.state.send_replace(state);
     }
 
-    fn held(&self, worker_id: u16, sent: Instant, sent_wall: SystemTime) -> HeldLease {
-        let valid_for = lease::validity_deadline(sent, self.settings.ttl) - sent;
-        let unix_ms = (sent_wall + valid_for)
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    /// The lease confirmed by a claim or renew sent at `sent`.
+    fn held(&self, worker_id: u16, sent: Instant) -> HeldLease {
+        let valid_for = lease::validity(self.settings.ttl);
+        let sent_wall = SystemTime::now() - sent.elapsed();
         HeldLease {
             worker_id,
             owner: self.owner.clone(),
             valid_until: sent + valid_for,
-            valid_until_unix_ms: unix_ms,
+            valid_until_unix_ms: lease::unix_ms(sent_wall + valid_for),
         }
     }
 
-    /// Claim step of worker-id.md: re-adopt, else lowest free ID, with
+    /// Claim step (README, "Claim"): re-adopt, else lowest free ID, with
     /// capped, jittered backoff; every wait and call ends by the claim
     /// timeout.
     async fn claim(
         &mut self,
         recorded: &mut Option<RecordedLease>,
+        probed: &mut bool,
     ) -> Result<HeldLease, WorkerError> {
+        let keys = self.keys();
+        let (ids, guard) = (keys.ids(self.settings.max_worker_id), keys.guard());
         let deadline = Instant::now() + self.claim_timeout;
         let cap = self.settings.renew_interval.min(Duration::from_secs(5));
         let mut backoff = Duration::from_millis(100).min(cap);
         let mut warned = HashSet::new();
         let mut last_log: Option<Instant> = None;
         let mut detail = String::from("no claim attempt finished in time");
-        let mut probed = false;
         loop {
             let round = async {
-                if !probed {
+                if !*probed {
                     self.probe().await?;
-                    probed = true;
+                    *probed = true;
                 }
-                self.claim_round(recorded, &mut warned).await
+                self.claim_round(recorded, &ids, &guard, &mut warned).await
             };
             let mut pause = jitter(backoff);
             match timeout_at(deadline, round).await {
@@ -288,15 +291,10 @@ impl<C: ConnectionLike + Send> Worker<C> {
         }
     }
 
-    /// Runs every script once on a key of this process, so a missing ACL
-    /// permission shows at start, not at the first renew.
+    /// Runs the lease scripts on a key of this process ([`lease::probe`]),
+    /// so a missing ACL permission shows at start, not at the first renew.
     async fn probe(&mut self) -> redis::RedisResult<()> {
-        let key = format!(
-            "{}{}:probe:{}",
-            self.settings.key_prefix,
-            self.app,
-            self.owner.nonce()
-        );
+        let key = self.keys().probe(self.owner.nonce());
         bounded(
             self.settings.call_timeout(),
             lease::probe(&mut self.conn, &key, &self.owner),
@@ -310,7 +308,12 @@ impl<C: ConnectionLike + Send> Worker<C> {
     ///
     /// Errors: the Redis error of the claim.
     pub async fn claim_once(&mut self) -> redis::RedisResult<Option<HeldLease>> {
-        match self.claim_round(&mut None, &mut HashSet::new()).await? {
+        let keys = self.keys();
+        let (ids, guard) = (keys.ids(self.settings.max_worker_id), keys.guard());
+        match self
+            .claim_round(&mut None, &ids, &guard, &mut HashSet::new())
+            .await?
+        {
             Round::Held(held) => Ok(Some(held)),
             _ => Ok(None),
         }
@@ -320,29 +323,21 @@ impl<C: ConnectionLike + Send> Worker<C> {
     async fn claim_round(
         &mut self,
         recorded: &mut Option<RecordedLease>,
+        keys: &[String],
+        guard: &str,
         warned: &mut HashSet<usize>,
     ) -> redis::RedisResult<Round> {
-        if let Some(rec) = recorded.clone() {
-            if let Some(held) = self.adopt(&rec).await? {
+        if let Some(rec) = recorded.as_ref() {
+            if let Some(held) = self.adopt(rec).await? {
                 return Ok(Round::Held(held));
             }
             *recorded = None;
             self.set_state(WorkerState::Claiming);
         }
-        let keys: Vec<String> = (0..=self.settings.max_worker_id)
-            .map(|id| self.key(id))
-            .collect();
-        let guard = format!("{}{}:guard", self.settings.key_prefix, self.app);
-        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let sent = Instant::now();
         let reply = bounded(
             self.settings.call_timeout(),
-            lease::claim_lowest(
-                &mut self.conn,
-                &keys,
-                &guard,
-                &self.owner,
-                self.settings.ttl,
-            ),
+            lease::claim_lowest(&mut self.conn, keys, guard, &self.owner, self.settings.ttl),
         )
         .await
         .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;
@@ -356,7 +351,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             ClaimOutcome::Adopted(index) => (index, "adopted"),
             ClaimOutcome::AllHeld => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "full");
-                return Ok(Round::AllHeld(self.holders(&keys).await));
+                return Ok(Round::AllHeld(self.holders().await));
             }
             ClaimOutcome::Paused(wait) => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "paused");
@@ -365,7 +360,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
         };
         WorkerMetrics::count(&self.metrics.claim_attempts, outcome);
         let worker_id = u16::try_from(index).expect("at most 1024 keys");
-        Ok(Round::Held(self.held(worker_id, sent, sent_wall)))
+        Ok(Round::Held(self.held(worker_id, sent)))
     }
 
     /// Re-adopts a recorded lease when the key still holds exactly the
@@ -374,9 +369,9 @@ impl<C: ConnectionLike + Send> Worker<C> {
         if rec.worker_id > self.settings.max_worker_id {
             return Ok(None);
         }
-        let key = self.key(rec.worker_id);
+        let key = self.keys().id(rec.worker_id);
         let owner = Owner::from_recorded(rec.owner.clone());
-        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let sent = Instant::now();
         let outcome = bounded(
             self.settings.call_timeout(),
             lease::renew(&mut self.conn, &key, &owner, self.settings.ttl, false),
@@ -389,7 +384,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 "re-adopted the lease recorded in the state file"
             );
             self.owner = owner;
-            return Ok(Some(self.held(rec.worker_id, sent, sent_wall)));
+            return Ok(Some(self.held(rec.worker_id, sent)));
         }
         info!(
             worker_id = rec.worker_id,
@@ -398,36 +393,28 @@ impl<C: ConnectionLike + Send> Worker<C> {
         Ok(None)
     }
 
-    /// Who holds the IDs, by identity only (nonces stay out of logs): two
-    /// pipelined round trips, each under the call timeout.
-    async fn holders(&mut self, keys: &[String]) -> String {
-        let timeout = self.settings.call_timeout();
-        let Ok(slots) = bounded(timeout, lease::scan(&mut self.conn, keys)).await else {
+    /// Who holds the IDs, by identity only (nonces stay out of logs), read
+    /// the way `snowlease status` reads them, under the call timeout.
+    async fn holders(&mut self) -> String {
+        let read = status::read(
+            &mut self.conn,
+            &self.app,
+            &self.settings.key_prefix,
+            self.settings.max_worker_id,
+        );
+        let Ok(Ok(report)) = timeout(self.settings.call_timeout(), read).await else {
             return "holders unknown: redis unavailable".to_owned();
         };
-        let held: Vec<&String> = keys
-            .iter()
-            .zip(&slots)
-            .filter(|(_, slot)| **slot == Slot::Held)
-            .map(|(key, _)| key)
-            .collect();
-        let values = bounded(timeout, lease::holders(&mut self.conn, &held))
-            .await
-            .unwrap_or_default();
-        let mut by_identity: BTreeMap<String, usize> = BTreeMap::new();
-        for value in values.into_iter().flatten() {
-            let identity = value.rsplit_once('#').map_or(value.as_str(), |(id, _)| id);
-            *by_identity.entry(identity.to_owned()).or_default() += 1;
+        let mut by_identity: BTreeMap<&str, usize> = BTreeMap::new();
+        for owner in report.leases.iter().filter_map(|e| e.owner.as_deref()) {
+            *by_identity.entry(identity_of(owner)).or_default() += 1;
         }
         let mut parts: Vec<String> = by_identity
             .iter()
             .map(|(id, n)| format!("{id}: {n}"))
             .collect();
-        let wrong_type = keys.len() - held.len();
-        if wrong_type > 0 {
-            parts.push(format!(
-                "keys of the wrong type or just freed: {wrong_type}"
-            ));
+        if report.wrong_type > 0 {
+            parts.push(format!("keys of the wrong type: {}", report.wrong_type));
         }
         parts.join(", ")
     }
@@ -436,8 +423,8 @@ impl<C: ConnectionLike + Send> Worker<C> {
     async fn hold(&mut self, mut held: HeldLease, shutdown: &CancellationToken) -> HoldEnd {
         let interval = self.settings.renew_interval;
         let ttl = self.settings.ttl;
-        // valid_until = sent + ttl - margin, so this is sent + interval.
-        let mut next_renew = held.valid_until - ttl.saturating_sub(lease::margin(ttl)) + interval;
+        // valid_until = sent + validity, so this is sent + interval.
+        let mut next_renew = held.valid_until - lease::validity(ttl) + interval;
         self.set_state(WorkerState::Held(held.clone()));
         loop {
             tokio::select! {
@@ -450,7 +437,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             };
             match round {
                 RenewRound::Renewed(sent) => {
-                    held = self.held(held.worker_id, sent, SystemTime::now() - sent.elapsed());
+                    held = self.held(held.worker_id, sent);
                     next_renew = sent + interval;
                     self.set_state(WorkerState::Held(held.clone()));
                 }
@@ -463,7 +450,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     );
                     return HoldEnd::Lost(held.worker_id);
                 }
-                // Keep trying with the longest backoff until the deadline.
+                // Keep trying, 4x the base backoff apart, until the deadline.
                 RenewRound::Failed => next_renew = Instant::now() + self.retry_base() * 4,
             }
         }
@@ -476,7 +463,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
     /// One renew round: the script, retried `retries` times with doubling
     /// backoff, never sent after the validity deadline.
     async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
-        let key = self.key(held.worker_id);
+        let key = self.keys().id(held.worker_id);
         let mut backoff = self.retry_base();
         for attempt in 0..=self.settings.retries {
             if !held.is_valid() {
@@ -542,7 +529,7 @@ async fn bounded<T>(
 
 /// Releases a lease at shutdown with a bounded wait: true when the key was
 /// ours and is deleted. When Redis is down the key simply expires.
-pub async fn release<C: ConnectionLike>(
+pub(crate) async fn release<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     owner: &Owner,

@@ -8,10 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::Source;
-use crate::config::{ConfigError, LogFormat, check_range, parse_duration};
-
-/// Default ID file: the sidecar's default `--output-file`.
-const DEFAULT_FILE: &str = "/var/run/snowlease/worker-id";
+use crate::config::{ConfigError, DEFAULT_OUTPUT_FILE, LogFormat, check_range, parse_duration};
 
 /// Flags of `snowlease exec`.
 #[derive(Debug, Clone, Args)]
@@ -155,7 +152,7 @@ fn source(file: Option<&Path>, url: Option<&str>) -> Result<Source, ConfigError>
             Err(ConfigError::new("--file", "must name a file"))
         }
         (Some(file), None) => Ok(Source::File(file.to_owned())),
-        (None, None) => Ok(Source::File(PathBuf::from(DEFAULT_FILE))),
+        (None, None) => Ok(Source::File(PathBuf::from(DEFAULT_OUTPUT_FILE))),
     }
 }
 
@@ -185,7 +182,10 @@ mod tests {
     #[test]
     fn defaults_read_the_sidecars_default_file() {
         let config = args(&["--", "app", "-x"]).unwrap().validate().unwrap();
-        assert_eq!(config.source, Source::File(PathBuf::from(DEFAULT_FILE)));
+        assert_eq!(
+            config.source,
+            Source::File(PathBuf::from(DEFAULT_OUTPUT_FILE))
+        );
         assert_eq!(config.env, "WORKER_ID");
         assert_eq!(
             (config.wait, config.poll, config.grace),

@@ -12,12 +12,13 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Handle;
 use tracing::debug;
 
-/// Signals passed on to the child as they arrive.
-pub const FORWARDED: [i32; 6] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2];
+/// Signals passed on to the child as they arrive: the ones that stop the
+/// sidecar cleanly, so both behave alike.
+pub const FORWARDED: [i32; 6] = crate::shutdown::SHUTDOWN_SIGNALS;
 
 /// Signals that end `exec` while no child runs yet.
 pub fn ends_wait(signal: i32) -> bool {

@@ -9,11 +9,12 @@
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Deserialize;
 
 use crate::config::WORKER_ID_LIMIT;
+use crate::lease::unix_ms;
 use crate::publish::{StateFile, state_path};
 
 /// Where the sidecar publishes the worker ID.
@@ -145,11 +146,6 @@ fn read_file(path: &std::path::Path) -> Reading {
         worker_id,
         valid_until: Some(Instant::now() + Duration::from_millis(state.valid_until_ms - now_ms)),
     })
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `<base>/id`, keeping a path prefix of the base URL.

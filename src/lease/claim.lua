@@ -1,4 +1,4 @@
--- Claim the lowest free worker ID in one round trip (worker-id.md, "Claim").
+-- Claim the lowest free worker ID in one round trip (README, "Claim").
 --
 -- KEYS[1..n]  lease keys of IDs 0..n-1, in ID order
 -- KEYS[n+1]   claim guard of the app, e.g. snowflake:worker:<app>:guard: a

@@ -1,5 +1,5 @@
 -- Release a lease: delete the key only while it still holds our owner string
--- (compare-and-delete; worker-id.md, "Release").
+-- (compare-and-delete; README, "Release").
 --
 -- KEYS[1]  lease key
 -- ARGV[1]  owner string

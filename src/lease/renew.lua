@@ -1,4 +1,4 @@
--- Renew a worker-ID lease if it is still ours (worker-id.md, "Renewal").
+-- Renew a worker-ID lease if it is still ours (README, "Renewal").
 --
 -- KEYS[1]  lease key, e.g. snowflake:worker:<app>:<id>
 -- ARGV[1]  owner string "<identity>#<nonce>"
