@@ -296,6 +296,39 @@ fn publish_by_hand(pod: &PodDir, worker_id: u32) {
     fs::rename(&tmp, pod.worker_id_file()).unwrap();
 }
 
+/// The published ID changes under a running app (5, then 6, by hand, without a state file): the
+/// app's ID is someone else's now, so `exec` stops it (SIGTERM; `sleep` obeys) and exits 75.
+#[test]
+fn exec_stops_the_app_when_the_published_id_changes() {
+    let pod = PodDir::new();
+    publish_by_hand(&pod, 5);
+    let mut app = exec_app(&pod, "app", &[], APP).spawn();
+    assert_eq!(wait_app_saw(&pod, "app", secs(10)), Some(5));
+    let pid = app_pid(&pod, "app");
+    assert!(app.is_running() && process_exists(pid));
+
+    publish_by_hand(&pod, 6);
+    let changed = Instant::now();
+    let status = app.wait_exit(secs(5)).expect("exec exits after the change");
+    assert_eq!(status.code(), Some(75), "documented exit code: lease lost");
+    assert!(
+        changed.elapsed() < GRACE + secs(1),
+        "stopped after {:?}",
+        changed.elapsed()
+    );
+    assert!(!process_exists(pid), "the app process is gone");
+    assert!(
+        app.count_log("changed to 6") > 0,
+        "the reason names the new ID: {:?}",
+        app.log_lines()
+    );
+    assert_eq!(
+        fs::read_to_string(saw_path(&pod, "app")).unwrap().trim(),
+        "5",
+        "the app only ever saw ID 5"
+    );
+}
+
 /// SIGTERM and SIGINT reach the command, and `exec` exits with the command's status (its code,
 /// or 128 + signal when the signal killed it).
 #[test]
@@ -320,10 +353,10 @@ fn exec_forwards_signals_and_exits_with_the_commands_status() {
 
 /// As PID 1 of a PID namespace (`unshare --pid --fork`), `exec` still gets SIGTERM (explicit
 /// handlers), forwards it, reaps orphans handed to it, and exits with the command's status.
+/// Needs `unshare --pid` (see [`pid1_tests_can_run`]).
 #[test]
 fn exec_works_as_pid_1() {
-    if run_unshare_probe().is_none() {
-        eprintln!("skipped: unshare --pid --fork is not available here");
+    if !pid1_tests_can_run() {
         return;
     }
     let pod = PodDir::new();
@@ -345,15 +378,6 @@ fn exec_works_as_pid_1() {
     app.signal(Signal::SIGTERM);
     let status = app.wait_exit(secs(5)).expect("exec exits");
     assert_eq!(status.code(), Some(7));
-}
-
-fn run_unshare_probe() -> Option<()> {
-    let status = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "true"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .ok()?;
-    status.success().then_some(())
 }
 
 /// A command that does not exist: exit 127 and a message naming it.
@@ -404,16 +428,27 @@ fn id_prints_the_published_id_for_scripts() {
         "{run:?}"
     );
 
+    const DELAY: Duration = Duration::from_millis(300);
+    let started = Instant::now();
     let later = {
         let pod = pod.clone();
         thread::spawn(move || {
-            thread::sleep(ms(300));
+            thread::sleep(DELAY);
             publish_by_hand(&pod, 12);
         })
     };
     let run = run_snowlease(&["id", "--file", file, "--wait", "5s"], &[], secs(10));
+    let took = started.elapsed();
     later.join().unwrap();
     assert_eq!((run.code, run.stdout.as_str()), (Some(0), "12"), "{run:?}");
+    assert!(
+        took >= DELAY,
+        "`id --wait` returned after {took:?}, before the ID was published ({DELAY:?})"
+    );
+    assert!(
+        took < DELAY + secs(2),
+        "`id --wait 5s` must return soon after the ID appears, not at the end of its wait: {took:?}"
+    );
 }
 
 /// `snowlease id --url` against a live sidecar prints the same ID as `/id`.

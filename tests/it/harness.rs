@@ -7,14 +7,16 @@
 //!   the harness's own tests.
 //! - `harness/redis_server.rs`: [`RedisServer`], a private `redis-server` (no persistence)
 //!   killed on drop, its log printed when the test panics; faults: `restart` (empty, same
-//!   port), `pause` / `resume` (SIGSTOP / SIGCONT), `stop`.
+//!   port), `pause` / `resume` (SIGSTOP / SIGCONT), `stop`; `INFO` fields and command counts.
 //! - `harness/sidecar.rs`: [`PodDir`] (one pod's folder for the ID and state files; share it
 //!   to model a sidecar restart in the same pod), [`SidecarBuilder`] / [`Sidecar`] (a running
 //!   `snowlease <subcommand>` in a scrubbed environment: logs captured, HTTP, files, signals,
 //!   exit status; SIGKILLed on drop, its log printed when the test panics), log and
 //!   Prometheus parsing.
 //! - `harness/process.rs`: [`stop_process`] (SIGSTOP that waits until stopped), `/proc`
-//!   readers, [`run_snowlease`] (run the binary to completion, with a deadline).
+//!   readers, [`run_snowlease`] (run the binary to completion, with a deadline),
+//!   [`pid1_tests_can_run`] (PID 1 tests fail without `unshare --pid`, unless
+//!   `SNOWLEASE_SKIP_PID1=1`).
 //!
 //! A typical worker test:
 //! ```ignore

@@ -1,7 +1,7 @@
 //! Pool mode against a real redis-server: the Lua scripts through the Rust
 //! API and called raw, lost leases, reclaim, bad input, concurrency,
 //! idempotent acquire, and compatibility with workers that know only the
-//! three keys of design/pool.md.
+//! three keys of the pool layout (README, "Pool mode").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -117,7 +117,7 @@ pub(crate) fn set(redis: &RedisServer, key: &str) -> BTreeSet<String> {
     redis.query(redis::cmd("SMEMBERS").arg(key))
 }
 
-/// The invariants of design/pool.md: no id in both ready and leases; leases
+/// The invariants of the pool layout (README, "Pool mode"): no id in both ready and leases; leases
 /// and owners hold the same ids.
 pub(crate) fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
     let ready = zset(redis, &keys.ready);
@@ -560,17 +560,22 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
         let before = dump(&redis);
 
         let touches = |s: PoolScript| s.keys(&keys).contains(&broken);
-        let check = |op: &str, result: Result<(), PoolError>| match result {
-            Err(PoolError::WrongKeyType {
-                key, expected: e, ..
-            }) => {
-                assert_eq!(
-                    (key.as_str(), e.as_str()),
-                    (broken.as_str(), expected),
-                    "{op}"
-                );
+        // The operations checked for this broken key: at least one must touch it.
+        let mut checked: Vec<&str> = Vec::new();
+        let mut check = |op: &'static str, result: Result<(), PoolError>| {
+            checked.push(op);
+            match result {
+                Err(PoolError::WrongKeyType {
+                    key, expected: e, ..
+                }) => {
+                    assert_eq!(
+                        (key.as_str(), e.as_str()),
+                        (broken.as_str(), expected),
+                        "{op}"
+                    );
+                }
+                other => panic!("{op} with {broken} as {wrong:?}: {other:?}"),
             }
-            other => panic!("{op} with {broken} as {wrong:?}: {other:?}"),
         };
         let id = lease.id();
         let token = lease.token();
@@ -607,7 +612,11 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
         if touches(PoolScript::Enable) {
             check("enable", pool.enable(&["c"]).await.map(drop));
         }
-        assert_eq!(dump(&redis), before, "{broken} as {wrong:?}");
+        assert!(
+            !checked.is_empty(),
+            "no operation checked {broken} as {wrong:?}: no script touches it"
+        );
+        assert_eq!(dump(&redis), before, "{broken} as {wrong:?} ({checked:?})");
     }
 }
 
@@ -786,7 +795,7 @@ async fn acquire_with_a_request_id_is_idempotent() {
     check_invariants(&redis, pool.keys());
 }
 
-/// A worker that knows only the three keys of design/pool.md, with scripts
+/// A worker that knows only the three keys of the pool layout (README, "Pool mode"), with scripts
 /// of its own.
 struct LegacyWorker {
     keys: PoolKeys,
@@ -1132,13 +1141,7 @@ async fn acquire_wait_backs_off_and_wakes_when_due() {
     let redis = RedisServer::start();
     let pool = new_pool(&redis, "wait", &["a"]).await;
     let lease = leased(pool.acquire(&AcquireRequest::new(secs(30))).await.unwrap());
-    let evalsha_calls = || -> u64 {
-        let info: String = redis.query(redis::cmd("INFO").arg("commandstats"));
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
-    };
+    let evalsha_calls = || redis.command_calls("evalsha");
 
     let before = evalsha_calls();
     let started = Instant::now();

@@ -29,13 +29,13 @@ fn pool_json(redis: &RedisServer, args: &[&str]) -> Value {
     serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {run:?}"))
 }
 
-/// EVALSHA calls Redis has answered so far.
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let info: String = redis.query(redis::cmd("INFO").arg("commandstats"));
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+/// Scripts Redis has run (EVALSHA and EVAL calls that did not fail: an EVALSHA answered
+/// NOSCRIPT, before the client loads the script and calls again, is not a run).
+fn script_runs(redis: &RedisServer) -> u64 {
+    ["evalsha", "eval"]
+        .iter()
+        .map(|c| redis.command_calls(c) - redis.command_stat(c, "failed_calls"))
+        .sum()
 }
 
 fn ids_file(dir: &tempfile::TempDir, name: &str, ids: impl Iterator<Item = String>) -> String {
@@ -49,7 +49,7 @@ fn ids_file(dir: &tempfile::TempDir, name: &str, ids: impl Iterator<Item = Strin
 }
 
 /// Round trip: init from a 2500-id file (three script calls: one init, two
-/// adds; a script takes at most 1000), add 1500 more, acquire prints the
+/// adds; a script takes at most 1000), add 1500 more (two adds), acquire prints the
 /// lease as JSON, a wrong token exits 4 and changes nothing, the right one
 /// releases with its cooldown; the token never reaches stderr.
 #[test]
@@ -58,15 +58,27 @@ fn cli_round_trip_from_an_ids_file() {
     let keys = PoolKeys::new("proxies");
     let dir = tempfile::tempdir().unwrap();
     let first = ids_file(&dir, "first", (0..2500).map(|i| format!("vn-{i:04}")));
+    let runs_before = script_runs(&redis);
     let init = pool_json(&redis, &["init", "--pool", "proxies", "--ids-file", &first]);
+    assert_eq!(
+        script_runs(&redis) - runs_before,
+        3,
+        "init from 2500 ids: one init and two adds of at most 1000 ids each"
+    );
     assert_eq!(init["added"], 2500);
     let ready = zset(&redis, &keys.ready);
     assert_eq!(ready.len(), 2500);
     assert!(ready.values().all(|score| *score == 0));
     let more = ids_file(&dir, "more", (2500..4000).map(|i| format!("vn-{i:04}")));
+    let runs_before = script_runs(&redis);
     assert_eq!(
         pool_json(&redis, &["add", "--pool", "proxies", "--ids-file", &more])["added"],
         1500
+    );
+    assert_eq!(
+        script_runs(&redis) - runs_before,
+        2,
+        "add of 1500 ids: two adds"
     );
 
     let run = pool_cmd(
@@ -154,7 +166,7 @@ fn cli_acquire_wait_on_an_empty_pool_exits_3() {
     pool_json(&redis, &["init", "--pool", "p", "--ids", "only"]);
     pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "30s"]);
 
-    let before = evalsha_calls(&redis);
+    let before = redis.command_calls("evalsha");
     let started = Instant::now();
     let run = pool_cmd(
         &redis,
@@ -162,7 +174,7 @@ fn cli_acquire_wait_on_an_empty_pool_exits_3() {
         &[],
     );
     let took = started.elapsed();
-    let attempts = evalsha_calls(&redis) - before;
+    let attempts = redis.command_calls("evalsha") - before;
     assert_eq!(run.code, Some(3), "{run:?}");
     assert!(run.stdout.is_empty(), "{run:?}");
     assert!(run.stderr.contains("--wait 800ms"), "{run:?}");

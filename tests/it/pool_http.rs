@@ -544,9 +544,11 @@ fn serve_process_end_to_end_and_sigterm() {
         secs(10),
     );
     assert_eq!(init.code, Some(0), "{init:?}");
+    // A reaper round at start only (the interval's first tick), so that the EVALSHA calls
+    // counted later are the requests' own.
     let mut serve = Serve::start(
         &redis,
-        &["--pool", "proxies,accounts", "--reap-interval", "100ms"],
+        &["--pool", "proxies,accounts", "--reap-interval", "1h"],
     );
     assert!(poll_until(secs(10), || serve
         .call("GET", "/readyz", None)
@@ -591,6 +593,7 @@ fn serve_process_end_to_end_and_sigterm() {
     );
 
     // An acquire waiting for a minute is answered at SIGTERM, and the process stops.
+    let evalsha_before = redis.command_calls("evalsha");
     let waiter = {
         let addr = serve.addr;
         thread::spawn(move || {
@@ -612,7 +615,13 @@ fn serve_process_end_to_end_and_sigterm() {
             .count()
     };
     assert!(debug_lines() >= 1, "debug logs are on");
-    thread::sleep(ms(200)); // let the waiting acquire reach its backoff
+    // Let the waiting acquire reach its backoff: a first attempt and at least one retry.
+    assert!(
+        poll_until(secs(5), || redis.command_calls("evalsha")
+            >= evalsha_before + 2),
+        "the waiting acquire never retried: {} EVALSHA calls since it started",
+        redis.command_calls("evalsha") - evalsha_before
+    );
     let signalled = Instant::now();
     serve.signal(Signal::SIGTERM);
     let status = serve.wait_exit(secs(5)).expect("serve did not exit");

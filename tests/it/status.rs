@@ -3,20 +3,7 @@
 use serde_json::Value;
 
 use crate::harness::*;
-
-/// Every key of the database with its type, value (strings) and whether it expires.
-fn snapshot(redis: &RedisServer) -> Vec<(String, String, Option<String>, bool)> {
-    redis
-        .keys("*")
-        .into_iter()
-        .map(|k| {
-            let kind = redis.key_type(&k);
-            let value = (kind == "string").then(|| redis.get(&k)).flatten();
-            let expires = redis.pttl(&k) >= 0;
-            (k, kind, value, expires)
-        })
-        .collect()
-}
+use crate::pool::dump;
 
 fn status(redis_url: &str, extra: &[&str]) -> Run {
     let mut args = vec![
@@ -67,7 +54,7 @@ fn status_reports_held_expiring_and_wrong_type_keys() {
     );
     set(worker_key("orders", 8), "outside-the-range", None);
     set(worker_key("billing", 1), "another-app", None);
-    let before = snapshot(&redis);
+    let before = dump(&redis);
     let pttl_before = redis.pttl(&worker_key("orders", 3));
 
     let run = status(&redis.url(), &["--json"]);
@@ -110,7 +97,7 @@ fn status_reports_held_expiring_and_wrong_type_keys() {
     );
     assert!(!run.stdout.contains("outside-the-range") && !run.stdout.contains("another-app"));
 
-    assert_eq!(snapshot(&redis), before, "status wrote nothing");
+    assert_eq!(dump(&redis), before, "status wrote nothing");
     assert!(
         redis.pttl(&worker_key("orders", 3)) <= pttl_before,
         "no TTL extended"

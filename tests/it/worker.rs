@@ -278,14 +278,10 @@ fn sigterm_leaves_a_key_that_is_no_longer_ours() {
 }
 
 /// SIGTERM to the sidecar running as PID 1 of its own PID namespace: clean release, exit 0
-/// within 2 s.
+/// within 2 s. Needs `unshare --pid` (see [`pid1_tests_can_run`]).
 #[test]
 fn sigterm_as_pid_1_releases() {
-    let probe = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--kill-child", "true"])
-        .output();
-    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        eprintln!("NOTE: skipping the PID 1 case, `unshare --pid --fork` failed: {probe:?}");
+    if !pid1_tests_can_run() {
         return;
     }
     let redis = RedisServer::start();
@@ -315,23 +311,26 @@ fn sigterm_as_pid_1_releases() {
     assert!(!sidecar.output_file().exists());
 }
 
+/// A worker of the restart tests: identity 10.0.0.9, IDs 0-3, and a long TTL (re-adoption must
+/// not depend on the old key expiring).
+fn restart_worker(redis: &RedisServer, pod: &PodDir, name: &str) -> Sidecar {
+    Sidecar::worker(redis, "orders")
+        .name(name)
+        .pod(pod)
+        .flag("--identity", "10.0.0.9")
+        .flag("--max-worker-id", "3")
+        .flag("--ttl", "10s")
+        .flag("--renew-interval", "1s")
+        .spawn()
+}
+
 /// Sidecar restarted in the same pod re-adopts its ID and owner string; a process with the same
 /// identity in another pod folder does not take over that key.
 #[test]
 fn restart_in_same_pod_readopts_other_pod_does_not() {
     let redis = RedisServer::start();
     let pod = PodDir::new();
-    // A long TTL: re-adoption must not depend on the old key expiring.
-    let worker = |pod: &PodDir, name: &str| {
-        Sidecar::worker(&redis, "orders")
-            .name(name)
-            .pod(pod)
-            .flag("--identity", "10.0.0.9")
-            .flag("--max-worker-id", "3")
-            .flag("--ttl", "10s")
-            .flag("--renew-interval", "1s")
-            .spawn()
-    };
+    let worker = |pod: &PodDir, name: &str| restart_worker(&redis, pod, name);
     let mut first = worker(&pod, "first");
     let lease = assert_published(&redis, &first, "orders");
     first.signal(Signal::SIGKILL);
@@ -370,16 +369,7 @@ fn restart_in_same_pod_readopts_other_pod_does_not() {
 fn restart_does_not_readopt_a_key_taken_by_someone_else() {
     let redis = RedisServer::start();
     let pod = PodDir::new();
-    let worker = |name: &str| {
-        Sidecar::worker(&redis, "orders")
-            .name(name)
-            .pod(&pod)
-            .flag("--identity", "10.0.0.9")
-            .flag("--max-worker-id", "3")
-            .flag("--ttl", "10s")
-            .flag("--renew-interval", "1s")
-            .spawn()
-    };
+    let worker = |name: &str| restart_worker(&redis, &pod, name);
     let mut first = worker("first");
     let lease = assert_published(&redis, &first, "orders");
     first.signal(Signal::SIGKILL);
@@ -397,10 +387,12 @@ fn restart_does_not_readopt_a_key_taken_by_someone_else() {
     assert_eq!(redis.get(&key).as_deref(), Some("other"));
 }
 
-/// `publish::write_atomic`: a reader in a tight loop during 1000 rewrites never sees an empty
-/// or partial ID file.
+/// `publish::write_atomic`: a reader in a tight loop during 1000 rewrites never sees a
+/// missing, empty or partial ID file (the file exists before the first rewrite).
 #[test]
 fn id_file_rewrites_are_atomic() {
+    /// Reads the reader must do while the rewrites run, so that they really overlap.
+    const MIN_READS: usize = 300;
     let dir = PodDir::new();
     let path = dir.worker_id_file();
     snowlease::publish::write_atomic(&path, b"7\n").unwrap();
@@ -413,29 +405,41 @@ fn id_file_rewrites_are_atomic() {
             while !done.load(Ordering::Relaxed) {
                 match fs::read(&path) {
                     Ok(bytes) => {
-                        reads.fetch_add(1, Ordering::Relaxed);
                         if bytes != b"7\n" && bytes != b"1023\n" {
-                            bad.push(bytes);
+                            bad.push(format!("{:?}", String::from_utf8_lossy(&bytes)));
                         }
                     }
-                    Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}"),
+                    // The file always exists: a rename replaces it, never removes it first.
+                    Err(e) => bad.push(e.to_string()),
                 }
+                reads.fetch_add(1, Ordering::Relaxed);
             }
             bad
         })
     };
+    assert!(
+        poll_until(secs(5), || reads.load(Ordering::Relaxed) > 0),
+        "the reader never started"
+    );
+    let reads_before = reads.load(Ordering::Relaxed);
     for i in 0..1000 {
         let contents: &[u8] = if i % 2 == 0 { b"1023\n" } else { b"7\n" };
         snowlease::publish::write_atomic(&path, contents).unwrap();
     }
+    let reads_during = reads.load(Ordering::Relaxed) - reads_before;
     done.store(true, Ordering::Relaxed);
     let bad = reader.join().unwrap();
     let reads = reads.load(Ordering::Relaxed);
     assert!(reads > 0, "the reader must have read the file");
     assert!(
+        reads_during >= MIN_READS,
+        "only {reads_during} reads overlapped the 1000 rewrites (want {MIN_READS})"
+    );
+    assert!(
         bad.is_empty(),
-        "{} torn reads of {reads}: {bad:?}",
-        bad.len()
+        "{} bad reads of {reads}, first ones: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(10)]
     );
     assert_eq!(fs::read(&path).unwrap(), b"7\n");
     let leftovers: Vec<_> = fs::read_dir(dir.path())
@@ -446,12 +450,11 @@ fn id_file_rewrites_are_atomic() {
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }
 
-/// Total connections a Redis server has accepted.
-fn connections_received(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("stats").query(conn).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_connections_received:"))
-        .and_then(|v| v.trim().parse().ok())
+/// Total connections `redis` has accepted, counting the one this call opens.
+fn connections_received(redis: &RedisServer) -> u64 {
+    redis
+        .info_field("stats", "total_connections_received")
+        .and_then(|v| v.parse().ok())
         .expect("total_connections_received in INFO stats")
 }
 
@@ -530,8 +533,7 @@ fn bad_configuration_exits_2_before_touching_redis() {
             &["max-worker-id", "1023"],
         ),
     ];
-    let mut conn = redis.conn();
-    let before = connections_received(&mut conn);
+    let before = connections_received(&redis);
     for BadInput { over, env, words } in &cases {
         let args = base(over);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -548,12 +550,13 @@ fn bad_configuration_exits_2_before_touching_redis() {
         assert_eq!(redis.dbsize(), 0, "no key after {case}");
         assert!(!Path::new(out).exists(), "no ID file after {case}");
     }
-    // `redis.dbsize()` opens a connection per call; the sidecar must have opened none.
-    let after = connections_received(&mut conn);
+    // `redis.dbsize()` opens a connection per call, and so does reading `after`; the sidecar
+    // must have opened none.
+    let after = connections_received(&redis);
     assert_eq!(
         after - before,
-        cases.len() as u64,
-        "only the test's own DBSIZE connections may reach Redis"
+        cases.len() as u64 + 1,
+        "only the test's own DBSIZE and INFO connections may reach Redis"
     );
 }
 
@@ -584,10 +587,19 @@ fn unreachable_redis_exits_3_at_claim_timeout() {
         sidecar.count_log("redis unavailable") >= 2,
         "retries are logged"
     );
-    let last = sidecar.log_lines().join("\n").to_lowercase();
+    let last = sidecar
+        .log_lines()
+        .last()
+        .cloned()
+        .unwrap_or_default()
+        .to_lowercase();
     assert!(
         last.contains("claim") && last.contains("redis"),
-        "the final error says what failed"
+        "the final error says what failed: {last}"
+    );
+    assert!(
+        last.contains("2s") && !last.contains("retrying"),
+        "the final line is the exit error naming --claim-timeout, not a retry warning: {last}"
     );
     assert!(!sidecar.output_file().exists());
 }
@@ -697,9 +709,22 @@ fn closed_stderr_still_releases_on_sigterm() {
         poll_until(secs(5), || file.exists()),
         "publishes with stderr closed"
     );
-    // Renewals write log lines into the broken pipe as well.
-    thread::sleep(ms(1200));
+    // Renewals write log lines into the broken pipe as well: wait for two of them, seen as
+    // the key's PTTL rising (it only falls between renewals).
     let key = worker_key("pipes", 0);
+    let mut last_pttl = redis.pttl(&key);
+    let mut renewals = 0;
+    assert!(
+        poll_until(secs(5), || {
+            let pttl = redis.pttl(&key);
+            if last_pttl > 0 && pttl > last_pttl {
+                renewals += 1;
+            }
+            last_pttl = pttl;
+            renewals >= 2
+        }),
+        "the lease is renewed with stderr closed: {renewals} renewals seen, PTTL {last_pttl}"
+    );
     assert!(redis.exists(&key));
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();

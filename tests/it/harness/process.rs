@@ -75,6 +75,40 @@ pub fn child_pids(pid: Pid) -> Vec<Pid> {
         .collect()
 }
 
+/// Set to `1` to let the PID 1 tests pass without running where `unshare --pid --fork` fails
+/// (no user namespaces, a restricted container); they fail there otherwise.
+pub const SKIP_PID1_ENV: &str = "SNOWLEASE_SKIP_PID1";
+
+/// Whether a PID 1 test can run: true when `unshare --pid --fork --kill-child true` works. When
+/// it does not: false (the test returns) if `SNOWLEASE_SKIP_PID1=1`, else a panic saying why.
+pub fn pid1_tests_can_run() -> bool {
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "true"])
+        .stdin(Stdio::null())
+        .output();
+    if probe.as_ref().is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    let why = match &probe {
+        Ok(o) => format!(
+            "{}: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => e.to_string(),
+    };
+    if std::env::var_os(SKIP_PID1_ENV).is_some_and(|v| v == "1") {
+        eprintln!(
+            "NOTE: skipping a PID 1 test ({SKIP_PID1_ENV}=1): `unshare --pid --fork` failed: {why}"
+        );
+        return false;
+    }
+    panic!(
+        "`unshare --pid --fork` failed: {why}; the PID 1 tests need it (set {SKIP_PID1_ENV}=1 to \
+         skip them where PID namespaces are not available)"
+    );
+}
+
 /// Result of [`run_snowlease`].
 #[derive(Debug)]
 pub struct Run {

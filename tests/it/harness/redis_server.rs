@@ -126,6 +126,39 @@ impl RedisServer {
         self.query(&mut redis::cmd("DBSIZE"))
     }
 
+    /// The value of `field` in `INFO section` (on a fresh connection, which the server counts
+    /// in `total_connections_received` before it answers), e.g.
+    /// `info_field("stats", "total_connections_received")` -> `Some("12")`, or
+    /// `info_field("commandstats", "cmdstat_evalsha")` -> `Some("calls=3,usec=...")`. None when
+    /// the section has no such field (a command never called has no `cmdstat_` line).
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let info: String = self.query(redis::cmd("INFO").arg(section));
+        info.lines().find_map(|line| {
+            let (name, value) = line.trim_end().split_once(':')?;
+            (name == field).then(|| value.to_owned())
+        })
+    }
+
+    /// One counter of `command` (lower case, e.g. "evalsha") in `INFO commandstats`: "calls",
+    /// or "failed_calls" (calls answered with an error, e.g. NOSCRIPT; part of "calls"). 0
+    /// before the command's first call.
+    pub fn command_stat(&self, command: &str, stat: &str) -> u64 {
+        let Some(stats) = self.info_field("commandstats", &format!("cmdstat_{command}")) else {
+            return 0;
+        };
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(stat)?.strip_prefix('='))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {stat}= in cmdstat_{command}:{stats}"))
+    }
+
+    /// Calls of `command` (lower case, e.g. "evalsha") the server has counted so far, errors
+    /// included; 0 before the first.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.command_stat(command, "calls")
+    }
+
     /// All keys matching `pattern`, sorted.
     pub fn keys(&self, pattern: &str) -> Vec<String> {
         let mut keys: Vec<String> = self.query(redis::cmd("KEYS").arg(pattern));
@@ -158,7 +191,8 @@ impl RedisServer {
     /// SIGKILL the server (no-op when already stopped). Its data is gone.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // SIGCONT first: a paused server would otherwise stay a zombie-to-be until resumed.
+            // SIGKILL ends a paused (SIGSTOPped) server too; the SIGCONT after it is only a
+            // harmless extra.
             let pid = Pid::from_raw(child.id() as i32);
             let _ = kill(pid, Signal::SIGKILL);
             let _ = kill(pid, Signal::SIGCONT);
