@@ -4,13 +4,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snowlease::config::{LeaseSettings, OnLoss};
 use snowlease::identity::Owner;
-use snowlease::metrics::WorkerMetrics;
-use snowlease::worker::{Worker, WorkerState};
+use snowlease::worker_id::claim::{ClaimOutcome, LeaseKeys, claim_lowest};
 
 const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
 const TRIALS: usize = 300;
@@ -22,16 +19,6 @@ use redis_server::Redis;
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
-}
-
-fn settings() -> LeaseSettings {
-    LeaseSettings {
-        key_prefix: "snowflake:worker:".into(),
-        max_worker_id: 31,
-        ttl: Duration::from_secs(120),
-        renew_interval: Duration::from_secs(60),
-        retries: 3,
-    }
 }
 
 /// Median PING round trip and median claim with `taken` of 32 IDs held.
@@ -51,17 +38,11 @@ async fn claim_latency(url: &str, taken: &[u16]) -> (Duration, Vec<Duration>) {
             .unwrap();
         pings.push(start.elapsed());
     }
-    let (tx, _rx) = tokio::sync::watch::channel(WorkerState::Claiming);
-    let mut worker = Worker {
-        conn: conn.clone(),
-        app: "bench".into(),
-        settings: settings(),
-        owner: Owner::generate("bench"),
-        on_loss: OnLoss::Reclaim,
-        claim_timeout: Duration::from_secs(5),
-        metrics: Arc::new(WorkerMetrics::default()),
-        state: tx,
-    };
+    let keys = LeaseKeys::new("snowflake:worker:", "bench");
+    let (ids, guard) = (keys.ids(31), keys.guard());
+    let owner = Owner::generate("bench");
+    let ttl = Duration::from_secs(120);
+    let mut claim_conn = conn.clone();
     let mut admin = conn;
     let mut results = Vec::new();
     for &n in taken {
@@ -84,9 +65,15 @@ async fn claim_latency(url: &str, taken: &[u16]) -> (Duration, Vec<Duration>) {
         let mut samples = Vec::with_capacity(TRIALS);
         for _ in 0..TRIALS {
             let start = Instant::now();
-            let held = worker.claim_once().await.unwrap().expect("a free ID");
+            let reply = claim_lowest(&mut claim_conn, &ids, &guard, &owner, ttl)
+                .await
+                .unwrap();
             samples.push(start.elapsed());
-            assert_eq!(held.worker_id, n, "lowest free ID");
+            assert_eq!(
+                reply.outcome,
+                ClaimOutcome::Claimed(usize::from(n)),
+                "lowest free ID"
+            );
             let _: () = redis::cmd("DEL")
                 .arg(format!("snowflake:worker:bench:{n}"))
                 .query_async(&mut admin)

@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+
+use crate::exit;
 use nix::sys::signal::Signal;
 use tracing::{debug, error, info, warn};
 
@@ -28,17 +30,6 @@ pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
 use child::{Child, Exit, Signals};
 use deadline::Deadlines;
 pub use source::{Published, Reading, Source};
-
-/// `exec`/`id`: no ID was published within `--wait` (as the worker's
-/// "could not claim an ID in time").
-pub const EXIT_NO_ID: u8 = 3;
-/// `exec`: the published ID disappeared, changed or went stale while the
-/// command ran; the command was stopped (EX_TEMPFAIL: restart me).
-pub const EXIT_LEASE_LOST: u8 = 75;
-/// `exec`: the command exists but could not be executed.
-pub const EXIT_CANNOT_EXECUTE: u8 = 126;
-/// `exec`: the command was not found.
-pub const EXIT_NOT_FOUND: u8 = 127;
 
 /// Timeout of one `GET /id`: the poll interval within 100-500 ms (signals
 /// wait meanwhile, so keep it short; the sidecar is local).
@@ -73,23 +64,9 @@ pub enum ExecError {
     Other(#[from] anyhow::Error),
 }
 
-impl ExecError {
-    /// The documented exit code for this error.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Self::NoId { .. } => EXIT_NO_ID,
-            Self::Spawn { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
-                EXIT_NOT_FOUND
-            }
-            Self::Spawn { .. } => EXIT_CANNOT_EXECUTE,
-            Self::Other(_) => 1,
-        }
-    }
-}
-
 /// Runs `exec`: wait for an ID, run the command with it, watch the ID.
 /// Returns the exit code: the command's (128 + signal when killed),
-/// [`EXIT_LEASE_LOST`] after a loss, 128 + signal when a signal ended the
+/// [`exit::LEASE_LOST`] after a loss, 128 + signal when a signal ended the
 /// wait.
 ///
 /// Errors: [`ExecError`] when no ID came or the command cannot start.
@@ -120,7 +97,7 @@ pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
     child.reap();
     if lost {
         error!(worker_id, exit = ?exit, "command stopped after the worker ID was lost; exiting 75");
-        return Ok(EXIT_LEASE_LOST);
+        return Ok(exit::LEASE_LOST);
     }
     info!(worker_id, exit = ?exit, "command exited");
     Ok(exit.code())
@@ -310,7 +287,7 @@ pub fn install(dir: &Path) -> anyhow::Result<PathBuf> {
     let dest = dir.join("snowlease");
     let mut input =
         std::fs::File::open(&exe).with_context(|| format!("cannot read {}", exe.display()))?;
-    crate::publish::write_atomic_from(&dest, 0o755, &mut input)
+    crate::atomic_file::write_atomic_from(&dest, 0o755, &mut input)
         .with_context(|| format!("cannot create {}", dest.display()))?;
     Ok(dest)
 }
@@ -325,7 +302,11 @@ mod tests {
             program: "x".into(),
             error: std::io::Error::from(kind),
         };
-        assert_eq!(spawn(std::io::ErrorKind::NotFound).exit_code(), 127);
-        assert_eq!(spawn(std::io::ErrorKind::PermissionDenied).exit_code(), 126);
+        let code = |kind| exit::code_of(&spawn(kind).into());
+        assert_eq!(code(std::io::ErrorKind::NotFound), exit::NOT_FOUND);
+        assert_eq!(
+            code(std::io::ErrorKind::PermissionDenied),
+            exit::CANNOT_EXECUTE
+        );
     }
 }

@@ -5,30 +5,29 @@
 //! publish the same worker ID of an app at the same instant.
 //!
 //! # Layout
-//! - [`config`]: flags with env twins, validated into typed configs.
-//! - [`store`]: the Redis connection, URL redaction, error classification.
-//! - [`identity`]: the owner identity and the per-process owner string.
-//! - [`lease`]: the lease core: key names, claim (lowest free ID), renew, release; validity math.
-//! - [`worker`]: worker-ID mode: lowest free ID, renew loop, loss, reclaim.
-//! - [`publish`]: the ID file and state file, written atomically.
-//! - [`http`]: `/id`, `/livez`, `/readyz`, `/metrics`.
-//! - [`metrics`]: Prometheus metrics of the worker mode.
-//! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
-//! - [`sidecar`]: wiring of worker mode and its shutdown order.
+//! One subtree per mode:
+//! - [`worker_id`]: worker-ID mode: the sidecar (claim, renew, publish) and `status`.
 //! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
 //! - [`exec`]: the app side: `exec` runs the app only while an ID is published; `id`, `install`.
-//! - [`status`]: read-only view of an app's leases in Redis.
+//!
+//! Shared by the modes:
+//! - [`lease`]: the lease core: owner-checked renew and release of one key; validity math.
+//! - [`cli`]: shared flag groups (Redis URL, log format), duration and range parsers.
+//! - [`exit`]: the exit codes of every command, one table.
+//! - [`connection`]: the Redis connection, URL redaction, error classification.
+//! - [`identity`]: the owner identity and the per-process owner string.
+//! - [`http`]: serving a router, liveness routes, metrics encoding.
+//! - [`atomic_file`]: files written whole or not at all.
+//! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
 
-pub mod config;
+pub mod atomic_file;
+pub mod cli;
+pub mod connection;
 pub mod exec;
+pub mod exit;
 pub mod http;
 pub mod identity;
 pub mod lease;
-pub mod metrics;
 pub mod pool;
-pub mod publish;
 pub mod shutdown;
-pub mod sidecar;
-pub mod status;
-pub mod store;
-pub mod worker;
+pub mod worker_id;

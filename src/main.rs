@@ -1,12 +1,13 @@
 //! The `snowlease` binary: parse flags, validate, set up logging, run one
-//! mode, map the outcome to an exit code (see README.md, "Exit codes").
+//! mode, map the outcome to an exit code ([`snowlease::exit`], README
+//! "Exit codes").
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use snowlease::config::{ConfigError, LogFormat, WorkerArgs};
-use snowlease::worker::WorkerError;
+use snowlease::cli::LogFormat;
+use snowlease::{exec, exit, pool, shutdown, worker_id};
 use tracing_subscriber::EnvFilter;
 
 /// Leases Snowflake worker IDs and resource pools in Redis.
@@ -20,17 +21,29 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the worker-ID sidecar: claim an ID, renew it, publish it.
-    Worker(WorkerArgs),
+    Worker(worker_id::args::WorkerArgs),
     /// Run CMD with the published worker ID in its environment; stop it when the ID is lost.
-    Exec(snowlease::exec::ExecArgs),
+    Exec(exec::ExecArgs),
     /// Print the published worker ID (for shell scripts).
-    Id(snowlease::exec::IdArgs),
+    Id(exec::IdArgs),
     /// Show which worker IDs of an app are held, by whom, for how long (read-only).
-    Status(snowlease::status::StatusArgs),
+    Status(worker_id::status::StatusArgs),
     /// Copy this binary into DIR (an init container sharing it with the app).
-    Install(snowlease::exec::InstallArgs),
+    Install(exec::InstallArgs),
     /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
-    Pool(snowlease::pool::cli::PoolArgs),
+    Pool(pool::cli::PoolArgs),
+}
+
+impl Command {
+    /// How error messages of this command start.
+    fn prefix(&self) -> &'static str {
+        match self {
+            Self::Exec(_) => "snowlease exec",
+            Self::Id(_) => "snowlease id",
+            Self::Pool(_) => "snowlease pool",
+            _ => "snowlease",
+        }
+    }
 }
 
 /// `eprintln!` that ignores a closed stderr instead of panicking, so the
@@ -43,82 +56,53 @@ macro_rules! report {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Worker(args) => {
-            let config = match args.validate() {
-                Ok(config) => config,
-                Err(err) => return config_error(&err),
-            };
-            init_logging(args.log_format);
-            finish(block_on(async move {
-                let shutdown = snowlease::shutdown::listen()?;
-                snowlease::sidecar::run_worker(config, shutdown).await
-            }))
-        }
-        // Exit codes of exec: the command's, 75 ID lost, 3 no ID, 126/127 cannot start.
-        Command::Exec(args) => {
-            let config = match args.validate() {
-                Ok(config) => config,
-                Err(err) => return config_error(&err),
-            };
-            init_logging(args.log_format);
-            snowlease::exec::run_exec(&config).map_or_else(
-                |err| {
-                    report!("snowlease exec: {}", describe(&err));
-                    ExitCode::from(err.exit_code())
-                },
-                ExitCode::from,
-            )
-        }
-        Command::Id(args) => {
-            let (source, wait) = match args.validate() {
-                Ok(valid) => valid,
-                Err(err) => return config_error(&err),
-            };
-            match snowlease::exec::run_id(&source, wait) {
-                Ok(worker_id) => {
-                    println!("{worker_id}");
-                    ExitCode::SUCCESS
-                }
-                Err(err) => {
-                    report!("snowlease id: {}", describe(&err));
-                    ExitCode::from(err.exit_code())
-                }
+    let command = Cli::parse().command;
+    let prefix = command.prefix();
+    match run(command) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            let code = exit::code_of(&err);
+            let text = describe(err.as_ref());
+            if code != exit::BAD_INPUT {
+                tracing::error!(error = %text, "exiting");
             }
-        }
-        Command::Status(args) => {
-            let config = match args.validate() {
-                Ok(config) => config,
-                Err(err) => return config_error(&err),
-            };
-            finish(block_on(
-                async move { snowlease::status::run(&config).await },
-            ))
-        }
-        Command::Install(args) => match snowlease::exec::install(&args.dir) {
-            Ok(path) => {
-                println!("{}", path.display());
-                ExitCode::SUCCESS
-            }
-            Err(err) => finish(Err(err)),
-        },
-        // Exit codes of pool: 2 bad input, 3 nothing due, 4 not owner or expired.
-        Command::Pool(args) => {
-            let config = match args.validate() {
-                Ok(config) => config,
-                Err(err) => return config_error(&err),
-            };
-            init_logging(args.log_format());
-            block_on(snowlease::pool::cli::run(config)).map_or_else(
-                |err| {
-                    report!("snowlease pool: {}", describe(err.as_ref()));
-                    ExitCode::from(snowlease::pool::cli::exit_code(&err))
-                },
-                |()| ExitCode::SUCCESS,
-            )
+            report!("{prefix}: {text}");
+            ExitCode::from(code)
         }
     }
+}
+
+/// Validates the flags (nothing is touched before), then runs the command.
+/// Returns the exit code of a run that did its job (`exec` passes its
+/// command's code through).
+fn run(command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Worker(args) => {
+            let config = args.validate()?;
+            init_logging(args.log.log_format);
+            block_on(async move { worker_id::run(config, shutdown::listen()?).await })?;
+        }
+        Command::Exec(args) => {
+            let config = args.validate()?;
+            init_logging(args.log.log_format);
+            return Ok(exec::run_exec(&config)?);
+        }
+        Command::Id(args) => {
+            let (source, wait) = args.validate()?;
+            println!("{}", exec::run_id(&source, wait)?);
+        }
+        Command::Status(args) => {
+            let config = args.validate()?;
+            block_on(async move { worker_id::status::run(&config).await })?;
+        }
+        Command::Install(args) => println!("{}", exec::install(&args.dir)?.display()),
+        Command::Pool(args) => {
+            let config = args.validate()?;
+            init_logging(args.log_format());
+            block_on(pool::cli::run(config))?;
+        }
+    }
+    Ok(0)
 }
 
 fn block_on<F: Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()> {
@@ -127,28 +111,6 @@ fn block_on<F: Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()
         .enable_all()
         .build()?
         .block_on(fut)
-}
-
-fn config_error(err: &ConfigError) -> ExitCode {
-    report!("snowlease: {err}");
-    ExitCode::from(2)
-}
-
-/// Exit codes: 0 clean stop, 2 bad configuration, 3 no ID claimed in time,
-/// 4 lease lost with `--on-loss exit`, 1 anything else.
-fn finish(result: anyhow::Result<()>) -> ExitCode {
-    let Err(err) = result else {
-        return ExitCode::SUCCESS;
-    };
-    let text = describe(err.as_ref());
-    tracing::error!(error = %text, "exiting");
-    report!("snowlease: {text}");
-    match err.downcast_ref::<WorkerError>() {
-        Some(WorkerError::ClaimTimeout { .. }) => ExitCode::from(3),
-        Some(WorkerError::LeaseLost { .. }) => ExitCode::from(4),
-        _ if err.downcast_ref::<ConfigError>().is_some() => ExitCode::from(2),
-        _ => ExitCode::FAILURE,
-    }
 }
 
 /// An error with its causes, each said once: a redis-rs error repeats its

@@ -8,7 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::Source;
-use crate::config::{ConfigError, DEFAULT_OUTPUT_FILE, LogFormat, check_range, parse_duration};
+use crate::cli::{ConfigError, LogArgs, check_range, parse_duration};
+use crate::worker_id::args::DEFAULT_OUTPUT_FILE;
 
 /// Flags of `snowlease exec`.
 #[derive(Debug, Clone, Args)]
@@ -37,9 +38,8 @@ pub struct ExecArgs {
     #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 
-    /// Log format on stderr.
-    #[arg(long, env = "SNOWLEASE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]

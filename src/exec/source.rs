@@ -13,9 +13,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Deserialize;
 
-use crate::config::WORKER_ID_LIMIT;
 use crate::lease::unix_ms;
-use crate::publish::{StateFile, state_path};
+use crate::worker_id::args::WORKER_ID_LIMIT;
+use crate::worker_id::files::{StateFile, state_path};
 
 /// Where the sidecar publishes the worker ID.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,7 +255,7 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::publish::write_atomic;
+    use crate::atomic_file::write_atomic;
 
     fn state(worker_id: u16, valid_until_ms: u64) -> Vec<u8> {
         serde_json::to_vec(&StateFile {

@@ -1,13 +1,13 @@
 //! `snowlease pool ...`: the flags, with env twins. `cli/validate.rs` turns
 //! them into a [`PoolCliConfig`] before Redis is touched; [`run`] executes
-//! it and prints one JSON object (or the status table); [`exit_code`] maps
-//! the outcome.
+//! it and prints one JSON object (or the status table); [`crate::exit`] maps
+//! the outcome to an exit code.
 
 mod run;
 mod validate;
 
 pub(crate) use run::hint_words;
-pub use run::{EXIT_BAD_INPUT, EXIT_NOT_OWNER, EXIT_NOTHING_DUE, PoolCliError, exit_code, run};
+pub use run::{PoolCliError, run};
 pub use validate::PoolCliConfig;
 use validate::{Op, human};
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use crate::config::{LogFormat, RedisUrlArg, parse_duration};
+use crate::cli::{LogArgs, LogFormat, RedisUrlArg, parse_duration};
 
 /// Flags of `snowlease pool`.
 #[derive(Args)]
@@ -62,9 +62,8 @@ pub struct RedisArgs {
     #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub redis_timeout: Duration,
 
-    /// Log format on stderr.
-    #[arg(long, env = "SNOWLEASE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// One pool and its Redis.
@@ -233,7 +232,7 @@ pub struct ServeArgs {
 impl PoolArgs {
     /// The log format flag of the chosen command.
     pub fn log_format(&self) -> LogFormat {
-        self.redis_args().log_format
+        self.redis_args().log.log_format
     }
 
     fn redis_args(&self) -> &RedisArgs {

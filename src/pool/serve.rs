@@ -25,8 +25,8 @@ use tracing::{debug, info, warn};
 use super::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, TTL_MAX_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
+use crate::connection::RedisTarget;
 use crate::http;
-use crate::store::RedisTarget;
 
 mod body;
 

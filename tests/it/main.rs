@@ -1,20 +1,23 @@
 //! Integration tests: the real `snowlease` binary against real `redis-server` processes.
-//!
-//! # Layout
-//! - `harness`: Redis servers, sidecar processes, polling helpers (shared by every module).
-//! - `worker`: worker mode: claim, publish, release, re-adoption, bad input.
-//! - `worker_faults`: worker mode under faults: SIGKILL, SIGSTOP, Redis restart, overwrites.
-//! - `pool`: pool mode scripts and API: leases, cooldowns, fences, bad input, concurrency.
-//! - `pool_cli`: `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.
-//! - `pool_http`: `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
+//! Every test module, one line each:
 
+/// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
-mod breaker;
+/// One worker ID never published twice under faults found by adversarial testing.
+mod double_publish;
+/// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
+/// Redis servers, sidecar processes, polling helpers (shared by every module).
 mod harness;
+/// Pool mode scripts and API: leases, cooldowns, fences, bad input, concurrency.
 mod pool;
+/// `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.
 mod pool_cli;
+/// `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
 mod pool_http;
+/// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
+/// Worker mode: claim, publish, release, re-adoption, bad input.
 mod worker;
+/// Worker mode under faults: SIGKILL, SIGSTOP, Redis restart, overwrites.
 mod worker_faults;

@@ -13,9 +13,9 @@ use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
+use snowlease::connection::RedisTarget;
 use snowlease::pool::serve::{ServeState, router};
 use snowlease::pool::{Pool, PoolKeys, PoolOptions};
-use snowlease::store::RedisTarget;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 

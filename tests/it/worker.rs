@@ -395,7 +395,7 @@ fn id_file_rewrites_are_atomic() {
     const MIN_READS: usize = 300;
     let dir = PodDir::new();
     let path = dir.worker_id_file();
-    snowlease::publish::write_atomic(&path, b"7\n").unwrap();
+    snowlease::atomic_file::write_atomic(&path, b"7\n").unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
     let reader = {
@@ -424,7 +424,7 @@ fn id_file_rewrites_are_atomic() {
     let reads_before = reads.load(Ordering::Relaxed);
     for i in 0..1000 {
         let contents: &[u8] = if i % 2 == 0 { b"1023\n" } else { b"7\n" };
-        snowlease::publish::write_atomic(&path, contents).unwrap();
+        snowlease::atomic_file::write_atomic(&path, contents).unwrap();
     }
     let reads_during = reads.load(Ordering::Relaxed) - reads_before;
     done.store(true, Ordering::Relaxed);

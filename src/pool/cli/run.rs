@@ -8,23 +8,12 @@ use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use super::{Op, PoolCliConfig, human};
-use crate::config::ConfigError;
-use crate::pool::{
-    Acquired, Extended, LostReason, Pool, PoolError, PoolOptions, PoolStatus, Released,
-};
-
-/// Exit code: bad input (a flag or id out of range, a duplicate or unknown
-/// id, init of an existing pool); nothing was written.
-pub const EXIT_BAD_INPUT: u8 = 2;
-/// Exit code: acquire found nothing due within `--wait`.
-pub const EXIT_NOTHING_DUE: u8 = 3;
-/// Exit code: release or extend of a lease that is not ours or expired.
-pub const EXIT_NOT_OWNER: u8 = 4;
+use crate::pool::{Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released};
 
 /// Most reap calls one `pool reap` makes.
 const REAP_ROUNDS: usize = 1000;
 
-/// Why a pool command ended without doing its job, for exit codes 3 and 4.
+/// Why a pool command ended without doing its job (exit 3 and 4, see [`crate::exit`]).
 #[derive(Debug, thiserror::Error)]
 pub enum PoolCliError {
     /// Acquire found no id due within `--wait`.
@@ -59,34 +48,11 @@ impl PoolCliError {
     }
 }
 
-/// The exit code of a failed pool command: 2 bad input, 3 nothing due,
-/// 4 not owner or expired, 1 anything else (Redis down, wrong key types).
-pub fn exit_code(err: &anyhow::Error) -> u8 {
-    if let Some(err) = err.downcast_ref::<PoolCliError>() {
-        return match err {
-            PoolCliError::NothingDue { .. } => EXIT_NOTHING_DUE,
-            PoolCliError::NotOwner { .. } => EXIT_NOT_OWNER,
-        };
-    }
-    if err.downcast_ref::<ConfigError>().is_some() {
-        return EXIT_BAD_INPUT;
-    }
-    match err.downcast_ref::<PoolError>() {
-        Some(
-            PoolError::BadInput { .. }
-            | PoolError::DuplicateId { .. }
-            | PoolError::UnknownId { .. }
-            | PoolError::AlreadyInitialized { .. },
-        ) => EXIT_BAD_INPUT,
-        _ => 1,
-    }
-}
-
 /// Runs one validated command: prints its result on stdout; `serve` runs
 /// until SIGTERM/SIGINT.
 ///
-/// Errors: [`PoolCliError`] (exit 3, 4), [`PoolError`] and others; see
-/// [`exit_code`].
+/// Errors: [`PoolCliError`] (exit 3, 4), [`crate::pool::PoolError`] and others; see
+/// [`crate::exit::code_of`].
 pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
     if let Op::Serve(serve) = config.op {
         let shutdown = crate::shutdown::listen()?;
@@ -96,7 +62,7 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
     let out = match execute(conn, config.op).await {
         Ok(out) => out,
         // Only failures of Redis itself need to say which Redis.
-        Err(err) if exit_code(&err) == 1 => {
+        Err(err) if crate::exit::code_of(&err) == crate::exit::FAILURE => {
             return Err(err.context(format!("redis {}", config.redis)));
         }
         Err(err) => return Err(err),
@@ -240,27 +206,6 @@ fn status_table(pool: &str, s: &PoolStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exit_codes() {
-        let code = |e: anyhow::Error| exit_code(&e);
-        assert_eq!(code(PoolError::bad("ttl", "1-2").into()), 2);
-        assert_eq!(
-            code(anyhow::Error::from(PoolError::DuplicateId { id: "a".into() }).context("redis x")),
-            2
-        );
-        assert_eq!(
-            code(PoolCliError::lost("p", "a", LostReason::Expired).into()),
-            4
-        );
-        let due = PoolCliError::NothingDue {
-            pool: "p".into(),
-            wait: "1s".into(),
-            hint: hint_words(None),
-        };
-        assert_eq!(code(due.into()), 3);
-        assert_eq!(code(anyhow::anyhow!("redis down")), 1);
-    }
 
     #[test]
     fn table_lists_every_state() {

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs};
-use crate::config::ConfigError;
+use crate::cli::ConfigError;
+use crate::connection::RedisTarget;
 use crate::pool::AcquireRequest;
 use crate::pool::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, MAX_LEASE_MAX_MS, TTL_MAX_MS};
 use crate::pool::serve::ServeConfig;
-use crate::store::RedisTarget;
 
 /// Longest `--wait` of acquire.
 const WAIT_MAX: Duration = Duration::from_secs(86_400);

@@ -11,11 +11,10 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 use serde::Serialize;
 
-use crate::config::{
-    ConfigError, RedisUrlArg, validate_app, validate_key_prefix, validate_max_worker_id,
-};
-use crate::lease::LeaseKeys;
-use crate::store::RedisTarget;
+use super::args::AppKeysArgs;
+use super::claim::LeaseKeys;
+use crate::cli::{ConfigError, RedisUrlArg};
+use crate::connection::RedisTarget;
 
 /// Timeout of each Redis round trip of `status`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,24 +22,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Flags of `snowlease status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
-    /// Application name, as given to the sidecars.
-    #[arg(long, env = "SNOWLEASE_APP")]
-    pub app: String,
+    /// The keys to read: the same three flags the sidecars were given.
+    #[command(flatten)]
+    pub keys: AppKeysArgs,
 
     #[command(flatten)]
     pub redis: RedisUrlArg,
-
-    /// Prefix of lease keys: the key is <prefix><app>:<id>.
-    #[arg(
-        long,
-        env = "SNOWLEASE_KEY_PREFIX",
-        default_value = "snowflake:worker:"
-    )]
-    pub key_prefix: String,
-
-    /// Highest worker ID (0-1023), as given to the sidecars.
-    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = 31)]
-    pub max_worker_id: u32,
 
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -65,15 +52,13 @@ pub struct StatusConfig {
 impl StatusArgs {
     /// Checks every flag; the first violation names its flag.
     pub fn validate(&self) -> Result<StatusConfig, ConfigError> {
-        validate_app(&self.app)?;
+        let keys = self.keys.validate()?;
         let redis = self.redis.target()?;
-        validate_key_prefix(&self.key_prefix)?;
-        let max_worker_id = validate_max_worker_id(self.max_worker_id)?;
         Ok(StatusConfig {
-            app: self.app.clone(),
+            app: keys.app,
             redis,
-            key_prefix: self.key_prefix.clone(),
-            max_worker_id,
+            key_prefix: keys.key_prefix,
+            max_worker_id: keys.max_worker_id,
             json: self.json,
         })
     }
@@ -401,12 +386,14 @@ mod tests {
     #[test]
     fn bad_flags_are_named() {
         let args = |prefix: &str, max| StatusArgs {
-            app: "orders".into(),
+            keys: AppKeysArgs {
+                app: "orders".into(),
+                key_prefix: prefix.into(),
+                max_worker_id: max,
+            },
             redis: RedisUrlArg {
                 redis_url: "redis://127.0.0.1:1".into(),
             },
-            key_prefix: prefix.into(),
-            max_worker_id: max,
             json: false,
         };
         assert_eq!(

@@ -1,5 +1,28 @@
-//! Wires worker mode together: Redis, the worker loop, the file publisher
-//! and HTTP, and the shutdown order (unpublish first, then release).
+//! Worker-ID mode: the sidecar that claims the lowest free worker ID of an
+//! app, renews it, and publishes it to the app beside it; `status` reads the
+//! same keys. This file wires the parts together and fixes the shutdown
+//! order (unpublish first, then release).
+//!
+//! # Layout
+//! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
+//! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
+//! - [`state`]: [`WorkerState`], the one value the keeper writes and every publisher reads.
+//! - [`keeper`]: the claim / renew / loss loop, the only writer of the state.
+//! - [`files`]: the ID file, the state file format (read by `exec` too), the lock file.
+//! - [`publisher`]: keeps the files in step with the state.
+//! - [`routes`]: `/id`, `/readyz`, `/metrics`.
+//! - [`metrics`]: Prometheus metrics of worker mode.
+//! - [`status`]: `snowlease status`, a read-only view of an app's leases.
+
+pub mod args;
+pub mod claim;
+pub mod files;
+pub mod keeper;
+pub mod metrics;
+pub mod publisher;
+pub mod routes;
+pub mod state;
+pub mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,16 +30,15 @@ use std::time::Duration;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::WorkerConfig;
-use crate::http::{self, WorkerHttp};
+use self::args::WorkerConfig;
+use self::keeper::{Worker, WorkerParams};
+use self::metrics::WorkerMetrics;
+use self::routes::WorkerHttp;
+use crate::http;
 use crate::identity::{Owner, resolve_identity};
-use crate::metrics::WorkerMetrics;
-use crate::publish;
-use crate::worker::{self, Worker, WorkerState};
 
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
 /// grace period is 30 s, and a Redis outage must not stretch the stop.
@@ -25,11 +47,11 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(1);
 /// Runs the worker-ID sidecar until `shutdown` fires or the lease cannot be
 /// (re)claimed.
 ///
-/// Errors: [`worker::WorkerError`] inside the `anyhow::Error` for claim
+/// Errors: [`keeper::WorkerError`] inside the `anyhow::Error` for claim
 /// timeout (exit 3) and loss with `--on-loss exit` (exit 4);
-/// [`publish::OutputLockError`] when another live process uses the same
+/// [`files::OutputLockError`] when another live process uses the same
 /// `--output-file`; I/O errors for the listener and the output folder.
-pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let (identity, source) = resolve_identity(config.identity.as_deref());
     let owner = Owner::generate(&identity);
     info!(identity = %identity, source = ?source, app = %config.app, redis = %config.redis, "starting worker-ID sidecar");
@@ -48,7 +70,7 @@ pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> an
     }
     // Held until this function returns: the process owns the ID file and
     // the state file. Taken before the state file is read or Redis is used.
-    let _output_lock = publish::lock_output(&config.output_file)?;
+    let _output_lock = files::lock_output(&config.output_file)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
@@ -57,44 +79,36 @@ pub async fn run_worker(config: WorkerConfig, shutdown: CancellationToken) -> an
     let metrics = Arc::new(WorkerMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let recorded = publish::read_state(&config.output_file, &config.app);
-    let initial = match recorded.as_ref().and_then(|r| r.deadline(config.lease.ttl)) {
-        Some(until) => WorkerState::Readopting(until),
-        None => WorkerState::Claiming,
+    let recorded = files::read_state(&config.output_file, &config.app);
+    let mut release_conn = conn.clone();
+    let params = WorkerParams {
+        app: config.app.clone(),
+        settings: config.lease.clone(),
+        on_loss: config.on_loss,
+        claim_timeout: config.claim_timeout,
     };
-    let (state_tx, state_rx) = watch::channel(initial);
+    let (worker, state_rx) = Worker::new(conn, owner, params, recorded, metrics);
 
     let http_stop = CancellationToken::new();
-    let router = http::worker_router(WorkerHttp {
+    let router = routes::worker_router(WorkerHttp {
         app: config.app.as_str().into(),
         state: state_rx.clone(),
         registry: Arc::new(registry),
     });
     let http_task = tokio::spawn(http::serve(listener, router, http_stop.clone()));
-    let publisher = tokio::spawn(publish::run_publisher(
+    let publisher = tokio::spawn(publisher::run_publisher(
         state_rx,
         config.output_file.clone(),
         config.app.clone(),
     ));
 
-    let mut release_conn = conn.clone();
-    let worker = Worker {
-        conn,
-        app: config.app.clone(),
-        settings: config.lease.clone(),
-        owner,
-        on_loss: config.on_loss,
-        claim_timeout: config.claim_timeout,
-        metrics,
-        state: state_tx,
-    };
-    let outcome = worker.run(recorded, shutdown).await;
+    let outcome = worker.run(shutdown).await;
 
     // The worker dropped its sender: the publisher removes the files and
     // ends. Only then may the key go, so no two processes publish one ID.
     let _ = publisher.await;
     if let Ok(Some((held, key))) = &outcome {
-        worker::release(&mut release_conn, key, &held.owner, RELEASE_LIMIT).await;
+        keeper::release(&mut release_conn, key, &held.owner, RELEASE_LIMIT).await;
     }
     http_stop.cancel();
     if tokio::time::timeout(Duration::from_secs(1), http_task)

@@ -1,11 +1,13 @@
-//! Regression tests for defects found by adversarial testing (real processes, real faults).
-//! Each began as a failing reproduction of a defect found by trying to break
-//! snowlease. Two stay ignored: limits the README states (mixed TTLs, partial
-//! data loss); run them with `-- --include-ignored`.
+//! Faults that could publish one worker ID twice, or stop the sidecar wrongly: a shared output
+//! file, data loss under holders, a slow or out-of-memory Redis at start, TLS to a plain port,
+//! re-adoption from a stale state file, `exec` draining past the deadline. Each began as a
+//! failing reproduction of a defect found by trying to break snowlease. Two stay ignored: limits
+//! the README states (mixed TTLs, partial data loss); run them with `-- --include-ignored`.
 
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -527,10 +529,12 @@ fn readopting_keeps_the_old_id_file_at_most_one_ttl() {
         .flag("--max-worker-id", "0")
         .spawn();
     let lease = first.wait_for_lease(secs(10));
+    // `/id` answers before the publisher has written the files.
+    let state_path = format!("{}.state.json", pod.worker_id_file().display());
+    assert!(poll_until(secs(5), || Path::new(&state_path).exists()));
     first.signal(Signal::SIGKILL);
     first.wait_exit(secs(5)).expect("killed");
-    let state_file = fs::read_to_string(format!("{}.state.json", pod.worker_id_file().display()))
-        .expect("state file left behind");
+    let state_file = fs::read_to_string(&state_path).expect("state file left behind");
     let mut state: serde_json::Value = serde_json::from_str(&state_file).unwrap();
     let until = state["valid_until_ms"].as_u64().unwrap() + 60_000;
     state["valid_until_ms"] = until.into();

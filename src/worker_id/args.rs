@@ -1,9 +1,5 @@
-//! Command-line flags (with env twins) and their validation into typed configs.
-//!
-//! Stage one is clap: syntax, env twins, defaults. Stage two is
-//! [`WorkerArgs::validate`]: ranges and cross-field rules, checked before any
-//! socket is bound or Redis is touched, so bad input exits 2 with nothing
-//! half-written.
+//! Flags of worker-ID mode (`worker`, and the app-key group that `status`
+//! shares) and their validation into a typed [`WorkerConfig`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,37 +7,14 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::store::RedisTarget;
-
-/// A configuration value outside its allowed range; names the flag.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid value for {flag}: {reason}")]
-pub struct ConfigError {
-    /// The flag, as typed on the command line (e.g. `--ttl`).
-    pub flag: &'static str,
-    /// What is wrong and which values are allowed.
-    pub reason: String,
-}
-
-impl ConfigError {
-    pub(crate) fn new(flag: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            flag,
-            reason: reason.into(),
-        }
-    }
-}
+use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration};
+use crate::connection::RedisTarget;
 
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
 pub const WORKER_ID_LIMIT: u16 = 1023;
-
-/// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 2s, 1m)"))
-}
 
 /// What the worker does after it lost its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -52,50 +25,13 @@ pub enum OnLoss {
     Exit,
 }
 
-/// Log line format on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line (for log shippers).
-    Json,
-}
-
-/// `--redis-url`, shared by every command that talks to Redis.
+/// Which keys: `--app`, `--key-prefix`, `--max-worker-id`, shared by
+/// `worker` and `status` (they must name the same keys).
 #[derive(Debug, Clone, Args)]
-pub struct RedisUrlArg {
-    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
-    // hide_env_values: --help must not print a password from the env.
-    #[arg(
-        long,
-        env = "REDIS_URL",
-        hide_env_values = true,
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub redis_url: String,
-}
-
-impl RedisUrlArg {
-    /// Parses the URL; the error names `--redis-url` and hides the password.
-    pub fn target(&self) -> Result<RedisTarget, ConfigError> {
-        RedisTarget::parse(&self.redis_url)
-            .map_err(|reason| ConfigError::new("--redis-url", reason))
-    }
-}
-
-/// Flags of `snowlease worker`; see README.md for the long form.
-#[derive(Debug, Clone, Args)]
-pub struct WorkerArgs {
+pub struct AppKeysArgs {
     /// Application name: 1-64 chars of [A-Za-z0-9_.-]; part of every lease key.
     #[arg(long, env = "SNOWLEASE_APP")]
     pub app: String,
-
-    #[command(flatten)]
-    pub redis: RedisUrlArg,
-
-    /// Owner identity [default: POD_IP env, else primary local IP, else hostname].
-    #[arg(long, env = "SNOWLEASE_IDENTITY")]
-    pub identity: Option<String>,
 
     /// Prefix of lease keys: the key is <prefix><app>:<id>.
     #[arg(
@@ -108,6 +44,44 @@ pub struct WorkerArgs {
     /// Highest worker ID handed out (0-1023); IDs run from 0 to this value.
     #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = 31)]
     pub max_worker_id: u32,
+}
+
+/// The validated [`AppKeysArgs`].
+#[derive(Debug, Clone)]
+pub struct AppKeys {
+    /// Application name.
+    pub app: String,
+    /// Key prefix, e.g. `snowflake:worker:`.
+    pub key_prefix: String,
+    /// IDs run 0..=max_worker_id.
+    pub max_worker_id: u16,
+}
+
+impl AppKeysArgs {
+    /// Checks the three flags; the first violation names its flag.
+    pub fn validate(&self) -> Result<AppKeys, ConfigError> {
+        validate_app(&self.app)?;
+        validate_key_prefix(&self.key_prefix)?;
+        Ok(AppKeys {
+            app: self.app.clone(),
+            key_prefix: self.key_prefix.clone(),
+            max_worker_id: validate_max_worker_id(self.max_worker_id)?,
+        })
+    }
+}
+
+/// Flags of `snowlease worker`; see README.md for the long form.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub keys: AppKeysArgs,
+
+    #[command(flatten)]
+    pub redis: RedisUrlArg,
+
+    /// Owner identity [default: POD_IP env, else primary local IP, else hostname].
+    #[arg(long, env = "SNOWLEASE_IDENTITY")]
+    pub identity: Option<String>,
 
     /// Lease TTL in Redis (PX): 1s-1h, e.g. 120s.
     #[arg(long, env = "SNOWLEASE_TTL", default_value = "120s", value_parser = parse_duration)]
@@ -141,9 +115,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub claim_timeout: Duration,
 
-    /// Log format on stderr.
-    #[arg(long, env = "SNOWLEASE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Validated settings of the worker mode.
@@ -182,6 +155,20 @@ pub struct LeaseSettings {
     pub retries: u32,
 }
 
+impl Default for LeaseSettings {
+    /// The CLI's defaults: prefix `snowflake:worker:`, IDs 0-31, TTL 120 s,
+    /// renew every 60 s, 3 retries.
+    fn default() -> Self {
+        Self {
+            key_prefix: "snowflake:worker:".into(),
+            max_worker_id: 31,
+            ttl: Duration::from_secs(120),
+            renew_interval: Duration::from_secs(60),
+            retries: 3,
+        }
+    }
+}
+
 impl LeaseSettings {
     /// Timeout of one Redis call: a quarter of the renew interval, within
     /// 100 ms-5 s, so a whole round of retries fits before the deadline.
@@ -193,13 +180,11 @@ impl LeaseSettings {
 impl WorkerArgs {
     /// Checks ranges and cross-field rules; the first violation names its flag.
     pub fn validate(&self) -> Result<WorkerConfig, ConfigError> {
-        validate_app(&self.app)?;
+        let keys = self.keys.validate()?;
         let redis = self.redis.target()?;
         if let Some(identity) = &self.identity {
             validate_identity(identity)?;
         }
-        validate_key_prefix(&self.key_prefix)?;
-        let max_worker_id = validate_max_worker_id(self.max_worker_id)?;
         check_range(
             "--ttl",
             self.ttl,
@@ -232,12 +217,12 @@ impl WorkerArgs {
             return Err(ConfigError::new("--output-file", "must name a file"));
         }
         Ok(WorkerConfig {
-            app: self.app.clone(),
+            app: keys.app,
             redis,
             identity: self.identity.clone(),
             lease: LeaseSettings {
-                key_prefix: self.key_prefix.clone(),
-                max_worker_id,
+                key_prefix: keys.key_prefix,
+                max_worker_id: keys.max_worker_id,
                 ttl: self.ttl,
                 renew_interval: self.renew_interval,
                 retries: self.retries,
@@ -248,27 +233,6 @@ impl WorkerArgs {
             claim_timeout: self.claim_timeout,
         })
     }
-}
-
-/// Checks `min <= value <= max`; the error names `flag` and the range.
-pub fn check_range(
-    flag: &'static str,
-    value: Duration,
-    min: Duration,
-    max: Duration,
-) -> Result<(), ConfigError> {
-    if value < min || value > max {
-        return Err(ConfigError::new(
-            flag,
-            format!(
-                "{} is outside {}-{}",
-                humantime::format_duration(value),
-                humantime::format_duration(min),
-                humantime::format_duration(max)
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Highest worker ID: 0-1023, the 10 worker bits of a Snowflake ID.
@@ -383,13 +347,5 @@ mod tests {
             let err = args(extra).validate().unwrap_err();
             assert_eq!(err.flag, flag, "{extra:?}");
         }
-    }
-
-    #[test]
-    fn durations_accept_ms_s_m() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert!(parse_duration("soon").is_err());
     }
 }

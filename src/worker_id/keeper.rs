@@ -1,5 +1,5 @@
-//! Worker-ID mode: claim the lowest free worker ID, renew it, report loss,
-//! and hand the lease back to the caller at shutdown.
+//! The keeper: claims the lowest free worker ID, renews it, reports loss,
+//! and hands the lease back to the caller at shutdown.
 //!
 //! The loop here is the only writer of [`WorkerState`]; the file publisher,
 //! HTTP and metrics read it through a `watch` channel (kubert's pattern).
@@ -14,87 +14,14 @@ use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{LeaseSettings, OnLoss};
+use super::args::{LeaseSettings, OnLoss};
+use super::claim::{self, ClaimOutcome, LeaseKeys};
+use super::metrics::WorkerMetrics;
+use super::state::{HeldLease, RecordedLease, WorkerState};
+use super::status;
+use crate::connection::{Failure, classify};
 use crate::identity::{Owner, identity_of};
-use crate::lease::{self, ClaimOutcome, LeaseKeys, RenewOutcome};
-use crate::metrics::WorkerMetrics;
-use crate::status;
-use crate::store::{Failure, classify};
-
-/// What the sidecar can say about its lease right now.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WorkerState {
-    /// No lease yet; claiming.
-    Claiming,
-    /// Start-up with a lease recorded by an earlier process in this pod,
-    /// valid (by its record, erring early) until the given instant; being
-    /// re-adopted. Not published over HTTP, but the ID file may stay until
-    /// that instant so a sidecar restart does not stop the app.
-    Readopting(Instant),
-    /// A lease confirmed by Redis, valid until `valid_until`.
-    Held(HeldLease),
-    /// The lease was lost; about to reclaim or exit.
-    Lost,
-    /// Shutdown started: nothing is published any more.
-    Stopping,
-}
-
-impl WorkerState {
-    /// The lease, only while it is still within its local validity deadline.
-    pub fn valid_lease(&self) -> Option<&HeldLease> {
-        match self {
-            Self::Held(held) if held.is_valid() => Some(held),
-            _ => None,
-        }
-    }
-}
-
-/// A held worker-ID lease as the publishers see it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HeldLease {
-    /// The worker ID (0..=max_worker_id).
-    pub worker_id: u16,
-    /// Owner string stored in the key.
-    pub owner: Owner,
-    /// Monotonic deadline of local validity (sent + TTL - margin).
-    pub valid_until: Instant,
-    /// The same deadline in Unix ms (wall clock, erring early), for files.
-    pub valid_until_unix_ms: u64,
-}
-
-impl HeldLease {
-    /// True while the local validity deadline is in the future.
-    pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
-    }
-
-    /// Time left until the validity deadline (zero once passed).
-    pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
-    }
-}
-
-/// A lease recorded in the pod-local state file, to be re-adopted at start.
-#[derive(Debug, Clone)]
-pub struct RecordedLease {
-    /// Worker ID the previous process held.
-    pub worker_id: u16,
-    /// Its owner string; adopted only if the key still holds exactly this.
-    pub owner: String,
-    /// Unix ms until which the earlier process held it, erring early.
-    pub valid_until_ms: u64,
-}
-
-impl RecordedLease {
-    /// The recorded deadline on the monotonic clock, never more than one
-    /// validity span (TTL - margin) away: the record is wall-clock based, and
-    /// a clock step or an edit must not keep a stale ID published longer.
-    /// `None` once passed.
-    pub fn deadline(&self, ttl: Duration) -> Option<Instant> {
-        let left = lease::until_unix_ms(self.valid_until_ms)?;
-        Some(Instant::now() + left.min(lease::validity(ttl)))
-    }
-}
+use crate::lease::{self, RenewOutcome};
 
 /// Why the worker loop stopped other than by shutdown.
 #[derive(Debug, thiserror::Error)]
@@ -118,24 +45,41 @@ pub enum WorkerError {
     Redis(redis::RedisError),
 }
 
-/// Everything the worker loop needs; nothing about files or HTTP.
-pub struct Worker<C> {
-    /// Connection (reconnects on its own).
-    pub conn: C,
-    /// Application name (validated).
+/// What the keeper needs besides its connection and owner; nothing about
+/// files or HTTP. `Default` gives the CLI's defaults (app `default`).
+#[derive(Debug, Clone)]
+pub struct WorkerParams {
+    /// Application name (validated by the caller).
     pub app: String,
     /// Lease timing and ID range.
     pub settings: LeaseSettings,
-    /// Owner string of this process (replaced by a re-adopted one).
-    pub owner: Owner,
     /// Behaviour after a loss.
     pub on_loss: OnLoss,
-    /// Give up claiming after this long.
+    /// Give up claiming after this long (exit 3).
     pub claim_timeout: Duration,
-    /// Counters and gauges.
-    pub metrics: Arc<WorkerMetrics>,
-    /// Where state changes go.
-    pub state: watch::Sender<WorkerState>,
+}
+
+impl Default for WorkerParams {
+    fn default() -> Self {
+        Self {
+            app: "default".into(),
+            settings: LeaseSettings::default(),
+            on_loss: OnLoss::Reclaim,
+            claim_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The keeper of one worker-ID lease: claims, renews, reclaims; the only
+/// writer of [`WorkerState`].
+pub struct Worker<C> {
+    conn: C,
+    params: WorkerParams,
+    /// Owner string of this process (replaced by a re-adopted one).
+    owner: Owner,
+    recorded: Option<RecordedLease>,
+    metrics: Arc<WorkerMetrics>,
+    state: watch::Sender<WorkerState>,
 }
 
 enum HoldEnd {
@@ -157,16 +101,46 @@ enum Round {
 }
 
 impl<C: ConnectionLike + Send> Worker<C> {
+    /// A keeper that will first try to re-adopt `recorded` (the state file
+    /// of an earlier process in this pod), and the receiver of its state:
+    /// `Readopting` while that record is valid, else `Claiming`.
+    pub fn new(
+        conn: C,
+        owner: Owner,
+        params: WorkerParams,
+        recorded: Option<RecordedLease>,
+        metrics: Arc<WorkerMetrics>,
+    ) -> (Self, watch::Receiver<WorkerState>) {
+        let initial = match recorded
+            .as_ref()
+            .and_then(|r| r.deadline(params.settings.ttl))
+        {
+            Some(until) => WorkerState::Readopting(until),
+            None => WorkerState::Claiming,
+        };
+        let (state, receiver) = watch::channel(initial);
+        let worker = Self {
+            conn,
+            params,
+            owner,
+            recorded,
+            metrics,
+            state,
+        };
+        (worker, receiver)
+    }
+
     /// Claims, holds and reclaims until shutdown. Returns the lease still
-    /// held at shutdown (the caller unpublishes, then releases it).
+    /// held at shutdown with its key (the caller unpublishes, then releases
+    /// it).
     ///
     /// Errors: [`WorkerError`] for claim timeout, loss with `--on-loss exit`,
     /// or a permanent Redis refusal.
     pub async fn run(
         mut self,
-        mut recorded: Option<RecordedLease>,
         shutdown: CancellationToken,
     ) -> Result<Option<(HeldLease, String)>, WorkerError> {
+        let mut recorded = self.recorded.take();
         // Once per process: the ACL check does not change on a reclaim.
         let mut probed = false;
         let held = loop {
@@ -176,7 +150,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             };
             match self.hold(held, &shutdown).await {
                 HoldEnd::Shutdown(held) => break Some(held),
-                HoldEnd::Lost(worker_id) if self.on_loss == OnLoss::Exit => {
+                HoldEnd::Lost(worker_id) if self.params.on_loss == OnLoss::Exit => {
                     return Err(WorkerError::LeaseLost { worker_id });
                 }
                 HoldEnd::Lost(_) => info!("on-loss reclaim: claiming a worker ID again"),
@@ -190,7 +164,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
     }
 
     fn keys(&self) -> LeaseKeys {
-        LeaseKeys::new(&self.settings.key_prefix, &self.app)
+        LeaseKeys::new(&self.params.settings.key_prefix, &self.params.app)
     }
 
     fn set_state(&self, state: WorkerState) {
@@ -209,7 +183,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
 
     /// The lease confirmed by a claim or renew sent at `sent`.
     fn held(&self, worker_id: u16, sent: Instant) -> HeldLease {
-        let valid_for = lease::validity(self.settings.ttl);
+        let valid_for = lease::validity(self.params.settings.ttl);
         let sent_wall = SystemTime::now() - sent.elapsed();
         HeldLease {
             worker_id,
@@ -228,9 +202,13 @@ impl<C: ConnectionLike + Send> Worker<C> {
         probed: &mut bool,
     ) -> Result<HeldLease, WorkerError> {
         let keys = self.keys();
-        let (ids, guard) = (keys.ids(self.settings.max_worker_id), keys.guard());
-        let deadline = Instant::now() + self.claim_timeout;
-        let cap = self.settings.renew_interval.min(Duration::from_secs(5));
+        let (ids, guard) = (keys.ids(self.params.settings.max_worker_id), keys.guard());
+        let deadline = Instant::now() + self.params.claim_timeout;
+        let cap = self
+            .params
+            .settings
+            .renew_interval
+            .min(Duration::from_secs(5));
         let mut backoff = Duration::from_millis(100).min(cap);
         let mut warned = HashSet::new();
         let mut last_log: Option<Instant> = None;
@@ -250,7 +228,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     return Ok(held);
                 }
                 Ok(Ok(Round::AllHeld(holders))) => {
-                    let count = u32::from(self.settings.max_worker_id) + 1;
+                    let count = u32::from(self.params.settings.max_worker_id) + 1;
                     detail = format!("all {count} worker IDs are held ({holders})");
                     if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
                         warn!(count, holders = %holders, "all worker IDs are held; waiting for one to be freed");
@@ -283,7 +261,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             let now = Instant::now();
             if now >= deadline {
                 return Err(WorkerError::ClaimTimeout {
-                    timeout: self.claim_timeout,
+                    timeout: self.params.claim_timeout,
                     detail,
                 });
             }
@@ -295,28 +273,12 @@ impl<C: ConnectionLike + Send> Worker<C> {
     /// so a missing ACL permission shows at start, not at the first renew.
     async fn probe(&mut self) -> redis::RedisResult<()> {
         let key = self.keys().probe(self.owner.nonce());
-        bounded(
-            self.settings.call_timeout(),
-            lease::probe(&mut self.conn, &key, &self.owner),
-        )
-        .await
-    }
-
-    /// One claim pass without re-adoption or backoff: the lowest free ID, or
-    /// `None` when every ID is held or claims are paused. Used by the
-    /// benchmark.
-    ///
-    /// Errors: the Redis error of the claim.
-    pub async fn claim_once(&mut self) -> redis::RedisResult<Option<HeldLease>> {
-        let keys = self.keys();
-        let (ids, guard) = (keys.ids(self.settings.max_worker_id), keys.guard());
-        match self
-            .claim_round(&mut None, &ids, &guard, &mut HashSet::new())
-            .await?
-        {
-            Round::Held(held) => Ok(Some(held)),
-            _ => Ok(None),
-        }
+        let conn = &mut self.conn;
+        let steps = async {
+            claim::load(conn).await?;
+            lease::probe(conn, &key, &self.owner).await
+        };
+        bounded(self.params.settings.call_timeout(), steps).await
     }
 
     /// One pass: re-adopt the recorded lease, else run `claim.lua`.
@@ -336,8 +298,14 @@ impl<C: ConnectionLike + Send> Worker<C> {
         }
         let sent = Instant::now();
         let reply = bounded(
-            self.settings.call_timeout(),
-            lease::claim_lowest(&mut self.conn, keys, guard, &self.owner, self.settings.ttl),
+            self.params.settings.call_timeout(),
+            claim::claim_lowest(
+                &mut self.conn,
+                keys,
+                guard,
+                &self.owner,
+                self.params.settings.ttl,
+            ),
         )
         .await
         .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;
@@ -366,15 +334,21 @@ impl<C: ConnectionLike + Send> Worker<C> {
     /// Re-adopts a recorded lease when the key still holds exactly the
     /// recorded owner string; never re-creates a missing key.
     async fn adopt(&mut self, rec: &RecordedLease) -> redis::RedisResult<Option<HeldLease>> {
-        if rec.worker_id > self.settings.max_worker_id {
+        if rec.worker_id > self.params.settings.max_worker_id {
             return Ok(None);
         }
         let key = self.keys().id(rec.worker_id);
         let owner = Owner::from_recorded(rec.owner.clone());
         let sent = Instant::now();
         let outcome = bounded(
-            self.settings.call_timeout(),
-            lease::renew(&mut self.conn, &key, &owner, self.settings.ttl, false),
+            self.params.settings.call_timeout(),
+            lease::renew(
+                &mut self.conn,
+                &key,
+                &owner,
+                self.params.settings.ttl,
+                false,
+            ),
         )
         .await?;
         if outcome == RenewOutcome::Extended {
@@ -398,11 +372,11 @@ impl<C: ConnectionLike + Send> Worker<C> {
     async fn holders(&mut self) -> String {
         let read = status::read(
             &mut self.conn,
-            &self.app,
-            &self.settings.key_prefix,
-            self.settings.max_worker_id,
+            &self.params.app,
+            &self.params.settings.key_prefix,
+            self.params.settings.max_worker_id,
         );
-        let Ok(Ok(report)) = timeout(self.settings.call_timeout(), read).await else {
+        let Ok(Ok(report)) = timeout(self.params.settings.call_timeout(), read).await else {
             return "holders unknown: redis unavailable".to_owned();
         };
         let mut by_identity: BTreeMap<&str, usize> = BTreeMap::new();
@@ -421,8 +395,8 @@ impl<C: ConnectionLike + Send> Worker<C> {
 
     /// Publishes the lease and renews it until shutdown or loss.
     async fn hold(&mut self, mut held: HeldLease, shutdown: &CancellationToken) -> HoldEnd {
-        let interval = self.settings.renew_interval;
-        let ttl = self.settings.ttl;
+        let interval = self.params.settings.renew_interval;
+        let ttl = self.params.settings.ttl;
         // valid_until = sent + validity, so this is sent + interval.
         let mut next_renew = held.valid_until - lease::validity(ttl) + interval;
         self.set_state(WorkerState::Held(held.clone()));
@@ -457,7 +431,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
     }
 
     fn retry_base(&self) -> Duration {
-        (self.settings.renew_interval / 4).min(Duration::from_secs(1))
+        (self.params.settings.renew_interval / 4).min(Duration::from_secs(1))
     }
 
     /// One renew round: the script, retried `retries` times with doubling
@@ -465,14 +439,20 @@ impl<C: ConnectionLike + Send> Worker<C> {
     async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
         let key = self.keys().id(held.worker_id);
         let mut backoff = self.retry_base();
-        for attempt in 0..=self.settings.retries {
+        for attempt in 0..=self.params.settings.retries {
             if !held.is_valid() {
                 return RenewRound::Lost("validity deadline passed without a confirmed renewal");
             }
             let sent = Instant::now();
             let reply = bounded(
-                self.settings.call_timeout(),
-                lease::renew(&mut self.conn, &key, &self.owner, self.settings.ttl, true),
+                self.params.settings.call_timeout(),
+                lease::renew(
+                    &mut self.conn,
+                    &key,
+                    &self.owner,
+                    self.params.settings.ttl,
+                    true,
+                ),
             )
             .await;
             match reply {
@@ -504,7 +484,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     warn!(worker_id = held.worker_id, attempt, error = %err, "renew failed");
                 }
             }
-            if attempt < self.settings.retries {
+            if attempt < self.params.settings.retries {
                 sleep(backoff.min(held.remaining())).await;
                 backoff *= 2;
             }

@@ -1,0 +1,121 @@
+//! Exit codes of every command, in one table (README, "Exit codes"): a code
+//! means the same in every command. [`code_of`] is the one place that maps
+//! an error to its code; `main` calls it.
+//!
+//! | code | meaning |
+//! | --- | --- |
+//! | 0 | done; for `exec` and `lock` the command's own code passes through |
+//! | 1 | anything else (Redis refused, I/O error, ...) |
+//! | 2 | bad input: a flag, env var or argument outside its range; nothing was written |
+//! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
+//! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
+//! | 75 | `exec`: the ID was lost while the command ran; the command was stopped (EX_TEMPFAIL) |
+//! | 126, 127 | `exec`: the command cannot be executed, or was not found (shell convention) |
+//! | 128+N | a signal N ended the wait or the command |
+
+use crate::cli::ConfigError;
+use crate::exec::ExecError;
+use crate::pool::PoolError;
+use crate::pool::cli::PoolCliError;
+use crate::worker_id::keeper::WorkerError;
+
+/// Anything not listed below.
+pub const FAILURE: u8 = 1;
+/// Bad input; nothing was written.
+pub const BAD_INPUT: u8 = 2;
+/// What was asked for could not be had in time.
+pub const UNAVAILABLE: u8 = 3;
+/// The lease is not (or no longer) ours.
+pub const NOT_HELD: u8 = 4;
+/// `exec`: the ID was lost while the command ran (EX_TEMPFAIL, sysexits.h).
+pub const LEASE_LOST: u8 = 75;
+/// `exec`: the command exists but cannot be executed (shell convention).
+pub const CANNOT_EXECUTE: u8 = 126;
+/// `exec`: the command was not found (shell convention).
+pub const NOT_FOUND: u8 = 127;
+
+/// The exit code of a command that failed with `err` (see the table above).
+pub fn code_of(err: &anyhow::Error) -> u8 {
+    if err.downcast_ref::<ConfigError>().is_some() {
+        return BAD_INPUT;
+    }
+    if let Some(err) = err.downcast_ref::<WorkerError>() {
+        return match err {
+            WorkerError::ClaimTimeout { .. } => UNAVAILABLE,
+            WorkerError::LeaseLost { .. } => NOT_HELD,
+            WorkerError::Redis(_) => FAILURE,
+        };
+    }
+    if let Some(err) = err.downcast_ref::<ExecError>() {
+        return match err {
+            ExecError::NoId { .. } => UNAVAILABLE,
+            ExecError::Spawn { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+                NOT_FOUND
+            }
+            ExecError::Spawn { .. } => CANNOT_EXECUTE,
+            ExecError::Other(_) => FAILURE,
+        };
+    }
+    if let Some(err) = err.downcast_ref::<PoolCliError>() {
+        return match err {
+            PoolCliError::NothingDue { .. } => UNAVAILABLE,
+            PoolCliError::NotOwner { .. } => NOT_HELD,
+        };
+    }
+    match err.downcast_ref::<PoolError>() {
+        Some(
+            PoolError::BadInput { .. }
+            | PoolError::DuplicateId { .. }
+            | PoolError::UnknownId { .. }
+            | PoolError::AlreadyInitialized { .. },
+        ) => BAD_INPUT,
+        _ => FAILURE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::pool::LostReason;
+
+    #[test]
+    fn each_error_has_its_code() {
+        let code = |e: anyhow::Error| code_of(&e);
+        assert_eq!(code(ConfigError::new("--ttl", "0s").into()), BAD_INPUT);
+        assert_eq!(code(PoolError::bad("ttl", "1-2").into()), BAD_INPUT);
+        assert_eq!(
+            code(anyhow::Error::from(PoolError::DuplicateId { id: "a".into() }).context("redis x")),
+            BAD_INPUT
+        );
+        let timeout = WorkerError::ClaimTimeout {
+            timeout: Duration::from_secs(1),
+            detail: String::new(),
+        };
+        assert_eq!(code(timeout.into()), UNAVAILABLE);
+        assert_eq!(
+            code(WorkerError::LeaseLost { worker_id: 1 }.into()),
+            NOT_HELD
+        );
+        let no_id = ExecError::NoId {
+            at: "f".into(),
+            waited: Duration::ZERO,
+            reason: String::new(),
+        };
+        assert_eq!(code(no_id.into()), UNAVAILABLE);
+        let lost = PoolCliError::NotOwner {
+            pool: "p".into(),
+            id: "a".into(),
+            reason: LostReason::Expired,
+        };
+        assert_eq!(code(lost.into()), NOT_HELD);
+        let due = PoolCliError::NothingDue {
+            pool: "p".into(),
+            wait: "1s".into(),
+            hint: String::new(),
+        };
+        assert_eq!(code(due.into()), UNAVAILABLE);
+        assert_eq!(code(anyhow::anyhow!("redis down")), FAILURE);
+    }
+}

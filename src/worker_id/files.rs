@@ -1,0 +1,165 @@
+//! The files of one pod's sidecar on the shared volume: the ID file (the
+//! decimal ID and a newline), the state file beside it ([`StateFile`], read
+//! by the next sidecar in the pod and by `exec`), and the lock file that
+//! keeps one process per ID file.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::state::RecordedLease;
+
+/// Contents of the state file beside the ID file (`<output-file>.state.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StateFile {
+    /// Application name.
+    pub app: String,
+    /// The worker ID.
+    pub worker_id: u16,
+    /// Owner string stored in the lease key (for re-adoption in this pod).
+    pub owner: String,
+    /// Unix time in ms until which the lease is valid, erring early; a
+    /// reader seeing a past value knows the ID is stale (sidecar crashed).
+    pub valid_until_ms: u64,
+}
+
+/// Path of the state file for an ID file: `<output-file>.state.json`.
+pub fn state_path(output_file: &Path) -> PathBuf {
+    with_suffix(output_file, ".state.json")
+}
+
+/// Path of the lock file for an ID file: `<output-file>.lock`.
+pub(crate) fn lock_path(output_file: &Path) -> PathBuf {
+    with_suffix(output_file, ".lock")
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Takes an exclusive `flock` on `<output-file>.lock` without waiting, so
+/// that two live processes never share one ID file and state file (the
+/// second would re-adopt the first one's lease and publish its ID). The
+/// kernel drops the lock when the holder dies, so a restarted sidecar can
+/// still re-adopt. Keep the returned guard for the life of the process;
+/// the lock file itself is never removed (a new process may hold it then).
+///
+/// Errors: [`OutputLockError::InUse`] when another live process holds it;
+/// [`OutputLockError::Io`] when the lock file cannot be opened or locked.
+pub fn lock_output(output_file: &Path) -> Result<Flock<File>, OutputLockError> {
+    let path = lock_path(output_file);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o644)
+        // A FIFO or device at that path must not block the start-up.
+        .custom_flags(OFlag::O_NONBLOCK.bits())
+        .open(&path)
+        .map_err(|source| OutputLockError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(OutputLockError::Io {
+            path,
+            source: std::io::Error::other("not a regular file"),
+        });
+    }
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+        Errno::EWOULDBLOCK => OutputLockError::InUse(output_file.to_owned()),
+        errno => OutputLockError::Io {
+            path,
+            source: errno.into(),
+        },
+    })
+}
+
+/// Why [`lock_output`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputLockError {
+    /// Another live process holds the lock.
+    #[error("another snowlease worker is using --output-file {}", .0.display())]
+    InUse(PathBuf),
+    /// The lock file cannot be opened or locked.
+    #[error("cannot lock {}", .path.display())]
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// Reads a state file left by an earlier process in this pod; `None` when
+/// missing, unreadable, or for another app.
+pub fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease> {
+    let text = std::fs::read(state_path(output_file)).ok()?;
+    let state: StateFile = match serde_json::from_slice(&text) {
+        Ok(state) => state,
+        Err(err) => {
+            warn!(error = %err, "ignoring unreadable state file");
+            return None;
+        }
+    };
+    (state.app == app).then_some(RecordedLease {
+        worker_id: state.worker_id,
+        owner: state.owner,
+        valid_until_ms: state.valid_until_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::atomic_file::write_atomic;
+
+    #[test]
+    fn state_file_sits_beside_the_id_file() {
+        assert_eq!(
+            state_path(Path::new("/var/run/snowlease/worker-id")),
+            PathBuf::from("/var/run/snowlease/worker-id.state.json")
+        );
+    }
+
+    #[test]
+    fn output_lock_is_exclusive_and_freed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker-id");
+        let held = lock_output(&path).unwrap();
+        let err = lock_output(&path).err().unwrap();
+        assert!(
+            matches!(&err, OutputLockError::InUse(p) if *p == path),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("another snowlease worker"),
+            "{err}"
+        );
+        drop(held);
+        assert!(lock_output(&path).is_ok());
+        assert!(lock_path(&path).exists(), "the lock file stays");
+    }
+
+    #[test]
+    fn state_for_another_app_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker-id");
+        let record = StateFile {
+            app: "orders".into(),
+            worker_id: 3,
+            owner: "10.0.0.1#00".into(),
+            valid_until_ms: 1,
+        };
+        write_atomic(&state_path(&path), &serde_json::to_vec(&record).unwrap()).unwrap();
+        assert!(read_state(&path, "billing").is_none());
+        assert_eq!(read_state(&path, "orders").map(|r| r.worker_id), Some(3));
+    }
+}

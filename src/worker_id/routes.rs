@@ -1,0 +1,172 @@
+//! The worker sidecar's routes: `/id` for the app, `/readyz` for the
+//! kubelet, `/metrics` for Prometheus, plus the shared liveness routes.
+//! Handlers only read the worker state; they never touch Redis.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::state::WorkerState;
+use crate::http::{encode_metrics, liveness_routes};
+
+/// What the worker-mode handlers read.
+#[derive(Clone)]
+pub struct WorkerHttp {
+    /// Application name, echoed in `/id`.
+    pub app: Arc<str>,
+    /// Latest worker state (written only by the worker loop).
+    pub state: watch::Receiver<WorkerState>,
+    /// Metrics registry, encoded on each scrape.
+    pub registry: Arc<Registry>,
+}
+
+/// Routes of the worker sidecar. Pure: tests drive it with `oneshot`.
+pub fn worker_router(http: WorkerHttp) -> Router {
+    Router::new()
+        .route("/id", get(worker_id))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(http)
+        .merge(liveness_routes())
+}
+
+/// `GET /id`: 200 with JSON (or the bare ID for `Accept: text/plain`) while
+/// the lease is within its validity deadline, judged at request time; 503
+/// otherwise.
+async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Response {
+    let state = http.state.borrow().clone();
+    let Some(held) = state.valid_lease() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "error": "no valid worker-ID lease", "state": state_name(&state) })),
+        )
+            .into_response();
+    };
+    if wants_text(&headers) {
+        return (
+            [(header::CONTENT_TYPE, "text/plain")],
+            format!("{}\n", held.worker_id),
+        )
+            .into_response();
+    }
+    axum::Json(json!({
+        "app": &*http.app,
+        "worker_id": held.worker_id,
+        "owner": held.owner.as_str(),
+        "lease_expires_in_ms": u64::try_from(held.remaining().as_millis()).unwrap_or(u64::MAX),
+    }))
+    .into_response()
+}
+
+fn wants_text(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
+}
+
+fn state_name(state: &WorkerState) -> &'static str {
+    match state {
+        WorkerState::Claiming => "claiming",
+        WorkerState::Readopting(_) => "readopting",
+        WorkerState::Held(_) => "expired",
+        WorkerState::Lost => "lost",
+        WorkerState::Stopping => "stopping",
+    }
+}
+
+/// `GET /readyz`: 200 only while a lease is valid (false from the moment
+/// it is lost or shutdown starts).
+async fn readyz(State(http): State<WorkerHttp>) -> Response {
+    let state = http.state.borrow().clone();
+    if state.valid_lease().is_some() {
+        "ready\n".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", state_name(&state)),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(http): State<WorkerHttp>) -> Response {
+    encode_metrics(&http.registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Owner;
+    use crate::worker_id::state::HeldLease;
+    use axum::body::{Body, to_bytes};
+    use axum::http::Request;
+    use std::time::Duration;
+    use tokio::time::Instant;
+    use tower::ServiceExt;
+
+    fn router_with(state: WorkerState) -> Router {
+        let (_tx, rx) = watch::channel(state);
+        worker_router(WorkerHttp {
+            app: "orders".into(),
+            state: rx,
+            registry: Arc::new(Registry::default()),
+        })
+    }
+
+    fn held(valid_for: Duration) -> WorkerState {
+        WorkerState::Held(HeldLease {
+            worker_id: 7,
+            owner: Owner::generate("10.0.0.1"),
+            valid_until: Instant::now() + valid_for,
+            valid_until_unix_ms: 0,
+        })
+    }
+
+    async fn get(router: Router, path: &str, accept: &str) -> (StatusCode, String) {
+        let request = Request::get(path)
+            .header("accept", accept)
+            .body(Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn id_answers_json_or_text_while_valid() {
+        let router = router_with(held(Duration::from_secs(5)));
+        let (status, body) = get(router.clone(), "/id", "application/json").await;
+        assert_eq!(status, StatusCode::OK);
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["worker_id"], 7);
+        assert_eq!(json["app"], "orders");
+        assert_eq!(
+            get(router.clone(), "/id", "text/plain").await,
+            (StatusCode::OK, "7\n".into())
+        );
+        assert_eq!(get(router, "/readyz", "*/*").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn expired_lease_is_not_published_even_without_a_new_state() {
+        let router = router_with(held(Duration::ZERO));
+        assert_eq!(
+            get(router.clone(), "/id", "text/plain").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            get(router.clone(), "/readyz", "*/*").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(get(router, "/livez", "*/*").await.0, StatusCode::OK);
+    }
+}

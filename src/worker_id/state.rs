@@ -1,0 +1,86 @@
+//! The worker-ID lease state as its readers see it: the ID file
+//! publisher, HTTP and metrics read [`WorkerState`] from a `watch` channel
+//! that only the keeper writes; [`RecordedLease`] is what the state file
+//! of an earlier process in this pod says.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::identity::Owner;
+use crate::lease;
+
+/// What the sidecar can say about its lease right now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerState {
+    /// No lease yet; claiming.
+    Claiming,
+    /// Start-up with a lease recorded by an earlier process in this pod,
+    /// valid (by its record, erring early) until the given instant; being
+    /// re-adopted. Not published over HTTP, but the ID file may stay until
+    /// that instant so a sidecar restart does not stop the app.
+    Readopting(Instant),
+    /// A lease confirmed by Redis, valid until `valid_until`.
+    Held(HeldLease),
+    /// The lease was lost; about to reclaim or exit.
+    Lost,
+    /// Shutdown started: nothing is published any more.
+    Stopping,
+}
+
+impl WorkerState {
+    /// The lease, only while it is still within its local validity deadline.
+    pub fn valid_lease(&self) -> Option<&HeldLease> {
+        match self {
+            Self::Held(held) if held.is_valid() => Some(held),
+            _ => None,
+        }
+    }
+}
+
+/// A held worker-ID lease as the publishers see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldLease {
+    /// The worker ID (0..=max_worker_id).
+    pub worker_id: u16,
+    /// Owner string stored in the key.
+    pub owner: Owner,
+    /// Monotonic deadline of local validity (sent + TTL - margin).
+    pub valid_until: Instant,
+    /// The same deadline in Unix ms (wall clock, erring early), for files.
+    pub valid_until_unix_ms: u64,
+}
+
+impl HeldLease {
+    /// True while the local validity deadline is in the future.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// Time left until the validity deadline (zero once passed).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+}
+
+/// A lease recorded in the pod-local state file, to be re-adopted at start.
+#[derive(Debug, Clone)]
+pub struct RecordedLease {
+    /// Worker ID the previous process held.
+    pub worker_id: u16,
+    /// Its owner string; adopted only if the key still holds exactly this.
+    pub owner: String,
+    /// Unix ms until which the earlier process held it, erring early.
+    pub valid_until_ms: u64,
+}
+
+impl RecordedLease {
+    /// The recorded deadline on the monotonic clock, never more than one
+    /// validity span (TTL - margin) away: the record is wall-clock based, and
+    /// a clock step or an edit must not keep a stale ID published longer.
+    /// `None` once passed.
+    pub fn deadline(&self, ttl: Duration) -> Option<Instant> {
+        let left = lease::until_unix_ms(self.valid_until_ms)?;
+        Some(Instant::now() + left.min(lease::validity(ttl)))
+    }
+}
