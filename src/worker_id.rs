@@ -6,7 +6,7 @@
 //! # Layout
 //! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
 //! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
-//! - [`state`]: [`WorkerState`], the one value the keeper writes and every publisher reads.
+//! - [`state`]: [`WorkerState`](state::WorkerState), the one value the keeper writes and every publisher reads.
 //! - [`keeper`]: the claim / renew / loss loop, the only writer of the state.
 //! - [`files`]: the ID file, the state file format (read by `exec` too), the lock file.
 //! - [`publisher`]: keeps the files in step with the state.

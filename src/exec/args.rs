@@ -38,6 +38,7 @@ pub struct ExecArgs {
     #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 
+    /// Log format.
     #[command(flatten)]
     pub log: LogArgs,
 

@@ -6,8 +6,7 @@
 //! same ID with a `valid_until_ms` still in the future (a sidecar killed
 //! with SIGKILL leaves its ID file behind, but not a fresh deadline).
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -22,7 +21,8 @@ use crate::worker_id::files::{StateFile, state_path};
 pub enum Source {
     /// The ID file (`--output-file` of the sidecar); the state file sits beside it.
     File(PathBuf),
-    /// Base URL of the sidecar's HTTP server; `/id` is appended.
+    /// Base URL of the sidecar's HTTP server (`/id` is appended), or the
+    /// full `/id` URL.
     Url(url::Url),
 }
 
@@ -148,9 +148,15 @@ fn read_file(path: &std::path::Path) -> Reading {
     })
 }
 
-/// `<base>/id`, keeping a path prefix of the base URL.
+/// `<base>/id`, keeping a path prefix of the base URL; a URL that already
+/// ends in `/id` (copied from the README's `/id` table) is taken as it is.
 fn id_url(base: &url::Url) -> String {
-    format!("{}/id", base.as_str().trim_end_matches('/'))
+    let base = base.as_str().trim_end_matches('/');
+    if base.ends_with("/id") {
+        base.to_owned()
+    } else {
+        format!("{base}/id")
+    }
 }
 
 #[derive(Deserialize)]
@@ -172,7 +178,7 @@ fn state_of(body: &[u8]) -> Option<&str> {
 
 fn read_url(base: &url::Url, timeout: Duration) -> Reading {
     let sent = Instant::now();
-    let (status, body) = match http_get(base, timeout) {
+    let (status, body) = match http_get(&id_url(base), timeout) {
         Ok(reply) => reply,
         Err(err) => return Reading::Unreachable(format!("GET {}: {err}", id_url(base))),
     };
@@ -195,61 +201,23 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
     }
 }
 
-/// A minimal HTTP/1.1 GET with `Connection: close` (the sidecar is local;
-/// no client library needed). Returns the status and the body.
-fn http_get(base: &url::Url, timeout: Duration) -> std::io::Result<(u16, Vec<u8>)> {
-    use std::io::{Error, ErrorKind};
-    let host = base.host_str().unwrap_or_default();
-    let port = base.port_or_known_default().unwrap_or(80);
-    let addr = (host.trim_matches(['[', ']']), port)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| Error::new(ErrorKind::NotFound, "no address"))?;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let path = format!("{}/id", base.path().trim_end_matches('/'));
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: application/json\r\n\
-         Connection: close\r\n\r\n"
-    )?;
-    let mut reply = Vec::new();
-    stream.take(64 * 1024).read_to_end(&mut reply)?;
-    parse_reply(&reply).ok_or_else(|| Error::new(ErrorKind::InvalidData, "malformed HTTP reply"))
-}
-
-fn parse_reply(reply: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let split = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&reply[..split]).ok()?;
-    let body = &reply[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let chunked = lines.any(|l| {
-        l.to_ascii_lowercase().starts_with("transfer-encoding:")
-            && l.to_ascii_lowercase().contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_vec()
+/// `GET <url>` with `Accept: application/json` through ureq (no TLS: the
+/// sidecar is in the same pod); the status and at most 64 KiB of body,
+/// error statuses included. Errors: connection, timeout, I/O, as text.
+fn http_get(url: &str, timeout: Duration) -> Result<(u16, Vec<u8>), String> {
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let response = match agent.get(url).set("Accept", "application/json").call() {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(err) => return Err(err.to_string()),
     };
-    Some((status, body))
-}
-
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let status = response.status();
     let mut body = Vec::new();
-    loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&data[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return Some(body);
-        }
-        body.extend_from_slice(data.get(..size)?);
-        data = data.get(size + 2..)?;
-    }
+    response
+        .into_reader()
+        .take(64 * 1024)
+        .read_to_end(&mut body)
+        .map_err(|err| err.to_string())?;
+    Ok((status, body))
 }
 
 #[cfg(test)]
@@ -302,21 +270,13 @@ mod tests {
     }
 
     #[test]
-    fn http_replies_parse_plain_and_chunked() {
-        let plain = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(parse_reply(plain), Some((503, b"{}".to_vec())));
-        let chunked =
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_reply(chunked), Some((200, b"abcde".to_vec())));
-        assert_eq!(parse_reply(b"garbage"), None);
-    }
-
-    #[test]
     fn only_plain_http_urls_are_accepted() {
         let url = Source::parse_url("http://127.0.0.1:8080/").unwrap();
         assert_eq!(id_url(&url), "http://127.0.0.1:8080/id");
         let prefixed = Source::parse_url("http://localhost:8080/snowlease").unwrap();
         assert_eq!(id_url(&prefixed), "http://localhost:8080/snowlease/id");
+        let full = Source::parse_url("http://127.0.0.1:8080/id").unwrap();
+        assert_eq!(id_url(&full), "http://127.0.0.1:8080/id");
         for bad in ["https://x:1", "ftp://x", "http://", "x", "http://h/?a=1"] {
             assert!(Source::parse_url(bad).is_err(), "{bad}");
         }

@@ -55,6 +55,7 @@ pub enum PoolCommand {
 /// Where Redis is, and how this process logs.
 #[derive(Args)]
 pub struct RedisArgs {
+    /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisUrlArg,
 
@@ -62,6 +63,7 @@ pub struct RedisArgs {
     #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub redis_timeout: Duration,
 
+    /// Log format.
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -73,6 +75,7 @@ pub struct PoolTarget {
     #[arg(long, env = "SNOWLEASE_POOL")]
     pub pool: String,
 
+    /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisArgs,
 }
@@ -93,9 +96,11 @@ pub struct IdSource {
 /// Flags of `init`, `add`, `disable`, `enable`.
 #[derive(Args)]
 pub struct IdsArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
+    /// Where the ids come from.
     #[command(flatten)]
     pub source: IdSource,
 }
@@ -103,6 +108,7 @@ pub struct IdsArgs {
 /// Flags of `acquire`.
 #[derive(Args)]
 pub struct AcquireArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
@@ -142,9 +148,11 @@ pub struct LeaseRef {
 /// Flags of `release`.
 #[derive(Args)]
 pub struct ReleaseArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
+    /// The lease: id and token.
     #[command(flatten)]
     pub lease: LeaseRef,
 
@@ -156,9 +164,11 @@ pub struct ReleaseArgs {
 /// Flags of `extend`.
 #[derive(Args)]
 pub struct ExtendArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
+    /// The lease: id and token.
     #[command(flatten)]
     pub lease: LeaseRef,
 
@@ -174,6 +184,7 @@ pub struct ExtendArgs {
 /// Flags of `reap`.
 #[derive(Args)]
 pub struct ReapArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
@@ -189,6 +200,7 @@ pub struct ReapArgs {
 /// Flags of `status`.
 #[derive(Args)]
 pub struct StatusArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
@@ -209,6 +221,7 @@ pub struct ServeArgs {
     )]
     pub pools: Vec<String>,
 
+    /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisArgs,
 

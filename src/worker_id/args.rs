@@ -73,9 +73,11 @@ impl AppKeysArgs {
 /// Flags of `snowlease worker`; see README.md for the long form.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
+    /// Which keys: app, prefix, ID range.
     #[command(flatten)]
     pub keys: AppKeysArgs,
 
+    /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisUrlArg,
 
@@ -115,6 +117,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub claim_timeout: Duration,
 
+    /// Log format.
     #[command(flatten)]
     pub log: LogArgs,
 }

@@ -7,8 +7,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -44,7 +43,7 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Takes an exclusive `flock` on `<output-file>.lock` without waiting, so
+/// Takes an exclusive lock (`flock`) on `<output-file>.lock` without waiting, so
 /// that two live processes never share one ID file and state file (the
 /// second would re-adopt the first one's lease and publish its ID). The
 /// kernel drops the lock when the holder dies, so a restarted sidecar can
@@ -53,7 +52,7 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 ///
 /// Errors: [`OutputLockError::InUse`] when another live process holds it;
 /// [`OutputLockError::Io`] when the lock file cannot be opened or locked.
-pub fn lock_output(output_file: &Path) -> Result<Flock<File>, OutputLockError> {
+pub fn lock_output(output_file: &Path) -> Result<File, OutputLockError> {
     let path = lock_path(output_file);
     let file = OpenOptions::new()
         .create(true)
@@ -73,13 +72,13 @@ pub fn lock_output(output_file: &Path) -> Result<Flock<File>, OutputLockError> {
             source: std::io::Error::other("not a regular file"),
         });
     }
-    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
-        Errno::EWOULDBLOCK => OutputLockError::InUse(output_file.to_owned()),
-        errno => OutputLockError::Io {
-            path,
-            source: errno.into(),
-        },
-    })
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Err(OutputLockError::InUse(output_file.to_owned()))
+        }
+        Err(std::fs::TryLockError::Error(source)) => Err(OutputLockError::Io { path, source }),
+    }
 }
 
 /// Why [`lock_output`] failed.

@@ -26,6 +26,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub keys: AppKeysArgs,
 
+    /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisUrlArg,
 

@@ -463,6 +463,36 @@ fn id_over_http_matches_the_sidecar() {
     assert_eq!(run.stdout, lease.worker_id.to_string());
 }
 
+/// The full `/id` URL (as the README's `/id` table shows it) works like the base URL, in `id`
+/// and `exec` alike; it is not turned into `/id/id`.
+#[test]
+fn id_and_exec_accept_the_full_id_url() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    let url = format!("http://{}/id", sidecar.http_addr());
+    let run = run_snowlease(&["id", "--url", &url], &[], secs(10));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout, lease.worker_id.to_string());
+    let run = run_snowlease(
+        &[
+            "exec",
+            "--url",
+            &url,
+            "--wait",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            "echo $WORKER_ID",
+        ],
+        &[],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout, lease.worker_id.to_string());
+}
+
 /// `snowlease install DIR` copies a working binary (for an init container without `cp`).
 #[test]
 fn install_copies_a_working_binary() {
