@@ -1,15 +1,18 @@
-//! HTTP serving shared by every mode: the liveness routes, the metrics
-//! encoding, and serving a router on a listener bound by the caller until
-//! shutdown. Each mode's own routes live in its subtree.
+//! HTTP serving shared by every mode: binding the listener (dual-stack on
+//! `[::]`), the liveness routes, the metrics encoding, and serving a router
+//! until shutdown. Each mode's own routes live in its subtree.
 
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
+use std::net::{Ipv4Addr, SocketAddr};
+
+use socket2::{Domain, Socket, Type};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 /// `/livez` and `/healthz`: 200 while the process serves HTTP; never
 /// depends on Redis (a Redis outage must not restart the pod).
@@ -49,4 +52,48 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
+}
+
+/// Binds `addr` for HTTP. `[::]:port` listens on IPv6 and IPv4 alike
+/// (IPV6_V6ONLY off, whatever the host's `net.ipv6.bindv6only`), so the
+/// kubelet's probes reach it in IPv4, IPv6 and dual-stack pods; on a host
+/// without IPv6 it falls back to `0.0.0.0:port`. Other addresses are bound
+/// as given. Call inside a tokio runtime.
+///
+/// Errors: the bind error of `addr` (or of the IPv4 fallback).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let dual = match addr {
+        SocketAddr::V6(v6) if v6.ip().is_unspecified() => true,
+        _ => return listen_on(addr, false),
+    };
+    match listen_on(addr, dual) {
+        Err(err) if no_ipv6(&err) => {
+            let fallback = SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()));
+            warn!(error = %err, addr = %fallback, "no IPv6 on this host; listening on IPv4 only");
+            listen_on(fallback, false)
+        }
+        bound => bound,
+    }
+}
+
+fn listen_on(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if dual_stack {
+        socket.set_only_v6(false)?;
+    }
+    // As std and tokio do: a restarted sidecar must not wait out TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// The errors of a host or container without IPv6 (kernel `ipv6.disable=1`,
+/// or no IPv6 address at all).
+fn no_ipv6(err: &std::io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(nix::libc::EAFNOSUPPORT | nix::libc::EADDRNOTAVAIL | nix::libc::EPROTONOSUPPORT)
+    )
 }

@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -71,8 +70,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     // Held until this function returns: the process owns the ID file and
     // the state file. Taken before the state file is read or Redis is used.
     let _output_lock = files::lock_output(&config.output_file)?;
-    let listener = TcpListener::bind(config.listen)
-        .await
+    let listener = http::bind(config.listen)
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
     let conn = config.redis.connect(config.lease.call_timeout())?;
 

@@ -17,7 +17,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tokio::net::TcpListener;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -175,8 +174,7 @@ pub fn router(state: ServeState) -> Router {
 ///
 /// Errors: the listener cannot bind; the HTTP server fails.
 pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(config.listen)
-        .await
+    let listener = http::bind(config.listen)
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
     if !config.listen.ip().is_loopback() {
         warn!(listen = %config.listen, "not a loopback address: whoever reaches it can take and release leases");

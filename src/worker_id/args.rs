@@ -105,8 +105,8 @@ pub struct WorkerArgs {
     )]
     pub output_file: PathBuf,
 
-    /// Address of the HTTP server (/id, /livez, /readyz, /metrics).
-    #[arg(long, env = "SNOWLEASE_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Address of the HTTP server (/id, /livez, /readyz, /metrics); `[::]:PORT` answers on IPv6 and IPv4 (IPv4 only on hosts without IPv6).
+    #[arg(long, env = "SNOWLEASE_LISTEN", default_value = "[::]:8080")]
     pub listen: SocketAddr,
 
     /// What to do when the lease is lost: reclaim another ID, or exit with code 4.
@@ -324,6 +324,12 @@ mod tests {
         assert_eq!(config.lease.max_worker_id, 31);
         assert_eq!(config.lease.ttl, Duration::from_secs(120));
         assert_eq!(config.lease.renew_interval, Duration::from_secs(60));
+        // IPv6-only pods: the kubelet probes the pod IP, which may be IPv6.
+        assert!(
+            config.listen.is_ipv6() && config.listen.ip().is_unspecified(),
+            "{}",
+            config.listen
+        );
     }
 
     #[test]

@@ -733,3 +733,22 @@ fn closed_stderr_still_releases_on_sigterm() {
     assert!(!redis.exists(&key), "key released");
     assert!(!file.exists());
 }
+
+/// `--listen [::]:PORT` (the default's form) answers on IPv4 and IPv6 loopback alike, so the
+/// kubelet's probes reach the sidecar in IPv4-only, IPv6-only and dual-stack pods.
+#[test]
+fn listen_on_any_ipv6_answers_both_families() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--listen", "[::]:0")
+        .spawn();
+    let port = sidecar.http_addr().port();
+    for host in ["127.0.0.1", "[::1]"] {
+        let url = format!("http://{host}:{port}/livez");
+        let status = ureq::get(&url)
+            .timeout(HTTP_TIMEOUT)
+            .call()
+            .map(|r| r.status());
+        assert_eq!(status.ok(), Some(200), "{url}");
+    }
+}
