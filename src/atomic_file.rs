@@ -27,10 +27,34 @@ pub fn write_atomic_from(path: &Path, mode: u32, contents: &mut impl Read) -> st
         .prefix(".snowlease-")
         .permissions(std::fs::Permissions::from_mode(mode))
         .tempfile_in(dir)?;
+    // The mode given at creation is masked by the umask (077 would make
+    // the file unreadable to an app running as another user): set it again.
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
     std::io::copy(contents, &mut tmp)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Creates `dir` and its missing parents with mode 0755 whatever the umask
+/// (the app container may run as another user and must reach the files);
+/// folders that already exist keep their mode.
+///
+/// Errors: the first I/O error.
+pub fn create_dir_all_readable(dir: &Path) -> std::io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_all_readable(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)),
+        // Created meanwhile by someone else: theirs to set.
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(err) => Err(err),
+    }
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use self::args::WorkerConfig;
 use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::routes::WorkerHttp;
-use crate::http;
+use crate::{atomic_file, http};
 use crate::identity::{Owner, resolve_identity};
 
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
@@ -60,7 +60,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
     {
-        std::fs::create_dir_all(dir).with_context(|| {
+        atomic_file::create_dir_all_readable(dir).with_context(|| {
             format!(
                 "cannot create the folder of --output-file {}",
                 dir.display()

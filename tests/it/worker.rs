@@ -752,3 +752,26 @@ fn listen_on_any_ipv6_answers_both_families() {
         assert_eq!(status.ok(), Some(200), "{url}");
     }
 }
+
+/// Under `umask 077` the folder the sidecar creates is still 0755 and the ID and state files
+/// 0644, so an app container running as another user can read them (README: "0644").
+#[test]
+fn files_are_readable_by_other_users_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let pod = PodDir::new();
+    let file = pod.path().join("made-by-sidecar").join("worker-id");
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .pod(&pod)
+        .flag("--output-file", file.to_str().unwrap())
+        .wrap(&["sh", "-c", "umask 077 && exec \"$0\" \"$@\""])
+        .spawn();
+    sidecar.wait_for_lease(secs(10));
+    let state = file.with_file_name("worker-id.state.json");
+    assert!(poll_until(secs(5), || file.exists() && state.exists()));
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(file.parent().unwrap()), 0o755, "folder");
+    assert_eq!(mode(&file), 0o644, "ID file");
+    assert_eq!(mode(&state), 0o644, "state file");
+}
