@@ -92,9 +92,8 @@ pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
     })?;
     info!(worker_id, pid = child.pid(), env = %config.env, "worker ID published; command started");
     let (exit, lost) = supervise(config, &signals, &child, published);
-    // Whatever the command left in its process group carries the ID too.
-    child.signal_group(Signal::SIGKILL);
-    child.reap();
+    // Whatever the command left behind carries the ID too.
+    child.kill_all();
     if lost {
         error!(worker_id, exit = ?exit, "command stopped after the worker ID was lost; exiting 75");
         return Ok(exit::LEASE_LOST);
@@ -143,7 +142,7 @@ fn supervise(
                     grace_ms = rules.grace().as_millis() as u64,
                     "command still running after the grace (or at the lease's deadline); SIGKILL"
                 );
-                child.signal_group(Signal::SIGKILL);
+                child.signal_all(Signal::SIGKILL);
                 killed = true;
             }
             Some(_) => {}
@@ -197,7 +196,7 @@ fn supervise(
                         kill_in_ms = at.saturating_duration_since(now).as_millis() as u64,
                         "worker ID no longer published; stopping the command (SIGTERM)"
                     );
-                    child.signal_group(Signal::SIGTERM);
+                    child.signal_all(Signal::SIGTERM);
                     kill_at = Some(at);
                 }
                 continue;

@@ -36,8 +36,8 @@ use self::args::WorkerConfig;
 use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::routes::WorkerHttp;
-use crate::{atomic_file, http};
 use crate::identity::{Owner, resolve_identity};
+use crate::{atomic_file, http};
 
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
 /// grace period is 30 s, and a Redis outage must not stretch the stop.

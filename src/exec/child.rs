@@ -1,6 +1,8 @@
 //! The wrapped command as a child process: signal handlers installed
 //! explicitly (so this works as PID 1), the child in its own process group,
-//! signals forwarded, exits reaped (orphans too, when we are PID 1).
+//! `exec` a child subreaper (so descendants that left the group with
+//! `setsid` are still ours to find and stop), signals forwarded, exits
+//! reaped (orphans too).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -92,10 +94,14 @@ pub struct Child {
 }
 
 impl Child {
-    /// Starts `command` with `env_name=worker_id` added to our environment.
+    /// Starts `command` with `env_name=worker_id` added to our environment,
+    /// after making this process a child subreaper (`PR_SET_CHILD_SUBREAPER`,
+    /// prctl(2)): orphans of the command are re-parented to us, not to init.
     ///
-    /// Errors: the spawn error (not found, not executable, ...).
+    /// Errors: the spawn error (not found, not executable, ...), or the
+    /// prctl error.
     pub fn spawn(command: &[OsString], env_name: &str, worker_id: u16) -> std::io::Result<Self> {
+        nix::sys::prctl::set_child_subreaper(true)?;
         let (program, args) = command
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
@@ -146,10 +152,50 @@ impl Child {
         }
     }
 
-    /// Sends `signal` to the child's whole process group.
-    pub fn signal_group(&self, signal: Signal) {
+    /// Sends `signal` to the child's whole process group and to every other
+    /// descendant of this process (one that called `setsid` left the group
+    /// but still carries the worker ID in its environment).
+    pub fn signal_all(&self, signal: Signal) {
         let _ = killpg(self.pid, signal);
+        for pid in descendants(Pid::this()) {
+            let _ = kill(pid, signal);
+        }
     }
+
+    /// SIGKILLs and reaps every descendant until none is left (bounded:
+    /// 2 s; a process in uninterruptible sleep may outlast it).
+    pub fn kill_all(&self) {
+        for _ in 0..200 {
+            self.signal_all(Signal::SIGKILL);
+            self.reap();
+            if descendants(Pid::this()).is_empty() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Every descendant of `pid`, from `/proc/<pid>/task/<tid>/children`
+/// (proc(5)); processes that end meanwhile are simply missed.
+fn descendants(pid: Pid) -> Vec<Pid> {
+    let mut found = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(parent) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+                let child = Pid::from_raw(child);
+                found.push(child);
+                todo.push(child);
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]

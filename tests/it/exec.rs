@@ -329,6 +329,33 @@ fn exec_stops_the_app_when_the_published_id_changes() {
     );
 }
 
+/// A descendant that left the command's process group with `setsid` (exec not PID 1, e.g.
+/// `shareProcessNamespace: true`) still carries `WORKER_ID`: when the ID is lost, `exec` stops
+/// it too (it is a child subreaper), not only the process group.
+#[test]
+fn exec_stops_descendants_that_called_setsid() {
+    let pod = PodDir::new();
+    publish_by_hand(&pod, 5);
+    let pid_file = pod.path().join("escaped.pid");
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 1001' & exec sleep 10001",
+        pid_file.display()
+    );
+    let mut app = exec_app(&pod, "app", &[], &script).spawn();
+    let escaped: i32 = poll_some(secs(10), || {
+        fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .expect("the setsid child started");
+    assert!(process_exists(escaped));
+    fs::remove_file(pod.worker_id_file()).unwrap();
+    let status = app.wait_exit(secs(5)).expect("exec exits after the loss");
+    assert_eq!(status.code(), Some(75));
+    assert!(
+        poll_until(secs(2), || !process_exists(escaped)),
+        "the setsid descendant {escaped} still runs with the lost worker ID"
+    );
+}
+
 /// SIGTERM and SIGINT reach the command, and `exec` exits with the command's status (its code,
 /// or 128 + signal when the signal killed it).
 #[test]
