@@ -99,6 +99,18 @@ impl RedisUrlArg {
     }
 }
 
+/// Writes `text` and a newline to stdout. A closed stdout (`cmd | true`) is
+/// an error (exit 1), never a panic as `println!` would make it.
+///
+/// Errors: the write error, named as stdout's.
+pub fn stdout_line(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|err| anyhow::anyhow!("cannot write the result to stdout: {err}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

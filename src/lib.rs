@@ -18,6 +18,7 @@
 //! - [`identity`]: the owner identity and the per-process owner string.
 //! - [`http`]: serving a router, liveness routes, metrics encoding.
 //! - [`atomic_file`]: files written whole or not at all.
+//! - [`logging`]: log lines that never block: a bounded, lossy queue to stderr.
 //! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
 
 pub mod atomic_file;
@@ -28,6 +29,7 @@ pub mod exit;
 pub mod http;
 pub mod identity;
 pub mod lease;
+pub mod logging;
 pub mod pool;
 pub mod shutdown;
 pub mod worker_id;

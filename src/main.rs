@@ -2,13 +2,15 @@
 //! mode, map the outcome to an exit code ([`snowlease::exit`], README
 //! "Exit codes").
 
-use std::io::IsTerminal;
+use std::io::Write as _;
 use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use snowlease::cli::LogFormat;
+use snowlease::cli::stdout_line;
+use snowlease::logging::{self, LogGuard};
 use snowlease::{exec, exit, pool, shutdown, worker_id};
-use tracing_subscriber::EnvFilter;
 
 /// Leases Snowflake worker IDs and resource pools in Redis.
 #[derive(Parser)]
@@ -46,19 +48,12 @@ impl Command {
     }
 }
 
-/// `eprintln!` that ignores a closed stderr instead of panicking, so the
-/// exit code stays the documented one.
-macro_rules! report {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
 fn main() -> ExitCode {
     let command = Cli::parse().command;
     let prefix = command.prefix();
-    match run(command) {
+    // Outlives `run`, so the last log lines are flushed (1 s at most).
+    let mut log = None;
+    match run(command, &mut log) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             let code = exit::code_of(&err);
@@ -66,7 +61,7 @@ fn main() -> ExitCode {
             if code != exit::BAD_INPUT {
                 tracing::error!(error = %text, "exiting");
             }
-            report!("{prefix}: {text}");
+            report(format!("{prefix}: {text}"));
             ExitCode::from(code)
         }
     }
@@ -75,30 +70,32 @@ fn main() -> ExitCode {
 /// Validates the flags (nothing is touched before), then runs the command.
 /// Returns the exit code of a run that did its job (`exec` passes its
 /// command's code through).
-fn run(command: Command) -> anyhow::Result<u8> {
+fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
     match command {
         Command::Worker(args) => {
             let config = args.validate()?;
-            init_logging(args.log.log_format);
+            *log = Some(logging::init(args.log.log_format));
             block_on(async move { worker_id::run(config, shutdown::listen()?).await })?;
         }
         Command::Exec(args) => {
             let config = args.validate()?;
-            init_logging(args.log.log_format);
+            *log = Some(logging::init(args.log.log_format));
             return Ok(exec::run_exec(&config)?);
         }
         Command::Id(args) => {
             let (source, wait) = args.validate()?;
-            println!("{}", exec::run_id(&source, wait)?);
+            stdout_line(&exec::run_id(&source, wait)?.to_string())?;
         }
         Command::Status(args) => {
             let config = args.validate()?;
             block_on(async move { worker_id::status::run(&config).await })?;
         }
-        Command::Install(args) => println!("{}", exec::install(&args.dir)?.display()),
+        Command::Install(args) => {
+            stdout_line(&exec::install(&args.dir)?.display().to_string())?;
+        }
         Command::Pool(args) => {
             let config = args.validate()?;
-            init_logging(args.log_format());
+            *log = Some(logging::init(args.log_format()));
             block_on(pool::cli::run(config))?;
         }
     }
@@ -128,18 +125,14 @@ fn describe(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn init_logging(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_env("SNOWLEASE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        // A closed stderr (log pipe gone) must not turn into a panic that
-        // skips the release of the lease.
-        .log_internal_errors(false);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+/// Prints the last words on stderr from a helper thread, waiting 500 ms at
+/// most: a stderr pipe that nobody drains must not keep the process (and
+/// its exit code) hostage; a closed one is ignored.
+fn report(text: String) {
+    let (done, wait) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = writeln!(std::io::stderr(), "{text}");
+        let _ = done.send(());
+    });
+    let _ = wait.recv_timeout(Duration::from_millis(500));
 }

@@ -270,7 +270,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     } else {
         render(&report)
     };
-    print!("{text}");
+    crate::cli::stdout_line(text.trim_end_matches('\n'))?;
     Ok(())
 }
 

@@ -536,3 +536,22 @@ fn install_copies_a_working_binary() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("snowlease "));
 }
+
+/// `snowlease install DIR | true`: a closed stdout is a clear error with exit 1, never a panic
+/// (exit 134 with `panic = "abort"`).
+#[test]
+fn closed_stdout_is_an_error_not_a_panic() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let out = Command::new(BIN)
+        .args(["install", dir.path().to_str().unwrap()])
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("stdout"), "{stderr}");
+}

@@ -544,3 +544,61 @@ fn sigterm_with_redis_down_exits_bounded() {
         paused.elapsed()
     );
 }
+
+/// stderr on a 4 KiB pipe that nobody reads (a stuck log shipper), with trace logging: the lease
+/// is taken, `/livez` keeps answering, and SIGTERM still releases the key and ends the process
+/// within 3 s; logging never blocks the lease logic or the shutdown.
+#[test]
+fn blocked_stderr_never_blocks_the_lease_or_the_shutdown() {
+    use std::os::fd::AsRawFd;
+    use std::process::{Command, Stdio};
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let pod = PodDir::new();
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    nix::fcntl::fcntl(
+        read_end.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["worker", "--app", "orders", "--redis-url", &redis.url()])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--max-worker-id",
+            "0",
+        ])
+        .args(["--ttl", "2s", "--renew-interval", "200ms"])
+        .arg("--output-file")
+        .arg(pod.worker_id_file())
+        .env_clear()
+        .env("SNOWLEASE_LOG", "trace")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write_end))
+        .spawn()
+        .unwrap();
+    let key = worker_key("orders", 0);
+    assert!(
+        poll_until(secs(10), || redis.get(&key).is_some()),
+        "lease taken"
+    );
+    // Many renewals and requests later the pipe is long full.
+    for _ in 0..20 {
+        let livez = ureq::get(&format!("http://127.0.0.1:{port}/livez"))
+            .timeout(HTTP_TIMEOUT)
+            .call()
+            .map(|r| r.status());
+        assert_eq!(livez.ok(), Some(200), "/livez answers with stderr blocked");
+        std::thread::sleep(ms(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+    let stopped = poll_some(secs(3), || child.try_wait().unwrap());
+    let _ = child.kill();
+    drop(read_end);
+    assert!(stopped.is_some(), "still running 3 s after SIGTERM");
+    assert_eq!(redis.get(&key), None, "the key was released");
+}

@@ -67,7 +67,7 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
         }
         Err(err) => return Err(err),
     };
-    println!("{out}");
+    crate::cli::stdout_line(&out)?;
     Ok(())
 }
 
