@@ -19,6 +19,20 @@ use crate::pool::PoolError;
 use crate::pool::cli::PoolCliError;
 use crate::worker_id::keeper::WorkerError;
 
+/// The table for `--help` of the long-running commands, with the log
+/// filter variable.
+pub const HELP: &str = "\
+Logging: SNOWLEASE_LOG sets the filter (tracing EnvFilter syntax, default info).
+
+Exit codes (the same meaning in every command):
+  0   done; clean stop on SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2
+  1   anything else (Redis refused, cannot listen, output file in use, ...)
+  2   bad input; the message names the flag and its range; nothing written
+  3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due
+  4   not held: lease lost with --on-loss exit, pool lease not ours or expired
+  75  exec: the ID was lost while the command ran; the command was stopped
+  126 exec: the command cannot be executed; 127: not found; 128+N: signal N";
+
 /// Anything not listed below.
 pub const FAILURE: u8 = 1;
 /// Bad input; nothing was written.
@@ -79,6 +93,30 @@ mod tests {
 
     use super::*;
     use crate::pool::LostReason;
+
+    /// `--help`, this module and README.md list the same codes.
+    #[test]
+    fn help_and_readme_list_every_code() {
+        let readme = include_str!("../README.md");
+        let table = &readme[readme.find("## Exit codes").expect("README has the table")..];
+        for code in [
+            FAILURE,
+            BAD_INPUT,
+            UNAVAILABLE,
+            NOT_HELD,
+            LEASE_LOST,
+            CANNOT_EXECUTE,
+        ] {
+            assert!(
+                HELP.contains(&format!("\n  {code} ")),
+                "--help lacks {code}"
+            );
+            assert!(
+                table.contains(&format!("\n| {code} ")),
+                "README lacks {code}"
+            );
+        }
+    }
 
     #[test]
     fn each_error_has_its_code() {

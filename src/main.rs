@@ -7,14 +7,22 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use snowlease::cli::stdout_line;
 use snowlease::logging::{self, LogGuard};
 use snowlease::{exec, exit, pool, shutdown, worker_id};
 
+/// `--version`: the crate version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SNOWLEASE_COMMIT"),
+    ")"
+);
+
 /// Leases Snowflake worker IDs and resource pools in Redis.
 #[derive(Parser)]
-#[command(name = "snowlease", version, about)]
+#[command(name = "snowlease", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,8 +31,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the worker-ID sidecar: claim an ID, renew it, publish it.
+    #[command(after_help = exit::HELP)]
     Worker(worker_id::args::WorkerArgs),
     /// Run CMD with the published worker ID in its environment; stop it when the ID is lost.
+    #[command(after_help = exit::HELP)]
     Exec(exec::ExecArgs),
     /// Print the published worker ID (for shell scripts).
     Id(exec::IdArgs),
@@ -33,7 +43,15 @@ enum Command {
     /// Copy this binary into DIR (an init container sharing it with the app).
     Install(exec::InstallArgs),
     /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
+    #[command(after_help = exit::HELP)]
     Pool(pool::cli::PoolArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff, from the same flag definitions) to stdout: `snowlease man | man -l -`.
+    Man,
 }
 
 impl Command {
@@ -93,6 +111,16 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             block_on(Runtime::OneThread, async move {
                 worker_id::status::run(&config).await
             })?;
+        }
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "snowlease", &mut out);
+            stdout_line(String::from_utf8_lossy(&out).trim_end())?;
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut out)?;
+            stdout_line(String::from_utf8_lossy(&out).trim_end())?;
         }
         Command::Install(args) => {
             stdout_line(&exec::install(&args.dir)?.display().to_string())?;

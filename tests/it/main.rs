@@ -3,6 +3,8 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// `--version`, `--help`, completions and the man page.
+mod cli;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.

@@ -1,0 +1,51 @@
+//! Command-line habits: `--version` with the commit, `--help` with the exit codes and the log
+//! variable, shell completions and the man page from the same flag definitions.
+
+use crate::harness::*;
+
+/// `--version` names the version and the commit it was built from.
+#[test]
+fn version_shows_the_commit() {
+    let run = run_snowlease(&["--version"], &[], secs(5));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with(&format!("snowlease {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{run:?}"
+    );
+}
+
+/// `worker --help` lists the exit codes and `SNOWLEASE_LOG`.
+#[test]
+fn worker_help_lists_exit_codes_and_the_log_variable() {
+    let run = run_snowlease(&["worker", "--help"], &[], secs(5));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    for needle in ["SNOWLEASE_LOG", "Exit codes", "  3 ", "  4 ", "  75 "] {
+        assert!(
+            run.stdout.contains(needle),
+            "{needle:?} missing: {}",
+            run.stdout
+        );
+    }
+}
+
+/// `completions <shell>` prints a script that names the subcommands; `man` prints roff.
+#[test]
+fn completions_and_man_page_come_from_the_flags() {
+    for shell in ["bash", "zsh", "fish"] {
+        let run = run_snowlease(&["completions", shell], &[], secs(5));
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert!(
+            run.stdout.contains("worker") && run.stdout.contains("pool"),
+            "{shell}"
+        );
+    }
+    let run = run_snowlease(&["completions", "tcsh"], &[], secs(5));
+    assert_eq!(run.code, Some(2), "unknown shell is bad input: {run:?}");
+    let man = run_snowlease(&["man"], &[], secs(5));
+    assert_eq!(man.code, Some(0), "{man:?}");
+    assert!(
+        man.stdout.contains(".TH snowlease 1") && man.stdout.contains("worker"),
+        "{man:?}"
+    );
+}
