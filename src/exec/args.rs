@@ -11,16 +11,25 @@ use super::Source;
 use crate::cli::{ConfigError, LogArgs, check_range, parse_duration};
 use crate::worker_id::args::DEFAULT_OUTPUT_FILE;
 
+/// Where the published ID is read: `--file` or `--url`, shared by `exec`
+/// and `id` (one env name per concept).
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
+    /// ID file written by the sidecar [default: /var/run/snowlease/worker-id].
+    #[arg(long, env = "SNOWLEASE_ID_FILE", conflicts_with = "url")]
+    pub file: Option<PathBuf>,
+
+    /// Sidecar URL instead of the file: the base (http://127.0.0.1:8080) or the full /id URL.
+    #[arg(long, env = "SNOWLEASE_ID_URL")]
+    pub url: Option<String>,
+}
+
 /// Flags of `snowlease exec`.
 #[derive(Debug, Clone, Args)]
 pub struct ExecArgs {
-    /// ID file written by the sidecar [default: /var/run/snowlease/worker-id].
-    #[arg(long, env = "SNOWLEASE_EXEC_FILE", conflicts_with = "url")]
-    pub file: Option<PathBuf>,
-
-    /// Sidecar base URL instead of the file, e.g. http://127.0.0.1:8080 (GET <url>/id).
-    #[arg(long, env = "SNOWLEASE_EXEC_URL")]
-    pub url: Option<String>,
+    /// Where the published ID is read.
+    #[command(flatten)]
+    pub source: SourceArgs,
 
     /// Environment variable that carries the worker ID to the command.
     #[arg(long, env = "SNOWLEASE_EXEC_ENV", default_value = "WORKER_ID")]
@@ -67,7 +76,7 @@ pub struct ExecConfig {
 impl ExecArgs {
     /// Checks every flag; the first violation names its flag.
     pub fn validate(&self) -> Result<ExecConfig, ConfigError> {
-        let source = source(self.file.as_deref(), self.url.as_deref())?;
+        let source = source(self.source.file.as_deref(), self.source.url.as_deref())?;
         let env_ok = self.env.chars().next().is_some_and(|c| !c.is_ascii_digit())
             && self
                 .env
@@ -117,13 +126,9 @@ impl ExecArgs {
 /// Flags of `snowlease id`.
 #[derive(Debug, Clone, Args)]
 pub struct IdArgs {
-    /// ID file written by the sidecar [default: /var/run/snowlease/worker-id].
-    #[arg(long, env = "SNOWLEASE_ID_FILE", conflicts_with = "url")]
-    pub file: Option<PathBuf>,
-
-    /// Sidecar base URL instead of the file, e.g. http://127.0.0.1:8080.
-    #[arg(long, env = "SNOWLEASE_ID_URL")]
-    pub url: Option<String>,
+    /// Where the published ID is read.
+    #[command(flatten)]
+    pub source: SourceArgs,
 
     /// How long to wait for a published ID (exit 3 when none); 0s checks once.
     #[arg(long, env = "SNOWLEASE_ID_WAIT", default_value = "0s", value_parser = parse_duration)]
@@ -133,7 +138,7 @@ pub struct IdArgs {
 impl IdArgs {
     /// The source and the wait, validated.
     pub fn validate(&self) -> Result<(Source, Duration), ConfigError> {
-        let source = source(self.file.as_deref(), self.url.as_deref())?;
+        let source = source(self.source.file.as_deref(), self.source.url.as_deref())?;
         check_range(
             "--wait",
             self.wait,

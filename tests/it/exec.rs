@@ -441,6 +441,27 @@ fn exec_bad_flags_exit_2() {
     }
 }
 
+/// One env name per concept: `SNOWLEASE_ID_FILE` points `exec` and `id` alike at the ID file.
+#[test]
+fn exec_and_id_share_the_id_file_variable() {
+    let pod = PodDir::new();
+    publish_by_hand(&pod, 9);
+    let file = pod.worker_id_file();
+    let env = [("SNOWLEASE_ID_FILE", file.to_str().unwrap())];
+    let id = run_snowlease(&["id"], &env, secs(10));
+    assert_eq!((id.code, id.stdout.as_str()), (Some(0), "9"), "{id:?}");
+    let exec = run_snowlease(
+        &["exec", "--", "sh", "-c", "echo $WORKER_ID"],
+        &env,
+        secs(10),
+    );
+    assert_eq!(
+        (exec.code, exec.stdout.as_str()),
+        (Some(0), "9"),
+        "{exec:?}"
+    );
+}
+
 /// `snowlease id` prints the published ID, exits 3 when none, and `--wait` picks up an ID
 /// published later.
 #[test]
