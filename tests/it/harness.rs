@@ -13,6 +13,15 @@
 //!   `snowlease <subcommand>` in a scrubbed environment: logs captured, HTTP, files, signals,
 //!   exit status; SIGKILLed on drop, its log printed when the test panics), log and
 //!   Prometheus parsing.
+//! - `harness/proxy.rs`: [`FaultProxy`], a TCP proxy on a free loopback port in front of one
+//!   Redis; per connection (numbered in accept order) or for all: [`Mode`] pass, blackhole
+//!   (bytes held), delay, drop replies, reset (RST), and `freeze_existing` (old connections
+//!   held, new ones pass); held bytes are delivered in order once a connection passes again.
+//! - `harness/topology.rs`: [`SentinelTopology`] (primary + replicas + `--sentinel` nodes:
+//!   failover, kill the primary, restart as replica) and [`ClusterTopology`]
+//!   (`redis-cli --cluster create`: slots, key owners, kill a primary, migrate a slot in
+//!   steps, a shard restarted empty); at most 2 run at once ([`TopologyPermit`]). Tested in
+//!   `harness_selftest`.
 //! - `harness/process.rs`: [`stop_process`] (SIGSTOP that waits until stopped), `/proc`
 //!   readers, [`run_snowlease`] (run the binary to completion, with a deadline),
 //!   [`pid1_tests_can_run`] (PID 1 tests fail without `unshare --pid`, unless
@@ -30,8 +39,10 @@
 #![allow(dead_code)]
 
 mod process;
+mod proxy;
 mod redis_server;
 mod sidecar;
+mod topology;
 
 use std::collections::HashSet;
 use std::net::TcpListener;
@@ -41,8 +52,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use nix::sys::signal::Signal;
 pub use process::*;
+pub use proxy::*;
 pub use redis_server::*;
 pub use sidecar::*;
+pub use topology::*;
 
 /// The `snowlease` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
