@@ -263,12 +263,38 @@ fn harness_proxy_retarget() {
     assert_eq!(second.get("where").as_deref(), Some("second"));
 }
 
+/// A real sidecar works through the proxy, and black-holing its connections stops its renewals
+/// reaching Redis (the bytes wait in the proxy) until a release.
+#[test]
+fn harness_proxy_carries_a_sidecar() {
+    let (redis, proxy) = proxy_and_redis();
+    redis.open_claim_guard("orders");
+    let sidecar = Sidecar::worker_at(&proxy.url(), "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(15));
+    let key = worker_key("orders", lease.worker_id);
+    assert_eq!(redis.get(&key), Some(lease.owner));
+    assert!(proxy.open_connections().iter().any(|c| c.forwarded_up > 0));
+
+    let renewals = || redis.command_calls("evalsha");
+    proxy.set_mode(Mode::Blackhole);
+    // A renew sent after the switch waits in the proxy; none reaches Redis meanwhile.
+    assert!(proxy.wait_queued_up(1, secs(5)).is_some(), "no renew held");
+    let before = renewals();
+    thread_sleep_observe();
+    assert_eq!(renewals(), before, "a renew got through the blackhole");
+    proxy.release();
+    assert!(
+        poll_until(secs(5), || renewals() > before),
+        "held renew never delivered"
+    );
+}
+
 /// The sentinel topology fails over both ways (SENTINEL FAILOVER, then a SIGKILLed primary),
 /// keeps its data, and takes the killed node back as a replica.
 #[test]
 fn harness_sentinel_topology_fails_over() {
-    let (mut topo, took) = timed(SentinelTopology::start);
-    eprintln!("sentinel topology (1+2+3) up in {took:?}");
+    let mut topo = SentinelTopology::start();
+    eprintln!("sentinel topology (1+2+3) up in {:?}", topo.startup_time());
     assert_eq!(topo.sentinel_addrs().len(), 3);
     let ports: Vec<String> = topo.sentinel_addrs();
     assert_eq!(
@@ -310,8 +336,11 @@ fn harness_sentinel_topology_fails_over() {
 /// The small sentinel topology (1 primary, 1 replica, 1 sentinel) fails over too.
 #[test]
 fn harness_sentinel_small_topology_fails_over() {
-    let (topo, took) = timed(SentinelTopology::start_small);
-    eprintln!("small sentinel topology (1+1+1) up in {took:?}");
+    let topo = SentinelTopology::start_small();
+    eprintln!(
+        "small sentinel topology (1+1+1) up in {:?}",
+        topo.startup_time()
+    );
     let (new, took) = timed(|| topo.failover());
     eprintln!("small planned failover took {took:?}");
     assert_eq!(new, 1);
@@ -321,8 +350,8 @@ fn harness_sentinel_small_topology_fails_over() {
 /// its key to another primary in steps (ASK while moving, MOVED after).
 #[test]
 fn harness_cluster_forms_and_migrates_a_slot() {
-    let (topo, took) = timed(ClusterTopology::start);
-    eprintln!("cluster (3+3) up in {took:?}");
+    let topo = ClusterTopology::start();
+    eprintln!("cluster (3+3) up in {:?}", topo.startup_time());
     let primaries = topo.primaries();
     assert_eq!(primaries.len(), 3, "{primaries:?}");
     let mut ranges: Vec<(u16, u16)> = primaries.iter().flat_map(|p| p.slots.clone()).collect();
@@ -411,8 +440,8 @@ fn harness_cluster_kill_primary_and_empty_shard() {
 /// The cheap cluster (3 primaries, no replicas) forms and serves every slot.
 #[test]
 fn harness_cluster_primaries_only_forms() {
-    let (topo, took) = timed(ClusterTopology::start_primaries_only);
-    eprintln!("cluster (3+0) up in {took:?}");
+    let topo = ClusterTopology::start_primaries_only();
+    eprintln!("cluster (3+0) up in {:?}", topo.startup_time());
     assert_eq!(topo.primaries().len(), 3);
     assert_eq!(topo.cluster_nodes().len(), 3);
 }

@@ -70,7 +70,7 @@ pub struct ConnInfo {
 /// ```ignore
 /// let redis = RedisServer::start();
 /// let proxy = FaultProxy::for_redis(&redis);
-/// let sidecar = Sidecar::worker_url(&proxy.url(), "orders").spawn();
+/// let sidecar = Sidecar::worker_at(&proxy.url(), "orders").spawn();
 /// proxy.freeze_existing();          // old connections hang, new ones work
 /// proxy.set_mode(Mode::Pass);       // held bytes are delivered now
 /// ```

@@ -126,6 +126,7 @@ pub struct SentinelTopology {
     /// Data nodes; `nodes[0]` is the first primary. Roles change with failovers.
     nodes: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
+    startup: Duration,
     _permit: TopologyPermit,
 }
 
@@ -149,6 +150,7 @@ impl SentinelTopology {
 
     pub fn start_with(opts: SentinelOptions) -> SentinelTopology {
         let permit = TopologyPermit::acquire();
+        let started = Instant::now();
         let primary = RedisServer::start_with(RedisOptions {
             args: data_node_args(),
             name: "sentinel-topology node 0".into(),
@@ -167,6 +169,7 @@ impl SentinelTopology {
             opts,
             nodes,
             sentinels: Vec::new(),
+            startup: Duration::ZERO,
             _permit: permit,
         };
         // Sentinels find replicas through the primary's INFO: start them once all are linked.
@@ -180,7 +183,13 @@ impl SentinelTopology {
             topo.sentinels.push(sentinel);
         }
         topo.wait_sentinels_ready();
+        topo.startup = started.elapsed();
         topo
+    }
+
+    /// Time from start to ready, without the wait for a [`TopologyPermit`].
+    pub fn startup_time(&self) -> Duration {
+        self.startup
     }
 
     fn sentinel_conf(&self) -> String {
@@ -440,6 +449,7 @@ impl ClusterNode {
 /// A Redis Cluster on loopback: `primaries` primaries with `replicas` replicas each.
 pub struct ClusterTopology {
     nodes: Vec<RedisServer>,
+    startup: Duration,
     _permit: TopologyPermit,
 }
 
@@ -459,6 +469,7 @@ impl ClusterTopology {
     /// replicas each.
     pub fn start_with(primaries: usize, replicas: usize) -> ClusterTopology {
         let permit = TopologyPermit::acquire();
+        let started = Instant::now();
         let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
             .map(|i| {
                 RedisServer::start_with(RedisOptions {
@@ -468,13 +479,20 @@ impl ClusterTopology {
                 })
             })
             .collect();
-        let topo = ClusterTopology {
+        let mut topo = ClusterTopology {
             nodes,
+            startup: Duration::ZERO,
             _permit: permit,
         };
         topo.create(replicas);
         topo.wait_cluster_ok();
+        topo.startup = started.elapsed();
         topo
+    }
+
+    /// Time from start to ready, without the wait for a [`TopologyPermit`].
+    pub fn startup_time(&self) -> Duration {
+        self.startup
     }
 
     fn create(&self, replicas: usize) {
