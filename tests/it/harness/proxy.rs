@@ -4,7 +4,8 @@
 //!
 //! Threads: one accepts; each connection has a reader and a writer per direction. Readers
 //! queue what they read (with its arrival time); writers forward the queue when the
-//! connection's [`Mode`] lets them. All state sits behind one mutex and one condvar.
+//! connection's [`Mode`] lets them. All state sits behind one mutex; each connection has its
+//! own condvar, so a chunk wakes only the writers of its connection.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -82,7 +83,6 @@ pub struct FaultProxy {
 
 struct Shared {
     state: Mutex<State>,
-    changed: Condvar,
     stopping: AtomicBool,
     started: Instant,
 }
@@ -104,6 +104,8 @@ struct Conn {
     server: Option<TcpStream>,
     up: Pipe,
     down: Pipe,
+    /// Notified when its queues, its mode or the proxy-wide mode change.
+    wake: Arc<Condvar>,
 }
 
 #[derive(Default)]
@@ -138,7 +140,6 @@ impl FaultProxy {
                 conns: Vec::new(),
                 events: Vec::new(),
             }),
-            changed: Condvar::new(),
             stopping: AtomicBool::new(false),
             started: Instant::now(),
         });
@@ -187,7 +188,7 @@ impl FaultProxy {
         }
         drop(st);
         self.shared.event(format!("all connections -> {mode:?}"));
-        self.shared.changed.notify_all();
+        self.shared.wake_all();
     }
 
     /// Sets the mode of connection `id` only (see [`FaultProxy::connections`]).
@@ -203,7 +204,7 @@ impl FaultProxy {
         }
         drop(st);
         self.shared.event(format!("connection {id} -> {mode:?}"));
-        self.shared.changed.notify_all();
+        self.shared.wake_all();
     }
 
     /// Shorthand for `set_mode(Mode::Pass)`: everything passes, held bytes are delivered.
@@ -224,7 +225,7 @@ impl FaultProxy {
         drop(st);
         self.shared
             .event(format!("froze connections {frozen:?}; new ones pass"));
-        self.shared.changed.notify_all();
+        self.shared.wake_all();
     }
 
     /// Every connection accepted so far, in accept order.
@@ -279,7 +280,7 @@ impl Drop for FaultProxy {
         for c in self.shared.lock().conns.iter_mut() {
             c.close();
         }
-        self.shared.changed.notify_all();
+        self.shared.wake_all();
         if thread::panicking() {
             eprintln!(
                 "===== fault proxy :{} events =====\n{}",
@@ -291,6 +292,13 @@ impl Drop for FaultProxy {
 }
 
 impl Shared {
+    /// Wakes every connection's writers (after a mode change).
+    fn wake_all(&self) {
+        for c in &self.lock().conns {
+            c.wake.notify_all();
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -319,6 +327,7 @@ impl Conn {
     /// thread has let go of them.
     fn close(&mut self) {
         self.closed = true;
+        self.wake.notify_all();
         for s in [self.client.take(), self.server.take()]
             .into_iter()
             .flatten()
@@ -392,6 +401,7 @@ fn register(shared: &Shared, client: TcpStream, peer: SocketAddr) -> (usize, boo
         server: None,
         up: Pipe::default(),
         down: Pipe::default(),
+        wake: Arc::new(Condvar::new()),
     });
     (st.conns.len() - 1, st.mode == Mode::Reset)
 }
@@ -415,8 +425,8 @@ fn spawn_pump(shared: &Arc<Shared>, id: usize, dir: Dir, mut from: TcpStream) {
                 arrived: Instant::now(),
                 bytes: buf[..n].to_vec(),
             });
+            st.conns[id].wake.notify_all();
             drop(st);
-            shared.changed.notify_all();
             if n == 0 {
                 return;
             }
@@ -498,8 +508,8 @@ fn next_chunk(shared: &Shared, id: usize, dir: Dir) -> Option<Chunk> {
                 wait = due - now;
             }
         }
-        st = shared
-            .changed
+        let wake = conn.wake.clone();
+        st = wake
             .wait_timeout(st, wait)
             .unwrap_or_else(|e| e.into_inner())
             .0;
@@ -530,7 +540,6 @@ fn connect_upstream(shared: &Arc<Shared>, id: usize) -> Option<TcpStream> {
         }
         Err(e) => {
             shared.lock().conns[id].reset();
-            shared.changed.notify_all();
             shared.event(format!("connection {id}: upstream {upstream}: {e}; reset"));
             None
         }

@@ -404,6 +404,27 @@ impl SentinelTopology {
     }
 }
 
+impl Drop for SentinelTopology {
+    /// On a panic, what the sentinels and nodes said last (their logs follow, one per node).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let roles: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let role = info_field(n.port(), "replication", "role");
+                format!(":{} {}", n.port(), role.as_deref().unwrap_or("down"))
+            })
+            .collect();
+        eprintln!(
+            "===== sentinel topology: primary per sentinel {:?}; nodes {roles:?} =====",
+            self.primary_addrs_seen()
+        );
+    }
+}
+
 fn replica_args(primary_port: u16) -> Vec<String> {
     let mut args = data_node_args();
     args.extend(strings(&[
@@ -706,6 +727,22 @@ impl ClusterTopology {
 
     fn running(&self) -> impl Iterator<Item = &RedisServer> {
         self.nodes.iter().filter(|n| n.is_running())
+    }
+}
+
+impl Drop for ClusterTopology {
+    /// On a panic, `CLUSTER NODES` as a running node saw it (the logs follow, one per node).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let nodes = self
+            .running()
+            .find_map(|n| try_query::<String>(n.port(), redis::cmd("CLUSTER").arg("NODES")).ok());
+        eprintln!(
+            "===== cluster topology: CLUSTER NODES =====\n{}",
+            nodes.as_deref().unwrap_or("<no node answers>")
+        );
     }
 }
 
