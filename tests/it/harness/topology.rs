@@ -608,23 +608,20 @@ impl ClusterTopology {
         self.owner_of_slot(self.keyslot(key))
     }
 
-    /// Waits until every running node says `cluster_state:ok` and agrees on which primary
-    /// serves each slot.
+    /// Waits until every running node says `cluster_state:ok`, all of them agree on which
+    /// primary serves each slot and on every node's role (primary, replica of whom, failed),
+    /// and every running replica's link to its primary is up.
     pub fn wait_cluster_ok(&self) {
         wait_for(
-            "cluster_state:ok on every node, one view of the slots",
+            "cluster_state:ok and one view of slots and roles on every node",
             || {
-                let views: Option<Vec<Vec<(u16, u16, u16)>>> = self
-                    .running()
-                    .map(|n| {
-                        let info: String =
-                            try_query(n.port(), redis::cmd("CLUSTER").arg("INFO")).ok()?;
-                        info.contains("cluster_state:ok")
-                            .then(|| slot_view(n.port()))
-                            .flatten()
-                    })
-                    .collect();
+                let views: Option<Vec<_>> = self.running().map(|n| node_view(n.port())).collect();
                 views.is_some_and(|v| v.windows(2).all(|w| w[0] == w[1]))
+                    && self.running().all(|n| {
+                        info_field(n.port(), "replication", "role").as_deref() == Some("master")
+                            || info_field(n.port(), "replication", "master_link_status").as_deref()
+                                == Some("up")
+                    })
             },
         );
     }
@@ -844,6 +841,29 @@ fn parse_cluster_node(line: &str) -> Option<ClusterNode> {
         failed: flags.iter().any(|x| x.starts_with("fail")),
         slots,
     })
+}
+
+/// What the node on `port` believes, when it says `cluster_state:ok`: its slot map and each
+/// node's (id, primary, primary id, failed), sorted. None when down or not ok.
+#[allow(clippy::type_complexity)]
+fn node_view(
+    port: u16,
+) -> Option<(
+    Vec<(u16, u16, u16)>,
+    Vec<(String, bool, Option<String>, bool)>,
+)> {
+    let info: String = try_query(port, redis::cmd("CLUSTER").arg("INFO")).ok()?;
+    if !info.contains("cluster_state:ok") {
+        return None;
+    }
+    let text: String = try_query(port, redis::cmd("CLUSTER").arg("NODES")).ok()?;
+    let mut roles: Vec<_> = text
+        .lines()
+        .filter_map(parse_cluster_node)
+        .map(|n| (n.id, n.primary, n.primary_id, n.failed))
+        .collect();
+    roles.sort();
+    Some((slot_view(port)?, roles))
 }
 
 /// `CLUSTER SLOTS` of the node on `port` as sorted (first, last, primary port) triples.
