@@ -333,9 +333,9 @@ fn harness_sentinel_topology_fails_over() {
     assert_eq!(topo.nodes()[killed].get("k").as_deref(), Some("v"));
 }
 
-/// The small sentinel topology (1 primary, 1 replica, 1 sentinel) fails over too.
+/// The small sentinel topology (1 primary, 1 replica, 1 sentinel) fails over and back.
 #[test]
-fn harness_sentinel_small_topology_fails_over() {
+fn harness_sentinel_small_topology_fails_over_and_back() {
     let topo = SentinelTopology::start_small();
     eprintln!(
         "small sentinel topology (1+1+1) up in {:?}",
@@ -344,6 +344,11 @@ fn harness_sentinel_small_topology_fails_over() {
     let (new, took) = timed(|| topo.failover());
     eprintln!("small planned failover took {took:?}");
     assert_eq!(new, 1);
+    // The old primary must be a replica again before it can be promoted back.
+    let (_, took) = timed(|| topo.wait_replicas_in_sync());
+    eprintln!("old primary converted to a replica after {took:?}");
+    assert_eq!(topo.failover(), 0);
+    assert_eq!(topo.primary().port(), topo.nodes()[0].port());
 }
 
 /// The cluster forms with every slot served once, reports a key's owner, and moves a slot with
