@@ -11,6 +11,8 @@ mod double_publish;
 mod exec;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
 mod harness;
+/// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
+mod harness_selftest;
 /// Pool mode scripts and API: leases, cooldowns, fences, bad input, concurrency.
 mod pool;
 /// `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.

@@ -25,34 +25,80 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// Extra command-line options (e.g. `--replicaof`), kept for restarts.
+    args: Vec<String>,
+    /// Name shown with the log printed on a panic (e.g. "sentinel 2").
+    name: String,
+}
+
+/// How to start a [`RedisServer`] beyond the defaults (free port, loopback, no persistence).
+#[derive(Clone, Debug, Default)]
+pub struct RedisOptions {
+    /// Written to `redis.conf` in the server's folder on first start and passed first on the
+    /// command line; the server may rewrite it (Sentinel does) and a restart reuses it.
+    pub config_file: Option<String>,
+    /// Extra options, e.g. `["--replicaof", "127.0.0.1", "20001"]` or `["--sentinel"]`.
+    pub args: Vec<String>,
+    /// Name shown with the log printed on a panic; "redis-server" when empty.
+    pub name: String,
 }
 
 impl RedisServer {
     /// Starts a server on a free port and waits (10 s) until it answers PING; tries other ports
     /// if the server does not come up.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(RedisOptions::default())
+    }
+
+    /// Like [`RedisServer::start`], with a config file and extra options.
+    pub fn start_with(opts: RedisOptions) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("snowlease-redis-")
             .tempdir()
             .expect("tempdir");
+        if let Some(conf) = &opts.config_file {
+            fs::write(dir.path().join("redis.conf"), conf).expect("write redis.conf");
+        }
+        let name = if opts.name.is_empty() {
+            "redis-server".to_owned()
+        } else {
+            opts.name
+        };
         let mut errors = Vec::new();
         for _ in 0..5 {
             let port = free_port();
-            match spawn_redis(port, dir.path()) {
+            match spawn_redis(port, dir.path(), &opts.args) {
                 Ok(child) => {
                     return RedisServer {
                         port,
                         dir,
                         child: Some(child),
+                        args: opts.args,
+                        name,
                     };
                 }
                 Err(e) => errors.push(format!("port {port}: {e}")),
             }
         }
         panic!(
-            "redis-server did not start: {errors:?}\nlog:\n{}",
+            "{name} did not start: {errors:?}\nlog:\n{}",
             read_to_string_lossy(&dir.path().join("redis.log"))
         );
+    }
+
+    /// The server's name in logs and panics.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True while the process runs (not stopped by [`RedisServer::stop`]).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The server's folder (its `redis.conf`, log, `nodes.conf`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn port(&self) -> u16 {
@@ -166,13 +212,21 @@ impl RedisServer {
         keys
     }
 
-    /// SIGKILL the server and start an empty one on the same port (10 s deadline).
+    /// SIGKILL the server and start an empty one on the same port (10 s deadline), with the
+    /// same options and folder (a cluster node keeps its `nodes.conf`, a sentinel its state).
     pub fn restart(&mut self) {
+        let args = self.args.clone();
+        self.restart_with(args);
+    }
+
+    /// Like [`RedisServer::restart`], with other extra options (kept for later restarts).
+    pub fn restart_with(&mut self, args: Vec<String>) {
         self.stop();
+        self.args = args;
         let deadline = Instant::now() + secs(10);
         let mut last_err = String::new();
         while Instant::now() < deadline {
-            match spawn_redis(self.port, self.dir.path()) {
+            match spawn_redis(self.port, self.dir.path(), &self.args) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -182,7 +236,8 @@ impl RedisServer {
             thread::sleep(ms(100));
         }
         panic!(
-            "redis-server did not restart on port {}: {last_err}\nlog:\n{}",
+            "{} did not restart on port {}: {last_err}\nlog:\n{}",
+            self.name,
             self.port,
             self.log()
         );
@@ -222,7 +277,8 @@ impl Drop for RedisServer {
         self.stop();
         if thread::panicking() {
             eprintln!(
-                "===== redis-server :{} log =====\n{}",
+                "===== {} :{} log =====\n{}",
+                self.name,
                 self.port,
                 self.log()
             );
@@ -230,9 +286,15 @@ impl Drop for RedisServer {
     }
 }
 
-/// Starts redis-server on `port` and waits until it answers PING; kills it on failure.
-fn spawn_redis(port: u16, dir: &Path) -> Result<Child, String> {
-    let mut child = Command::new(redis_server_bin())
+/// Starts redis-server on `port` (with `dir/redis.conf` first when it exists, then `args`) and
+/// waits until it answers PING; kills it on failure.
+fn spawn_redis(port: u16, dir: &Path, args: &[String]) -> Result<Child, String> {
+    let conf = dir.join("redis.conf");
+    let mut cmd = Command::new(redis_server_bin());
+    if conf.exists() {
+        cmd.arg(&conf);
+    }
+    let mut child = cmd
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
         .args(["--save", ""])
@@ -241,6 +303,7 @@ fn spawn_redis(port: u16, dir: &Path) -> Result<Child, String> {
         .arg(dir)
         .arg("--logfile")
         .arg(dir.join("redis.log"))
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
