@@ -51,7 +51,8 @@ pub struct ConnInfo {
     pub id: usize,
     /// The client's address (its local port identifies the client socket).
     pub peer: SocketAddr,
-    /// False once closed by either side, reset, or the proxy.
+    /// False once both directions ended (each side closed, the close delivered), or it was
+    /// reset, or the proxy stopped. A close is held like bytes under [`Mode::Blackhole`].
     pub open: bool,
     /// The mode it follows now (its own, or the proxy-wide one).
     pub mode: Mode,
@@ -66,7 +67,9 @@ pub struct ConnInfo {
 }
 
 /// A TCP proxy on `127.0.0.1:<free port>` in front of one Redis; stopped on drop (every
-/// connection closed), its event log printed when the test panics.
+/// connection closed), its event log printed when the test panics. To fault one sidecar among
+/// several, give each sidecar its own proxy (a proxy costs one thread plus four per
+/// connection).
 ///
 /// ```ignore
 /// let redis = RedisServer::start();

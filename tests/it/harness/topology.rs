@@ -6,6 +6,10 @@
 //! Running topologies are limited by [`TopologyPermit`] (default 2 at once, env
 //! `SNOWLEASE_MAX_TOPOLOGIES`) so that 8 test threads on 2 cores do not starve the nodes into
 //! false failure detections (the timeouts here are 1 s). A test holds at most one topology.
+//!
+//! Clients reach data nodes at the addresses the sentinels (or `CLUSTER SLOTS`) announce, so a
+//! [`super::FaultProxy`] can front a sentinel but not a data node here; routing data-node
+//! traffic through proxies (`replica-announce-port`, `cluster-announce-port`) is not built.
 
 use std::net::SocketAddr;
 use std::process::Command;
