@@ -351,6 +351,41 @@ fn harness_sentinel_small_topology_fails_over_and_back() {
     assert_eq!(topo.primary().port(), topo.nodes()[0].port());
 }
 
+/// With proxies in front of the data nodes, black-holing the primary's proxy partitions it: a
+/// replica is promoted while the cut-off primary still takes writes, which the heal discards.
+#[test]
+fn harness_sentinel_partitioned_primary_is_replaced() {
+    let topo = SentinelTopology::start_with(SentinelOptions {
+        proxied: true,
+        replicas: 1,
+        sentinels: 1,
+        quorum: 1,
+        ..SentinelOptions::default()
+    });
+    assert_eq!(topo.primary_addr().unwrap().port(), topo.addr_port(0));
+    assert_ne!(topo.addr_port(0), topo.nodes()[0].port());
+
+    topo.proxy(0).set_mode(Mode::Blackhole);
+    let (new, took) = timed(|| topo.wait_new_primary(0));
+    eprintln!("partitioned primary replaced after {took:?}");
+    assert_eq!(new, 1);
+    let role = topo.nodes()[0].info_field("replication", "role");
+    assert_eq!(
+        role.as_deref(),
+        Some("master"),
+        "cut off, it still acts as primary"
+    );
+    let _: () = topo.nodes()[0].query(redis::cmd("SET").arg("lost").arg("1"));
+
+    topo.proxy(0).release();
+    topo.wait_replicas_in_sync();
+    assert_eq!(
+        topo.nodes()[0].get("lost"),
+        None,
+        "the heal resyncs it from the new primary"
+    );
+}
+
 /// The cluster forms with every slot served once, reports a key's owner, and moves a slot with
 /// its key to another primary in steps (ASK while moving, MOVED after).
 #[test]

@@ -7,16 +7,18 @@
 //! `SNOWLEASE_MAX_TOPOLOGIES`) so that 8 test threads on 2 cores do not starve the nodes into
 //! false failure detections (the timeouts here are 1 s). A test holds at most one topology.
 //!
-//! Clients reach data nodes at the addresses the sentinels (or `CLUSTER SLOTS`) announce, so a
-//! [`super::FaultProxy`] can front a sentinel but not a data node here; routing data-node
-//! traffic through proxies (`replica-announce-port`, `cluster-announce-port`) is not built.
+//! Clients reach data nodes at the addresses the sentinels (or `CLUSTER SLOTS`) announce. With
+//! [`SentinelOptions::proxied`] each Sentinel data node is announced at its own
+//! [`FaultProxy`], so faulting that proxy cuts the node off from sentinels, replicas and
+//! clients alike (the harness's own checks go to the nodes directly). Not built for Cluster
+//! (`cluster-announce-port` would do it).
 
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{RedisOptions, RedisServer, free_port, ms, poll_some, poll_until, secs};
+use super::{FaultProxy, RedisOptions, RedisServer, free_port, ms, poll_some, poll_until, secs};
 
 /// Master name of [`SentinelTopology::start`].
 pub const MASTER_NAME: &str = "mymaster";
@@ -108,6 +110,10 @@ pub struct SentinelOptions {
     pub down_after_ms: u64,
     /// `sentinel failover-timeout` in ms; a failed failover is retried after twice this.
     pub failover_timeout_ms: u64,
+    /// Put a [`FaultProxy`] in front of every data node and make it the node's address for
+    /// everyone (sentinels, replication, clients) via `replica-announce-port` and the monitor
+    /// line; faulting a node's proxy then cuts that node off the network.
+    pub proxied: bool,
 }
 
 impl Default for SentinelOptions {
@@ -120,6 +126,7 @@ impl Default for SentinelOptions {
             quorum: 2,
             down_after_ms: 1000,
             failover_timeout_ms: 2000,
+            proxied: false,
         }
     }
 }
@@ -129,6 +136,8 @@ pub struct SentinelTopology {
     opts: SentinelOptions,
     /// Data nodes; `nodes[0]` is the first primary. Roles change with failovers.
     nodes: Vec<RedisServer>,
+    /// With [`SentinelOptions::proxied`]: `proxies[i]` fronts `nodes[i]`.
+    proxies: Vec<FaultProxy>,
     sentinels: Vec<RedisServer>,
     startup: Duration,
     _permit: TopologyPermit,
@@ -155,27 +164,34 @@ impl SentinelTopology {
     pub fn start_with(opts: SentinelOptions) -> SentinelTopology {
         let permit = TopologyPermit::acquire();
         let started = Instant::now();
-        let primary = RedisServer::start_with(RedisOptions {
-            args: data_node_args(),
-            name: "sentinel-topology node 0".into(),
-            ..RedisOptions::default()
-        });
-        let mut nodes = vec![primary];
-        for i in 1..=opts.replicas {
-            let args = replica_args(nodes[0].port());
-            nodes.push(RedisServer::start_with(RedisOptions {
-                args,
-                name: format!("sentinel-topology node {i}"),
-                ..RedisOptions::default()
-            }));
-        }
+        // A proxy's upstream is set once its node has a port (unreachable until then).
+        let proxies: Vec<FaultProxy> = (0..=opts.replicas)
+            .filter(|_| opts.proxied)
+            .map(|_| FaultProxy::start(loopback(1)))
+            .collect();
         let mut topo = SentinelTopology {
             opts,
-            nodes,
+            nodes: Vec::new(),
+            proxies,
             sentinels: Vec::new(),
             startup: Duration::ZERO,
             _permit: permit,
         };
+        for i in 0..=topo.opts.replicas {
+            let mut args = topo.node_args(i);
+            if i > 0 {
+                args.extend(replica_args(topo.addr_port(0)));
+            }
+            let node = RedisServer::start_with(RedisOptions {
+                args,
+                name: format!("sentinel-topology node {i}"),
+                ..RedisOptions::default()
+            });
+            if let Some(proxy) = topo.proxies.get(i) {
+                proxy.set_upstream(loopback(node.port()));
+            }
+            topo.nodes.push(node);
+        }
         // Sentinels find replicas through the primary's INFO: start them once all are linked.
         topo.wait_replicas_in_sync();
         for i in 0..topo.opts.sentinels {
@@ -204,7 +220,7 @@ impl SentinelTopology {
              sentinel down-after-milliseconds {m} {down}\n\
              sentinel failover-timeout {m} {fo}\n\
              sentinel parallel-syncs {m} {par}\n",
-            port = self.nodes[0].port(),
+            port = self.addr_port(0),
             q = o.quorum,
             down = o.down_after_ms,
             fo = o.failover_timeout_ms,
@@ -251,7 +267,7 @@ impl SentinelTopology {
         &mut self.nodes
     }
 
-    /// The primary's address as each running sentinel answers it
+    /// The primary's address (its proxy's when proxied) as each running sentinel answers it
     /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`); None for a sentinel that does not answer.
     pub fn primary_addrs_seen(&self) -> Vec<Option<SocketAddr>> {
         let cmd = self.sentinel_cmd("GET-MASTER-ADDR-BY-NAME");
@@ -283,10 +299,41 @@ impl SentinelTopology {
     }
 
     fn index_of(&self, port: u16) -> usize {
-        self.nodes
-            .iter()
-            .position(|n| n.port() == port)
+        (0..self.nodes.len())
+            .find(|&i| self.addr_port(i) == port)
             .unwrap_or_else(|| panic!("sentinels name :{port}, not a node of this topology"))
+    }
+
+    /// The port everyone uses for node `i`: its proxy's when proxied, else its own. (The
+    /// harness's own checks always go to the node directly.)
+    pub fn addr_port(&self, i: usize) -> u16 {
+        match self.proxies.get(i) {
+            Some(proxy) => proxy.port(),
+            None => self.nodes[i].port(),
+        }
+    }
+
+    /// The proxy in front of node `i` (only with [`SentinelOptions::proxied`]).
+    pub fn proxy(&self, i: usize) -> &FaultProxy {
+        self.proxies
+            .get(i)
+            .expect("proxies exist only with SentinelOptions::proxied")
+    }
+
+    /// Options of node `i` that survive restarts: no sync delay, and its proxy's address
+    /// announced when proxied.
+    fn node_args(&self, i: usize) -> Vec<String> {
+        let mut args = data_node_args();
+        if let Some(proxy) = self.proxies.get(i) {
+            let port = proxy.port().to_string();
+            args.extend(strings(&[
+                "--replica-announce-ip",
+                "127.0.0.1",
+                "--replica-announce-port",
+                &port,
+            ]));
+        }
+        args
     }
 
     /// Planned failover (`SENTINEL FAILOVER` on a sentinel, retried while the sentinels refuse
@@ -324,7 +371,8 @@ impl SentinelTopology {
     pub fn restart_as_replica(&mut self, index: usize) {
         let primary = self.primary_index();
         assert_ne!(primary, index, "node {index} is the primary");
-        let args = replica_args(self.nodes[primary].port());
+        let mut args = self.node_args(index);
+        args.extend(replica_args(self.addr_port(primary)));
         self.nodes[index].restart_with(args);
         self.wait_replicas_in_sync();
     }
@@ -348,10 +396,11 @@ impl SentinelTopology {
             .filter(|&i| i != primary && Some(i) != except && self.nodes[i].is_running())
             .map(|i| self.nodes[i].port())
             .collect();
+        let primary_addr = self.addr_port(primary).to_string();
         let primary = self.nodes[primary].port();
         wait_for("replicas linked to the primary", || {
             replicas.iter().all(|&r| {
-                info_field(r, "replication", "master_port") == Some(primary.to_string())
+                info_field(r, "replication", "master_port").as_deref() == Some(&primary_addr)
                     && info_field(r, "replication", "master_link_status").as_deref() == Some("up")
             })
         });
@@ -362,16 +411,18 @@ impl SentinelTopology {
     }
 
     /// Waits until the sentinels name a primary other than node `old`, it has role master, and
-    /// the other replicas (not `old`) follow it in sync.
-    fn wait_new_primary(&self, old: usize) -> usize {
-        let old_port = self.nodes[old].port();
+    /// the other replicas (not `old`) follow it in sync; returns its index. For failovers the
+    /// test caused itself, e.g. by black-holing the primary's proxy.
+    pub fn wait_new_primary(&self, old: usize) -> usize {
+        let old_port = self.addr_port(old);
         let addr = poll_some(TOPOLOGY_TIMEOUT, || {
             self.primary_addr().filter(|a| a.port() != old_port)
         })
         .unwrap_or_else(|| panic!("no new primary announced: {:?}", self.primary_addrs_seen()));
         let new = self.index_of(addr.port());
+        let new_port = self.nodes[new].port();
         wait_for("new primary has role master", || {
-            info_field(addr.port(), "replication", "role").as_deref() == Some("master")
+            info_field(new_port, "replication", "role").as_deref() == Some("master")
         });
         self.wait_in_sync(new, Some(old));
         new
@@ -429,14 +480,9 @@ impl Drop for SentinelTopology {
     }
 }
 
+/// `--replicaof` the primary reachable on `primary_port`.
 fn replica_args(primary_port: u16) -> Vec<String> {
-    let mut args = data_node_args();
-    args.extend(strings(&[
-        "--replicaof",
-        "127.0.0.1",
-        &primary_port.to_string(),
-    ]));
-    args
+    strings(&["--replicaof", "127.0.0.1", &primary_port.to_string()])
 }
 
 /// Options of every data node: a primary starts a full sync at once (the default waits 5 s
