@@ -18,7 +18,8 @@
 //!   (bytes held), delay, drop replies, reset (RST), and `freeze_existing` (old connections
 //!   held, new ones pass); held bytes are delivered in order once a connection passes again.
 //! - `harness/topology.rs`: [`SentinelTopology`] (primary + replicas + `--sentinel` nodes:
-//!   failover, kill the primary, restart as replica) and [`ClusterTopology`]
+//!   failover, kill the primary, restart as replica; optionally a [`FaultProxy`] announced in
+//!   front of each data node, to partition one) and [`ClusterTopology`]
 //!   (`redis-cli --cluster create`: slots, key owners, kill a primary, migrate a slot in
 //!   steps, a shard restarted empty). Tested in `harness_selftest`. Costs measured on the
 //!   2-core CI machine, start to ready: Sentinel 1+2+3 ~2.3-3.4 s (sentinels find each
