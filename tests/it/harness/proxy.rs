@@ -370,7 +370,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         }
         let Ok(client) = client else { continue };
         let _ = client.set_nodelay(true);
-        // A writer stuck on a full buffer still notices a close within this time.
+        // A writer waiting on a full buffer looks at the closed flag this often.
         let _ = client.set_write_timeout(Some(secs(1)));
         let Ok(peer) = client.peer_addr() else {
             continue;
@@ -460,7 +460,7 @@ fn spawn_forwarder(shared: &Arc<Shared>, id: usize, dir: Dir, to: Option<TcpStre
                 let _ = out.shutdown(Shutdown::Write);
                 false
             } else {
-                out.write_all(&chunk.bytes).is_ok()
+                write_chunk(&shared, id, out, &chunk.bytes)
             };
             let mut st = shared.lock();
             let conn = &mut st.conns[id];
@@ -475,6 +475,26 @@ fn spawn_forwarder(shared: &Arc<Shared>, id: usize, dir: Dir, to: Option<TcpStre
             }
         }
     });
+}
+
+/// Writes all of `bytes`, waiting as long as the peer does not read (e.g. a SIGSTOPped
+/// client) unless the connection closes meanwhile. False on a write error or a close.
+fn write_chunk(shared: &Shared, id: usize, out: &mut TcpStream, mut bytes: &[u8]) -> bool {
+    while !bytes.is_empty() {
+        match out.write(bytes) {
+            Ok(0) => return false,
+            Ok(n) => bytes = &bytes[n..],
+            // The write timeout only lets us look at the closed flag now and then.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if shared.lock().conns[id].closed {
+                    return false;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Waits for the next chunk of `dir` that the mode lets through; None once the connection is
