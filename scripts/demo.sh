@@ -39,6 +39,8 @@ cleanup() {
 }
 trap cleanup INT TERM EXIT
 until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+# A fresh Redis: open the claim guard instead of waiting one TTL.
+./target/release/snowlease guard open --app demo --redis-url "redis://127.0.0.1:$redis_port"
 
 setsid ./target/release/snowlease worker --app demo --redis-url "redis://127.0.0.1:$redis_port" \
   --ttl 10s --renew-interval 5s \

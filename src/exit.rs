@@ -9,6 +9,7 @@
 //! | 2 | bad input: a flag, env var or argument outside its range; nothing was written |
 //! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
 //! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
+//! | 5 | refused as unsafe: `guard open` found lease keys of the app (without `--force`); nothing written |
 //! | 75 | `exec`: the ID was lost while the command ran; the command was stopped (EX_TEMPFAIL) |
 //! | 126, 127 | `exec`: the command cannot be executed, or was not found (shell convention) |
 //! | 128+N | a signal N ended the wait or the command |
@@ -17,6 +18,7 @@ use crate::cli::ConfigError;
 use crate::exec::ExecError;
 use crate::pool::PoolError;
 use crate::pool::cli::PoolCliError;
+use crate::worker_id::guard::GuardRefused;
 use crate::worker_id::keeper::WorkerError;
 
 /// The table for `--help` of the long-running commands, with the log
@@ -30,6 +32,7 @@ Exit codes (the same meaning in every command):
   2   bad input; the message names the flag and its range; nothing written
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
+  5   refused as unsafe: guard open found lease keys (use --force); nothing written
   75  exec: the ID was lost while the command ran; the command was stopped
   126 exec: the command cannot be executed; 127: not found; 128+N: signal N";
 
@@ -41,6 +44,8 @@ pub const BAD_INPUT: u8 = 2;
 pub const UNAVAILABLE: u8 = 3;
 /// The lease is not (or no longer) ours.
 pub const NOT_HELD: u8 = 4;
+/// Refused because it could break the safety property; nothing written.
+pub const REFUSED: u8 = 5;
 /// `exec`: the ID was lost while the command ran (EX_TEMPFAIL, sysexits.h).
 pub const LEASE_LOST: u8 = 75;
 /// `exec`: the command exists but cannot be executed (shell convention).
@@ -59,6 +64,9 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
             WorkerError::LeaseLost { .. } => NOT_HELD,
             WorkerError::Redis(_) => FAILURE,
         };
+    }
+    if err.downcast_ref::<GuardRefused>().is_some() {
+        return REFUSED;
     }
     if let Some(err) = err.downcast_ref::<ExecError>() {
         return match err {

@@ -40,6 +40,8 @@ enum Command {
     Id(exec::IdArgs),
     /// Show which worker IDs of an app are held, by whom, for how long (read-only).
     Status(worker_id::status::StatusArgs),
+    /// Manage an app's claim guard: `guard open` lets the first sidecars of a new app claim at once.
+    Guard(worker_id::guard::GuardArgs),
     /// Copy this binary into DIR (an init container sharing it with the app).
     Install(exec::InstallArgs),
     /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
@@ -121,6 +123,12 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             let mut out = Vec::new();
             clap_mangen::Man::new(Cli::command()).render(&mut out)?;
             stdout_line(String::from_utf8_lossy(&out).trim_end())?;
+        }
+        Command::Guard(args) => {
+            let config = args.validate()?;
+            block_on(Runtime::OneThread, async move {
+                worker_id::guard::open(&config).await
+            })?;
         }
         Command::Install(args) => {
             stdout_line(&exec::install(&args.dir)?.display().to_string())?;

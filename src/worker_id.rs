@@ -8,6 +8,7 @@
 //! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
 //! - [`state`]: [`WorkerState`](state::WorkerState), the one value the keeper writes and every publisher reads.
 //! - [`keeper`]: the claim / renew / loss loop, the only writer of the state.
+//! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
 //! - [`files`]: the ID file, the state file format (read by `exec` too), the lock file.
 //! - [`publisher`]: keeps the files in step with the state.
 //! - [`routes`]: `/id`, `/readyz`, `/metrics`.
@@ -17,6 +18,7 @@
 pub mod args;
 pub mod claim;
 pub mod files;
+pub mod guard;
 pub mod keeper;
 pub mod metrics;
 pub mod publisher;

@@ -775,3 +775,58 @@ fn files_are_readable_by_other_users_whatever_the_umask() {
     assert_eq!(mode(&file), 0o644, "ID file");
     assert_eq!(mode(&state), 0o644, "state file");
 }
+
+/// First use: `guard open` on a Redis without any lease key of the app opens claims at once, so
+/// a sidecar with a 30 s TTL publishes within seconds instead of after one TTL.
+#[test]
+fn guard_open_lets_the_first_sidecar_claim_at_once() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let run = run_snowlease(
+        &["guard", "open", "--app", "orders", "--redis-url", &url],
+        &[],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let reply: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(reply["lease_keys"], 0, "{reply}");
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "30s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    sidecar.wait_for_lease(secs(5));
+}
+
+/// `guard open` refuses while any lease key of the app exists (exit 5) and writes nothing: the
+/// guard stays missing and the keys untouched; `--force` opens it anyway.
+#[test]
+fn guard_open_refuses_while_a_lease_key_exists() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let key = worker_key("orders", 7);
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(&key)
+            .arg("10.0.0.9#beef")
+            .arg("PX")
+            .arg(60_000),
+    );
+    let open = |extra: &[&str]| {
+        let mut args = vec!["guard", "open", "--app", "orders", "--redis-url", &url];
+        args.extend_from_slice(extra);
+        run_snowlease(&args, &[], secs(10))
+    };
+    let refused = open(&[]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(refused.stderr.contains("--force"), "{refused:?}");
+    assert!(
+        !redis.exists(&format!("{PREFIX}orders:guard")),
+        "nothing written"
+    );
+    assert_eq!(redis.get(&key).as_deref(), Some("10.0.0.9#beef"));
+    let forced = open(&["--force"]);
+    assert_eq!(forced.code, Some(0), "{forced:?}");
+    assert!(redis.exists(&format!("{PREFIX}orders:guard")));
+    let bad = open(&["--max-worker-id", "2000"]);
+    assert_eq!(bad.code, Some(2), "{bad:?}");
+}
