@@ -39,7 +39,14 @@ pub fn init(format: LogFormat) -> LogGuard {
         // skips the release of the lease.
         .log_internal_errors(false);
     match format {
-        LogFormat::Json => builder.json().init(),
+        // Flat objects (timestamp, level, message, target and the fields
+        // at the top level), as log platforms ingest them without mapping.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
         LogFormat::Text => builder.init(),
     }
     LogGuard(guard)

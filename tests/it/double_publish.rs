@@ -281,7 +281,7 @@ fn redis_oom_at_start_is_retried() {
         let oom: Vec<_> = sidecar
             .events_with("redis unavailable; retrying claim")
             .into_iter()
-            .filter(|e| e["fields"]["error"].as_str().unwrap_or("").contains("OOM"))
+            .filter(|e| e["error"].as_str().unwrap_or("").contains("OOM"))
             .collect();
         (oom.len() >= 2).then(|| oom[1].clone())
     });

@@ -458,8 +458,7 @@ impl Serve {
         };
         serve.addr = poll_some(secs(10), || {
             serve.events().into_iter().find_map(|e| {
-                (message(&e) == "http listening")
-                    .then(|| e["fields"]["addr"].as_str()?.parse().ok())?
+                (message(&e) == "http listening").then(|| e["addr"].as_str()?.parse().ok())?
             })
         })
         .expect("no \"http listening\" event");
@@ -611,7 +610,7 @@ fn serve_process_end_to_end_and_sigterm() {
         serve
             .events()
             .iter()
-            .filter(|e| e["fields"]["message"] == "leased")
+            .filter(|e| e["message"] == "leased")
             .count()
     };
     assert!(debug_lines() >= 1, "debug logs are on");

@@ -177,15 +177,9 @@ fn thirty_three_sidecars_share_thirty_two_ids() {
     let full = last
         .wait_for_event("all worker IDs are held", secs(15))
         .expect("the 33rd sidecar logs that all IDs are held");
-    assert_eq!(
-        full["fields"]["count"], 32,
-        "count field of {full}: 32 IDs exist"
-    );
+    assert_eq!(full["count"], 32, "count field of {full}: 32 IDs exist");
     assert!(
-        !full["fields"]["holders"]
-            .as_str()
-            .unwrap_or_default()
-            .is_empty(),
+        !full["holders"].as_str().unwrap_or_default().is_empty(),
         "holders named in {full}"
     );
     // It stays unpublished for a while (several claim rounds).
@@ -829,4 +823,22 @@ fn guard_open_refuses_while_a_lease_key_exists() {
     assert!(redis.exists(&format!("{PREFIX}orders:guard")));
     let bad = open(&["--max-worker-id", "2000"]);
     assert_eq!(bad.code, Some(2), "{bad:?}");
+}
+
+/// `--log-format json` writes one flat object per line: `timestamp`, `level`, `message`,
+/// `target` and the event's fields at the top level (what log platforms ingest as they are).
+#[test]
+fn json_logs_are_flat_objects() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let sidecar = Sidecar::worker(&redis, "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    let event = sidecar
+        .wait_for_event("lease acquired", secs(5))
+        .expect("lease acquired logged");
+    for key in ["timestamp", "level", "message", "target"] {
+        assert!(event[key].is_string(), "{key} missing: {event}");
+    }
+    assert_eq!(event["worker_id"], lease.worker_id, "{event}");
+    assert!(event.get("fields").is_none(), "nested fields: {event}");
 }

@@ -316,7 +316,7 @@ impl Sidecar {
             .collect()
     }
 
-    /// Events whose `fields.message` contains `substr`.
+    /// Events whose `message` contains `substr`.
     pub fn events_with(&self, substr: &str) -> Vec<Value> {
         self.events()
             .into_iter()
@@ -350,7 +350,7 @@ impl Sidecar {
             let event = self
                 .wait_for_event("http listening", secs(10))
                 .unwrap_or_else(|| panic!("{}: no \"http listening\" log event", self.name));
-            event["fields"]["addr"]
+            event["addr"]
                 .as_str()
                 .and_then(|a| a.parse().ok())
                 .unwrap_or_else(|| panic!("{}: bad addr in {event}", self.name))
@@ -508,9 +508,9 @@ impl Drop for Sidecar {
     }
 }
 
-/// The fields.message of a JSON log event ("" when absent).
+/// The `message` of a JSON log event ("" when absent).
 pub fn message(event: &Value) -> &str {
-    event["fields"]["message"].as_str().unwrap_or("")
+    event["message"].as_str().unwrap_or("")
 }
 
 /// The level of a JSON log event ("" when absent).
