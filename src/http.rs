@@ -6,6 +6,9 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::net::{Ipv4Addr, SocketAddr};
 
@@ -36,6 +39,29 @@ pub fn encode_metrics(registry: &Registry) -> Response {
             .into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+/// Labels of `snowlease_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
+}
+
+/// Registers `snowlease_build_info{version,commit} 1` (the commit from
+/// build.rs), so dashboards can tell which build runs where.
+pub fn register_build_info(registry: &mut Registry) {
+    let info = Family::<BuildLabels, Gauge>::default();
+    info.get_or_create(&BuildLabels {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("SNOWLEASE_COMMIT"),
+    })
+    .set(1);
+    registry.register(
+        "snowlease_build_info",
+        "Version and commit of this binary; always 1",
+        info,
+    );
 }
 
 /// Serves `router` on an already bound listener until `shutdown` fires.

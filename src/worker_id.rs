@@ -79,6 +79,10 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let metrics = Arc::new(WorkerMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
+    metrics
+        .worker_ids
+        .set(i64::from(config.lease.max_worker_id) + 1);
+    http::register_build_info(&mut registry);
     let recorded = files::read_state(&config.output_file, &config.app);
     let mut release_conn = conn.clone();
     let params = WorkerParams {

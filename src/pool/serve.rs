@@ -78,6 +78,7 @@ impl ServeState {
         let labels: Vec<Arc<str>> = pools.iter().map(|p| Arc::from(p.name())).collect();
         let mut registry = Registry::default();
         let metrics = PoolMetrics::new(&mut registry, &labels);
+        http::register_build_info(&mut registry);
         let pools = pools
             .into_iter()
             .zip(labels)

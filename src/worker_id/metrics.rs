@@ -21,6 +21,8 @@ pub struct WorkerMetrics {
     pub lease_held: Gauge,
     /// The published worker ID, -1 while none.
     pub worker_id: Gauge,
+    /// How many worker IDs the app has (max worker ID + 1), for ratios.
+    pub worker_ids: Gauge,
     /// Renew attempts by outcome: renewed, recreated, lost, failed.
     pub renewals: Family<Outcome, Counter>,
     /// Leases lost (other owner, or validity deadline passed unconfirmed).
@@ -45,6 +47,11 @@ impl WorkerMetrics {
             "worker_id",
             "Worker ID currently published, -1 while none",
             self.worker_id.clone(),
+        );
+        r.register(
+            "worker_ids",
+            "How many worker IDs the app has (--max-worker-id + 1)",
+            self.worker_ids.clone(),
         );
         r.register(
             "renewals",

@@ -83,6 +83,13 @@ fn holder_publishes_id_everywhere() {
     assert_eq!(sidecar.metric("snowlease_lease_held"), Some(1.0));
     assert_eq!(sidecar.metric("snowlease_worker_id"), Some(0.0));
     assert_eq!(sidecar.metric("snowlease_leases_lost_total"), Some(0.0));
+    // --max-worker-id 31 (the default): 32 IDs, for exhaustion ratios.
+    assert_eq!(sidecar.metric("snowlease_worker_ids"), Some(32.0));
+    let build = sidecar.metric_samples("snowlease_build_info");
+    assert!(
+        build.len() == 1 && build[0].0.contains("commit=") && build[0].1 == 1.0,
+        "{build:?}"
+    );
     let claims: f64 = sidecar
         .metric_samples("snowlease_claim_attempts_total")
         .iter()
