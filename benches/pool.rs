@@ -1,5 +1,6 @@
 //! `cargo bench --bench pool`: acquire+release cycles per second through
-//! the Rust API (1 and 50 tasks, 1000 ids), and the client's acquire-only
+//! the Rust API and through `pool serve` over HTTP (1 and 50 clients, 1000
+//! ids; HTTP as a ratio to the API), and the client's acquire-only
 //! rate at 50 tasks against `redis-benchmark -c 50` running EVALSHA of the
 //! same acquire script with the same KEYS and ARGV. Starts its own
 //! redis-server on a free loopback port; prints a table with the goal.
@@ -160,6 +161,89 @@ async fn benchmark_acquires(conn: &ConnectionManager, port: u16) -> f64 {
     rps
 }
 
+const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
+
+/// `snowlease pool serve` for pool `http` on a free loopback port, ready.
+struct Serve {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Serve {
+    fn start(redis_url: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(BIN)
+            .args(["pool", "serve", "--pool", "http", "--redis-url", redis_url])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("SNOWLEASE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn pool serve");
+        let base = format!("http://127.0.0.1:{port}");
+        let ready = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(25));
+            ureq::get(&format!("{base}/readyz")).call().is_ok()
+        });
+        assert!(ready, "pool serve did not become ready");
+        Self { child, base }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Acquire+release cycles per second through `pool serve` over HTTP with
+/// `clients` threads (one keep-alive connection each) for [`CYCLE_TIME`].
+fn http_cycles(serve: &Serve, clients: usize) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_at = Instant::now() + CYCLE_TIME + Duration::from_millis(300);
+    let handles: Vec<_> = (0..clients)
+        .map(|_| {
+            let (done, counting) = (done.clone(), counting.clone());
+            let base = serve.base.clone();
+            std::thread::spawn(move || {
+                let agent = ureq::Agent::new();
+                while Instant::now() < stop_at {
+                    let lease: serde_json::Value = agent
+                        .post(&format!("{base}/pools/http/leases"))
+                        .send_string(r#"{"ttl_ms":30000}"#)
+                        .expect("acquire")
+                        .into_json()
+                        .unwrap();
+                    let (id, token) = (
+                        lease["id"].as_str().unwrap(),
+                        lease["token"].as_str().unwrap(),
+                    );
+                    agent
+                        .post(&format!("{base}/pools/http/leases/{id}/release"))
+                        .send_string(&format!(r#"{{"token":"{token}"}}"#))
+                        .expect("release");
+                    if counting.load(Ordering::Relaxed) {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    counting.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    for h in handles {
+        h.join().unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
 fn main() {
     let redis = Redis::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -176,6 +260,13 @@ fn main() {
     let started = Instant::now();
     let one = runtime.block_on(cycles(&conn, 1));
     let fifty = runtime.block_on(cycles(&conn, 50));
+    let (http_one, http_fifty) = {
+        let mut admin = conn.clone();
+        runtime.block_on(flush(&mut admin));
+        runtime.block_on(fresh_pool(&conn, "http", 1000));
+        let serve = Serve::start(&redis.url());
+        (http_cycles(&serve, 1), http_cycles(&serve, 50))
+    };
     let (mut bench, mut client) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
         bench.push(runtime.block_on(benchmark_acquires(&conn, redis.port())));
@@ -205,6 +296,18 @@ fn main() {
         fifty,
         "-",
         "-",
+    );
+    row(
+        "acquire+release cycles, pool serve HTTP, 1 client",
+        http_one,
+        &format!("{:.2}x", http_one / one),
+        "-",
+    );
+    row(
+        "acquire+release cycles, pool serve HTTP, 50 clients",
+        http_fifty,
+        &format!("{:.2}x", http_fifty / fifty),
+        ">= 0.50x",
     );
     row(
         "acquire, redis-benchmark -c 50 EVALSHA acquire.lua",
