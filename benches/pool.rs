@@ -140,7 +140,7 @@ async fn benchmark_acquires(conn: &ConnectionManager, port: u16) -> f64 {
         .args(["-c", "50", "-n", &ACQUIRES.to_string(), "--csv"])
         .args(["EVALSHA", &sha, &keys.len().to_string()])
         .args(&keys)
-        .args([token.as_str(), &LONG_TTL_MS.to_string(), "0"])
+        .args([token.as_str(), &LONG_TTL_MS.to_string(), "0", "600000"])
         .stderr(Stdio::null())
         .output()
         .expect("redis-benchmark on PATH");

@@ -41,9 +41,12 @@ use script::Reply;
 /// Settings of a [`Pool`] handle that every operation shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolOptions {
-    /// Longest total time of one lease, from its acquire: extend never sets
-    /// a deadline past first-acquired + `max_lease`, and acquire refuses a
-    /// longer ttl. Whole ms, 1 ms to 24 h; default 10 min.
+    /// Longest total time of one lease, from its acquire: the cap
+    /// first-acquired + `max_lease` is fixed at acquire and stored with the
+    /// lease; an extend never sets a deadline past it, and an extend from a
+    /// handle with a smaller `max_lease` lowers it for good (never raises
+    /// it). Acquire refuses a longer ttl. Whole ms, 1 ms to 24 h; default
+    /// 10 min.
     pub max_lease: Duration,
 }
 
@@ -64,10 +67,10 @@ pub struct AcquireRequest {
     /// Cooldown given to the expired leases this acquire reclaims first
     /// (they become due at now + cooldown). Whole ms, 0 to 600 s.
     pub cooldown: Duration,
-    /// Makes the acquire idempotent: a retry with the same request id
-    /// within the first ttl of the lease it got, while that lease is still
-    /// valid, answers that lease (same id, token, fence) instead of a new
-    /// one. 1-64 chars of `[A-Za-z0-9_-]`.
+    /// Makes the acquire idempotent: a retry with the same request id, for
+    /// as long as the lease it got is valid (extends included), answers
+    /// that lease (same id, token, fence; its current deadline) instead of
+    /// a new one. 1-64 chars of `[A-Za-z0-9_-]`.
     pub request_id: Option<String>,
 }
 
@@ -315,9 +318,12 @@ where
         }
         let token = format!("{:032x}", rand::random::<u128>());
         let mut inv = self.invocation(PoolScript::Acquire);
-        inv.arg(&token).arg(ttl).arg(cooldown);
+        inv.arg(&token)
+            .arg(ttl)
+            .arg(cooldown)
+            .arg(self.max_lease_ms);
         if let Some(request_id) = &req.request_id {
-            inv.key(self.keys.request(request_id)).arg(request_id);
+            inv.arg(request_id);
         }
         let mut reply = Reply::new(PoolScript::Acquire, self.run(&inv).await?)?;
         if reply.int()? == 0 {
@@ -393,7 +399,8 @@ where
 
     /// Extends the lease of `id` held with `token` (the CLI and HTTP form of
     /// [`PoolLease::extend`]): deadline = Redis now + `ttl` (whole ms,
-    /// 1 ms to 600 s), capped at first-acquired + max_lease.
+    /// 1 ms to 600 s), capped at the lease's total cap (fixed at acquire;
+    /// this handle's `max_lease` may lower it, never raise it).
     ///
     /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
     /// [`PoolError::Redis`]. A lost lease is [`Extended::NotOwner`].

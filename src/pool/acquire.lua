@@ -1,104 +1,131 @@
 -- acquire: lease the first due id of the pool.
--- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:fence  5 {P}:meta  6 {P}:disabled
---       [7 {P}:req:<request_id>, only with ARGV[4]]
--- ARGV: 1 token (1-128 chars)  2 ttl_ms (integer 1-600000)
+-- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:fence  5 {P}:meta
+--       6 {P}:disabled  7 {P}:requests  8 {P}:parked
+-- ARGV: 1 token (1-128 chars)  2 ttl_ms (integer 1-600000, at most max_lease_ms)
 --       3 cooldown_ms (integer 0-600000) for the expired leases reclaimed first
---       [4 request_id (1-64 chars of [A-Za-z0-9_-]) for an idempotent retry]
+--       4 max_lease_ms (integer 1-86400000): the lease's total cap, fixed now
+--       [5 request_id (1-64 chars of [A-Za-z0-9_-]) for an idempotent retry]
 -- Returns: {1, id, token, deadline_ms, fence, now_ms, replayed} when leased
 --          (replayed = 1: the lease of an earlier call with this request id,
---          with that call's token);
+--          with that call's token and its current deadline, answered for as
+--          long as that lease is valid);
 --          {0, next_due_in_ms, now_ms} when no id is due, where
 --          next_due_in_ms = -1 means no id will become due by itself.
+-- A due id is leased only when it is not disabled and nobody holds it (not
+-- in leases); such entries of ready are dropped (release, expiry or enable
+-- bring the id back).
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local ready, leases, owners, fence_key, meta, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local suffixes = { 'ready', 'leases', 'owners', 'fence', 'meta', 'disabled' }
-if #ARGV < 3 or #ARGV > 4 then
-  return badarg('ARGV', 'token, ttl_ms, cooldown_ms [, request_id]')
-end
-local request_id = ARGV[4]
-if request_id then
-  local err = name_arg('request_id', request_id)
-  if err then return err end
-  table.insert(suffixes, 'req:' .. request_id)
-end
-local _, err = pool_keys(suffixes)
+local K, err = pool_keys({ 'ready', 'leases', 'owners', 'fence', 'meta', 'disabled', 'requests', 'parked' })
 if err then return err end
-local token = ARGV[1]
-err = token_arg(token)
+if #ARGV < 4 or #ARGV > 5 then
+  return badarg('ARGV', 'token, ttl_ms, cooldown_ms, max_lease_ms [, request_id]')
+end
+local token, request_id = ARGV[1], ARGV[5]
+err = token_arg(token) or (request_id and name_arg('request_id', request_id))
 if err then return err end
-local ttl, cooldown
+local ttl, cooldown, max_lease
 ttl, err = int_arg('ttl_ms', ARGV[2], 1, 600000)
 if err then return err end
 cooldown, err = int_arg('cooldown_ms', ARGV[3], 0, 600000)
 if err then return err end
-local types = {
-  { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' },
-  { fence_key, 'string' }, { meta, 'hash' }, { disabled, 'set' },
-}
-if request_id then
-  table.insert(types, { KEYS[7], 'string' })
+max_lease, err = int_arg('max_lease_ms', ARGV[4], 1, 86400000)
+if err then return err end
+if ttl > max_lease then
+  return badarg('ttl_ms', 'at most max_lease_ms')
 end
-err = key_types(types) or fence_value(fence_key)
+err = key_types({
+  { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.fence, 'string' },
+  { K.meta, 'hash' }, { K.disabled, 'set' }, { K.requests, 'hash' }, { K.parked, 'hash' },
+}) or fence_value(K.fence)
 if err then return err end
 
 local now = now_ms()
 
 -- A retry of a call that leased: answer its lease while that is still valid.
 if request_id then
-  local v = redis.call('GET', KEYS[7])
-  local fence, id, old = string.match(v or '', '^(%d+) ([%w_%-]+) (.*)$')
-  if id and redis.call('HGET', owners, id) == old then
-    local deadline = tonumber(redis.call('ZSCORE', leases, id) or '0')
-    if deadline > now then
+  local v = redis.call('HGET', K.requests, request_id)
+  if v then
+    local fence, id, old = string.match(v, '^(%d+) ([%w_%-]+) (.*)$')
+    local deadline = id and tonumber(redis.call('ZSCORE', K.leases, id) or '0') or 0
+    if id and redis.call('HGET', K.owners, id) == old and deadline > now then
       return { 1, id, old, deadline, tonumber(fence), now, 1 }
     end
+    redis.call('HDEL', K.requests, request_id)
   end
 end
 
-reclaim(ready, leases, owners, meta, disabled, now, cooldown, 100)
+reclaim(K, now, cooldown, 100)
 
--- Skip (and drop from ready) ids that are disabled, or still leased against
--- the layout (their holder's release or expiry brings them back): a due id
--- is only leased when nobody holds it.
+-- True when a ready entry may not be leased: disabled, or still held.
+local function blocked(id)
+  return redis.call('SISMEMBER', K.disabled, id) == 1 or redis.call('ZSCORE', K.leases, id) ~= false
+end
+
+-- Drops a blocked entry from ready; a disabled one that is not leased
+-- keeps its due time in parked.
+local function drop(id, score)
+  redis.call('ZREM', K.ready, id)
+  if not redis.call('ZSCORE', K.leases, id) and score > now then
+    redis.call('HSET', K.parked, id, score)
+  end
+end
+
 local id
 for _ = 1, 100 do
-  local due = redis.call('ZRANGEBYSCORE', ready, '-inf', now, 'LIMIT', 0, 1)[1]
-  if not due then break end
-  redis.call('ZREM', ready, due)
-  if redis.call('SISMEMBER', disabled, due) == 0 and not redis.call('ZSCORE', leases, due) then
-    id = due
+  local due = redis.call('ZRANGEBYSCORE', K.ready, '-inf', now, 'LIMIT', 0, 1, 'WITHSCORES')
+  if not due[1] then break end
+  if not blocked(due[1]) then
+    id = due[1]
+    redis.call('ZREM', K.ready, id)
     break
   end
+  drop(due[1], tonumber(due[2]))
+end
+
+-- The earliest time an id that is not disabled comes due by itself; scans
+-- at most 1000 entries per key, and past that answers the last one seen
+-- (no id comes due before it).
+local function next_due()
+  local best
+  for _ = 1, 1000 do
+    local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+    if not first[1] then break end
+    if not blocked(first[1]) then
+      best = tonumber(first[2])
+      break
+    end
+    drop(first[1], tonumber(first[2]))
+  end
+  for offset = 0, 900, 100 do
+    local chunk = redis.call('ZRANGE', K.leases, offset, offset + 99, 'WITHSCORES')
+    for i = 1, #chunk, 2 do
+      if redis.call('SISMEMBER', K.disabled, chunk[i]) == 0 or (offset == 900 and i == 199) then
+        local due = tonumber(chunk[i + 1]) + cooldown
+        if not best or due < best then best = due end
+        return best
+      end
+    end
+    if #chunk < 200 then break end
+  end
+  return best
 end
 
 if not id then
-  -- Earliest of: a cooling id in ready, or a lease that expires (+ cooldown).
-  local best
-  local cooling = redis.call('ZRANGE', ready, 0, 9, 'WITHSCORES')
-  for i = 1, #cooling, 2 do
-    if redis.call('SISMEMBER', disabled, cooling[i]) == 0 then
-      best = tonumber(cooling[i + 1])
-      break
-    end
-  end
-  local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
-  if first[2] then
-    local due = tonumber(first[2]) + cooldown
-    if not best or due < best then best = due end
-  end
+  local best = next_due()
   if not best then
     return { 0, -1, now }
   end
   return { 0, math.max(best - now, 0), now }
 end
 
-local fence = redis.call('INCR', fence_key)
+local fence = redis.call('INCR', K.fence)
 local deadline = now + ttl
-redis.call('HSET', owners, id, token)
-redis.call('ZADD', leases, deadline, id)
-redis.call('HSET', meta, id, now .. ' ' .. fence .. ' ' .. token)
+drop_meta(K, id)
+redis.call('HSET', K.owners, id, token)
+redis.call('ZADD', K.leases, deadline, id)
+redis.call('HSET', K.meta, id, meta_value(now, now + max_lease, fence, request_id or '.', token))
 if request_id then
-  redis.call('SET', KEYS[7], fence .. ' ' .. id .. ' ' .. token, 'PX', ttl)
+  redis.call('HSET', K.requests, request_id, request_value(fence, id, token))
 end
 return { 1, id, token, deadline, fence, now, 0 }

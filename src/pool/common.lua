@@ -71,11 +71,14 @@ local function ids_arg(first)
 end
 
 -- KEYS must be exactly {<pool>}:<suffix> for the given suffixes, in order.
+-- Returns K, a table suffix -> key name (and K.pool_name), or nil and an error.
 local function pool_keys(suffixes)
   local pool = type(KEYS[1]) == 'string' and string.match(KEYS[1], '^{([%w_%-]+)}:') or nil
   local ok = pool ~= nil and #pool <= 64 and #KEYS == #suffixes
+  local K = { pool_name = pool }
   if ok then
     for i, suffix in ipairs(suffixes) do
+      K[suffix] = KEYS[i]
       if KEYS[i] ~= '{' .. pool .. '}:' .. suffix then
         ok = false
       end
@@ -84,7 +87,7 @@ local function pool_keys(suffixes)
   if not ok then
     return nil, badarg('pool', '1-64 chars of [A-Za-z0-9_-] in keys {<pool>}:' .. table.concat(suffixes, ',:'))
   end
-  return pool
+  return K
 end
 
 -- Each key must be absent or of its type ('zset', 'hash', 'set', 'string').
@@ -106,57 +109,90 @@ local function fence_value(key)
 end
 
 -- The checks of disable and enable: KEYS are ready, leases, owners,
--- disabled of one pool with their types, ARGV a batch of ids, and each id
--- known to the pool (in one of the four keys). Returns an error or nil.
-local function check_admin_ids()
-  local ready, leases, owners, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-  local _, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled' })
-  if err then return err end
-  err = ids_arg(1)
-  if err then return err end
-  err = key_types({ { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { disabled, 'set' } })
-  if err then return err end
-  for i = 1, #ARGV do
+-- disabled, parked of one pool with their types, ARGV[first..] a batch of
+-- ids, and each id known to the pool (in ready, leases, owners or
+-- disabled). Returns K (see pool_keys), or nil and an error.
+local function check_admin_ids(first)
+  local K, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled', 'parked' })
+  if not K then return nil, err end
+  err = ids_arg(first) or key_types({
+    { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.disabled, 'set' }, { K.parked, 'hash' },
+  })
+  if err then return nil, err end
+  for i = first, #ARGV do
     local id = ARGV[i]
-    if not (redis.call('ZSCORE', ready, id) or redis.call('ZSCORE', leases, id)
-        or redis.call('HEXISTS', owners, id) == 1 or redis.call('SISMEMBER', disabled, id) == 1) then
-      return fail('NOID', id)
+    if not (redis.call('ZSCORE', K.ready, id) or redis.call('ZSCORE', K.leases, id)
+        or redis.call('HEXISTS', K.owners, id) == 1 or redis.call('SISMEMBER', K.disabled, id) == 1) then
+      return nil, fail('NOID', id)
     end
   end
+  return K
 end
 
--- meta[id] = '<first_acquired_ms> <fence> <token>' of the current lease;
--- returns first, fence when it belongs to this token, else nil.
+-- meta[id] = '<first_acquired_ms> <cap_ms> <fence> <request_id or .> <token>'
+-- of the current lease: cap_ms is the latest deadline extend may set, fixed
+-- at acquire. Returns first, cap, fence, request_id ('.' for none) when the
+-- entry belongs to this token, else nil.
 local function lease_meta(meta, id, token)
   local v = redis.call('HGET', meta, id)
   if not v then
     return nil
   end
-  local first, fence, owner = string.match(v, '^(%d+) (%d+) (.*)$')
+  local first, cap, fence, rid, owner = string.match(v, '^(%d+) (%d+) (%d+) ([%w_%-%.]+) (.*)$')
   if not first or owner ~= token then
     return nil
   end
-  return tonumber(first), tonumber(fence)
+  return tonumber(first), tonumber(cap), tonumber(fence), rid
 end
 
--- Ends the lease of `id`: out of leases, owners and meta, and back into
--- ready at now + cooldown unless it is disabled.
-local function end_lease(ready, leases, owners, meta, disabled, id, now, cooldown)
-  redis.call('ZREM', leases, id)
-  redis.call('HDEL', owners, id)
-  redis.call('HDEL', meta, id)
-  if redis.call('SISMEMBER', disabled, id) == 0 then
-    redis.call('ZADD', ready, now + cooldown, id)
+local function meta_value(first, cap, fence, rid, token)
+  return first .. ' ' .. cap .. ' ' .. fence .. ' ' .. rid .. ' ' .. token
+end
+
+-- requests[rid] = '<fence> <id> <token>': the lease an acquire with request
+-- id rid got, kept while that lease lasts.
+local function request_value(fence, id, token)
+  return fence .. ' ' .. id .. ' ' .. token
+end
+
+-- Drops meta[id] and the request entry that points at that lease.
+local function drop_meta(K, id)
+  local v = redis.call('HGET', K.meta, id)
+  if not v then return end
+  local _, _, fence, rid, token = string.match(v, '^(%d+) (%d+) (%d+) ([%w_%-%.]+) (.*)$')
+  if rid and rid ~= '.' and redis.call('HGET', K.requests, rid) == request_value(fence, id, token) then
+    redis.call('HDEL', K.requests, rid)
   end
+  redis.call('HDEL', K.meta, id)
+end
+
+-- Puts `id` (in no other key) where it is due at `due`: into ready, or,
+-- when it is disabled, into parked so enable keeps a cooldown still running.
+local function make_due(K, id, due, now)
+  if redis.call('SISMEMBER', K.disabled, id) == 1 then
+    if due > now then
+      redis.call('HSET', K.parked, id, due)
+    end
+  else
+    redis.call('ZADD', K.ready, due, id)
+  end
+end
+
+-- Ends the lease of `id`: out of leases, owners, meta and requests, and due
+-- again at now + cooldown (see make_due).
+local function end_lease(K, id, now, cooldown)
+  redis.call('ZREM', K.leases, id)
+  redis.call('HDEL', K.owners, id)
+  drop_meta(K, id)
+  make_due(K, id, now + cooldown, now)
 end
 
 -- Moves up to `limit` expired leases (deadline <= now) back to ready at
--- now + cooldown, or leaves disabled ones out of ready. Returns their ids.
-local function reclaim(ready, leases, owners, meta, disabled, now, cooldown, limit)
-  local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
+-- now + cooldown (disabled ones to parked). Returns their ids.
+local function reclaim(K, now, cooldown, limit)
+  local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now, 'LIMIT', 0, limit)
   for _, id in ipairs(expired) do
-    end_lease(ready, leases, owners, meta, disabled, id, now, cooldown)
+    end_lease(K, id, now, cooldown)
   end
   return expired
 end
-

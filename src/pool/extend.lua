@@ -1,5 +1,6 @@
--- extend: move the deadline of a valid lease to now + ttl, capped at
--- first-acquired + max_lease.
+-- extend: move the deadline of a valid lease to now + ttl, capped at the
+-- lease's total cap: first-acquired + max lease, fixed at acquire and
+-- stored in meta; an extend with a smaller max_lease_ms lowers it for good.
 -- KEYS: 1 {P}:leases  2 {P}:owners  3 {P}:meta
 -- ARGV: 1 id (1-64 chars of [A-Za-z0-9_-])  2 token (1-128 chars)
 --       3 ttl_ms (integer 1-600000)  4 max_lease_ms (integer 1-86400000)
@@ -9,11 +10,10 @@
 --          {0, now_ms, 'not_owner' | 'expired'} and nothing changed, when
 --          owners[id] is not the token or the deadline is not after now.
 -- A lease without meta of its own (leased by a worker that knows only the
--- three keys) starts its cap now.
+-- three keys) gets its cap now: now + max_lease_ms.
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local leases, owners, meta = KEYS[1], KEYS[2], KEYS[3]
-local _, err = pool_keys({ 'leases', 'owners', 'meta' })
+local K, err = pool_keys({ 'leases', 'owners', 'meta' })
 if err then return err end
 if #ARGV ~= 4 then
   return badarg('ARGV', 'id, token, ttl_ms, max_lease_ms')
@@ -26,31 +26,33 @@ ttl, err = int_arg('ttl_ms', ARGV[3], 1, 600000)
 if err then return err end
 max_lease, err = int_arg('max_lease_ms', ARGV[4], 1, 86400000)
 if err then return err end
-err = key_types({ { leases, 'zset' }, { owners, 'hash' }, { meta, 'hash' } })
+err = key_types({ { K.leases, 'zset' }, { K.owners, 'hash' }, { K.meta, 'hash' } })
 if err then return err end
 
 local now = now_ms()
-if redis.call('HGET', owners, id) ~= token then
+if redis.call('HGET', K.owners, id) ~= token then
   return { 0, now, 'not_owner' }
 end
-local deadline = tonumber(redis.call('ZSCORE', leases, id) or '0')
+local deadline = tonumber(redis.call('ZSCORE', K.leases, id) or '0')
 if deadline <= now then
   return { 0, now, 'expired' }
 end
 
-local first = lease_meta(meta, id, token)
+local first, cap, fence, rid = lease_meta(K.meta, id, token)
 if not first then
-  first = now
-  redis.call('HSET', meta, id, now .. ' 0 ' .. token)
+  first, cap, fence, rid = now, now + max_lease, 0, '.'
+  redis.call('HSET', K.meta, id, meta_value(first, cap, fence, rid, token))
+elseif first + max_lease < cap then
+  cap = first + max_lease
+  redis.call('HSET', K.meta, id, meta_value(first, cap, fence, rid, token))
 end
-local cap = first + max_lease
 local wanted = now + ttl
 if wanted <= cap then
-  redis.call('ZADD', leases, wanted, id)
+  redis.call('ZADD', K.leases, wanted, id)
   return { 1, wanted, now, 0 }
 end
 if cap > now then
-  redis.call('ZADD', leases, cap, id)
+  redis.call('ZADD', K.leases, cap, id)
   return { 1, cap, now, 1 }
 end
 return { 1, deadline, now, 1 }

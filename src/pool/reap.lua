@@ -1,5 +1,6 @@
 -- reap: the reclaim step of acquire alone, for a maintenance loop.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:meta  5 {P}:disabled
+--       6 {P}:requests  7 {P}:parked
 -- ARGV: 1 limit (integer 1-1000 leases per call)  2 cooldown_ms (integer 0-600000)
 -- Returns: {now_ms, still_expired, id...}: the ids of the expired leases
 --          (deadline <= now) moved back to ready at now + cooldown
@@ -7,8 +8,7 @@
 --          are left for the next call.
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local ready, leases, owners, meta, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local _, err = pool_keys({ 'ready', 'leases', 'owners', 'meta', 'disabled' })
+local K, err = pool_keys({ 'ready', 'leases', 'owners', 'meta', 'disabled', 'requests', 'parked' })
 if err then return err end
 if #ARGV ~= 2 then
   return badarg('ARGV', 'limit, cooldown_ms')
@@ -19,13 +19,14 @@ if err then return err end
 cooldown, err = int_arg('cooldown_ms', ARGV[2], 0, 600000)
 if err then return err end
 err = key_types({
-  { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { meta, 'hash' }, { disabled, 'set' },
+  { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.meta, 'hash' },
+  { K.disabled, 'set' }, { K.requests, 'hash' }, { K.parked, 'hash' },
 })
 if err then return err end
 
 local now = now_ms()
-local ids = reclaim(ready, leases, owners, meta, disabled, now, cooldown, limit)
-local reply = { now, redis.call('ZCOUNT', leases, '-inf', now) }
+local ids = reclaim(K, now, cooldown, limit)
+local reply = { now, redis.call('ZCOUNT', K.leases, '-inf', now) }
 for _, id in ipairs(ids) do
   table.insert(reply, id)
 end

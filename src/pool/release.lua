@@ -1,14 +1,15 @@
 -- release: hand a leased id back; it becomes due again after the cooldown.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:meta  5 {P}:disabled
+--       6 {P}:requests  7 {P}:parked
 -- ARGV: 1 id (1-64 chars of [A-Za-z0-9_-])  2 token (1-128 chars)
 --       3 cooldown_ms (integer 0-600000)
--- Returns: {1, now_ms} released (a disabled id leaves ready out);
+-- Returns: {1, now_ms} released (a disabled id stays out of ready, its
+--          cooldown kept in parked);
 --          {0, now_ms, 'not_owner' | 'expired'} and nothing changed, when
 --          owners[id] is not the token or the deadline is not after now.
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local ready, leases, owners, meta, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local _, err = pool_keys({ 'ready', 'leases', 'owners', 'meta', 'disabled' })
+local K, err = pool_keys({ 'ready', 'leases', 'owners', 'meta', 'disabled', 'requests', 'parked' })
 if err then return err end
 if #ARGV ~= 3 then
   return badarg('ARGV', 'id, token, cooldown_ms')
@@ -20,18 +21,19 @@ local cooldown
 cooldown, err = int_arg('cooldown_ms', ARGV[3], 0, 600000)
 if err then return err end
 err = key_types({
-  { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { meta, 'hash' }, { disabled, 'set' },
+  { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.meta, 'hash' },
+  { K.disabled, 'set' }, { K.requests, 'hash' }, { K.parked, 'hash' },
 })
 if err then return err end
 
 local now = now_ms()
-if redis.call('HGET', owners, id) ~= token then
+if redis.call('HGET', K.owners, id) ~= token then
   return { 0, now, 'not_owner' }
 end
-local deadline = redis.call('ZSCORE', leases, id)
+local deadline = redis.call('ZSCORE', K.leases, id)
 if not deadline or tonumber(deadline) <= now then
   return { 0, now, 'expired' }
 end
 
-end_lease(ready, leases, owners, meta, disabled, id, now, cooldown)
+end_lease(K, id, now, cooldown)
 return { 1, now }

@@ -99,8 +99,7 @@ impl PoolScript {
         }
     }
 
-    /// The KEYS the script takes for `pool`, in order (acquire with a
-    /// request id takes [`PoolKeys::request`] as one more).
+    /// The KEYS the script takes for `pool`, in order.
     pub fn keys(self, keys: &PoolKeys) -> Vec<String> {
         let k = keys;
         let list: &[&String] = match self {
@@ -111,11 +110,22 @@ impl PoolScript {
                 &k.fence,
                 &k.meta,
                 &k.disabled,
+                &k.requests,
+                &k.parked,
             ],
-            Self::Release | Self::Reap => &[&k.ready, &k.leases, &k.owners, &k.meta, &k.disabled],
+            Self::Release | Self::Reap => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.meta,
+                &k.disabled,
+                &k.requests,
+                &k.parked,
+            ],
             Self::Extend => &[&k.leases, &k.owners, &k.meta],
-            Self::Add | Self::Status | Self::Disable | Self::Enable => {
-                &[&k.ready, &k.leases, &k.owners, &k.disabled]
+            Self::Add | Self::Status => &[&k.ready, &k.leases, &k.owners, &k.disabled],
+            Self::Disable | Self::Enable => {
+                &[&k.ready, &k.leases, &k.owners, &k.disabled, &k.parked]
             }
         };
         list.iter().map(|s| (*s).clone()).collect()
@@ -138,12 +148,18 @@ pub struct PoolKeys {
     /// `{P}:fence`, string: the per-pool fence counter (INCR); set to 0 by
     /// init.
     pub fence: String,
-    /// `{P}:meta`, hash: id -> `"<first_acquired_ms> <fence> <token>"` of
-    /// the current lease, for the extend cap and to tell whose lease it is.
+    /// `{P}:meta`, hash: id -> `"<first_acquired_ms> <cap_ms> <fence>
+    /// <request_id or .> <token>"` of the current lease: the extend cap
+    /// (fixed at acquire), and whose lease it is.
     pub meta: String,
     /// `{P}:disabled`, set: ids out of service until enabled.
     pub disabled: String,
-    prefix: String,
+    /// `{P}:requests`, hash: request id -> `"<fence> <id> <token>"`, the
+    /// lease an idempotent acquire got, kept while that lease lasts.
+    pub requests: String,
+    /// `{P}:parked`, hash: disabled id -> the ms it is due (a cooldown
+    /// still running when it was disabled), for enable.
+    pub parked: String,
 }
 
 impl PoolKeys {
@@ -159,14 +175,9 @@ impl PoolKeys {
             fence: key("fence"),
             meta: key("meta"),
             disabled: key("disabled"),
-            prefix,
+            requests: key("requests"),
+            parked: key("parked"),
         }
-    }
-
-    /// `{P}:req:<request_id>`, string `"<fence> <id> <token>"` with a TTL of
-    /// the lease's first ttl: the lease an acquire with this request id got.
-    pub fn request(&self, request_id: &str) -> String {
-        format!("{}req:{request_id}", self.prefix)
     }
 }
 
@@ -239,7 +250,7 @@ mod tests {
         assert_eq!(keys.ready, "{proxies}:ready");
         assert_eq!(keys.leases, "{proxies}:leases");
         assert_eq!(keys.owners, "{proxies}:owners");
-        assert_eq!(keys.request("r1"), "{proxies}:req:r1");
+        assert_eq!(keys.requests, "{proxies}:requests");
         assert_eq!(
             PoolScript::Extend.keys(&keys),
             ["{proxies}:leases", "{proxies}:owners", "{proxies}:meta"]

@@ -19,6 +19,9 @@ mod pool;
 mod pool_cli;
 /// `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
 mod pool_http;
+/// Pool lease rules found broken (issue 8): idempotency after extend, the fixed cap,
+/// the next-due hint, cooldowns across disable/enable, ids still leased.
+mod pool_rules;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
 /// Worker mode: claim, publish, release, re-adoption, bad input.

@@ -69,21 +69,21 @@ pub(crate) async fn manager(redis: &RedisServer) -> ConnectionManager {
         .unwrap()
 }
 
-async fn pool_with(redis: &RedisServer, name: &str, options: PoolOptions) -> Pool {
+pub(crate) async fn pool_with(redis: &RedisServer, name: &str, options: PoolOptions) -> Pool {
     Pool::new(manager(redis).await, name, options).unwrap()
 }
 
-async fn pool(redis: &RedisServer, name: &str) -> Pool {
+pub(crate) async fn pool(redis: &RedisServer, name: &str) -> Pool {
     pool_with(redis, name, PoolOptions::default()).await
 }
 
-async fn new_pool(redis: &RedisServer, name: &str, ids: &[&str]) -> Pool {
+pub(crate) async fn new_pool(redis: &RedisServer, name: &str, ids: &[&str]) -> Pool {
     let pool = pool(redis, name).await;
     assert_eq!(pool.init(ids).await.unwrap(), ids.len() as u64);
     pool
 }
 
-fn leased(acquired: Acquired) -> PoolLease {
+pub(crate) fn leased(acquired: Acquired) -> PoolLease {
     match acquired {
         Acquired::Leased(lease) => lease,
         other => panic!("expected a lease, got {other:?}"),
@@ -91,7 +91,7 @@ fn leased(acquired: Acquired) -> PoolLease {
 }
 
 /// (next_due_in, at_ms) of an empty answer.
-fn empty(acquired: Acquired) -> (Option<Duration>, u64) {
+pub(crate) fn empty(acquired: Acquired) -> (Option<Duration>, u64) {
     match acquired {
         Acquired::Empty { next_due_in, at_ms } => (next_due_in, at_ms),
         other => panic!("expected no lease, got {other:?}"),
@@ -131,7 +131,7 @@ pub(crate) fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
 }
 
 /// Calls a script directly, bypassing the Rust checks.
-fn raw(
+pub(crate) fn raw(
     redis: &RedisServer,
     script: PoolScript,
     keys: &[String],
@@ -149,7 +149,7 @@ fn raw(
 }
 
 #[track_caller]
-fn assert_bad<T: std::fmt::Debug>(result: Result<T, PoolError>, field: &str) {
+pub(crate) fn assert_bad<T: std::fmt::Debug>(result: Result<T, PoolError>, field: &str) {
     match result {
         Err(PoolError::BadInput { field: f, expected }) => {
             assert_eq!(f, field, "expected: {expected}");
@@ -447,39 +447,40 @@ async fn bad_input_is_refused_and_writes_nothing() {
     let k = |s: PoolScript| s.keys(&keys);
     let acq = |args: &[&str]| raw(&redis, PoolScript::Acquire, &k(PoolScript::Acquire), args);
     let t = token.as_str();
+    let m = "600000";
     for (args, field) in [
-        (vec![t, "0", "0"], "ttl_ms"),
-        (vec![t, "600001", "0"], "ttl_ms"),
-        (vec![t, "-1", "0"], "ttl_ms"),
-        (vec![t, "1.5", "0"], "ttl_ms"),
-        (vec![t, "1e3", "0"], "ttl_ms"),
-        (vec![t, "", "0"], "ttl_ms"),
-        (vec![t, "1000", "-5"], "cooldown_ms"),
-        (vec![t, "1000", "2.5"], "cooldown_ms"),
-        (vec![t, "1000", "600001"], "cooldown_ms"),
-        (vec!["", "1000", "0"], "token"),
-        (vec![long_token.as_str(), "1000", "0"], "token"),
-        (vec![t, "1000"], "ARGV"),
+        (vec![t, "0", "0", m], "ttl_ms"),
+        (vec![t, "600001", "0", m], "ttl_ms"),
+        (vec![t, "-1", "0", m], "ttl_ms"),
+        (vec![t, "1.5", "0", m], "ttl_ms"),
+        (vec![t, "1e3", "0", m], "ttl_ms"),
+        (vec![t, "", "0", m], "ttl_ms"),
+        (vec![t, "1001", "0", "1000"], "ttl_ms"),
+        (vec![t, "1000", "-5", m], "cooldown_ms"),
+        (vec![t, "1000", "2.5", m], "cooldown_ms"),
+        (vec![t, "1000", "600001", m], "cooldown_ms"),
+        (vec![t, "1000", "0", "0"], "max_lease_ms"),
+        (vec![t, "1000", "0", "86400001"], "max_lease_ms"),
+        (vec!["", "1000", "0", m], "token"),
+        (vec![long_token.as_str(), "1000", "0", m], "token"),
+        (vec![t, "1000", "0", m, "r 1"], "request_id"),
+        (vec![t, "1000", "0"], "ARGV"),
     ] {
         assert_bad(acq(&args), field);
     }
-    let mut with_req = k(PoolScript::Acquire);
-    with_req.push(keys.request("r1"));
     let raw_acq = |keys: &[String], args: &[&str]| raw(&redis, PoolScript::Acquire, keys, args);
-    assert_bad(raw_acq(&with_req, &[t, "1000", "0", "r 1"]), "request_id");
-    assert_bad(raw_acq(&with_req, &[t, "1000", "0", "r2"]), "pool");
     let mut mixed = k(PoolScript::Acquire);
     mixed[1] = PoolKeys::new("other").leases;
-    assert_bad(raw_acq(&mixed, &[t, "1000", "0"]), "pool");
-    assert_bad(raw_acq(&mixed[..5], &[t, "1000", "0"]), "pool");
+    assert_bad(raw_acq(&mixed, &[t, "1000", "0", m]), "pool");
+    assert_bad(raw_acq(&mixed[..5], &[t, "1000", "0", m]), "pool");
     let bad_pool: Vec<String> = k(PoolScript::Acquire)
         .iter()
         .map(|key| key.replace("{p}", "{p q}"))
         .collect();
-    assert_bad(raw_acq(&bad_pool, &[t, "1000", "0"]), "pool");
+    assert_bad(raw_acq(&bad_pool, &[t, "1000", "0", m]), "pool");
     let long_pool = PoolKeys::new(&"p".repeat(65));
     assert_bad(
-        raw_acq(&PoolScript::Acquire.keys(&long_pool), &[t, "1000", "0"]),
+        raw_acq(&PoolScript::Acquire.keys(&long_pool), &[t, "1000", "0", m]),
         "pool",
     );
 
@@ -538,7 +539,6 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
     let redis = RedisServer::start();
     let pool = pool(&redis, "typed").await;
     let keys = pool.keys().clone();
-    let request_key = keys.request("r1");
     let cases: Vec<(String, &[&str], &str)> = vec![
         (keys.ready.clone(), &["RPUSH", "x"], "zset"),
         (keys.leases.clone(), &["RPUSH", "x"], "zset"),
@@ -547,7 +547,8 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
         (keys.fence.clone(), &["SET", "abc"], "integer"),
         (keys.meta.clone(), &["SADD", "x"], "hash"),
         (keys.disabled.clone(), &["HSET", "x", "y"], "set"),
-        (request_key.clone(), &["RPUSH", "x"], "string"),
+        (keys.requests.clone(), &["SET", "x"], "hash"),
+        (keys.parked.clone(), &["SET", "x"], "hash"),
     ];
     for (broken, wrong, expected) in cases {
         let _: () = redis.query(&mut redis::cmd("FLUSHALL"));
@@ -579,7 +580,7 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
         };
         let id = lease.id();
         let token = lease.token();
-        if touches(PoolScript::Acquire) || broken == request_key {
+        if touches(PoolScript::Acquire) {
             check("acquire", pool.acquire(&req).await.map(drop));
         }
         if touches(PoolScript::Init) && expected != "integer" {
@@ -770,8 +771,11 @@ async fn acquire_with_a_request_id_is_idempotent() {
     // Even with every id leased, the retry still answers its lease.
     let again = leased(pool.acquire(&req).await.unwrap());
     assert_eq!(again.token(), first.token());
-    let pttl = redis.pttl(&pool.keys().request("req-1"));
-    assert!(pttl > 0 && pttl <= 30_000, "request key pttl {pttl}");
+    assert_eq!(
+        hash(&redis, &pool.keys().requests).len(),
+        2,
+        "req-1 and req-2"
+    );
 
     assert!(matches!(
         first.release(ms(0)).await.unwrap(),

@@ -1,0 +1,178 @@
+//! Pool lease rules that a review broke (issue 8, items 5 and 7), each
+//! reproduced against a real redis-server.
+
+use snowlease::pool::{AcquireRequest, Extended, PoolOptions, Released};
+
+use crate::harness::{RedisServer, ms, secs};
+use crate::pool::{
+    check_invariants, empty, hash, leased, new_pool, pool_with, until_redis_after, zset,
+};
+
+/// A retry with the request id answers the same lease for as long as that
+/// lease is valid, also after an extend took it past its first ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_id_answers_its_lease_after_extend() {
+    let redis = RedisServer::start();
+    let pool = new_pool(&redis, "idem", &["a", "b"]).await;
+    let req = AcquireRequest::new(ms(200)).request_id("r1");
+    let mut first = leased(pool.acquire(&req).await.unwrap());
+    let first_deadline = first.deadline_ms();
+    assert!(matches!(
+        first.extend(secs(10)).await.unwrap(),
+        Extended::Extended { capped: false, .. }
+    ));
+    until_redis_after(&redis, first_deadline + 100).await;
+
+    let again = leased(pool.acquire(&req).await.unwrap());
+    assert!(again.replayed(), "a second lease for the same request id");
+    assert_eq!(
+        (again.id(), again.token(), again.fence()),
+        (first.id(), first.token(), first.fence())
+    );
+    assert_eq!(
+        again.deadline_ms(),
+        first.deadline_ms(),
+        "the extended deadline"
+    );
+
+    // Once the lease has ended, the request id leases anew.
+    first.release(ms(0)).await.unwrap();
+    let after = leased(pool.acquire(&req).await.unwrap());
+    assert!(!after.replayed());
+    assert_ne!(after.token(), first.token());
+    check_invariants(&redis, pool.keys());
+}
+
+/// The total cap is fixed at acquire (its max lease) and stored with the
+/// lease: an extend with a longer max lease cannot raise it, a shorter one
+/// lowers it for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_cap_is_fixed_at_acquire() {
+    let redis = RedisServer::start();
+    let short = pool_with(&redis, "cap", PoolOptions { max_lease: secs(1) }).await;
+    short.init(&["a", "b"]).await.unwrap();
+    let long = pool_with(
+        &redis,
+        "cap",
+        PoolOptions {
+            max_lease: secs(86_400),
+        },
+    )
+    .await;
+    let default = pool_with(&redis, "cap", PoolOptions::default()).await;
+
+    let lease = leased(short.acquire(&AcquireRequest::new(ms(500))).await.unwrap());
+    let start = lease.deadline_ms() - 500;
+    for pool in [&long, &default] {
+        match pool
+            .extend_lease("a", lease.token(), secs(600))
+            .await
+            .unwrap()
+        {
+            Extended::Extended {
+                deadline_ms,
+                capped,
+                ..
+            } => {
+                assert!(capped, "not capped");
+                assert_eq!(deadline_ms, start + 1000, "cap moved");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // A shorter max lease on an extend lowers the cap, and it stays low.
+    let tight = pool_with(&redis, "cap", PoolOptions { max_lease: ms(700) }).await;
+    let lease = leased(
+        default
+            .acquire(&AcquireRequest::new(ms(300)))
+            .await
+            .unwrap(),
+    );
+    let start = lease.deadline_ms() - 300;
+    let Extended::Extended { deadline_ms, .. } = tight
+        .extend_lease("b", lease.token(), secs(5))
+        .await
+        .unwrap()
+    else {
+        panic!("extend failed");
+    };
+    assert_eq!(deadline_ms, start + 700);
+    let Extended::Extended {
+        deadline_ms,
+        capped,
+        ..
+    } = long
+        .extend_lease("b", lease.token(), secs(5))
+        .await
+        .unwrap()
+    else {
+        panic!("extend failed");
+    };
+    assert!(capped);
+    assert_eq!(deadline_ms, start + 700, "the lowered cap was raised again");
+}
+
+/// The next-due hint never counts a disabled id: with every id disabled
+/// (leased or cooling) nothing will be due by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hint_never_counts_disabled_ids() {
+    let redis = RedisServer::start();
+    let pool = new_pool(&redis, "hint", &["a", "b"]).await;
+    let a = leased(pool.acquire(&AcquireRequest::new(secs(5))).await.unwrap());
+    let b = leased(pool.acquire(&AcquireRequest::new(secs(5))).await.unwrap());
+    b.release(secs(3)).await.unwrap();
+    pool.disable(&["a", "b"]).await.unwrap();
+    let (hint, _) = empty(pool.acquire(&AcquireRequest::new(secs(1))).await.unwrap());
+    assert_eq!(hint, None, "a disabled id counted as coming due");
+
+    // Enabling the cooling one: the hint names its cooldown end again.
+    pool.enable(&["b"]).await.unwrap();
+    let (hint, at) = empty(pool.acquire(&AcquireRequest::new(secs(1))).await.unwrap());
+    let due = zset(&redis, &pool.keys().ready)["b"];
+    assert_eq!(hint, Some(ms(due - at)));
+    assert!(matches!(
+        a.release(ms(0)).await.unwrap(),
+        Released::Released { .. }
+    ));
+}
+
+/// Disable then enable of a cooling id keeps its cooldown: it is due at
+/// the same Redis ms as before, not at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_keeps_a_cooling_ids_cooldown() {
+    let redis = RedisServer::start();
+    let pool = new_pool(&redis, "cool", &["a"]).await;
+    let lease = leased(pool.acquire(&AcquireRequest::new(secs(5))).await.unwrap());
+    let Released::Released { at_ms } = lease.release(secs(30)).await.unwrap() else {
+        panic!("release failed");
+    };
+    pool.disable(&["a"]).await.unwrap();
+    assert!(zset(&redis, &pool.keys().ready).is_empty());
+    pool.enable(&["a"]).await.unwrap();
+    assert_eq!(zset(&redis, &pool.keys().ready)["a"], at_ms + 30_000);
+    empty(pool.acquire(&AcquireRequest::new(secs(1))).await.unwrap());
+    check_invariants(&redis, pool.keys());
+}
+
+/// A due id that is still in `leases` (put back into ready by a client that
+/// knows only the three keys and misbehaves) is never leased: its holder's
+/// lease stays exactly as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_never_leases_an_id_still_in_leases() {
+    let redis = RedisServer::start();
+    let pool = new_pool(&redis, "held", &["a"]).await;
+    let keys = pool.keys().clone();
+    let lease = leased(pool.acquire(&AcquireRequest::new(secs(30))).await.unwrap());
+    let _: () = redis.query(redis::cmd("ZADD").arg(&keys.ready).arg(0).arg("a"));
+
+    let (hint, at) = empty(pool.acquire(&AcquireRequest::new(secs(1))).await.unwrap());
+    assert_eq!(hint, Some(ms(lease.deadline_ms() - at)));
+    assert_eq!(hash(&redis, &keys.owners)["a"], lease.token());
+    assert_eq!(zset(&redis, &keys.leases)["a"], lease.deadline_ms());
+    check_invariants(&redis, &keys);
+    assert!(matches!(
+        lease.release(ms(0)).await.unwrap(),
+        Released::Released { .. }
+    ));
+}
