@@ -12,10 +12,10 @@
 //! any language, with a background reaper and metrics.
 
 mod backoff;
-mod check;
 pub mod cli;
 mod error;
 mod lease;
+pub mod limits;
 mod metrics;
 mod script;
 pub mod serve;
@@ -34,8 +34,8 @@ pub use error::PoolError;
 pub use lease::{Extended, LostReason, PoolLease, Released};
 pub use script::{PoolKeys, PoolScript};
 
-use check::{BATCH_MAX, COOLDOWN_MAX_MS, MAX_LEASE_MAX_MS, TTL_MAX_MS};
 use lease::lost_reason;
+use limits::{COOLDOWN_MS, IDS_PER_CALL, MAX_LEASE_MS, REAP_LIMIT, TTL_MS};
 use script::Reply;
 
 /// Settings of a [`Pool`] handle that every operation shares.
@@ -183,8 +183,8 @@ where
     ///
     /// Errors: [`PoolError::BadInput`] for a bad name or `max_lease`.
     pub fn new(conn: C, name: &str, options: PoolOptions) -> Result<Self, PoolError> {
-        check::name("pool", name)?;
-        let max_lease_ms = check::millis("max_lease", options.max_lease, 1, MAX_LEASE_MAX_MS)?;
+        limits::name("pool", name)?;
+        let max_lease_ms = limits::millis("max_lease", options.max_lease, MAX_LEASE_MS)?;
         Ok(Self {
             conn,
             name: name.into(),
@@ -240,8 +240,8 @@ where
     /// [`PoolError::BadInput`], [`PoolError::DuplicateId`],
     /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn init<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
-        check::ids(ids, usize::MAX)?;
-        let mut chunks = ids.chunks(BATCH_MAX);
+        limits::ids(ids)?;
+        let mut chunks = ids.chunks(IDS_PER_CALL.max as usize);
         let mut added = self
             .batch(PoolScript::Init, chunks.next().unwrap_or_default())
             .await?;
@@ -287,9 +287,9 @@ where
         script: PoolScript,
         ids: &[S],
     ) -> Result<u64, PoolError> {
-        check::ids(ids, usize::MAX)?;
+        limits::ids(ids)?;
         let mut count = 0;
-        for chunk in ids.chunks(BATCH_MAX) {
+        for chunk in ids.chunks(IDS_PER_CALL.max as usize) {
             count += self.batch(script, chunk).await?;
         }
         Ok(count)
@@ -302,7 +302,7 @@ where
     /// Errors: [`PoolError::BadInput`] (see [`AcquireRequest`] for ranges),
     /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired<C>, PoolError> {
-        let ttl = check::millis("ttl", req.ttl, 1, TTL_MAX_MS)?;
+        let ttl = limits::millis("ttl", req.ttl, TTL_MS)?;
         if req.ttl > self.options.max_lease {
             return Err(PoolError::bad(
                 "ttl",
@@ -312,9 +312,9 @@ where
                 ),
             ));
         }
-        let cooldown = check::millis("cooldown", req.cooldown, 0, COOLDOWN_MAX_MS)?;
+        let cooldown = limits::millis("cooldown", req.cooldown, COOLDOWN_MS)?;
         if let Some(request_id) = &req.request_id {
-            check::name("request_id", request_id)?;
+            limits::name("request_id", request_id)?;
         }
         let token = format!("{:032x}", rand::random::<u128>());
         let mut inv = self.invocation(PoolScript::Acquire);
@@ -410,9 +410,9 @@ where
         token: &str,
         ttl: Duration,
     ) -> Result<Extended, PoolError> {
-        check::name("id", id)?;
-        check::token(token)?;
-        let ttl = check::millis("ttl", ttl, 1, TTL_MAX_MS)?;
+        limits::name("id", id)?;
+        limits::token(token)?;
+        let ttl = limits::millis("ttl", ttl, TTL_MS)?;
         let mut inv = self.invocation(PoolScript::Extend);
         inv.arg(id).arg(token).arg(ttl).arg(self.max_lease_ms);
         let mut reply = Reply::new(PoolScript::Extend, self.run(&inv).await?)?;
@@ -440,9 +440,9 @@ where
         token: &str,
         cooldown: Duration,
     ) -> Result<Released, PoolError> {
-        check::name("id", id)?;
-        check::token(token)?;
-        let cooldown = check::millis("cooldown", cooldown, 0, COOLDOWN_MAX_MS)?;
+        limits::name("id", id)?;
+        limits::token(token)?;
+        let cooldown = limits::millis("cooldown", cooldown, COOLDOWN_MS)?;
         let mut inv = self.invocation(PoolScript::Release);
         inv.arg(id).arg(token).arg(cooldown);
         let mut reply = Reply::new(PoolScript::Release, self.run(&inv).await?)?;
@@ -463,10 +463,8 @@ where
     /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
     /// [`PoolError::Redis`].
     pub async fn reap(&self, limit: usize, cooldown: Duration) -> Result<Reaped, PoolError> {
-        if !(1..=BATCH_MAX).contains(&limit) {
-            return Err(PoolError::bad("limit", format!("1-{BATCH_MAX} leases")));
-        }
-        let cooldown = check::millis("cooldown", cooldown, 0, COOLDOWN_MAX_MS)?;
+        let limit = limits::count("limit", limit, REAP_LIMIT)?;
+        let cooldown = limits::millis("cooldown", cooldown, COOLDOWN_MS)?;
         let mut inv = self.invocation(PoolScript::Reap);
         inv.arg(limit).arg(cooldown);
         let mut reply = Reply::new(PoolScript::Reap, self.run(&inv).await?)?;

@@ -1,10 +1,10 @@
 -- acquire: lease the first due id of the pool.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:fence  5 {P}:meta
 --       6 {P}:disabled  7 {P}:requests  8 {P}:parked
--- ARGV: 1 token (1-128 chars)  2 ttl_ms (integer 1-600000, at most max_lease_ms)
---       3 cooldown_ms (integer 0-600000) for the expired leases reclaimed first
---       4 max_lease_ms (integer 1-86400000): the lease's total cap, fixed now
---       [5 request_id (1-64 chars of [A-Za-z0-9_-]) for an idempotent retry]
+-- ARGV: 1 token  2 ttl_ms (at most max_lease_ms)
+--       3 cooldown_ms for the expired leases reclaimed first
+--       4 max_lease_ms: the lease's total cap, fixed now
+--       [5 request_id for an idempotent retry]
 -- Returns: {1, id, token, deadline_ms, fence, now_ms, replayed} when leased
 --          (replayed = 1: the lease of an earlier call with this request id,
 --          with that call's token and its current deadline, answered for as
@@ -25,11 +25,11 @@ local token, request_id = ARGV[1], ARGV[5]
 err = token_arg(token) or (request_id and name_arg('request_id', request_id))
 if err then return err end
 local ttl, cooldown, max_lease
-ttl, err = int_arg('ttl_ms', ARGV[2], 1, 600000)
+ttl, err = int_arg('ttl_ms', ARGV[2])
 if err then return err end
-cooldown, err = int_arg('cooldown_ms', ARGV[3], 0, 600000)
+cooldown, err = int_arg('cooldown_ms', ARGV[3])
 if err then return err end
-max_lease, err = int_arg('max_lease_ms', ARGV[4], 1, 86400000)
+max_lease, err = int_arg('max_lease_ms', ARGV[4])
 if err then return err end
 if ttl > max_lease then
   return badarg('ttl_ms', 'at most max_lease_ms')
@@ -55,7 +55,7 @@ if request_id then
   end
 end
 
-reclaim(K, now, cooldown, 100)
+reclaim(K, now, cooldown, LIMITS.reclaim_per_acquire)
 
 -- True when a ready entry may not be leased: disabled, or still held.
 local function blocked(id)
@@ -72,7 +72,7 @@ local function drop(id, score)
 end
 
 local id
-for _ = 1, 100 do
+for _ = 1, LIMITS.drops_per_acquire do
   local due = redis.call('ZRANGEBYSCORE', K.ready, '-inf', now, 'LIMIT', 0, 1, 'WITHSCORES')
   if not due[1] then break end
   if not blocked(due[1]) then
@@ -83,12 +83,12 @@ for _ = 1, 100 do
   drop(due[1], tonumber(due[2]))
 end
 
--- The earliest time an id that is not disabled comes due by itself; scans
--- at most 1000 entries per key, and past that answers the last one seen
--- (no id comes due before it).
+-- The earliest time an id that is not disabled comes due by itself; looks
+-- at LIMITS.hint_scan entries per key at most, and past that answers the
+-- last lease seen (no id comes due before it).
 local function next_due()
   local best
-  for _ = 1, 1000 do
+  for _ = 1, LIMITS.hint_scan do
     local first = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
     if not first[1] then break end
     if not blocked(first[1]) then
@@ -97,16 +97,18 @@ local function next_due()
     end
     drop(first[1], tonumber(first[2]))
   end
-  for offset = 0, 900, 100 do
-    local chunk = redis.call('ZRANGE', K.leases, offset, offset + 99, 'WITHSCORES')
+  local chunk_size = LIMITS.scan_chunk
+  for offset = 0, LIMITS.hint_scan - chunk_size, chunk_size do
+    local chunk = redis.call('ZRANGE', K.leases, offset, offset + chunk_size - 1, 'WITHSCORES')
+    local last = offset + #chunk / 2 == LIMITS.hint_scan
     for i = 1, #chunk, 2 do
-      if redis.call('SISMEMBER', K.disabled, chunk[i]) == 0 or (offset == 900 and i == 199) then
+      if redis.call('SISMEMBER', K.disabled, chunk[i]) == 0 or (last and i == #chunk - 1) then
         local due = tonumber(chunk[i + 1]) + cooldown
         if not best or due < best then best = due end
         return best
       end
     end
-    if #chunk < 200 then break end
+    if #chunk < 2 * chunk_size then break end
   end
   return best
 end

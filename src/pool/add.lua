@@ -1,6 +1,6 @@
 -- add: put new ids into an existing (or empty) pool, due at once.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:disabled
--- ARGV: 1.. ids, 1-1000 distinct ids of 1-64 chars of [A-Za-z0-9_-]
+-- ARGV: 1.. ids (distinct)
 -- Returns: the number of ids added. Refused (DUPID) when any id is already
 -- in ready, leases, owners or disabled; BADARG, KEYTYPE as in common.lua.
 

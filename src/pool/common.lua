@@ -1,4 +1,5 @@
--- common.lua: helpers put in front of every pool script (not a script alone).
+-- common.lua: helpers put in front of every pool script (not a script alone),
+-- after the generated LIMITS table (src/pool/limits.rs) they check against.
 -- Checks return an error table ({err = 'CODE detail'}) instead of raising, so
 -- each script returns it before its first write. Error codes:
 --   BADARG <field> <expected>           a bad argument or key name
@@ -8,6 +9,11 @@
 --   DUPID <id>                          an id twice in one call, or already present
 --   NOID <id>                           an id the pool does not know
 -- Times are Redis TIME in ms; scores of ready/leases are ms too.
+-- Argument rules, for every script's ARGV: pool names (in KEYS), ids and
+-- request ids are names (1 to LIMITS.name_max chars of [A-Za-z0-9_-]); a
+-- token is 1 to LIMITS.token_max bytes; an argument named like a LIMITS
+-- range (ttl_ms, cooldown_ms, max_lease_ms, limit) is a decimal integer
+-- within it; a list of ids holds LIMITS.ids of them.
 
 local function fail(code, detail)
   return { err = code .. ' ' .. detail }
@@ -23,8 +29,11 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A decimal integer string (no sign, fraction or exponent) within [lo, hi].
-local function int_arg(field, value, lo, hi)
+-- A decimal integer string (no sign, fraction or exponent) within
+-- LIMITS[field] = {min, max}.
+local function int_arg(field, value)
+  local range = LIMITS[field]
+  local lo, hi = range[1], range[2]
   if type(value) ~= 'string' or not string.match(value, '^%d+$') or #value > 15 then
     return nil, badarg(field, 'an integer ' .. lo .. '-' .. hi)
   end
@@ -35,33 +44,35 @@ local function int_arg(field, value, lo, hi)
   return n
 end
 
+local NAME_RULE = '1-' .. LIMITS.name_max .. ' chars of [A-Za-z0-9_-]'
+
 local function is_name(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 64 and string.match(s, '^[%w_%-]+$') ~= nil
+  return type(s) == 'string' and #s >= 1 and #s <= LIMITS.name_max and string.match(s, '^[%w_%-]+$') ~= nil
 end
 
 local function name_arg(field, value)
   if not is_name(value) then
-    return badarg(field, '1-64 chars of [A-Za-z0-9_-]')
+    return badarg(field, NAME_RULE)
   end
 end
 
 local function token_arg(value)
-  if type(value) ~= 'string' or #value < 1 or #value > 128 then
-    return badarg('token', '1-128 chars')
+  if type(value) ~= 'string' or #value < 1 or #value > LIMITS.token_max then
+    return badarg('token', '1-' .. LIMITS.token_max .. ' chars')
   end
 end
 
--- ARGV[first..] is a batch of 1-1000 distinct valid ids.
+-- ARGV[first..] is a batch of distinct valid ids, as many as LIMITS.ids.
 local function ids_arg(first)
   local n = #ARGV - first + 1
-  if n < 1 or n > 1000 then
-    return badarg('ids', '1-1000 ids per call')
+  if n < LIMITS.ids[1] or n > LIMITS.ids[2] then
+    return badarg('ids', LIMITS.ids[1] .. '-' .. LIMITS.ids[2] .. ' ids per call')
   end
   local seen = {}
   for i = first, #ARGV do
     local id = ARGV[i]
     if not is_name(id) then
-      return badarg('ids[' .. (i - first) .. ']', '1-64 chars of [A-Za-z0-9_-]')
+      return badarg('ids[' .. (i - first) .. ']', NAME_RULE)
     end
     if seen[id] then
       return fail('DUPID', id)
@@ -74,7 +85,7 @@ end
 -- Returns K, a table suffix -> key name (and K.pool_name), or nil and an error.
 local function pool_keys(suffixes)
   local pool = type(KEYS[1]) == 'string' and string.match(KEYS[1], '^{([%w_%-]+)}:') or nil
-  local ok = pool ~= nil and #pool <= 64 and #KEYS == #suffixes
+  local ok = is_name(pool) and #KEYS == #suffixes
   local K = { pool_name = pool }
   if ok then
     for i, suffix in ipairs(suffixes) do
@@ -85,7 +96,7 @@ local function pool_keys(suffixes)
     end
   end
   if not ok then
-    return nil, badarg('pool', '1-64 chars of [A-Za-z0-9_-] in keys {<pool>}:' .. table.concat(suffixes, ',:'))
+    return nil, badarg('pool', NAME_RULE .. ' in keys {<pool>}:' .. table.concat(suffixes, ',:'))
   end
   return K
 end

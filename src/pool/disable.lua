@@ -3,7 +3,7 @@
 -- stays leased, and its release or expiry leaves it out of ready. Acquire
 -- skips disabled ids that a worker put back into ready.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:disabled  5 {P}:parked
--- ARGV: 1.. ids, 1-1000 distinct ids of 1-64 chars of [A-Za-z0-9_-]
+-- ARGV: 1.. ids (distinct)
 -- Returns: the number of ids newly disabled (already disabled ones count 0).
 -- Errors: NOID when an id is in none of ready, leases, owners, disabled;
 --         BADARG, DUPID, KEYTYPE as in common.lua.

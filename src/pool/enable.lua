@@ -2,7 +2,7 @@
 -- when it was before it was disabled (a cooldown still running is kept),
 -- else at once; a leased one returns to ready at its release or expiry.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:disabled  5 {P}:parked
--- ARGV: 1.. ids, 1-1000 distinct ids of 1-64 chars of [A-Za-z0-9_-]
+-- ARGV: 1.. ids (distinct)
 -- Returns: the number of ids enabled (ids not disabled count 0).
 -- Errors: NOID when an id is in none of ready, leases, owners, disabled;
 --         BADARG, DUPID, KEYTYPE as in common.lua.

@@ -2,8 +2,8 @@
 -- lease's total cap: first-acquired + max lease, fixed at acquire and
 -- stored in meta; an extend with a smaller max_lease_ms lowers it for good.
 -- KEYS: 1 {P}:leases  2 {P}:owners  3 {P}:meta
--- ARGV: 1 id (1-64 chars of [A-Za-z0-9_-])  2 token (1-128 chars)
---       3 ttl_ms (integer 1-600000)  4 max_lease_ms (integer 1-86400000)
+-- ARGV: 1 id  2 token
+--       3 ttl_ms  4 max_lease_ms
 -- Returns: {1, deadline_ms, now_ms, capped} extended; capped = 1 when the
 --          cap, not the ttl, set the deadline (if the cap is already
 --          reached the deadline stays as it was);
@@ -22,9 +22,9 @@ local id, token = ARGV[1], ARGV[2]
 err = name_arg('id', id) or token_arg(token)
 if err then return err end
 local ttl, max_lease
-ttl, err = int_arg('ttl_ms', ARGV[3], 1, 600000)
+ttl, err = int_arg('ttl_ms', ARGV[3])
 if err then return err end
-max_lease, err = int_arg('max_lease_ms', ARGV[4], 1, 86400000)
+max_lease, err = int_arg('max_lease_ms', ARGV[4])
 if err then return err end
 err = key_types({ { K.leases, 'zset' }, { K.owners, 'hash' }, { K.meta, 'hash' } })
 if err then return err end

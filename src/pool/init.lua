@@ -1,7 +1,7 @@
 -- init: create a pool with its first ids, all due at once.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:fence  5 {P}:meta
 --       6 {P}:disabled  7 {P}:requests  8 {P}:parked
--- ARGV: 1.. ids, 1-1000 distinct ids of 1-64 chars of [A-Za-z0-9_-]
+-- ARGV: 1.. ids (distinct)
 -- Returns: the number of ids added. Refused (POOLEXISTS) when any of the
 -- keys exists; BADARG, DUPID, KEYTYPE as in common.lua.
 

@@ -1,7 +1,7 @@
 -- reap: the reclaim step of acquire alone, for a maintenance loop.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:meta  5 {P}:disabled
 --       6 {P}:requests  7 {P}:parked
--- ARGV: 1 limit (integer 1-1000 leases per call)  2 cooldown_ms (integer 0-600000)
+-- ARGV: 1 limit (leases per call)  2 cooldown_ms
 -- Returns: {now_ms, still_expired, id...}: the ids of the expired leases
 --          (deadline <= now) moved back to ready at now + cooldown
 --          (disabled ids stay out of ready), and how many expired leases
@@ -14,9 +14,9 @@ if #ARGV ~= 2 then
   return badarg('ARGV', 'limit, cooldown_ms')
 end
 local limit, cooldown
-limit, err = int_arg('limit', ARGV[1], 1, 1000)
+limit, err = int_arg('limit', ARGV[1])
 if err then return err end
-cooldown, err = int_arg('cooldown_ms', ARGV[2], 0, 600000)
+cooldown, err = int_arg('cooldown_ms', ARGV[2])
 if err then return err end
 err = key_types({
   { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.meta, 'hash' },

@@ -1,8 +1,8 @@
 -- release: hand a leased id back; it becomes due again after the cooldown.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:meta  5 {P}:disabled
 --       6 {P}:requests  7 {P}:parked
--- ARGV: 1 id (1-64 chars of [A-Za-z0-9_-])  2 token (1-128 chars)
---       3 cooldown_ms (integer 0-600000)
+-- ARGV: 1 id  2 token
+--       3 cooldown_ms
 -- Returns: {1, now_ms} released (a disabled id stays out of ready, its
 --          cooldown kept in parked);
 --          {0, now_ms, 'not_owner' | 'expired'} and nothing changed, when
@@ -18,7 +18,7 @@ local id, token = ARGV[1], ARGV[2]
 err = name_arg('id', id) or token_arg(token)
 if err then return err end
 local cooldown
-cooldown, err = int_arg('cooldown_ms', ARGV[3], 0, 600000)
+cooldown, err = int_arg('cooldown_ms', ARGV[3])
 if err then return err end
 err = key_types({
   { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.meta, 'hash' },

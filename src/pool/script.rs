@@ -5,24 +5,21 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
-use super::PoolError;
+use super::{PoolError, limits};
 
-macro_rules! source {
-    ($file:literal) => {
-        concat!(
-            include_str!("common.lua"),
-            include_str!(concat!($file, ".lua"))
-        )
-    };
-}
-
-/// Every script, built once, in the order of [`PoolScript::ALL`].
-static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+/// Every script's full source, in the order of [`PoolScript::ALL`]: the
+/// generated `LIMITS` table, `common.lua`, then the operation.
+static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let head = limits::lua_table() + include_str!("common.lua");
     PoolScript::ALL
         .iter()
-        .map(|s| Script::new(s.source()))
+        .map(|s| head.clone() + s.own_source())
         .collect()
 });
+
+/// Every script, built once, in the order of [`PoolScript::ALL`].
+static SCRIPTS: LazyLock<Vec<Script>> =
+    LazyLock::new(|| SOURCES.iter().map(|s| Script::new(s)).collect());
 
 /// One pool operation's Lua script. Each file's header gives its KEYS (in
 /// the order of [`PoolScript::keys`]), ARGV (times in ms) and replies.
@@ -69,18 +66,23 @@ impl PoolScript {
         &SCRIPTS[self as usize]
     }
 
-    /// The Lua source: the helpers of `common.lua`, then the operation.
+    /// The Lua source as sent: the `LIMITS` table generated from
+    /// [`super::limits`], the helpers of `common.lua`, then the operation.
     pub fn source(self) -> &'static str {
+        &SOURCES[self as usize]
+    }
+
+    fn own_source(self) -> &'static str {
         match self {
-            Self::Init => source!("init"),
-            Self::Add => source!("add"),
-            Self::Acquire => source!("acquire"),
-            Self::Release => source!("release"),
-            Self::Extend => source!("extend"),
-            Self::Reap => source!("reap"),
-            Self::Status => source!("status"),
-            Self::Disable => source!("disable"),
-            Self::Enable => source!("enable"),
+            Self::Init => include_str!("init.lua"),
+            Self::Add => include_str!("add.lua"),
+            Self::Acquire => include_str!("acquire.lua"),
+            Self::Release => include_str!("release.lua"),
+            Self::Extend => include_str!("extend.lua"),
+            Self::Reap => include_str!("reap.lua"),
+            Self::Status => include_str!("status.lua"),
+            Self::Disable => include_str!("disable.lua"),
+            Self::Enable => include_str!("enable.lua"),
         }
     }
 
@@ -261,7 +263,8 @@ mod tests {
     fn every_script_has_the_helpers_and_its_contract() {
         for s in PoolScript::ALL {
             let src = s.source();
-            assert!(src.starts_with("-- common.lua"), "{}", s.name());
+            assert!(src.starts_with("-- LIMITS: generated"), "{}", s.name());
+            assert!(src.contains("\n-- common.lua"), "{}", s.name());
             assert!(src.contains(&format!("-- {}: ", s.name())), "{}", s.name());
             assert!(src.contains("-- KEYS:") && src.contains("-- ARGV:"));
             assert_eq!(s.script().get_hash().len(), 40);

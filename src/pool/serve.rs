@@ -21,7 +21,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, TTL_MAX_MS};
+use super::limits::{COOLDOWN_MS, REAP_LIMIT, Range, TTL_MS, WAIT_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
 use crate::connection::RedisTarget;
@@ -31,8 +31,6 @@ mod body;
 
 use body::{ApiError, Body, lease_id};
 
-/// Longest `wait_ms` of one HTTP acquire.
-pub const WAIT_MAX_MS: u64 = 60_000;
 /// Most reap calls (of 1000 leases each) per pool and reaper round, so a
 /// huge backlog cannot hold off the status refresh for long.
 const REAP_CALLS_PER_ROUND: usize = 10;
@@ -118,7 +116,7 @@ impl ServeState {
     async fn reap_round(&self, name: &str, cooldown: Duration) {
         let Ok(served) = self.pool(name) else { return };
         for _ in 0..REAP_CALLS_PER_ROUND {
-            let result = served.pool.reap(BATCH_MAX, cooldown).await;
+            let result = served.pool.reap(REAP_LIMIT.max as usize, cooldown).await;
             self.note(&result);
             match result {
                 Ok(reaped) => {
@@ -257,17 +255,17 @@ async fn acquire(
 ) -> Result<Response, ApiError> {
     let served = state.pool(&pool)?;
     let mut body = Body::parse(&body)?;
-    let max_ttl = TTL_MAX_MS.min(served.pool.max_lease_ms);
-    let ttl = body.int("ttl_ms", None, 1, max_ttl)?;
-    let cooldown = body.int("cooldown_ms", Some(0), 0, COOLDOWN_MAX_MS)?;
-    let wait = body.int("wait_ms", Some(0), 0, WAIT_MAX_MS)?;
-    let request_id = body.string("request_id")?;
+    let max_ttl = Range {
+        max: TTL_MS.max.min(served.pool.max_lease_ms),
+        ..TTL_MS
+    };
+    let ttl = body.int(max_ttl, None)?;
+    let cooldown = body.int(COOLDOWN_MS, Some(0))?;
+    let wait = body.int(WAIT_MS, Some(0))?;
+    let request_id = body.name("request_id")?;
     body.finish()?;
     let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
     if let Some(request_id) = request_id {
-        if check::name("request_id", &request_id).is_err() {
-            return Err(ApiError::bad("request_id", "1-64 chars of [A-Za-z0-9_-]"));
-        }
         req = req.request_id(request_id);
     }
 
@@ -325,7 +323,7 @@ async fn extend(
     lease_id(&id)?;
     let mut body = Body::parse(&body)?;
     let token = body.token()?;
-    let ttl = body.int("ttl_ms", None, 1, TTL_MAX_MS)?;
+    let ttl = body.int(TTL_MS, None)?;
     body.finish()?;
     let result = served.pool.extend_lease(&id, &token, ttl).await;
     state.note(&result);
@@ -362,7 +360,7 @@ async fn release(
     lease_id(&id)?;
     let mut body = Body::parse(&body)?;
     let token = body.token()?;
-    let cooldown = body.int("cooldown_ms", Some(0), 0, COOLDOWN_MAX_MS)?;
+    let cooldown = body.int(COOLDOWN_MS, Some(0))?;
     body.finish()?;
     let result = served.pool.release_lease(&id, &token, cooldown).await;
     state.note(&result);

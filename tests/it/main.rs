@@ -19,6 +19,8 @@ mod pool;
 mod pool_cli;
 /// `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
 mod pool_http;
+/// The pool limits table against the scripts: both refuse the same at every boundary.
+mod pool_limits;
 /// Pool lease rules found broken (issue 8): idempotency after extend, the fixed cap,
 /// the next-due hint, cooldowns across disable/enable, ids still leased.
 mod pool_rules;

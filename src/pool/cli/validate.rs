@@ -8,7 +8,7 @@ use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs};
 use crate::cli::ConfigError;
 use crate::connection::RedisTarget;
 use crate::pool::AcquireRequest;
-use crate::pool::check::{self, BATCH_MAX, COOLDOWN_MAX_MS, MAX_LEASE_MAX_MS, TTL_MAX_MS};
+use crate::pool::limits::{self, COOLDOWN_MS, MAX_LEASE_MS, REAP_LIMIT, Range, TTL_MS};
 use crate::pool::serve::ServeConfig;
 
 /// Longest `--wait` of acquire.
@@ -80,8 +80,8 @@ impl PoolArgs {
             PoolCommand::Enable(a) => Op::Enable(pool_name(&a.target.pool)?, read_ids(&a.source)?),
             PoolCommand::Acquire(a) => {
                 let pool = pool_name(&a.target.pool)?;
-                let max_lease = whole_ms("--max-lease", a.max_lease, 1, MAX_LEASE_MAX_MS)?;
-                whole_ms("--ttl", a.ttl, 1, TTL_MAX_MS)?;
+                let max_lease = whole_ms("--max-lease", a.max_lease, MAX_LEASE_MS)?;
+                whole_ms("--ttl", a.ttl, TTL_MS)?;
                 if a.ttl > max_lease {
                     return Err(ConfigError::new(
                         "--ttl",
@@ -92,17 +92,11 @@ impl PoolArgs {
                         ),
                     ));
                 }
-                let cooldown = whole_ms("--cooldown", a.cooldown, 0, COOLDOWN_MAX_MS)?;
+                let cooldown = whole_ms("--cooldown", a.cooldown, COOLDOWN_MS)?;
                 range("--wait", a.wait, Duration::ZERO, WAIT_MAX)?;
                 let mut req = AcquireRequest::new(a.ttl).cooldown(cooldown);
                 if let Some(request_id) = &a.request_id {
-                    if check::name("request_id", request_id).is_err() {
-                        return Err(ConfigError::new(
-                            "--request-id",
-                            format!("{request_id:?} must be 1-64 chars of [A-Za-z0-9_-]"),
-                        ));
-                    }
-                    req = req.request_id(request_id.clone());
+                    req = req.request_id(name("--request-id", request_id)?);
                 }
                 Op::Acquire {
                     pool,
@@ -117,7 +111,7 @@ impl PoolArgs {
                     pool: pool_name(&a.target.pool)?,
                     id,
                     token,
-                    cooldown: whole_ms("--cooldown", a.cooldown, 0, COOLDOWN_MAX_MS)?,
+                    cooldown: whole_ms("--cooldown", a.cooldown, COOLDOWN_MS)?,
                 }
             }
             PoolCommand::Extend(a) => {
@@ -126,21 +120,24 @@ impl PoolArgs {
                     pool: pool_name(&a.target.pool)?,
                     id,
                     token,
-                    ttl: whole_ms("--ttl", a.ttl, 1, TTL_MAX_MS)?,
-                    max_lease: whole_ms("--max-lease", a.max_lease, 1, MAX_LEASE_MAX_MS)?,
+                    ttl: whole_ms("--ttl", a.ttl, TTL_MS)?,
+                    max_lease: whole_ms("--max-lease", a.max_lease, MAX_LEASE_MS)?,
                 }
             }
             PoolCommand::Reap(a) => {
-                if !(1..=BATCH_MAX).contains(&a.limit) {
+                if limits::count("limit", a.limit, REAP_LIMIT).is_err() {
                     return Err(ConfigError::new(
                         "--limit",
-                        format!("{} is outside 1-{BATCH_MAX}", a.limit),
+                        format!(
+                            "{} is outside {}-{}",
+                            a.limit, REAP_LIMIT.min, REAP_LIMIT.max
+                        ),
                     ));
                 }
                 Op::Reap {
                     pool: pool_name(&a.target.pool)?,
                     limit: a.limit,
-                    cooldown: whole_ms("--cooldown", a.cooldown, 0, COOLDOWN_MAX_MS)?,
+                    cooldown: whole_ms("--cooldown", a.cooldown, COOLDOWN_MS)?,
                 }
             }
             PoolCommand::Status(a) => Op::Status {
@@ -182,8 +179,8 @@ fn serve_config(
         redis_timeout,
         listen: a.listen,
         reap_interval: a.reap_interval,
-        reap_cooldown: whole_ms("--reap-cooldown", a.reap_cooldown, 0, COOLDOWN_MAX_MS)?,
-        max_lease: whole_ms("--max-lease", a.max_lease, 1, MAX_LEASE_MAX_MS)?,
+        reap_cooldown: whole_ms("--reap-cooldown", a.reap_cooldown, COOLDOWN_MS)?,
+        max_lease: whole_ms("--max-lease", a.max_lease, MAX_LEASE_MS)?,
     })
 }
 
@@ -201,47 +198,51 @@ fn range(flag: &'static str, d: Duration, lo: Duration, hi: Duration) -> Result<
     Ok(())
 }
 
-/// A duration the scripts take in ms: whole ms within `lo..=hi` ms.
-fn whole_ms(flag: &'static str, d: Duration, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
-    match check::millis(flag, d, lo, hi) {
+/// A duration the scripts take in ms: whole ms within `range`.
+fn whole_ms(flag: &'static str, d: Duration, range: Range) -> Result<Duration, ConfigError> {
+    match limits::millis(flag, d, range) {
         Ok(_) => Ok(d),
         Err(_) => Err(ConfigError::new(
             flag,
             format!(
                 "{} is not a whole number of milliseconds within {}-{}",
                 human(d),
-                human(Duration::from_millis(lo)),
-                human(Duration::from_millis(hi))
+                human(Duration::from_millis(range.min)),
+                human(Duration::from_millis(range.max))
             ),
         )),
     }
 }
 
+/// A pool name, id or request id given with `flag`.
+fn name(flag: &'static str, value: &str) -> Result<String, ConfigError> {
+    if !limits::is_name(value) {
+        return Err(ConfigError::new(
+            flag,
+            format!("{value:?} must be {}", limits::name_rule()),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
 fn pool_name(pool: &str) -> Result<String, ConfigError> {
-    check::name("pool", pool).map_err(|_| {
-        ConfigError::new(
-            "--pool",
-            format!("{pool:?} must be 1-64 chars of [A-Za-z0-9_-]"),
-        )
-    })?;
-    Ok(pool.to_owned())
+    name("--pool", pool)
 }
 
 fn lease_ref(lease: &LeaseRef) -> Result<(String, String), ConfigError> {
-    if check::name("id", &lease.id).is_err() {
-        return Err(ConfigError::new(
-            "--id",
-            format!("{:?} must be 1-64 chars of [A-Za-z0-9_-]", lease.id),
-        ));
-    }
+    let id = name("--id", &lease.id)?;
     // Never echo the token: it may be a real one with a typo.
-    if check::token(&lease.token).is_err() {
+    if !limits::is_token(&lease.token) {
         return Err(ConfigError::new(
             "--token",
-            format!("must be 1-128 chars (got {})", lease.token.len()),
+            format!(
+                "must be {} (got {})",
+                limits::token_rule(),
+                lease.token.len()
+            ),
         ));
     }
-    Ok((lease.id.clone(), lease.token.clone()))
+    Ok((id, lease.token.clone()))
 }
 
 /// The ids of `--ids` or `--ids-file`, all checked: 1-64 chars of
@@ -275,10 +276,10 @@ fn read_ids(source: &IdSource) -> Result<Vec<String>, ConfigError> {
     }
     let mut seen = std::collections::HashMap::with_capacity(items.len());
     for (place, id) in &items {
-        if check::name("id", id).is_err() {
+        if !limits::is_name(id) {
             return Err(ConfigError::new(
                 flag,
-                format!("{place}: {id:?} must be 1-64 chars of [A-Za-z0-9_-]"),
+                format!("{place}: {id:?} must be {}", limits::name_rule()),
             ));
         }
         if let Some(first) = seen.insert(id.as_str(), place) {

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
-use crate::pool::check;
+use crate::pool::limits::{self, Range};
 use crate::pool::{LostReason, PoolError};
 
 /// An HTTP error answer, as JSON with an `error` field.
@@ -91,22 +91,18 @@ impl Body {
         }
     }
 
-    /// An integer field within `lo..=hi`; absent or null means `default`.
-    pub(super) fn int(
-        &mut self,
-        field: &str,
-        default: Option<u64>,
-        lo: u64,
-        hi: u64,
-    ) -> Result<Duration, ApiError> {
-        let expected = || format!("an integer {lo}-{hi}");
+    /// The integer field `range.field` (ms) within `range`; absent or null
+    /// means `default`.
+    pub(super) fn int(&mut self, range: Range, default: Option<u64>) -> Result<Duration, ApiError> {
+        let field = range.field;
+        let expected = || range.expected();
         let ms = match self.0.remove(field) {
             None | Some(Value::Null) => {
                 default.ok_or_else(|| ApiError::bad(field, format!("{} (required)", expected())))?
             }
             Some(value) => value
                 .as_u64()
-                .filter(|n| (lo..=hi).contains(n))
+                .filter(|n| range.allows(*n))
                 .ok_or_else(|| ApiError::bad(field, expected()))?,
         };
         Ok(Duration::from_millis(ms))
@@ -123,8 +119,19 @@ impl Body {
 
     pub(super) fn token(&mut self) -> Result<String, ApiError> {
         match self.string("token")? {
-            Some(token) if check::token(&token).is_ok() => Ok(token),
-            _ => Err(ApiError::bad("token", "a string of 1-128 chars (required)")),
+            Some(token) if limits::is_token(&token) => Ok(token),
+            _ => Err(ApiError::bad(
+                "token",
+                format!("a string of {} (required)", limits::token_rule()),
+            )),
+        }
+    }
+
+    /// An optional name field (a request id).
+    pub(super) fn name(&mut self, field: &str) -> Result<Option<String>, ApiError> {
+        match self.string(field)? {
+            Some(s) if !limits::is_name(&s) => Err(ApiError::bad(field, limits::name_rule())),
+            other => Ok(other),
         }
     }
 
@@ -137,7 +144,7 @@ impl Body {
 }
 
 pub(super) fn lease_id(id: &str) -> Result<(), ApiError> {
-    check::name("id", id).map_err(ApiError::from)
+    limits::name("id", id).map_err(ApiError::from)
 }
 
 #[cfg(test)]
@@ -157,7 +164,7 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         };
-        let ttl = |b: &mut Body| b.int("ttl_ms", None, 1, 600_000).map(drop);
+        let ttl = |b: &mut Body| b.int(limits::TTL_MS, None).map(drop);
         assert_eq!(field("[1]", ttl), "body");
         assert_eq!(field("{}", ttl), "ttl_ms");
         assert_eq!(field(r#"{"ttl_ms": 0}"#, ttl), "ttl_ms");
