@@ -89,6 +89,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
             PoolError::BadInput { .. }
             | PoolError::DuplicateId { .. }
             | PoolError::UnknownId { .. }
+            | PoolError::NoPool { .. }
             | PoolError::AlreadyInitialized { .. },
         ) => BAD_INPUT,
         _ => FAILURE,

@@ -35,7 +35,10 @@ pub use lease::{Extended, LostReason, PoolLease, Released};
 pub use script::{PoolKeys, PoolScript};
 
 use lease::lost_reason;
-use limits::{COOLDOWN_MS, IDS_PER_CALL, MAX_LEASE_MS, REAP_LIMIT, TTL_MS};
+use limits::{
+    COOLDOWN_MS, IDS_PER_CALL, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_LIMIT,
+    STRIKE_WINDOW_MS, TTL_MS,
+};
 use script::Reply;
 
 /// Settings of a [`Pool`] handle that every operation shares.
@@ -126,8 +129,9 @@ impl<C> fmt::Debug for Acquired<C> {
     }
 }
 
-/// Counts of a pool's ids by state, at one Redis time. Never tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Counts of a pool's ids by state, at one Redis time, and the
+/// quarantined and auto-disabled ids. Never tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PoolStatus {
     /// Redis time of the count, ms.
     pub now_ms: u64,
@@ -139,8 +143,79 @@ pub struct PoolStatus {
     pub leases_valid: u64,
     /// Leases past their deadline, not yet reclaimed.
     pub leases_expired: u64,
-    /// Disabled ids, leased or not.
+    /// Disabled ids, leased, quarantined or not.
     pub disabled: u64,
+    /// Quarantined ids that are not disabled (disabled comes first).
+    pub quarantined: u64,
+    /// Ids disabled by strikes (they count in `disabled` too).
+    pub auto_disabled: u64,
+    /// Quarantines, soonest end first (at most
+    /// [`limits::STATUS_LIST_MAX`]), disabled ones included.
+    pub quarantine: Vec<Quarantined>,
+    /// Ids disabled by strikes (at most [`limits::STATUS_LIST_MAX`]).
+    pub auto_disabled_ids: Vec<AutoDisabled>,
+}
+
+/// One quarantined id, as status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Quarantined {
+    /// The id.
+    pub id: String,
+    /// When the quarantine ends, ms of Redis time.
+    pub until_ms: u64,
+    /// Time left at the status's Redis time, ms (0 when it has ended and
+    /// the id waits for the next acquire or reap to come back).
+    pub left_ms: u64,
+    /// The reason given at release (may be empty).
+    pub reason: String,
+    /// True when the id is disabled too: it stays out when the quarantine ends.
+    pub disabled: bool,
+}
+
+/// One id disabled by strikes, as status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AutoDisabled {
+    /// The id.
+    pub id: String,
+    /// When it was disabled, ms of Redis time.
+    pub at_ms: u64,
+    /// What happened: the strike count, the window and the last reason.
+    pub reason: String,
+}
+
+/// The pool's strike setting: an id quarantined `max_strikes` times within
+/// `window` is disabled, until `enable`. Stored in `{P}:config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrikePolicy {
+    /// Quarantines that disable an id, 1-100 ([`limits::MAX_STRIKES`]).
+    pub max_strikes: u32,
+    /// The window they are counted in: whole ms, 1 s to 30 days
+    /// ([`limits::STRIKE_WINDOW_MS`]).
+    pub window: Duration,
+}
+
+impl StrikePolicy {
+    /// The two script arguments (`off`, `off` for none), checked.
+    fn args(policy: Option<Self>) -> Result<[String; 2], PoolError> {
+        let Some(p) = policy else {
+            return Ok(["off".into(), "off".into()]);
+        };
+        let max = limits::count("max_strikes", p.max_strikes as usize, MAX_STRIKES)?;
+        let window = limits::millis("strike_window", p.window, STRIKE_WINDOW_MS)?;
+        Ok([max.to_string(), window.to_string()])
+    }
+}
+
+/// A quarantine given at release: the id is out of rotation until Redis
+/// now + `duration`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// Whole ms, 1 ms to 30 days ([`limits::QUARANTINE_MS`]). Replaces the
+    /// cooldown.
+    pub duration: Duration,
+    /// Free text for operators ([`limits::REASON_MAX`] bytes at most, no
+    /// control characters; may be empty). Never a metric label.
+    pub reason: String,
 }
 
 /// The answer to a reap.
@@ -150,6 +225,8 @@ pub struct Reaped {
     pub ids: Vec<String>,
     /// Expired leases left for another call.
     pub still_expired: u64,
+    /// Quarantines that ended (their ids due now, unless disabled).
+    pub quarantines_ended: u64,
     /// Redis time of the reap, ms.
     pub at_ms: u64,
 }
@@ -217,18 +294,21 @@ where
         inv
     }
 
-    async fn batch<S: AsRef<str>>(&self, script: PoolScript, ids: &[S]) -> Result<u64, PoolError> {
+    /// Runs `script` with `head` and then `ids` as ARGV; answers its count.
+    async fn batch<S: AsRef<str>>(
+        &self,
+        script: PoolScript,
+        head: &[&str],
+        ids: &[S],
+    ) -> Result<u64, PoolError> {
         let mut inv = self.invocation(script);
+        for arg in head {
+            inv.arg(*arg);
+        }
         for id in ids {
             inv.arg(id.as_ref());
         }
-        match self.run(&inv).await? {
-            Value::Int(n) if n >= 0 => Ok(n as u64),
-            other => Err(PoolError::Reply {
-                script: script.name(),
-                detail: format!("expected a count, got {other:?}"),
-            }),
-        }
+        count_reply(script, self.run(&inv).await?)
     }
 
     /// Creates the pool with `ids` (each 1-64 chars of `[A-Za-z0-9_-]`, no
@@ -240,13 +320,30 @@ where
     /// [`PoolError::BadInput`], [`PoolError::DuplicateId`],
     /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn init<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
+        self.init_with(ids, None).await
+    }
+
+    /// [`Pool::init`] that also stores the strike setting (`None`: off),
+    /// in the same script call as the first ids.
+    ///
+    /// Errors: as [`Pool::init`]; [`PoolError::BadInput`] for a policy out
+    /// of range.
+    pub async fn init_with<S: AsRef<str>>(
+        &self,
+        ids: &[S],
+        strikes: Option<StrikePolicy>,
+    ) -> Result<u64, PoolError> {
         limits::ids(ids)?;
+        let strikes = StrikePolicy::args(strikes)?;
         let mut chunks = ids.chunks(IDS_PER_CALL.max as usize);
-        let mut added = self
-            .batch(PoolScript::Init, chunks.next().unwrap_or_default())
-            .await?;
+        let mut inv = self.invocation(PoolScript::Init);
+        inv.arg(&strikes[0]).arg(&strikes[1]);
+        for id in chunks.next().unwrap_or_default() {
+            inv.arg(id.as_ref());
+        }
+        let mut added = count_reply(PoolScript::Init, self.run(&inv).await?)?;
         for chunk in chunks {
-            added += self.batch(PoolScript::Add, chunk).await?;
+            added += self.batch(PoolScript::Add, &[], chunk).await?;
         }
         Ok(added)
     }
@@ -259,7 +356,7 @@ where
     /// in ready, leases, owners or disabled; [`PoolError::BadInput`],
     /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn add<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
-        self.in_batches(PoolScript::Add, ids).await
+        self.in_batches(PoolScript::Add, &[], ids).await
     }
 
     /// Takes `ids` out of service (calls of at most 1000 ids): a ready id
@@ -270,29 +367,78 @@ where
     /// [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
     /// [`PoolError::Redis`].
     pub async fn disable<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
-        self.in_batches(PoolScript::Disable, ids).await
+        self.in_batches(PoolScript::Disable, &[], ids).await
     }
 
     /// Puts disabled `ids` back into service (calls of at most 1000 ids):
-    /// due at once unless leased. Returns how many were enabled.
+    /// due when they were before being disabled (a cooldown still running
+    /// is kept), else at once; a leased one at its release or expiry, a
+    /// quarantined one at the quarantine's end. Returns how many were
+    /// enabled.
     ///
     /// Errors: as [`Pool::disable`].
     pub async fn enable<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
-        self.in_batches(PoolScript::Enable, ids).await
+        self.in_batches(PoolScript::Enable, &["0"], ids).await
     }
 
-    /// Checks all `ids`, then runs `script` on batches of at most 1000.
+    /// [`Pool::enable`] that also ends the quarantine of each id now
+    /// (`enable --force`), disabled or not. Returns how many ids were
+    /// enabled or had their quarantine ended.
+    ///
+    /// Errors: as [`Pool::disable`].
+    pub async fn enable_force<S: AsRef<str>>(&self, ids: &[S]) -> Result<u64, PoolError> {
+        self.in_batches(PoolScript::Enable, &["1"], ids).await
+    }
+
+    /// Checks all `ids`, then runs `script` on batches of at most 1000,
+    /// each after the arguments `head`.
     async fn in_batches<S: AsRef<str>>(
         &self,
         script: PoolScript,
+        head: &[&str],
         ids: &[S],
     ) -> Result<u64, PoolError> {
         limits::ids(ids)?;
         let mut count = 0;
         for chunk in ids.chunks(IDS_PER_CALL.max as usize) {
-            count += self.batch(script, chunk).await?;
+            count += self.batch(script, head, chunk).await?;
         }
         Ok(count)
+    }
+
+    /// The pool's strike setting (`None`: off).
+    ///
+    /// Errors: [`PoolError::NoPool`], [`PoolError::WrongKeyType`],
+    /// [`PoolError::Redis`].
+    pub async fn strikes(&self) -> Result<Option<StrikePolicy>, PoolError> {
+        self.config(&[]).await
+    }
+
+    /// Sets the pool's strike setting (`None`: off); answers it as stored.
+    ///
+    /// Errors: [`PoolError::BadInput`] for a policy out of range;
+    /// [`PoolError::NoPool`], [`PoolError::WrongKeyType`],
+    /// [`PoolError::Redis`].
+    pub async fn set_strikes(
+        &self,
+        strikes: Option<StrikePolicy>,
+    ) -> Result<Option<StrikePolicy>, PoolError> {
+        let args = StrikePolicy::args(strikes)?;
+        self.config(&args).await
+    }
+
+    async fn config(&self, args: &[String]) -> Result<Option<StrikePolicy>, PoolError> {
+        let mut inv = self.invocation(PoolScript::Config);
+        for arg in args {
+            inv.arg(arg);
+        }
+        let mut reply = Reply::new(PoolScript::Config, self.run(&inv).await?)?;
+        let max_strikes = reply.uint()?;
+        let window = reply.uint()?;
+        Ok((max_strikes > 0).then(|| StrikePolicy {
+            max_strikes: u32::try_from(max_strikes).unwrap_or(u32::MAX),
+            window: Duration::from_millis(window),
+        }))
     }
 
     /// One acquire: reclaims at most 100 expired leases, then leases the
@@ -445,14 +591,57 @@ where
         let cooldown = limits::millis("cooldown", cooldown, COOLDOWN_MS)?;
         let mut inv = self.invocation(PoolScript::Release);
         inv.arg(id).arg(token).arg(cooldown);
+        self.release(inv).await
+    }
+
+    /// Releases the lease of `id` held with `token` into quarantine: the
+    /// id is out of rotation (not in ready, never acquired) until Redis
+    /// now + `quarantine.duration`, then due; a stale token changes
+    /// nothing. With strikes set ([`Pool::set_strikes`]) this may disable
+    /// the id ([`Released::Quarantined`] says so).
+    ///
+    /// Errors: [`PoolError::BadInput`] (see [`Quarantine`] for ranges),
+    /// [`PoolError::WrongKeyType`], [`PoolError::Redis`]. A lost lease is
+    /// [`Released::NotOwner`].
+    pub async fn quarantine_lease(
+        &self,
+        id: &str,
+        token: &str,
+        quarantine: &Quarantine,
+    ) -> Result<Released, PoolError> {
+        limits::name("id", id)?;
+        limits::token(token)?;
+        let ms = limits::millis("quarantine", quarantine.duration, QUARANTINE_MS)?;
+        limits::reason(&quarantine.reason)?;
+        let mut inv = self.invocation(PoolScript::Release);
+        inv.arg(id)
+            .arg(token)
+            .arg(0)
+            .arg(ms)
+            .arg(&quarantine.reason);
+        self.release(inv).await
+    }
+
+    async fn release(&self, inv: ScriptInvocation<'_>) -> Result<Released, PoolError> {
         let mut reply = Reply::new(PoolScript::Release, self.run(&inv).await?)?;
         let released = reply.int()? == 1;
         let at_ms = reply.uint()?;
-        if released {
+        if !released {
+            let reason = lost_reason(&mut reply)?;
+            return Ok(Released::NotOwner { reason, at_ms });
+        }
+        let until_ms = reply.uint()?;
+        let strikes = reply.uint()?;
+        let auto_disabled = reply.int()? == 1;
+        if until_ms == 0 {
             return Ok(Released::Released { at_ms });
         }
-        let reason = lost_reason(&mut reply)?;
-        Ok(Released::NotOwner { reason, at_ms })
+        Ok(Released::Quarantined {
+            at_ms,
+            until_ms,
+            strikes,
+            auto_disabled,
+        })
     }
 
     /// Reclaims at most `limit` (1-1000) expired leases: their ids become
@@ -471,6 +660,7 @@ where
         Ok(Reaped {
             at_ms: reply.uint()?,
             still_expired: reply.uint()?,
+            quarantines_ended: reply.uint()?,
             ids: reply.rest_strings()?,
         })
     }
@@ -481,13 +671,48 @@ where
     pub async fn status(&self) -> Result<PoolStatus, PoolError> {
         let inv = self.invocation(PoolScript::Status);
         let mut reply = Reply::new(PoolScript::Status, self.run(&inv).await?)?;
-        Ok(PoolStatus {
-            now_ms: reply.uint()?,
+        let now_ms = reply.uint()?;
+        let mut status = PoolStatus {
+            now_ms,
             ready_due: reply.uint()?,
             ready_cooling: reply.uint()?,
             leases_valid: reply.uint()?,
             leases_expired: reply.uint()?,
             disabled: reply.uint()?,
-        })
+            quarantined: reply.uint()?,
+            auto_disabled: reply.uint()?,
+            quarantine: Vec::new(),
+            auto_disabled_ids: Vec::new(),
+        };
+        for _ in 0..reply.uint()? {
+            let id = reply.string()?;
+            let until_ms = reply.uint()?;
+            status.quarantine.push(Quarantined {
+                id,
+                until_ms,
+                left_ms: until_ms.saturating_sub(now_ms),
+                reason: reply.text()?,
+                disabled: reply.int()? == 1,
+            });
+        }
+        for _ in 0..reply.uint()? {
+            status.auto_disabled_ids.push(AutoDisabled {
+                id: reply.string()?,
+                at_ms: reply.uint()?,
+                reason: reply.text()?,
+            });
+        }
+        Ok(status)
+    }
+}
+
+/// A script's count reply.
+fn count_reply(script: PoolScript, value: Value) -> Result<u64, PoolError> {
+    match value {
+        Value::Int(n) if n >= 0 => Ok(n as u64),
+        other => Err(PoolError::Reply {
+            script: script.name(),
+            detail: format!("expected a count, got {other:?}"),
+        }),
     }
 }

@@ -1,6 +1,7 @@
 -- acquire: lease the first due id of the pool.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:fence  5 {P}:meta
---       6 {P}:disabled  7 {P}:requests  8 {P}:parked
+--       6 {P}:disabled  7 {P}:requests  8 {P}:parked  9 {P}:quarantine
+--       10 {P}:reasons
 -- ARGV: 1 token  2 ttl_ms (at most max_lease_ms)
 --       3 cooldown_ms for the expired leases reclaimed first
 --       4 max_lease_ms: the lease's total cap, fixed now
@@ -11,12 +12,16 @@
 --          long as that lease is valid);
 --          {0, next_due_in_ms, now_ms} when no id is due, where
 --          next_due_in_ms = -1 means no id will become due by itself.
--- A due id is leased only when it is not disabled and nobody holds it (not
--- in leases); such entries of ready are dropped (release, expiry or enable
--- bring the id back).
+-- First it reclaims expired leases and ends quarantines whose time has
+-- come (LIMITS.reclaim_per_acquire of each). A due id is leased only when
+-- it is not disabled, not quarantined and nobody holds it (not in leases);
+-- such entries of ready are dropped (release, expiry, the quarantine's end
+-- or enable bring the id back).
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local K, err = pool_keys({ 'ready', 'leases', 'owners', 'fence', 'meta', 'disabled', 'requests', 'parked' })
+local K, err = pool_keys({
+  'ready', 'leases', 'owners', 'fence', 'meta', 'disabled', 'requests', 'parked', 'quarantine', 'reasons',
+})
 if err then return err end
 if #ARGV < 4 or #ARGV > 5 then
   return badarg('ARGV', 'token, ttl_ms, cooldown_ms, max_lease_ms [, request_id]')
@@ -37,6 +42,7 @@ end
 err = key_types({
   { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.fence, 'string' },
   { K.meta, 'hash' }, { K.disabled, 'set' }, { K.requests, 'hash' }, { K.parked, 'hash' },
+  { K.quarantine, 'zset' }, { K.reasons, 'hash' },
 }) or fence_value(K.fence)
 if err then return err end
 
@@ -56,18 +62,38 @@ if request_id then
 end
 
 reclaim(K, now, cooldown, LIMITS.reclaim_per_acquire)
+end_quarantines(K, now, LIMITS.reclaim_per_acquire)
 
--- True when a ready entry may not be leased: disabled, or still held.
+-- True when a ready entry may not be leased: disabled, quarantined, or
+-- still held.
 local function blocked(id)
   return redis.call('SISMEMBER', K.disabled, id) == 1 or redis.call('ZSCORE', K.leases, id) ~= false
+      or redis.call('ZSCORE', K.quarantine, id) ~= false
 end
 
--- Drops a blocked entry from ready; a disabled one that is not leased
--- keeps its due time in parked.
+-- Drops a blocked entry from ready; a disabled one that is neither leased
+-- nor quarantined keeps its due time in parked.
 local function drop(id, score)
   redis.call('ZREM', K.ready, id)
-  if not redis.call('ZSCORE', K.leases, id) and score > now then
+  if score > now and not redis.call('ZSCORE', K.leases, id) and not redis.call('ZSCORE', K.quarantine, id) then
     redis.call('HSET', K.parked, id, score)
+  end
+end
+
+-- The earliest entry of `key` (a zset of due times) whose id is not
+-- disabled, plus `extra` ms; scans LIMITS.hint_scan entries at most, past
+-- that the last one seen bounds it (no id comes due before it).
+local function earliest(key, extra)
+  local chunk_size = LIMITS.scan_chunk
+  for offset = 0, LIMITS.hint_scan - chunk_size, chunk_size do
+    local chunk = redis.call('ZRANGE', key, offset, offset + chunk_size - 1, 'WITHSCORES')
+    local last = offset + #chunk / 2 == LIMITS.hint_scan
+    for i = 1, #chunk, 2 do
+      if redis.call('SISMEMBER', K.disabled, chunk[i]) == 0 or (last and i == #chunk - 1) then
+        return tonumber(chunk[i + 1]) + extra
+      end
+    end
+    if #chunk < 2 * chunk_size then return nil end
   end
 end
 
@@ -83,9 +109,9 @@ for _ = 1, LIMITS.drops_per_acquire do
   drop(due[1], tonumber(due[2]))
 end
 
--- The earliest time an id that is not disabled comes due by itself; looks
--- at LIMITS.hint_scan entries per key at most, and past that answers the
--- last lease seen (no id comes due before it).
+-- The earliest time an id that is not disabled comes due by itself: a
+-- cooling id, a lease's deadline (+ the cooldown its reclaim gives), or a
+-- quarantine's end. Blocked entries at the head of ready are dropped.
 local function next_due()
   local best
   for _ = 1, LIMITS.hint_scan do
@@ -97,18 +123,8 @@ local function next_due()
     end
     drop(first[1], tonumber(first[2]))
   end
-  local chunk_size = LIMITS.scan_chunk
-  for offset = 0, LIMITS.hint_scan - chunk_size, chunk_size do
-    local chunk = redis.call('ZRANGE', K.leases, offset, offset + chunk_size - 1, 'WITHSCORES')
-    local last = offset + #chunk / 2 == LIMITS.hint_scan
-    for i = 1, #chunk, 2 do
-      if redis.call('SISMEMBER', K.disabled, chunk[i]) == 0 or (last and i == #chunk - 1) then
-        local due = tonumber(chunk[i + 1]) + cooldown
-        if not best or due < best then best = due end
-        return best
-      end
-    end
-    if #chunk < 2 * chunk_size then break end
+  for _, due in ipairs({ earliest(K.leases, cooldown) or false, earliest(K.quarantine, 0) or false }) do
+    if due and (not best or due < best) then best = due end
   end
   return best
 end

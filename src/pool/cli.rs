@@ -31,12 +31,12 @@ pub struct PoolArgs {
 #[derive(Subcommand)]
 pub enum PoolCommand {
     /// Create a pool with its first ids, all due at once (refused when the pool exists).
-    Init(IdsArgs),
+    Init(InitArgs),
     /// Add new ids to a pool, due at once (refused for ids already in it).
     Add(IdsArgs),
     /// Lease one due id; prints {"id","token","deadline_ms","fence"}.
     Acquire(AcquireArgs),
-    /// Hand a lease back; the id is due again after the cooldown.
+    /// Hand a lease back; the id is due again after the cooldown, or after --quarantine.
     Release(ReleaseArgs),
     /// Move a lease's deadline to now + ttl, capped at its first acquire + --max-lease.
     Extend(ExtendArgs),
@@ -46,8 +46,10 @@ pub enum PoolCommand {
     Status(StatusArgs),
     /// Take ids out of service until enable (a leased id stays leased until released).
     Disable(IdsArgs),
-    /// Put disabled ids back into service.
-    Enable(IdsArgs),
+    /// Put disabled ids back into service (a running cooldown or quarantine still applies).
+    Enable(EnableArgs),
+    /// Show or set the pool's strike setting (--max-strikes with --strike-window, or --strikes-off).
+    Config(ConfigArgs),
     /// Serve the HTTP API for workers, with a background reaper and metrics.
     Serve(ServeArgs),
 }
@@ -105,6 +107,53 @@ pub struct IdsArgs {
     pub source: IdSource,
 }
 
+/// The strike setting: an id quarantined N times within the window is disabled.
+#[derive(Args)]
+pub struct StrikeArgs {
+    /// Quarantines within --strike-window that disable an id (1-100); default: strikes off.
+    #[arg(long, requires = "strike_window")]
+    pub max_strikes: Option<u64>,
+
+    /// The window strikes are counted in (1s-30d); give it with --max-strikes.
+    #[arg(long, value_parser = parse_duration, requires = "max_strikes")]
+    pub strike_window: Option<Duration>,
+}
+
+/// Flags of `init`.
+#[derive(Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub ids: IdsArgs,
+
+    #[command(flatten)]
+    pub strikes: StrikeArgs,
+}
+
+/// Flags of `enable`.
+#[derive(Args)]
+pub struct EnableArgs {
+    #[command(flatten)]
+    pub ids: IdsArgs,
+
+    /// Also end the quarantine of each id now (without it a quarantine runs to its end).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Flags of `config`.
+#[derive(Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub target: PoolTarget,
+
+    #[command(flatten)]
+    pub strikes: StrikeArgs,
+
+    /// Turn strikes off.
+    #[arg(long, conflicts_with_all = ["max_strikes", "strike_window"])]
+    pub strikes_off: bool,
+}
+
 /// Flags of `acquire`.
 #[derive(Args)]
 pub struct AcquireArgs {
@@ -159,6 +208,14 @@ pub struct ReleaseArgs {
     /// The id is due again after this cooldown (0s-10m).
     #[arg(long, env = "SNOWLEASE_POOL_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
     pub cooldown: Duration,
+
+    /// Put the id out of rotation for this long instead (1ms-30d, whole ms): the resource is bad.
+    #[arg(long, value_parser = parse_duration)]
+    pub quarantine: Option<Duration>,
+
+    /// Why, for operators (at most 200 bytes, no control characters); needs --quarantine.
+    #[arg(long, requires = "quarantine")]
+    pub reason: Option<String>,
 }
 
 /// Flags of `extend`.
@@ -255,10 +312,10 @@ impl PoolArgs {
 
     fn redis_args(&self) -> &RedisArgs {
         match &self.command {
-            PoolCommand::Init(a)
-            | PoolCommand::Add(a)
-            | PoolCommand::Disable(a)
-            | PoolCommand::Enable(a) => &a.target.redis,
+            PoolCommand::Add(a) | PoolCommand::Disable(a) => &a.target.redis,
+            PoolCommand::Init(a) => &a.ids.target.redis,
+            PoolCommand::Enable(a) => &a.ids.target.redis,
+            PoolCommand::Config(a) => &a.target.redis,
             PoolCommand::Acquire(a) => &a.target.redis,
             PoolCommand::Release(a) => &a.target.redis,
             PoolCommand::Extend(a) => &a.target.redis,

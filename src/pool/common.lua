@@ -8,12 +8,20 @@
 --   POOLEXISTS <pool>                   init on a pool that has keys
 --   DUPID <id>                          an id twice in one call, or already present
 --   NOID <id>                           an id the pool does not know
+--   NOPOOL <pool>                       config of a pool that has no keys
 -- Times are Redis TIME in ms; scores of ready/leases are ms too.
 -- Argument rules, for every script's ARGV: pool names (in KEYS), ids and
 -- request ids are names (1 to LIMITS.name_max chars of [A-Za-z0-9_-]); a
--- token is 1 to LIMITS.token_max bytes; an argument named like a LIMITS
--- range (ttl_ms, cooldown_ms, max_lease_ms, limit) is a decimal integer
--- within it; a list of ids holds LIMITS.ids of them.
+-- token is 1 to LIMITS.token_max bytes; a reason 0 to LIMITS.reason_max
+-- bytes without control characters; an argument named like a LIMITS range
+-- (ttl_ms, cooldown_ms, max_lease_ms, limit, quarantine_ms, max_strikes,
+-- strike_window_ms) is a decimal integer within it; a list of ids holds
+-- LIMITS.ids of them.
+-- Admin states, by precedence: disabled > quarantined > cooling > ready.
+-- A disabled id is never in ready (a cooldown or quarantine still running
+-- is kept for enable); a quarantined id is in quarantine, in neither ready
+-- nor leases, until its end moves it to ready (or, when disabled, leaves it
+-- out); a lease is never cut short by an admin state.
 
 local function fail(code, detail)
   return { err = code .. ' ' .. detail }
@@ -81,6 +89,35 @@ local function ids_arg(first)
   end
 end
 
+local function reason_arg(value)
+  if type(value) ~= 'string' or #value > LIMITS.reason_max or string.find(value, '%c') then
+    return badarg('reason', 'at most ' .. LIMITS.reason_max .. ' bytes, no control characters')
+  end
+end
+
+-- ARGV[i], ARGV[i + 1]: max_strikes and strike_window_ms, or 'off', 'off'.
+-- Returns max, window (nil, nil for off), or nil, nil, an error.
+local function strikes_args(i)
+  if ARGV[i] == 'off' and ARGV[i + 1] == 'off' then
+    return nil, nil, nil
+  end
+  local max, window, err
+  max, err = int_arg('max_strikes', ARGV[i])
+  if err then return nil, nil, err end
+  window, err = int_arg('strike_window_ms', ARGV[i + 1])
+  if err then return nil, nil, err end
+  return max, window, nil
+end
+
+-- Writes the strike setting into config (off: removes it).
+local function set_strikes(K, max, window)
+  if max then
+    redis.call('HSET', K.config, 'max_strikes', max, 'strike_window_ms', window)
+  else
+    redis.call('HDEL', K.config, 'max_strikes', 'strike_window_ms')
+  end
+end
+
 -- KEYS must be exactly {<pool>}:<suffix> for the given suffixes, in order.
 -- Returns K, a table suffix -> key name (and K.pool_name), or nil and an error.
 local function pool_keys(suffixes)
@@ -119,22 +156,32 @@ local function fence_value(key)
   end
 end
 
+-- True when the pool knows `id`: in ready, leases, owners, disabled or
+-- quarantine (K needs those keys).
+local function known(K, id)
+  return redis.call('ZSCORE', K.ready, id) or redis.call('ZSCORE', K.leases, id)
+      or redis.call('HEXISTS', K.owners, id) == 1 or redis.call('SISMEMBER', K.disabled, id) == 1
+      or redis.call('ZSCORE', K.quarantine, id)
+end
+
 -- The checks of disable and enable: KEYS are ready, leases, owners,
--- disabled, parked of one pool with their types, ARGV[first..] a batch of
--- ids, and each id known to the pool (in ready, leases, owners or
--- disabled). Returns K (see pool_keys), or nil and an error.
+-- disabled, parked, quarantine, reasons, strikes, autodisabled of one pool
+-- with their types, ARGV[first..] a batch of ids, each known to the pool.
+-- Returns K (see pool_keys), or nil and an error.
 local function check_admin_ids(first)
-  local K, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled', 'parked' })
+  local K, err = pool_keys({
+    'ready', 'leases', 'owners', 'disabled', 'parked', 'quarantine', 'reasons', 'strikes', 'autodisabled',
+  })
   if not K then return nil, err end
   err = ids_arg(first) or key_types({
-    { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.disabled, 'set' }, { K.parked, 'hash' },
+    { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.disabled, 'set' },
+    { K.parked, 'hash' }, { K.quarantine, 'zset' }, { K.reasons, 'hash' }, { K.strikes, 'hash' },
+    { K.autodisabled, 'hash' },
   })
   if err then return nil, err end
   for i = first, #ARGV do
-    local id = ARGV[i]
-    if not (redis.call('ZSCORE', K.ready, id) or redis.call('ZSCORE', K.leases, id)
-        or redis.call('HEXISTS', K.owners, id) == 1 or redis.call('SISMEMBER', K.disabled, id) == 1) then
-      return nil, fail('NOID', id)
+    if not known(K, ARGV[i]) then
+      return nil, fail('NOID', ARGV[i])
     end
   end
   return K
@@ -196,6 +243,22 @@ local function end_lease(K, id, now, cooldown)
   redis.call('HDEL', K.owners, id)
   drop_meta(K, id)
   make_due(K, id, now + cooldown, now)
+end
+
+-- Ends up to `limit` quarantines whose time has come (until <= now): each
+-- id is due at its end (or at a later cooldown kept in parked); a disabled
+-- one stays out of ready. Returns how many ended.
+local function end_quarantines(K, now, limit)
+  local ended = redis.call('ZRANGEBYSCORE', K.quarantine, '-inf', now, 'LIMIT', 0, limit, 'WITHSCORES')
+  for i = 1, #ended, 2 do
+    local id = ended[i]
+    local due = math.max(tonumber(ended[i + 1]), tonumber(redis.call('HGET', K.parked, id) or '0'))
+    redis.call('ZREM', K.quarantine, id)
+    redis.call('HDEL', K.reasons, id)
+    redis.call('HDEL', K.parked, id)
+    make_due(K, id, due, now)
+  end
+  return #ended / 2
 end
 
 -- Moves up to `limit` expired leases (deadline <= now) back to ready at

@@ -49,6 +49,12 @@ pub enum PoolError {
         /// The id.
         id: String,
     },
+    /// `config` of a pool that has no keys: create it with `init` first.
+    #[error("pool {pool} does not exist (init it first)")]
+    NoPool {
+        /// The pool name.
+        pool: String,
+    },
     /// Redis or the connection failed; the operation may or may not have
     /// run.
     #[error("redis: {0}")]
@@ -113,6 +119,9 @@ impl From<RedisError> for PoolError {
             "NOID" => Self::UnknownId {
                 id: detail.to_owned(),
             },
+            "NOPOOL" => Self::NoPool {
+                pool: detail.to_owned(),
+            },
             _ => Self::Redis(err),
         }
     }
@@ -150,6 +159,10 @@ mod tests {
         assert!(matches!(
             PoolError::from(server_error("NOID", "a")),
             PoolError::UnknownId { id } if id == "a"
+        ));
+        assert!(matches!(
+            PoolError::from(server_error("NOPOOL", "p")),
+            PoolError::NoPool { pool } if pool == "p"
         ));
         assert!(matches!(
             PoolError::from(server_error("WRONGTYPE", "Operation against a key")),

@@ -7,7 +7,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use serde::Serialize;
 
 use super::script::Reply;
-use super::{Pool, PoolError};
+use super::{Pool, PoolError, Quarantine};
 
 /// The answer to an extend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,19 @@ pub enum Released {
     Released {
         /// Redis time of the release, ms: the end of the lease.
         at_ms: u64,
+    },
+    /// The id is in quarantine (out of rotation) until `until_ms`.
+    Quarantined {
+        /// Redis time of the release, ms: the end of the lease.
+        at_ms: u64,
+        /// When the quarantine ends, ms of Redis time.
+        until_ms: u64,
+        /// Quarantines of the id within the strike window, this one
+        /// included; 0 when strikes are off.
+        strikes: u64,
+        /// True when this quarantine reached the strike limit and disabled
+        /// the id (only `enable` brings it back).
+        auto_disabled: bool,
     },
     /// The lease was already lost; nothing was changed. A late release
     /// proves nothing: the id may have been leased to someone else.
@@ -163,6 +176,13 @@ where
             self.deadline_ms = deadline_ms;
         }
         Ok(outcome)
+    }
+
+    /// Releases the lease into quarantine (see [`Pool::quarantine_lease`]).
+    pub async fn quarantine(&self, quarantine: &Quarantine) -> Result<Released, PoolError> {
+        self.pool
+            .quarantine_lease(&self.id, &self.token, quarantine)
+            .await
     }
 
     /// Releases the lease with a `cooldown` (see [`Pool::release_lease`]).

@@ -70,8 +70,42 @@ pub const IDS_PER_CALL: Range = Range {
     min: 1,
     max: 1000,
 };
+/// Quarantine of an id at its release, ms: 1 ms to 30 days.
+pub const QUARANTINE_MS: Range = Range {
+    field: "quarantine_ms",
+    min: 1,
+    max: 2_592_000_000,
+};
+/// Quarantines within the strike window that disable an id (pool setting).
+pub const MAX_STRIKES: Range = Range {
+    field: "max_strikes",
+    min: 1,
+    max: 100,
+};
+/// The strike window, ms: 1 s to 30 days (pool setting).
+pub const STRIKE_WINDOW_MS: Range = Range {
+    field: "strike_window_ms",
+    min: 1000,
+    max: 2_592_000_000,
+};
 /// Every range the scripts check, as [`lua_table`] hands them over.
-pub const SCRIPT_RANGES: [Range; 5] = [TTL_MS, COOLDOWN_MS, MAX_LEASE_MS, REAP_LIMIT, IDS_PER_CALL];
+pub const SCRIPT_RANGES: [Range; 8] = [
+    TTL_MS,
+    COOLDOWN_MS,
+    MAX_LEASE_MS,
+    REAP_LIMIT,
+    IDS_PER_CALL,
+    QUARANTINE_MS,
+    MAX_STRIKES,
+    STRIKE_WINDOW_MS,
+];
+/// Longest quarantine reason, in bytes (0 allowed: no reason). Free text
+/// for operators, without control characters (bytes 0-31 and 127), so it
+/// prints on one line; never a metric label.
+pub const REASON_MAX: usize = 200;
+/// Most quarantined (and auto-disabled) ids one status lists; the counts
+/// cover all of them.
+pub const STATUS_LIST_MAX: u64 = 1000;
 /// Expired leases one acquire reclaims before it leases.
 pub const RECLAIM_PER_ACQUIRE: u64 = 100;
 /// Entries of ready one acquire drops before it gives up on finding a due
@@ -107,6 +141,16 @@ pub fn is_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The rule for reasons, in words.
+pub fn reason_rule() -> String {
+    format!("at most {REASON_MAX} bytes, no control characters")
+}
+
+/// True for a valid quarantine reason (see [`REASON_MAX`]).
+pub fn is_reason(s: &str) -> bool {
+    s.len() <= REASON_MAX && !s.bytes().any(|b| b < 0x20 || b == 0x7f)
+}
+
 /// True for a valid token.
 pub fn is_token(s: &str) -> bool {
     (1..=TOKEN_MAX).contains(&s.len())
@@ -118,7 +162,10 @@ pub(crate) fn lua_table() -> String {
         "-- LIMITS: generated from src/pool/limits.rs, the one table of names and ranges.\n\
          -- Integer ranges are {min, max}.\nlocal LIMITS = {\n",
     );
-    out += &format!("  name_max = {NAME_MAX},\n  token_max = {TOKEN_MAX},\n");
+    out += &format!(
+        "  name_max = {NAME_MAX},\n  token_max = {TOKEN_MAX},\n  reason_max = {REASON_MAX},\n"
+    );
+    out += &format!("  status_list_max = {STATUS_LIST_MAX},\n");
     out += &format!(
         "  reclaim_per_acquire = {RECLAIM_PER_ACQUIRE},\n  drops_per_acquire = {DROPS_PER_ACQUIRE},\n  \
          hint_scan = {HINT_SCAN},\n  scan_chunk = {SCAN_CHUNK},\n"
@@ -179,6 +226,15 @@ pub(crate) fn millis(field: &str, d: Duration, range: Range) -> Result<u64, Pool
     match u64::try_from(d.as_millis()) {
         Ok(ms) if range.allows(ms) => Ok(ms),
         _ => Err(PoolError::bad(field, expected())),
+    }
+}
+
+/// A quarantine reason (see [`is_reason`]).
+pub(crate) fn reason(s: &str) -> Result<(), PoolError> {
+    if is_reason(s) {
+        Ok(())
+    } else {
+        Err(PoolError::bad("reason", reason_rule()))
     }
 }
 
@@ -255,8 +311,13 @@ mod tests {
             assert!(table.contains(&format!("  {} = {{ {}, {} }},", r.field, r.min, r.max)));
         }
         let mut bounds: Vec<u64> = SCRIPT_RANGES.iter().map(|r| r.max).collect();
-        bounds.extend([NAME_MAX as u64, TOKEN_MAX as u64, RECLAIM_PER_ACQUIRE]);
-        bounds.extend([DROPS_PER_ACQUIRE, HINT_SCAN, SCAN_CHUNK]);
+        bounds.extend([
+            NAME_MAX as u64,
+            TOKEN_MAX as u64,
+            REASON_MAX as u64,
+            RECLAIM_PER_ACQUIRE,
+        ]);
+        bounds.extend([DROPS_PER_ACQUIRE, HINT_SCAN, SCAN_CHUNK, STATUS_LIST_MAX]);
         bounds.retain(|b| *b != 1000);
         for s in PoolScript::ALL {
             let source = s.source();

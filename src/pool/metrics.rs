@@ -42,6 +42,9 @@ pub(crate) struct PoolMetrics {
     leases_valid: Family<PoolLabel, Gauge>,
     leases_expired: Family<PoolLabel, Gauge>,
     disabled: Family<PoolLabel, Gauge>,
+    quarantined: Family<PoolLabel, Gauge>,
+    auto_disabled: Family<PoolLabel, Gauge>,
+    quarantines: Family<PoolLabel, Counter>,
     status_time: Family<PoolLabel, Gauge>,
     acquire_wait: Family<PoolOutcome, Histogram, fn() -> Histogram>,
     acquires: Family<PoolOutcome, Counter>,
@@ -65,6 +68,9 @@ impl PoolMetrics {
             leases_valid: Family::default(),
             leases_expired: Family::default(),
             disabled: Family::default(),
+            quarantined: Family::default(),
+            auto_disabled: Family::default(),
+            quarantines: Family::default(),
             status_time: Family::default(),
             acquire_wait: Family::new_with_constructor(wait_histogram),
             acquires: Family::default(),
@@ -97,6 +103,21 @@ impl PoolMetrics {
             "disabled",
             "Disabled ids, leased or not",
             m.disabled.clone(),
+        );
+        r.register(
+            "quarantined",
+            "Quarantined ids that are not disabled",
+            m.quarantined.clone(),
+        );
+        r.register(
+            "auto_disabled",
+            "Ids disabled by strikes (counted in disabled too)",
+            m.auto_disabled.clone(),
+        );
+        r.register(
+            "quarantines",
+            "Releases into quarantine through this API",
+            m.quarantines.clone(),
         );
         r.register(
             "status_time_ms",
@@ -143,6 +164,9 @@ impl PoolMetrics {
                 let _ = m.extends.get_or_create(&label(outcome));
             }
             let _ = m.reaped.get_or_create(&PoolLabel { pool: pool.clone() });
+            let _ = m
+                .quarantines
+                .get_or_create(&PoolLabel { pool: pool.clone() });
         }
         m
     }
@@ -160,6 +184,8 @@ impl PoolMetrics {
         set(&self.leases_valid, status.leases_valid);
         set(&self.leases_expired, status.leases_expired);
         set(&self.disabled, status.disabled);
+        set(&self.quarantined, status.quarantined);
+        set(&self.auto_disabled, status.auto_disabled);
         set(&self.status_time, status.now_ms);
     }
 
@@ -183,6 +209,13 @@ impl PoolMetrics {
     /// Counts one extend.
     pub(crate) fn extended(&self, pool: &Arc<str>, outcome: &'static str) {
         count(&self.extends, pool, outcome);
+    }
+
+    /// Counts one release into quarantine.
+    pub(crate) fn quarantined(&self, pool: &Arc<str>) {
+        self.quarantines
+            .get_or_create(&PoolLabel { pool: pool.clone() })
+            .inc();
     }
 
     /// Counts leases the reaper reclaimed.
@@ -220,9 +253,14 @@ mod tests {
                 leases_valid: 2,
                 leases_expired: 0,
                 disabled: 1,
+                quarantined: 2,
+                auto_disabled: 1,
+                quarantine: Vec::new(),
+                auto_disabled_ids: Vec::new(),
             },
         );
         metrics.acquired(&pool, "leased", Duration::from_millis(3));
+        metrics.quarantined(&pool);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
@@ -231,6 +269,18 @@ mod tests {
         );
         assert!(
             text.contains("snowlease_pool_acquires_total{pool=\"proxies\",outcome=\"leased\"} 1")
+        );
+        assert!(
+            text.contains("snowlease_pool_quarantined{pool=\"proxies\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("snowlease_pool_auto_disabled{pool=\"proxies\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("snowlease_pool_quarantines_total{pool=\"proxies\"} 1"),
+            "{text}"
         );
         assert!(
             text.contains(

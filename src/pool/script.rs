@@ -44,11 +44,13 @@ pub enum PoolScript {
     Disable,
     /// `enable.lua`: put ids back into service.
     Enable,
+    /// `config.lua`: read or set the strike setting.
+    Config,
 }
 
 impl PoolScript {
     /// Every script.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Init,
         Self::Add,
         Self::Acquire,
@@ -58,6 +60,7 @@ impl PoolScript {
         Self::Status,
         Self::Disable,
         Self::Enable,
+        Self::Config,
     ];
 
     /// The script, built once (its SHA1 computed once); invoke it with
@@ -83,6 +86,7 @@ impl PoolScript {
             Self::Status => include_str!("status.lua"),
             Self::Disable => include_str!("disable.lua"),
             Self::Enable => include_str!("enable.lua"),
+            Self::Config => include_str!("config.lua"),
         }
     }
 
@@ -98,6 +102,7 @@ impl PoolScript {
             Self::Status => "status",
             Self::Disable => "disable",
             Self::Enable => "enable",
+            Self::Config => "config",
         }
     }
 
@@ -105,7 +110,7 @@ impl PoolScript {
     pub fn keys(self, keys: &PoolKeys) -> Vec<String> {
         let k = keys;
         let list: &[&String] = match self {
-            Self::Init | Self::Acquire => &[
+            Self::Init => &[
                 &k.ready,
                 &k.leases,
                 &k.owners,
@@ -114,8 +119,25 @@ impl PoolScript {
                 &k.disabled,
                 &k.requests,
                 &k.parked,
+                &k.quarantine,
+                &k.reasons,
+                &k.strikes,
+                &k.autodisabled,
+                &k.config,
             ],
-            Self::Release | Self::Reap => &[
+            Self::Acquire => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.fence,
+                &k.meta,
+                &k.disabled,
+                &k.requests,
+                &k.parked,
+                &k.quarantine,
+                &k.reasons,
+            ],
+            Self::Release => &[
                 &k.ready,
                 &k.leases,
                 &k.owners,
@@ -123,12 +145,54 @@ impl PoolScript {
                 &k.disabled,
                 &k.requests,
                 &k.parked,
+                &k.quarantine,
+                &k.reasons,
+                &k.strikes,
+                &k.autodisabled,
+                &k.config,
+            ],
+            Self::Reap => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.meta,
+                &k.disabled,
+                &k.requests,
+                &k.parked,
+                &k.quarantine,
+                &k.reasons,
             ],
             Self::Extend => &[&k.leases, &k.owners, &k.meta],
-            Self::Add | Self::Status => &[&k.ready, &k.leases, &k.owners, &k.disabled],
-            Self::Disable | Self::Enable => {
-                &[&k.ready, &k.leases, &k.owners, &k.disabled, &k.parked]
-            }
+            Self::Add => &[&k.ready, &k.leases, &k.owners, &k.disabled, &k.quarantine],
+            Self::Status => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.disabled,
+                &k.quarantine,
+                &k.reasons,
+                &k.autodisabled,
+            ],
+            Self::Disable | Self::Enable => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.disabled,
+                &k.parked,
+                &k.quarantine,
+                &k.reasons,
+                &k.strikes,
+                &k.autodisabled,
+            ],
+            Self::Config => &[
+                &k.ready,
+                &k.leases,
+                &k.owners,
+                &k.fence,
+                &k.disabled,
+                &k.quarantine,
+                &k.config,
+            ],
         };
         list.iter().map(|s| (*s).clone()).collect()
     }
@@ -162,6 +226,22 @@ pub struct PoolKeys {
     /// `{P}:parked`, hash: disabled id -> the ms it is due (a cooldown
     /// still running when it was disabled), for enable.
     pub parked: String,
+    /// `{P}:quarantine`, zset: quarantined ids; score = the ms the
+    /// quarantine ends (Redis time). Such ids are in neither ready nor
+    /// leases until then.
+    pub quarantine: String,
+    /// `{P}:reasons`, hash: quarantined id -> the reason given (free text,
+    /// may be empty).
+    pub reasons: String,
+    /// `{P}:strikes`, hash: id -> its quarantine times (ms, space
+    /// separated) within the strike window.
+    pub strikes: String,
+    /// `{P}:autodisabled`, hash: id disabled by strikes -> `"<at_ms>
+    /// <what happened>"`; cleared by enable.
+    pub autodisabled: String,
+    /// `{P}:config`, hash: the pool's settings (`max_strikes`,
+    /// `strike_window_ms`; both absent when strikes are off).
+    pub config: String,
 }
 
 impl PoolKeys {
@@ -179,6 +259,11 @@ impl PoolKeys {
             disabled: key("disabled"),
             requests: key("requests"),
             parked: key("parked"),
+            quarantine: key("quarantine"),
+            reasons: key("reasons"),
+            strikes: key("strikes"),
+            autodisabled: key("autodisabled"),
+            config: key("config"),
         }
     }
 }
@@ -229,6 +314,15 @@ impl Reply {
                 String::from_utf8(bytes).map_err(|e| self.error(format!("not UTF-8: {e}")))
             }
             Some(Value::SimpleString(s)) => Ok(s),
+            other => Err(self.error(format!("expected a string, got {other:?}"))),
+        }
+    }
+
+    /// A string that is shown to people only: not UTF-8 is replaced, not
+    /// refused (a worker writing raw may have stored any bytes).
+    pub(crate) fn text(&mut self) -> Result<String, PoolError> {
+        match self.items.next() {
+            Some(Value::BulkString(bytes)) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
             other => Err(self.error(format!("expected a string, got {other:?}"))),
         }
     }

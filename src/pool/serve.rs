@@ -151,9 +151,11 @@ impl ServeState {
 ///   next_due_in_ms, at_ms}` with `Retry-After`.
 /// - `POST /pools/{pool}/leases/{id}/extend` `{token, ttl_ms}`: 200 `{id,
 ///   deadline_ms, capped}` or 409 `{error, reason}`.
-/// - `POST /pools/{pool}/leases/{id}/release` `{token, cooldown_ms?}`: 200
-///   `{id, released_at_ms}` or 409 `{error, reason}`.
-/// - `GET /pools/{pool}`: the status counts.
+/// - `POST /pools/{pool}/leases/{id}/release` `{token, cooldown_ms?,
+///   quarantine_ms?, reason?}`: 200 `{id, released_at_ms}` (with a
+///   quarantine also `quarantined_until_ms, strikes, auto_disabled`) or
+///   409 `{error, reason}`.
+/// - `GET /pools/{pool}`: the status counts, quarantined and auto-disabled ids.
 /// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
 ///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
 pub fn router(state: ServeState) -> Router {
@@ -361,8 +363,12 @@ async fn release(
     let mut body = Body::parse(&body)?;
     let token = body.token()?;
     let cooldown = body.int(COOLDOWN_MS, Some(0))?;
+    let quarantine = body.quarantine()?;
     body.finish()?;
-    let result = served.pool.release_lease(&id, &token, cooldown).await;
+    let result = match &quarantine {
+        Some(q) => served.pool.quarantine_lease(&id, &token, q).await,
+        None => served.pool.release_lease(&id, &token, cooldown).await,
+    };
     state.note(&result);
     let metrics = &state.inner.metrics;
     match result {
@@ -370,6 +376,21 @@ async fn release(
             metrics.released(&served.label, "released");
             debug!(pool = %pool, id = %id, "released");
             Ok(Json(json!({ "id": id, "released_at_ms": at_ms })).into_response())
+        }
+        Ok(Released::Quarantined {
+            at_ms,
+            until_ms,
+            strikes,
+            auto_disabled,
+        }) => {
+            metrics.released(&served.label, "released");
+            metrics.quarantined(&served.label);
+            info!(pool = %pool, id = %id, until_ms, strikes, auto_disabled, "quarantined");
+            Ok(Json(json!({
+                "id": id, "released_at_ms": at_ms, "quarantined_until_ms": until_ms,
+                "strikes": strikes, "auto_disabled": auto_disabled,
+            }))
+            .into_response())
         }
         Ok(Released::NotOwner { reason, .. }) => {
             metrics.released(&served.label, reason.as_str());

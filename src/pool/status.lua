@@ -1,29 +1,62 @@
--- status: counts of the pool's ids by state; never tokens.
+-- status: counts of the pool's ids by state, and the quarantined and
+-- auto-disabled ids with their reasons; never tokens.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:disabled
+--       5 {P}:quarantine  6 {P}:reasons  7 {P}:autodisabled
 -- ARGV: none
 -- Returns: {now_ms, ready_due, ready_cooling, leases_valid, leases_expired,
---           disabled} where ready_due have score <= now, leases_valid a
---          deadline after now and leases_expired one not yet reclaimed;
---          disabled counts disabled ids, leased or not.
+--           disabled, quarantined, auto_disabled,
+--           n, (id, until_ms, reason, disabled)... n times,
+--           m, (id, at_ms, reason)... m times}
+--          where ready_due have score <= now, leases_valid a deadline after
+--          now, leases_expired one not yet reclaimed; disabled counts
+--          disabled ids, leased or not; quarantined counts ids in
+--          quarantine that are not disabled (precedence), auto_disabled the
+--          ids strikes disabled. The lists hold the first
+--          LIMITS.status_list_max quarantines (soonest end first; disabled =
+--          1 for a disabled one) and auto-disabled ids.
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local ready, leases, owners, disabled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local _, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled' })
+local K, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled', 'quarantine', 'reasons', 'autodisabled' })
 if err then return err end
 if #ARGV ~= 0 then
   return badarg('ARGV', 'none')
 end
-err = key_types({ { ready, 'zset' }, { leases, 'zset' }, { owners, 'hash' }, { disabled, 'set' } })
+err = key_types({
+  { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.disabled, 'set' },
+  { K.quarantine, 'zset' }, { K.reasons, 'hash' }, { K.autodisabled, 'hash' },
+})
 if err then return err end
 
 local now = now_ms()
-local due = redis.call('ZCOUNT', ready, '-inf', now)
-local expired = redis.call('ZCOUNT', leases, '-inf', now)
-return {
-  now,
-  due,
-  redis.call('ZCARD', ready) - due,
-  redis.call('ZCARD', leases) - expired,
-  expired,
-  redis.call('SCARD', disabled),
+local due = redis.call('ZCOUNT', K.ready, '-inf', now)
+local expired = redis.call('ZCOUNT', K.leases, '-inf', now)
+local quarantine = redis.call('ZRANGE', K.quarantine, 0, -1, 'WITHSCORES')
+local listed, quarantined = {}, 0
+for i = 1, #quarantine, 2 do
+  local id = quarantine[i]
+  local disabled = redis.call('SISMEMBER', K.disabled, id)
+  quarantined = quarantined + 1 - disabled
+  if #listed < 4 * LIMITS.status_list_max then
+    local reason = redis.call('HGET', K.reasons, id) or ''
+    for _, v in ipairs({ id, tonumber(quarantine[i + 1]), reason, disabled }) do
+      table.insert(listed, v)
+    end
+  end
+end
+local reply = {
+  now, due, redis.call('ZCARD', K.ready) - due, redis.call('ZCARD', K.leases) - expired, expired,
+  redis.call('SCARD', K.disabled), quarantined, redis.call('HLEN', K.autodisabled), #listed / 4,
 }
+for _, v in ipairs(listed) do
+  table.insert(reply, v)
+end
+local auto = redis.call('HGETALL', K.autodisabled)
+local m = math.min(#auto / 2, LIMITS.status_list_max)
+table.insert(reply, m)
+for i = 1, 2 * m, 2 do
+  local at, text = string.match(auto[i + 1], '^(%d+) (.*)$')
+  table.insert(reply, auto[i])
+  table.insert(reply, tonumber(at or '0'))
+  table.insert(reply, text or auto[i + 1])
+end
+return reply

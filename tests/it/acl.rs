@@ -14,8 +14,8 @@ const STATUS_RULES: &str =
 /// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).
 const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
-    +time +type +exists +get +set +incr +hget +hset +hdel +hexists +sadd +srem +scard \
-    +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
+    +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
+    +scard +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
 
 /// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.
 fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {
@@ -178,7 +178,14 @@ fn pool_cli(url: &str, command: &str, pool: &str, args: &[&str]) -> serde_json::
 fn pool_cli_runs_with_the_minimal_acl() {
     let redis = RedisServer::start();
     let url = acl_user(&redis, "pool", POOL_RULES);
-    pool_cli(&url, "init", "proxies", &["--ids", "a,b,c"]);
+    let strikes = ["--max-strikes", "3", "--strike-window", "1h"];
+    pool_cli(
+        &url,
+        "init",
+        "proxies",
+        &[&["--ids", "a,b,c"][..], &strikes].concat(),
+    );
+    pool_cli(&url, "config", "proxies", &strikes);
     pool_cli(&url, "add", "proxies", &["--ids", "d"]);
     let lease = pool_cli(
         &url,
@@ -197,11 +204,28 @@ fn pool_cli_runs_with_the_minimal_acl() {
         &["--id", id, "--token", token, "--ttl", "20s"],
     );
     pool_cli(&url, "release", "proxies", &["--id", id, "--token", token]);
+    let lease = pool_cli(&url, "acquire", "proxies", &["--ttl", "10s"]);
+    let (id, token) = (
+        lease["id"].as_str().unwrap(),
+        lease["token"].as_str().unwrap(),
+    );
+    let quarantine = ["--quarantine", "1h", "--reason", "banned"];
+    pool_cli(
+        &url,
+        "release",
+        "proxies",
+        &[&["--id", id, "--token", token][..], &quarantine].concat(),
+    );
     pool_cli(&url, "reap", "proxies", &[]);
     pool_cli(&url, "disable", "proxies", &["--ids", "b"]);
     pool_cli(&url, "enable", "proxies", &["--ids", "b"]);
     let status = pool_cli(&url, "status", "proxies", &["--json"]);
-    assert_eq!(status["ready_due"], 4, "{status}");
+    assert_eq!(
+        (status["ready_due"].as_u64(), status["quarantined"].as_u64()),
+        (Some(3), Some(1)),
+        "{status}"
+    );
+    pool_cli(&url, "enable", "proxies", &["--ids", id, "--force"]);
     assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
 
     let run = run_snowlease(

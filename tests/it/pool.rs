@@ -504,7 +504,11 @@ async fn bad_input_is_refused_and_writes_nothing() {
     );
 
     let fresh_keys = PoolScript::Init.keys(&PoolKeys::new("fresh"));
-    let init = |args: &[&str]| raw(&redis, PoolScript::Init, &fresh_keys, args);
+    let init = |args: &[&str]| {
+        let mut full = vec!["off", "off"];
+        full.extend_from_slice(args);
+        raw(&redis, PoolScript::Init, &fresh_keys, &full)
+    };
     assert_bad(init(&[]), "ids");
     assert_bad(init(&["x", "y z"]), "ids[1]");
     let too_many: Vec<String> = (0..1001).map(|i| format!("i{i}")).collect();
@@ -512,7 +516,12 @@ async fn bad_input_is_refused_and_writes_nothing() {
     assert_bad(init(&too_many), "ids");
     assert!(matches!(init(&["x", "x"]), Err(PoolError::DuplicateId { id }) if id == "x"));
     assert!(matches!(
-        raw(&redis, PoolScript::Init, &k(PoolScript::Init), &["z"]),
+        raw(
+            &redis,
+            PoolScript::Init,
+            &k(PoolScript::Init),
+            &["off", "off", "z"]
+        ),
         Err(PoolError::AlreadyInitialized { .. })
     ));
     let add = |args: &[&str]| raw(&redis, PoolScript::Add, &k(PoolScript::Add), args);
@@ -526,7 +535,11 @@ async fn bad_input_is_refused_and_writes_nothing() {
         Err(PoolError::DuplicateId { .. })
     ));
     let enable = |args: &[&str]| raw(&redis, PoolScript::Enable, &k(PoolScript::Enable), args);
-    assert!(matches!(enable(&["zz"]), Err(PoolError::UnknownId { .. })));
+    assert!(matches!(
+        enable(&["0", "zz"]),
+        Err(PoolError::UnknownId { .. })
+    ));
+    assert_bad(enable(&["yes", "b"]), "force");
 
     assert_eq!(dump(&redis), before);
     check_invariants(&redis, &keys);
@@ -549,6 +562,11 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
         (keys.disabled.clone(), &["HSET", "x", "y"], "set"),
         (keys.requests.clone(), &["SET", "x"], "hash"),
         (keys.parked.clone(), &["SET", "x"], "hash"),
+        (keys.quarantine.clone(), &["SET", "x"], "zset"),
+        (keys.reasons.clone(), &["SET", "x"], "hash"),
+        (keys.strikes.clone(), &["SET", "x"], "hash"),
+        (keys.autodisabled.clone(), &["SET", "x"], "hash"),
+        (keys.config.clone(), &["SET", "x"], "hash"),
     ];
     for (broken, wrong, expected) in cases {
         let _: () = redis.query(&mut redis::cmd("FLUSHALL"));
@@ -612,6 +630,9 @@ async fn wrong_key_types_are_refused_and_write_nothing() {
         }
         if touches(PoolScript::Enable) {
             check("enable", pool.enable(&["c"]).await.map(drop));
+        }
+        if touches(PoolScript::Config) && expected != "integer" {
+            check("config", pool.strikes().await.map(drop));
         }
         assert!(
             !checked.is_empty(),
@@ -679,7 +700,7 @@ async fn concurrent_clients_never_share_an_id() {
                     tokio::task::yield_now().await;
                 }
                 let end = match lease.release(ms(0)).await.unwrap() {
-                    Released::Released { at_ms } => at_ms,
+                    Released::Released { at_ms } | Released::Quarantined { at_ms, .. } => at_ms,
                     Released::NotOwner { .. } => lease.deadline_ms(),
                 };
                 assert!(start <= end, "{start} > {end}");

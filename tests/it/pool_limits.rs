@@ -56,6 +56,9 @@ impl Probe<'_> {
             "cooldown_ms" => self.call(PoolScript::Release, &["a", "tok", v]),
             "max_lease_ms" => self.call(PoolScript::Extend, &["a", "tok", "1", v]),
             "limit" => self.call(PoolScript::Reap, &[v, "0"]),
+            "quarantine_ms" => self.call(PoolScript::Release, &["a", "tok", "0", v, ""]),
+            "max_strikes" => self.call(PoolScript::Config, &[v, "1000"]),
+            "strike_window_ms" => self.call(PoolScript::Config, &["1", v]),
             "ids" => {
                 let ids: Vec<String> = (0..value).map(|i| format!("n{n}-{i}")).collect();
                 let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -76,7 +79,10 @@ fn scripts_refuse_exactly_the_ranges_of_the_table() {
         redis: &redis,
         keys: PoolKeys::new("p"),
     };
-    assert!(!refused(probe.call(PoolScript::Init, &["a"]), "ids"));
+    assert!(!refused(
+        probe.call(PoolScript::Init, &["off", "off", "a"]),
+        "ids"
+    ));
     let mut n = 0;
     for range in limits::SCRIPT_RANGES {
         for value in around(range) {
@@ -101,7 +107,7 @@ fn scripts_refuse_exactly_the_names_and_tokens_of_the_table() {
         redis: &redis,
         keys: PoolKeys::new("p"),
     };
-    probe.call(PoolScript::Init, &["a"]).unwrap();
+    probe.call(PoolScript::Init, &["off", "off", "a"]).unwrap();
     let mut names: Vec<String> = lengths(limits::NAME_MAX)
         .iter()
         .map(|n| "x".repeat(*n))

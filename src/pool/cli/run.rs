@@ -8,7 +8,9 @@ use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use super::{Op, PoolCliConfig, human};
-use crate::pool::{Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released};
+use crate::pool::{
+    Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released, StrikePolicy,
+};
 
 /// Most reap calls one `pool reap` makes.
 const REAP_ROUNDS: usize = 1000;
@@ -76,8 +78,8 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
         |pool: &str, max_lease: Duration| Pool::new(conn.clone(), pool, PoolOptions { max_lease });
     let default = PoolOptions::default().max_lease;
     let out = match op {
-        Op::Init(pool, ids) => {
-            let added = open(&pool, default)?.init(&ids).await?;
+        Op::Init(pool, ids, strikes) => {
+            let added = open(&pool, default)?.init_with(&ids, strikes).await?;
             json!({ "pool": pool, "added": added })
         }
         Op::Add(pool, ids) => {
@@ -88,9 +90,22 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
             let disabled = open(&pool, default)?.disable(&ids).await?;
             json!({ "pool": pool, "disabled": disabled })
         }
-        Op::Enable(pool, ids) => {
-            let enabled = open(&pool, default)?.enable(&ids).await?;
+        Op::Enable { pool, ids, force } => {
+            let handle = open(&pool, default)?;
+            let enabled = if force {
+                handle.enable_force(&ids).await?
+            } else {
+                handle.enable(&ids).await?
+            };
             json!({ "pool": pool, "enabled": enabled })
+        }
+        Op::Config { pool, set } => {
+            let handle = open(&pool, default)?;
+            let strikes = match set {
+                Some(policy) => handle.set_strikes(policy).await?,
+                None => handle.strikes().await?,
+            };
+            config_json(&pool, strikes)
         }
         Op::Acquire {
             pool,
@@ -113,17 +128,32 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
             id,
             token,
             cooldown,
-        } => match open(&pool, default)?
-            .release_lease(&id, &token, cooldown)
-            .await?
-        {
-            Released::Released { at_ms } => {
-                json!({ "pool": pool, "id": id, "released_at_ms": at_ms })
+            quarantine,
+        } => {
+            let handle = open(&pool, default)?;
+            let released = match &quarantine {
+                Some(q) => handle.quarantine_lease(&id, &token, q).await?,
+                None => handle.release_lease(&id, &token, cooldown).await?,
+            };
+            match released {
+                Released::Released { at_ms } => {
+                    json!({ "pool": pool, "id": id, "released_at_ms": at_ms })
+                }
+                Released::Quarantined {
+                    at_ms,
+                    until_ms,
+                    strikes,
+                    auto_disabled,
+                } => json!({
+                    "pool": pool, "id": id, "released_at_ms": at_ms,
+                    "quarantined_until_ms": until_ms, "strikes": strikes,
+                    "auto_disabled": auto_disabled,
+                }),
+                Released::NotOwner { reason, .. } => {
+                    return Err(PoolCliError::lost(&pool, &id, reason).into());
+                }
             }
-            Released::NotOwner { reason, .. } => {
-                return Err(PoolCliError::lost(&pool, &id, reason).into());
-            }
-        },
+        }
         Op::Extend {
             pool,
             id,
@@ -175,6 +205,15 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
     Ok(out.to_string())
 }
 
+/// `{"pool", "max_strikes", "strike_window_ms"}`, both null when off.
+fn config_json(pool: &str, strikes: Option<StrikePolicy>) -> serde_json::Value {
+    json!({
+        "pool": pool,
+        "max_strikes": strikes.map(|s| s.max_strikes),
+        "strike_window_ms": strikes.map(|s| s.window.as_millis() as u64),
+    })
+}
+
 /// The next-due hint in words.
 pub(crate) fn hint_words(next_due_in: Option<Duration>) -> String {
     match next_due_in {
@@ -193,11 +232,31 @@ fn status_table(pool: &str, s: &PoolStatus) -> String {
         ("ready, cooling down", s.ready_cooling),
         ("leased, valid", s.leases_valid),
         ("leased, expired", s.leases_expired),
+        ("quarantined", s.quarantined),
         ("disabled", s.disabled),
+        ("  by strikes", s.auto_disabled),
     ];
     let _ = writeln!(out, "{:<22} {:>8}", "state", "ids");
     for (state, n) in rows {
         let _ = writeln!(out, "{state:<22} {n:>8}");
+    }
+    if !s.quarantine.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<24} {:>12}  reason",
+            "quarantined id", "time left"
+        );
+    }
+    for q in &s.quarantine {
+        let left = human(Duration::from_millis(q.left_ms)).to_string();
+        let flag = if q.disabled { " (disabled)" } else { "" };
+        let _ = writeln!(out, "{:<24} {left:>12}  {}{flag}", q.id, q.reason);
+    }
+    if !s.auto_disabled_ids.is_empty() {
+        let _ = writeln!(out, "\n{:<24} disabled by strikes", "id");
+    }
+    for a in &s.auto_disabled_ids {
+        let _ = writeln!(out, "{:<24} at {} ms: {}", a.id, a.at_ms, a.reason);
     }
     out.truncate(out.trim_end().len());
     out
@@ -216,9 +275,24 @@ mod tests {
             leases_valid: 3,
             leases_expired: 4,
             disabled: 5,
+            quarantined: 1,
+            auto_disabled: 0,
+            quarantine: vec![crate::pool::Quarantined {
+                id: "vn-a01".into(),
+                until_ms: 90_007,
+                left_ms: 90_000,
+                reason: "captcha wall".into(),
+                disabled: false,
+            }],
+            auto_disabled_ids: Vec::new(),
         };
         let table = status_table("p", &status);
         assert!(table.starts_with("pool p (Redis time 7 ms)"), "{table}");
         assert!(table.contains("leased, expired               4"), "{table}");
+        assert!(table.contains("quarantined                   1"), "{table}");
+        assert!(
+            table.contains("vn-a01                        1m 30s  captcha wall"),
+            "{table}"
+        );
     }
 }

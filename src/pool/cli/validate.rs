@@ -4,12 +4,15 @@
 
 use std::time::Duration;
 
-use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs};
+use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs, StrikeArgs};
 use crate::cli::ConfigError;
 use crate::connection::RedisTarget;
-use crate::pool::AcquireRequest;
-use crate::pool::limits::{self, COOLDOWN_MS, MAX_LEASE_MS, REAP_LIMIT, Range, TTL_MS};
+use crate::pool::limits::{
+    self, COOLDOWN_MS, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_LIMIT, Range,
+    STRIKE_WINDOW_MS, TTL_MS,
+};
 use crate::pool::serve::ServeConfig;
+use crate::pool::{AcquireRequest, Quarantine, StrikePolicy};
 
 /// Longest `--wait` of acquire.
 const WAIT_MAX: Duration = Duration::from_secs(86_400);
@@ -23,10 +26,19 @@ pub struct PoolCliConfig {
 
 /// A validated operation. No `Debug`: release and extend hold a token.
 pub(super) enum Op {
-    Init(String, Vec<String>),
+    Init(String, Vec<String>, Option<StrikePolicy>),
     Add(String, Vec<String>),
     Disable(String, Vec<String>),
-    Enable(String, Vec<String>),
+    Enable {
+        pool: String,
+        ids: Vec<String>,
+        force: bool,
+    },
+    /// `set`: `None` reads; `Some(None)` turns strikes off.
+    Config {
+        pool: String,
+        set: Option<Option<StrikePolicy>>,
+    },
     Acquire {
         pool: String,
         req: AcquireRequest,
@@ -38,6 +50,7 @@ pub(super) enum Op {
         id: String,
         token: String,
         cooldown: Duration,
+        quarantine: Option<Quarantine>,
     },
     Extend {
         pool: String,
@@ -72,12 +85,31 @@ impl PoolArgs {
             Duration::from_secs(60),
         )?;
         let op = match &self.command {
-            PoolCommand::Init(a) => Op::Init(pool_name(&a.target.pool)?, read_ids(&a.source)?),
+            PoolCommand::Init(a) => Op::Init(
+                pool_name(&a.ids.target.pool)?,
+                read_ids(&a.ids.source)?,
+                strikes(&a.strikes)?,
+            ),
             PoolCommand::Add(a) => Op::Add(pool_name(&a.target.pool)?, read_ids(&a.source)?),
             PoolCommand::Disable(a) => {
                 Op::Disable(pool_name(&a.target.pool)?, read_ids(&a.source)?)
             }
-            PoolCommand::Enable(a) => Op::Enable(pool_name(&a.target.pool)?, read_ids(&a.source)?),
+            PoolCommand::Enable(a) => Op::Enable {
+                pool: pool_name(&a.ids.target.pool)?,
+                ids: read_ids(&a.ids.source)?,
+                force: a.force,
+            },
+            PoolCommand::Config(a) => {
+                let set = match (a.strikes_off, strikes(&a.strikes)?) {
+                    (true, _) => Some(None),
+                    (false, Some(policy)) => Some(Some(policy)),
+                    (false, None) => None,
+                };
+                Op::Config {
+                    pool: pool_name(&a.target.pool)?,
+                    set,
+                }
+            }
             PoolCommand::Acquire(a) => {
                 let pool = pool_name(&a.target.pool)?;
                 let max_lease = whole_ms("--max-lease", a.max_lease, MAX_LEASE_MS)?;
@@ -107,11 +139,19 @@ impl PoolArgs {
             }
             PoolCommand::Release(a) => {
                 let (id, token) = lease_ref(&a.lease)?;
+                let quarantine = match a.quarantine {
+                    Some(d) => Some(Quarantine {
+                        duration: whole_ms("--quarantine", d, QUARANTINE_MS)?,
+                        reason: reason(a.reason.as_deref().unwrap_or_default())?,
+                    }),
+                    None => None,
+                };
                 Op::Release {
                     pool: pool_name(&a.target.pool)?,
                     id,
                     token,
                     cooldown: whole_ms("--cooldown", a.cooldown, COOLDOWN_MS)?,
+                    quarantine,
                 }
             }
             PoolCommand::Extend(a) => {
@@ -212,6 +252,44 @@ fn whole_ms(flag: &'static str, d: Duration, range: Range) -> Result<Duration, C
             ),
         )),
     }
+}
+
+/// The strike setting of `--max-strikes` and `--strike-window` (clap makes
+/// them come together); `None` when neither is given.
+fn strikes(a: &StrikeArgs) -> Result<Option<StrikePolicy>, ConfigError> {
+    let (Some(max), Some(window)) = (a.max_strikes, a.strike_window) else {
+        return Ok(None);
+    };
+    let max_strikes = u32::try_from(max)
+        .ok()
+        .filter(|m| MAX_STRIKES.allows(u64::from(*m)))
+        .ok_or_else(|| {
+            ConfigError::new(
+                "--max-strikes",
+                format!("{max} is outside {}-{}", MAX_STRIKES.min, MAX_STRIKES.max),
+            )
+        })?;
+    let window = whole_ms("--strike-window", window, STRIKE_WINDOW_MS)?;
+    Ok(Some(StrikePolicy {
+        max_strikes,
+        window,
+    }))
+}
+
+/// A quarantine reason (`--reason`), checked, echoed in the error only by
+/// its length.
+fn reason(text: &str) -> Result<String, ConfigError> {
+    if !limits::is_reason(text) {
+        return Err(ConfigError::new(
+            "--reason",
+            format!(
+                "must be {} (got {} bytes)",
+                limits::reason_rule(),
+                text.len()
+            ),
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 /// A pool name, id or request id given with `flag`.

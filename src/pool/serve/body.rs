@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use tracing::warn;
 
 use crate::pool::limits::{self, Range};
-use crate::pool::{LostReason, PoolError};
+use crate::pool::{LostReason, PoolError, Quarantine};
 
 /// An HTTP error answer, as JSON with an `error` field.
 #[derive(Debug)]
@@ -124,6 +124,33 @@ impl Body {
                 "token",
                 format!("a string of {} (required)", limits::token_rule()),
             )),
+        }
+    }
+
+    /// `quarantine_ms` and `reason` of a release: `None` without
+    /// `quarantine_ms`; a reason needs it.
+    pub(super) fn quarantine(&mut self) -> Result<Option<Quarantine>, ApiError> {
+        let field = limits::QUARANTINE_MS.field;
+        let duration = match self.0.get(field) {
+            None | Some(Value::Null) => {
+                self.0.remove(field);
+                None
+            }
+            Some(_) => Some(self.int(limits::QUARANTINE_MS, None)?),
+        };
+        let reason = match self.string("reason")? {
+            Some(r) if !limits::is_reason(&r) => {
+                return Err(ApiError::bad("reason", limits::reason_rule()));
+            }
+            other => other,
+        };
+        match (duration, reason) {
+            (Some(duration), reason) => Ok(Some(Quarantine {
+                duration,
+                reason: reason.unwrap_or_default(),
+            })),
+            (None, Some(_)) => Err(ApiError::bad("reason", "only with quarantine_ms")),
+            (None, None) => Ok(None),
         }
     }
 
