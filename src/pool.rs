@@ -5,8 +5,10 @@
 //!
 //! Beyond the three keys every worker knows, snowlease keeps (same hash
 //! tag, see [`PoolKeys`]): a fence counter, per-lease meta (first-acquired
-//! time for the extend cap, fence, token), a disabled set, and request-id
-//! keys for idempotent acquire. A pool without them is served as well.
+//! time and the extend cap, fence, request id, token), the request ids of
+//! idempotent acquires, and the admin states (disabled, parked cooldowns,
+//! quarantines with reasons, strikes, the strike setting). A pool without
+//! them is served as well. Names and ranges: [`limits`].
 //!
 //! [`cli`] is `snowlease pool ...`; [`serve`] its HTTP API for workers in
 //! any language, with a background reaper and metrics.

@@ -21,6 +21,8 @@ mod pool_cli;
 mod pool_http;
 /// The pool limits table against the scripts: both refuse the same at every boundary.
 mod pool_limits;
+/// Pool quarantine and strikes: the end to the ms, strikes, the state table, bad input.
+mod pool_quarantine;
 /// Pool lease rules found broken (issue 8): idempotency after extend, the fixed cap,
 /// the next-due hint, cooldowns across disable/enable, ids still leased.
 mod pool_rules;

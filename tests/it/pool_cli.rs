@@ -12,7 +12,7 @@ use crate::harness::{RedisServer, Run, ms, poll_until, run_snowlease, secs};
 use crate::pool::{check_invariants, dump, hash, redis_ms, zset};
 
 /// Runs `snowlease pool <args>` with `REDIS_URL` (and `env`) set.
-fn pool_cmd(redis: &RedisServer, args: &[&str], env: &[(&str, &str)]) -> Run {
+pub(crate) fn pool_cmd(redis: &RedisServer, args: &[&str], env: &[(&str, &str)]) -> Run {
     let url = redis.url();
     let mut full_env = vec![("REDIS_URL", url.as_str())];
     full_env.extend_from_slice(env);
@@ -23,7 +23,7 @@ fn pool_cmd(redis: &RedisServer, args: &[&str], env: &[(&str, &str)]) -> Run {
 
 /// Runs a command that must succeed and print one JSON object.
 #[track_caller]
-fn pool_json(redis: &RedisServer, args: &[&str]) -> Value {
+pub(crate) fn pool_json(redis: &RedisServer, args: &[&str]) -> Value {
     let run = pool_cmd(redis, args, &[]);
     assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
     serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {run:?}"))

@@ -26,7 +26,7 @@ use crate::pool::{check_invariants, dump, hash, zset};
 
 /// A router serving `names` of `redis` (each initialised with `ids` when
 /// given), and the shutdown token it watches.
-async fn serve_router(
+pub(crate) async fn serve_router(
     redis: &RedisServer,
     names: &[&str],
     ids: &[&str],
@@ -48,7 +48,7 @@ async fn serve_router(
 }
 
 /// One request through the router: (status, JSON or text body, Retry-After).
-async fn call(
+pub(crate) async fn call(
     router: &Router,
     method: &str,
     path: &str,

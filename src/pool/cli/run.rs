@@ -291,7 +291,7 @@ mod tests {
         assert!(table.contains("leased, expired               4"), "{table}");
         assert!(table.contains("quarantined                   1"), "{table}");
         assert!(
-            table.contains("vn-a01                        1m 30s  captcha wall"),
+            table.contains("vn-a01 ") && table.contains(" 1m 30s  captcha wall"),
             "{table}"
         );
     }
