@@ -648,7 +648,8 @@ where
 
     /// Reclaims at most `limit` (1-1000) expired leases: their ids become
     /// due at Redis now + `cooldown` (whole ms, 0 to 600 s), disabled ones
-    /// stay out of ready. For a maintenance loop, so expired leases come
+    /// stay out of ready; and ends at most `limit` quarantines whose time
+    /// has come (their ids due now, disabled ones left out). For a maintenance loop, so expired leases come
     /// back even when nobody acquires.
     ///
     /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],

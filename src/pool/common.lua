@@ -224,6 +224,12 @@ local function drop_meta(K, id)
   redis.call('HDEL', K.meta, id)
 end
 
+-- The due time kept in parked for `id`, or `default` (also for a value
+-- that is not a number: never a reason to fail halfway).
+local function parked_due(K, id, default)
+  return tonumber(redis.call('HGET', K.parked, id) or '') or default
+end
+
 -- Puts `id` (in no other key) where it is due at `due`: into ready, or,
 -- when it is disabled, into parked so enable keeps a cooldown still running.
 local function make_due(K, id, due, now)
@@ -252,7 +258,7 @@ local function end_quarantines(K, now, limit)
   local ended = redis.call('ZRANGEBYSCORE', K.quarantine, '-inf', now, 'LIMIT', 0, limit, 'WITHSCORES')
   for i = 1, #ended, 2 do
     local id = ended[i]
-    local due = math.max(tonumber(ended[i + 1]), tonumber(redis.call('HGET', K.parked, id) or '0'))
+    local due = math.max(tonumber(ended[i + 1]), parked_due(K, id, 0))
     redis.call('ZREM', K.quarantine, id)
     redis.call('HDEL', K.reasons, id)
     redis.call('HDEL', K.parked, id)

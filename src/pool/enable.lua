@@ -35,7 +35,7 @@ for i = 2, #ARGV do
   if changed then
     count = count + 1
     if not redis.call('ZSCORE', K.leases, id) and not redis.call('ZSCORE', K.quarantine, id) then
-      local due = tonumber(redis.call('HGET', K.parked, id) or now)
+      local due = parked_due(K, id, now)
       redis.call('HDEL', K.parked, id)
       redis.call('ZADD', K.ready, 'NX', due, id)
     end

@@ -176,3 +176,35 @@ async fn acquire_never_leases_an_id_still_in_leases() {
         Released::Released { .. }
     ));
 }
+
+/// Values in snowlease's own keys that no snowlease wrote (a parked due
+/// time, a request entry, lease meta that are not in their format) never
+/// make a script fail halfway: each is treated as absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_in_own_keys_are_treated_as_absent() {
+    let redis = RedisServer::start();
+    let pool = new_pool(&redis, "odd", &["a", "b"]).await;
+    let keys = pool.keys().clone();
+    pool.disable(&["a"]).await.unwrap();
+    let hset = |key: &str, field: &str, value: &str| {
+        let _: () = redis.query(redis::cmd("HSET").arg(key).arg(field).arg(value));
+    };
+    hset(&keys.parked, "a", "soon");
+    assert_eq!(pool.enable(&["a"]).await.unwrap(), 1);
+    assert!(zset(&redis, &keys.ready)["a"] > 0, "due now, not failed");
+
+    hset(&keys.requests, "r1", "not a lease");
+    let req = AcquireRequest::new(secs(5)).request_id("r1");
+    let mut lease = leased(pool.acquire(&req).await.unwrap());
+    assert!(!lease.replayed());
+    hset(&keys.meta, lease.id(), "garbage");
+    assert!(matches!(
+        lease.extend(secs(5)).await.unwrap(),
+        Extended::Extended { .. }
+    ));
+    assert!(matches!(
+        lease.release(ms(0)).await.unwrap(),
+        Released::Released { .. }
+    ));
+    check_invariants(&redis, &keys);
+}

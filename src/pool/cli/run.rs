@@ -181,15 +181,20 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
             let handle = open(&pool, default)?;
             let mut ids = Vec::new();
             let mut still_expired = 0;
+            let mut quarantines_ended = 0;
             for _ in 0..REAP_ROUNDS {
                 let reaped = handle.reap(limit, cooldown).await?;
                 ids.extend(reaped.ids);
                 still_expired = reaped.still_expired;
-                if still_expired == 0 {
+                quarantines_ended += reaped.quarantines_ended;
+                if still_expired == 0 && reaped.quarantines_ended < limit as u64 {
                     break;
                 }
             }
-            json!({ "pool": pool, "reclaimed": ids.len(), "ids": ids, "still_expired": still_expired })
+            json!({
+                "pool": pool, "reclaimed": ids.len(), "ids": ids,
+                "still_expired": still_expired, "quarantines_ended": quarantines_ended,
+            })
         }
         Op::Status { pool, json } => {
             let status = open(&pool, default)?.status().await?;
