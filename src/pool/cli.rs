@@ -122,9 +122,11 @@ pub struct StrikeArgs {
 /// Flags of `init`.
 #[derive(Args)]
 pub struct InitArgs {
+    /// The pool, its Redis and the ids.
     #[command(flatten)]
     pub ids: IdsArgs,
 
+    /// The strike setting.
     #[command(flatten)]
     pub strikes: StrikeArgs,
 }
@@ -132,6 +134,7 @@ pub struct InitArgs {
 /// Flags of `enable`.
 #[derive(Args)]
 pub struct EnableArgs {
+    /// The pool, its Redis and the ids.
     #[command(flatten)]
     pub ids: IdsArgs,
 
@@ -143,9 +146,11 @@ pub struct EnableArgs {
 /// Flags of `config`.
 #[derive(Args)]
 pub struct ConfigArgs {
+    /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
 
+    /// The strike setting to store.
     #[command(flatten)]
     pub strikes: StrikeArgs,
 

@@ -1,6 +1,6 @@
 //! The one table of pool mode's names and ranges. The Rust checks (the
 //! API, the CLI, the HTTP API) read it, and the Lua scripts get it as a
-//! `LIMITS` table generated from it ([`lua_table`]) in front of
+//! `LIMITS` table generated from it (`lua_table`) in front of
 //! `common.lua`, so both sides refuse the same values;
 //! `tests/it/pool_limits.rs` proves it at every boundary against a real
 //! Redis. Also the conversion of `Duration`s to the scripts' ms.
@@ -88,7 +88,7 @@ pub const STRIKE_WINDOW_MS: Range = Range {
     min: 1000,
     max: 2_592_000_000,
 };
-/// Every range the scripts check, as [`lua_table`] hands them over.
+/// Every range the scripts check, as `lua_table` hands them over.
 pub const SCRIPT_RANGES: [Range; 8] = [
     TTL_MS,
     COOLDOWN_MS,
