@@ -162,7 +162,7 @@ impl PoolScript {
                 &k.quarantine,
                 &k.reasons,
             ],
-            Self::Extend => &[&k.leases, &k.owners, &k.meta],
+            Self::Extend => &[&k.leases, &k.owners, &k.meta, &k.requests],
             Self::Add => &[&k.ready, &k.leases, &k.owners, &k.disabled, &k.quarantine],
             Self::Status => &[
                 &k.ready,
@@ -349,7 +349,12 @@ mod tests {
         assert_eq!(keys.requests, "{proxies}:requests");
         assert_eq!(
             PoolScript::Extend.keys(&keys),
-            ["{proxies}:leases", "{proxies}:owners", "{proxies}:meta"]
+            [
+                "{proxies}:leases",
+                "{proxies}:owners",
+                "{proxies}:meta",
+                "{proxies}:requests"
+            ]
         );
     }
 

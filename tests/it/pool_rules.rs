@@ -208,3 +208,50 @@ async fn foreign_values_in_own_keys_are_treated_as_absent() {
     ));
     check_invariants(&redis, &keys);
 }
+
+/// A request entry lives as long as its lease: release, reclaim, and an
+/// extend of the id's next lease taken by a plain worker all remove it, so
+/// the requests hash does not grow with request ids that are used once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_entries_go_with_their_lease() {
+    let redis = RedisServer::start();
+    let pool = new_pool(&redis, "reqs", &["a"]).await;
+    let keys = pool.keys().clone();
+    let requests = || hash(&redis, &keys.requests);
+
+    let lease = leased(
+        pool.acquire(&AcquireRequest::new(secs(5)).request_id("r1"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(requests().len(), 1);
+    lease.release(ms(0)).await.unwrap();
+    assert!(requests().is_empty(), "release");
+
+    let lease = leased(
+        pool.acquire(&AcquireRequest::new(ms(50)).request_id("r2"))
+            .await
+            .unwrap(),
+    );
+    until_redis_after(&redis, lease.deadline_ms()).await;
+    pool.reap(10, ms(0)).await.unwrap();
+    assert!(requests().is_empty(), "reclaim");
+
+    // A plain worker reclaims the expired lease and leases the id itself;
+    // snowlease's extend of that lease drops the old entry.
+    let lease = leased(
+        pool.acquire(&AcquireRequest::new(ms(50)).request_id("r3"))
+            .await
+            .unwrap(),
+    );
+    until_redis_after(&redis, lease.deadline_ms()).await;
+    let deadline = lease.deadline_ms() + 60_000;
+    let _: () = redis.query(redis::cmd("HSET").arg(&keys.owners).arg("a").arg("plain"));
+    let _: () = redis.query(redis::cmd("ZADD").arg(&keys.leases).arg(deadline).arg("a"));
+    assert!(matches!(
+        pool.extend_lease("a", "plain", secs(5)).await.unwrap(),
+        Extended::Extended { .. }
+    ));
+    assert!(requests().is_empty(), "extend of the next lease");
+    check_invariants(&redis, &keys);
+}
