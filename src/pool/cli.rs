@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
+use super::limits::REAP_LIMIT;
 use crate::cli::{LogArgs, LogFormat, RedisUrlArg, parse_duration};
 
 /// Flags of `snowlease pool`.
@@ -251,7 +252,7 @@ pub struct ReapArgs {
     pub target: PoolTarget,
 
     /// Most leases reclaimed per Redis call (1-1000).
-    #[arg(long, env = "SNOWLEASE_POOL_REAP_LIMIT", default_value_t = 1000)]
+    #[arg(long, env = "SNOWLEASE_POOL_REAP_LIMIT", default_value_t = REAP_LIMIT.max as usize)]
     pub limit: usize,
 
     /// Reclaimed ids are due again after this cooldown (0s-10m).

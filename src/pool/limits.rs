@@ -124,6 +124,25 @@ pub const WAIT_MS: Range = Range {
     max: 60_000,
 };
 
+/// `acquire --wait` of the CLI, ms: 0 to 24 h (Rust only, like [`WAIT_MS`]).
+pub const CLI_WAIT_MS: Range = Range {
+    field: "wait",
+    min: 0,
+    max: 86_400_000,
+};
+/// `--redis-timeout` of pool commands, ms: 10 ms to 60 s (Rust only).
+pub const REDIS_TIMEOUT_MS: Range = Range {
+    field: "redis_timeout",
+    min: 10,
+    max: 60_000,
+};
+/// `serve --reap-interval`, ms: 10 ms to 1 h (Rust only).
+pub const REAP_INTERVAL_MS: Range = Range {
+    field: "reap_interval",
+    min: 10,
+    max: 3_600_000,
+};
+
 /// The rule for names and ids, in words: `1-64 chars of [A-Za-z0-9_-]`.
 pub fn name_rule() -> String {
     format!("1-{NAME_MAX} chars of {NAME_CHARS}")

@@ -8,14 +8,11 @@ use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs, StrikeArgs};
 use crate::cli::ConfigError;
 use crate::connection::RedisTarget;
 use crate::pool::limits::{
-    self, COOLDOWN_MS, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_LIMIT, Range,
-    STRIKE_WINDOW_MS, TTL_MS,
+    self, CLI_WAIT_MS, COOLDOWN_MS, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_INTERVAL_MS,
+    REAP_LIMIT, REDIS_TIMEOUT_MS, Range, STRIKE_WINDOW_MS, TTL_MS,
 };
 use crate::pool::serve::ServeConfig;
 use crate::pool::{AcquireRequest, Quarantine, StrikePolicy};
-
-/// Longest `--wait` of acquire.
-const WAIT_MAX: Duration = Duration::from_secs(86_400);
 
 /// A validated `snowlease pool` command.
 pub struct PoolCliConfig {
@@ -78,12 +75,7 @@ impl PoolArgs {
         let redis_args = self.redis_args();
         let redis = redis_args.redis.target()?;
         let redis_timeout = redis_args.redis_timeout;
-        range(
-            "--redis-timeout",
-            redis_timeout,
-            Duration::from_millis(10),
-            Duration::from_secs(60),
-        )?;
+        range("--redis-timeout", redis_timeout, REDIS_TIMEOUT_MS)?;
         let op = match &self.command {
             PoolCommand::Init(a) => Op::Init(
                 pool_name(&a.ids.target.pool)?,
@@ -125,7 +117,7 @@ impl PoolArgs {
                     ));
                 }
                 let cooldown = whole_ms("--cooldown", a.cooldown, COOLDOWN_MS)?;
-                range("--wait", a.wait, Duration::ZERO, WAIT_MAX)?;
+                range("--wait", a.wait, CLI_WAIT_MS)?;
                 let mut req = AcquireRequest::new(a.ttl).cooldown(cooldown);
                 if let Some(request_id) = &a.request_id {
                     req = req.request_id(name("--request-id", request_id)?);
@@ -207,12 +199,7 @@ fn serve_config(
         }
         pools.push(pool);
     }
-    range(
-        "--reap-interval",
-        a.reap_interval,
-        Duration::from_millis(10),
-        Duration::from_secs(3600),
-    )?;
+    range("--reap-interval", a.reap_interval, REAP_INTERVAL_MS)?;
     Ok(ServeConfig {
         pools,
         redis: redis.clone(),
@@ -228,7 +215,12 @@ pub(super) fn human(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(d)
 }
 
-fn range(flag: &'static str, d: Duration, lo: Duration, hi: Duration) -> Result<(), ConfigError> {
+/// A duration within `range` (ms), not necessarily whole ms.
+fn range(flag: &'static str, d: Duration, range: Range) -> Result<(), ConfigError> {
+    let (lo, hi) = (
+        Duration::from_millis(range.min),
+        Duration::from_millis(range.max),
+    );
     if d < lo || d > hi {
         return Err(ConfigError::new(
             flag,
