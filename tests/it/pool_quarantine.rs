@@ -119,7 +119,7 @@ async fn strikes_disable_within_the_window_and_reset_after_it() {
     let pool = pool(&redis, "st").await;
     let policy = StrikePolicy {
         max_strikes: 2,
-        window: secs(1),
+        window: secs(600),
     };
     pool.init_with(&["a"], Some(policy)).await.unwrap();
     assert_eq!(pool.strikes().await.unwrap(), Some(policy));
@@ -144,6 +144,12 @@ async fn strikes_disable_within_the_window_and_reset_after_it() {
 
     assert_eq!(pool.enable(&["a"]).await.unwrap(), 1);
     assert_eq!(pool.status().await.unwrap().auto_disabled, 0);
+    // The shortest window, for the part about strikes expiring.
+    let short = StrikePolicy {
+        max_strikes: 2,
+        window: secs(1),
+    };
+    assert_eq!(pool.set_strikes(Some(short)).await.unwrap(), Some(short));
     let third = acquire_id(&pool).await;
     let (until, strikes, _) = quarantined(third.quarantine(&q(ms(1), "x")).await.unwrap());
     assert_eq!(strikes, 1, "enable cleared the strikes");

@@ -14,7 +14,7 @@ use crate::pool::{
 async fn request_id_answers_its_lease_after_extend() {
     let redis = RedisServer::start();
     let pool = new_pool(&redis, "idem", &["a", "b"]).await;
-    let req = AcquireRequest::new(ms(200)).request_id("r1");
+    let req = AcquireRequest::new(secs(1)).request_id("r1");
     let mut first = leased(pool.acquire(&req).await.unwrap());
     let first_deadline = first.deadline_ms();
     assert!(matches!(
@@ -49,7 +49,7 @@ async fn request_id_answers_its_lease_after_extend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_cap_is_fixed_at_acquire() {
     let redis = RedisServer::start();
-    let short = pool_with(&redis, "cap", PoolOptions { max_lease: secs(1) }).await;
+    let short = pool_with(&redis, "cap", PoolOptions { max_lease: secs(4) }).await;
     short.init(&["a", "b"]).await.unwrap();
     let long = pool_with(
         &redis,
@@ -61,8 +61,8 @@ async fn extend_cap_is_fixed_at_acquire() {
     .await;
     let default = pool_with(&redis, "cap", PoolOptions::default()).await;
 
-    let lease = leased(short.acquire(&AcquireRequest::new(ms(500))).await.unwrap());
-    let start = lease.deadline_ms() - 500;
+    let lease = leased(short.acquire(&AcquireRequest::new(secs(3))).await.unwrap());
+    let start = lease.deadline_ms() - 3000;
     for pool in [&long, &default] {
         match pool
             .extend_lease("a", lease.token(), secs(600))
@@ -75,21 +75,28 @@ async fn extend_cap_is_fixed_at_acquire() {
                 ..
             } => {
                 assert!(capped, "not capped");
-                assert_eq!(deadline_ms, start + 1000, "cap moved");
+                assert_eq!(deadline_ms, start + 4000, "cap moved");
             }
             other => panic!("{other:?}"),
         }
     }
 
     // A shorter max lease on an extend lowers the cap, and it stays low.
-    let tight = pool_with(&redis, "cap", PoolOptions { max_lease: ms(700) }).await;
+    let tight = pool_with(
+        &redis,
+        "cap",
+        PoolOptions {
+            max_lease: ms(3500),
+        },
+    )
+    .await;
     let lease = leased(
         default
-            .acquire(&AcquireRequest::new(ms(300)))
+            .acquire(&AcquireRequest::new(secs(2)))
             .await
             .unwrap(),
     );
-    let start = lease.deadline_ms() - 300;
+    let start = lease.deadline_ms() - 2000;
     let Extended::Extended { deadline_ms, .. } = tight
         .extend_lease("b", lease.token(), secs(5))
         .await
@@ -97,7 +104,7 @@ async fn extend_cap_is_fixed_at_acquire() {
     else {
         panic!("extend failed");
     };
-    assert_eq!(deadline_ms, start + 700);
+    assert_eq!(deadline_ms, start + 3500);
     let Extended::Extended {
         deadline_ms,
         capped,
@@ -110,7 +117,11 @@ async fn extend_cap_is_fixed_at_acquire() {
         panic!("extend failed");
     };
     assert!(capped);
-    assert_eq!(deadline_ms, start + 700, "the lowered cap was raised again");
+    assert_eq!(
+        deadline_ms,
+        start + 3500,
+        "the lowered cap was raised again"
+    );
 }
 
 /// The next-due hint never counts a disabled id: with every id disabled
