@@ -397,3 +397,27 @@ fn cli_extend_reap_disable_enable() {
     assert_eq!(again["id"], "a");
     assert_eq!(again["fence"], 3);
 }
+
+/// `pool acquire | (exit)`: stdout closed before the lease JSON could be written. Nobody got the
+/// token, so the id is released at once (not left leased until its deadline), and the command
+/// exits 1 without a panic.
+#[test]
+fn acquire_with_closed_stdout_leaves_no_lease_behind() {
+    use std::process::{Command, Stdio};
+    let redis = RedisServer::start();
+    pool_json(&redis, &["init", "--pool", "p", "--ids", "a"]);
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let out = Command::new(crate::harness::BIN)
+        .args(["pool", "acquire", "--pool", "p", "--ttl", "10m"])
+        .env("REDIS_URL", redis.url())
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let status = pool_json(&redis, &["status", "--pool", "p", "--json"]);
+    assert_eq!(status["leases_valid"], 0, "{status}");
+    assert_eq!(status["ready_due"], 1, "{status}");
+}

@@ -69,11 +69,15 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
         }
         Err(err) => return Err(err),
     };
-    crate::cli::stdout_line(&out)?;
+    if let Some(out) = out {
+        crate::cli::stdout_line(&out)?;
+    }
     Ok(())
 }
 
-async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
+/// Runs `op`; returns what to print, or `None` when it printed itself
+/// (acquire, which must release when its result cannot be delivered).
+async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<Option<String>> {
     let open =
         |pool: &str, max_lease: Duration| Pool::new(conn.clone(), pool, PoolOptions { max_lease });
     let default = PoolOptions::default().max_lease;
@@ -113,7 +117,16 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
             wait,
             max_lease,
         } => match open(&pool, max_lease)?.acquire_wait(&req, wait).await? {
-            Acquired::Leased(lease) => return Ok(serde_json::to_string(&lease.view())?),
+            Acquired::Leased(lease) => {
+                let text = serde_json::to_string(&lease.view())?;
+                if let Err(err) = crate::cli::stdout_line(&text) {
+                    // Nobody got the token: hand the id back now instead
+                    // of leaving it leased until its deadline.
+                    let _ = lease.release(Duration::ZERO).await;
+                    return Err(err);
+                }
+                return Ok(None);
+            }
             Acquired::Empty { next_due_in, .. } => {
                 return Err(PoolCliError::NothingDue {
                     pool,
@@ -199,7 +212,7 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
         Op::Status { pool, json } => {
             let status = open(&pool, default)?.status().await?;
             if !json {
-                return Ok(status_table(&pool, &status));
+                return Ok(Some(status_table(&pool, &status)));
             }
             let mut value = serde_json::to_value(status)?;
             value["pool"] = pool.into();
@@ -207,7 +220,7 @@ async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<String> {
         }
         Op::Serve(_) => unreachable!("serve is run by run()"),
     };
-    Ok(out.to_string())
+    Ok(Some(out.to_string()))
 }
 
 /// `{"pool", "max_strikes", "strike_window_ms"}`, both null when off.
