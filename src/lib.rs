@@ -15,6 +15,7 @@
 //! - [`cli`]: shared flag groups (Redis URL, log format), duration and range parsers.
 //! - [`exit`]: the exit codes of every command, one table.
 //! - [`connection`]: the Redis connection, URL redaction, error classification.
+//! - [`eviction`]: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
 //! - [`identity`]: the owner identity and the per-process owner string.
 //! - [`http`]: serving a router, liveness routes, metrics encoding.
 //! - [`atomic_file`]: files written whole or not at all.
@@ -24,6 +25,7 @@
 pub mod atomic_file;
 pub mod cli;
 pub mod connection;
+pub mod eviction;
 pub mod exec;
 pub mod exit;
 pub mod http;

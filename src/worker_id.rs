@@ -90,7 +90,13 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         settings: config.lease.clone(),
         on_loss: config.on_loss,
         claim_timeout: config.claim_timeout,
+        allow_evicting_redis: config.allow_evicting_redis,
     };
+    if config.allow_evicting_redis {
+        warn!(
+            "--allow-evicting-redis: maxmemory-policy is not checked; on a Redis that evicts keys one worker ID can be published twice"
+        );
+    }
     let (worker, state_rx) = Worker::new(conn, owner, params, recorded, metrics);
 
     let http_stop = CancellationToken::new();

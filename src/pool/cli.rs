@@ -19,6 +19,7 @@ use clap::{Args, Subcommand};
 
 use super::limits::REAP_LIMIT;
 use crate::cli::{LogArgs, LogFormat, RedisUrlArg, parse_duration};
+use crate::eviction::EvictionArgs;
 
 /// Flags of `snowlease pool`.
 #[derive(Args)]
@@ -67,6 +68,9 @@ pub struct RedisArgs {
     pub redis_timeout: Duration,
 
     /// Log format.
+    #[command(flatten)]
+    pub eviction: EvictionArgs,
+
     #[command(flatten)]
     pub log: LogArgs,
 }

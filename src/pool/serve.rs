@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,15 +16,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
+use redis::aio::ConnectionManager;
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::limits::{COOLDOWN_MS, REAP_LIMIT, Range, TTL_MS, WAIT_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
 use crate::connection::RedisTarget;
+use crate::eviction::{self, EvictingRedis};
 use crate::http;
 
 mod body;
@@ -34,6 +36,9 @@ use body::{ApiError, Body, lease_id};
 /// Most reap calls (of 1000 leases each) per pool and reaper round, so a
 /// huge backlog cannot hold off the status refresh for long.
 const REAP_CALLS_PER_ROUND: usize = 10;
+/// Shortest time between two eviction checks of `pool serve` (it follows
+/// `--reap-interval` above this).
+const EVICTION_CHECK_MIN: Duration = Duration::from_secs(1);
 /// Bound on draining HTTP connections at shutdown.
 const HTTP_STOP_LIMIT: Duration = Duration::from_secs(1);
 
@@ -43,6 +48,7 @@ pub struct ServeConfig {
     pub(crate) pools: Vec<String>,
     pub(crate) redis: RedisTarget,
     pub(crate) redis_timeout: Duration,
+    pub(crate) allow_evicting_redis: bool,
     pub(crate) listen: SocketAddr,
     pub(crate) reap_interval: Duration,
     pub(crate) reap_cooldown: Duration,
@@ -61,6 +67,8 @@ struct Inner {
     registry: Registry,
     /// True once Redis answered, false from the first call it did not.
     redis_up: AtomicBool,
+    /// The eviction check's last answer; `None` until the first one.
+    evicting: Mutex<Option<Option<EvictingRedis>>>,
     shutdown: CancellationToken,
 }
 
@@ -71,7 +79,9 @@ struct Served {
 
 impl ServeState {
     /// State for serving `pools`; `shutdown` ends waiting acquires and makes
-    /// `/readyz` answer 503. Unready until Redis first answers.
+    /// `/readyz` answer 503. Unready until Redis first answers. It does not
+    /// check Redis' eviction setting itself: [`run`] does, and refuses
+    /// acquire and extend until its first check answered.
     pub fn new(pools: Vec<Pool>, shutdown: CancellationToken) -> Self {
         let labels: Vec<Arc<str>> = pools.iter().map(|p| Arc::from(p.name())).collect();
         let mut registry = Registry::default();
@@ -88,6 +98,9 @@ impl ServeState {
                 metrics,
                 registry,
                 redis_up: AtomicBool::new(false),
+                // The router alone trusts its caller; run() marks it
+                // unchecked until its eviction loop answers.
+                evicting: Mutex::new(Some(None)),
                 shutdown,
             }),
         }
@@ -108,6 +121,39 @@ impl ServeState {
                 Err(err) => warn!(error = %err, "redis not answering; not ready"),
                 Ok(_) => info!("redis answers; ready"),
             }
+        }
+    }
+
+    /// Refuses with 503 while Redis may evict keys, or before the first
+    /// eviction check answered (acquire and extend).
+    fn refuse_if_evicting(&self) -> Result<(), ApiError> {
+        match self.eviction() {
+            Some(None) => Ok(()),
+            Some(Some(evicting)) => Err(ApiError::Evicting(evicting)),
+            None => Err(ApiError::Pool(PoolError::Redis(
+                (redis::ErrorKind::Io, "eviction check not answered yet").into(),
+            ))),
+        }
+    }
+
+    fn eviction(&self) -> Option<Option<EvictingRedis>> {
+        self.inner.evicting.lock().expect("not poisoned").clone()
+    }
+
+    /// Records the eviction check's answer; logs when it changes.
+    fn note_eviction(&self, now: Option<EvictingRedis>) {
+        let before = self
+            .inner
+            .evicting
+            .lock()
+            .expect("not poisoned")
+            .replace(now.clone());
+        match (before.flatten(), now) {
+            (None, Some(evicting)) => {
+                error!(policy = %evicting.policy, error = %evicting, "not ready: no lease is granted or extended")
+            }
+            (Some(_), None) => info!("redis no longer evicts keys; leases are granted again"),
+            _ => {}
         }
     }
 
@@ -190,6 +236,20 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
         .map(|name| Pool::new(conn.clone(), name, options))
         .collect::<Result<Vec<_>, _>>()?;
     let state = ServeState::new(pools, shutdown.clone());
+    let checker = if config.allow_evicting_redis {
+        warn!(
+            "--allow-evicting-redis: maxmemory-policy is not checked; on a Redis that evicts keys one id can be leased twice"
+        );
+        None
+    } else {
+        *state.inner.evicting.lock().expect("not poisoned") = None;
+        let every = config.reap_interval.max(EVICTION_CHECK_MIN);
+        Some(tokio::spawn(eviction_loop(
+            state.clone(),
+            conn.clone(),
+            every,
+        )))
+    };
     info!(pools = ?config.pools, redis = %config.redis, reap_interval = ?config.reap_interval, "serving pools");
 
     let reapers: Vec<_> = config
@@ -218,7 +278,7 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
         }
     }
     // Reapers and waiting acquires end at the cancel; then HTTP drains.
-    for reaper in reapers {
+    for reaper in reapers.into_iter().chain(checker) {
         let _ = reaper.await;
     }
     http_stop.cancel();
@@ -230,6 +290,33 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     info!("stopped");
     Ok(())
+}
+
+/// Asks Redis whether it may evict keys; an unanswered check keeps the
+/// last answer (readiness follows Redis' answers through [`ServeState::note`]).
+async fn check_eviction(state: &ServeState, conn: &mut ConnectionManager) {
+    match eviction::check(conn).await {
+        Ok(now) => state.note_eviction(now),
+        Err(err) => debug!(error = %err, "eviction check failed"),
+    }
+}
+
+/// Re-checks the eviction setting every `every` until shutdown
+/// (`CONFIG SET` can change it at run time).
+async fn eviction_loop(state: ServeState, mut conn: ConnectionManager, every: Duration) {
+    let shutdown = state.inner.shutdown.clone();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = check_eviction(&state, &mut conn) => {}
+        }
+    }
 }
 
 /// Reaps `name` every `every` until shutdown; a round in flight is dropped
@@ -256,6 +343,7 @@ async fn acquire(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let served = state.pool(&pool)?;
+    state.refuse_if_evicting()?;
     let mut body = Body::parse(&body)?;
     let max_ttl = Range {
         max: TTL_MS.max.min(served.pool.max_lease_ms),
@@ -322,6 +410,7 @@ async fn extend(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let served = state.pool(&pool)?;
+    state.refuse_if_evicting()?;
     lease_id(&id)?;
     let mut body = Body::parse(&body)?;
     let token = body.token()?;
@@ -417,7 +506,8 @@ async fn status(
     Ok(Json(body).into_response())
 }
 
-/// 200 once Redis answered; 503 while it does not, and from shutdown on.
+/// 200 once Redis answered; 503 while it does not, while it may evict
+/// keys, and from shutdown on.
 async fn readyz(State(state): State<ServeState>) -> Response {
     if state.inner.shutdown.is_cancelled() {
         (
@@ -429,6 +519,18 @@ async fn readyz(State(state): State<ServeState>) -> Response {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: redis not answering\n",
+        )
+            .into_response()
+    } else if let Some(Some(evicting)) = state.eviction() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {evicting}\n"),
+        )
+            .into_response()
+    } else if state.eviction().is_none() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: maxmemory-policy not checked yet\n",
         )
             .into_response()
     } else {

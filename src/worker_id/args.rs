@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 
 use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration};
 use crate::connection::RedisTarget;
+use crate::eviction::EvictionArgs;
 
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
@@ -119,6 +120,9 @@ pub struct WorkerArgs {
 
     /// Log format.
     #[command(flatten)]
+    pub eviction: EvictionArgs,
+
+    #[command(flatten)]
     pub log: LogArgs,
 }
 
@@ -141,6 +145,8 @@ pub struct WorkerConfig {
     pub on_loss: OnLoss,
     /// How long to keep trying to claim before exit 3.
     pub claim_timeout: Duration,
+    /// Hold leases even on a Redis that may evict keys.
+    pub allow_evicting_redis: bool,
 }
 
 /// The lease parameters the worker loop needs, nothing else.
@@ -234,6 +240,7 @@ impl WorkerArgs {
             listen: self.listen,
             on_loss: self.on_loss,
             claim_timeout: self.claim_timeout,
+            allow_evicting_redis: self.eviction.allow_evicting_redis,
         })
     }
 }

@@ -20,6 +20,7 @@ use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
 use crate::connection::{Failure, classify};
+use crate::eviction::{self, EvictingRedis};
 use crate::identity::{Owner, identity_of};
 use crate::lease::{self, RenewOutcome};
 
@@ -57,6 +58,8 @@ pub struct WorkerParams {
     pub on_loss: OnLoss,
     /// Give up claiming after this long (exit 3).
     pub claim_timeout: Duration,
+    /// Hold leases even on a Redis that may evict keys (`--allow-evicting-redis`).
+    pub allow_evicting_redis: bool,
 }
 
 impl Default for WorkerParams {
@@ -66,6 +69,7 @@ impl Default for WorkerParams {
             settings: LeaseSettings::default(),
             on_loss: OnLoss::Reclaim,
             claim_timeout: Duration::from_secs(300),
+            allow_evicting_redis: false,
         }
     }
 }
@@ -85,11 +89,14 @@ pub struct Worker<C> {
 enum HoldEnd {
     Shutdown(HeldLease),
     Lost(u16),
+    /// Redis may evict keys: unpublished, the key left to expire.
+    GaveUp,
 }
 
 enum RenewRound {
     Renewed(Instant),
     Lost(&'static str),
+    Evicting(EvictingRedis),
     Failed,
 }
 
@@ -98,6 +105,7 @@ enum Round {
     Held(HeldLease),
     AllHeld(String),
     Paused(Duration),
+    Evicting(EvictingRedis),
 }
 
 impl<C: ConnectionLike + Send> Worker<C> {
@@ -154,6 +162,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     return Err(WorkerError::LeaseLost { worker_id });
                 }
                 HoldEnd::Lost(_) => info!("on-loss reclaim: claiming a worker ID again"),
+                HoldEnd::GaveUp => {}
             }
         };
         self.set_state(WorkerState::Stopping);
@@ -212,9 +221,13 @@ impl<C: ConnectionLike + Send> Worker<C> {
         let mut backoff = Duration::from_millis(100).min(cap);
         let mut warned = HashSet::new();
         let mut last_log: Option<Instant> = None;
+        let mut last_evicting_log: Option<Instant> = None;
         let mut detail = String::from("no claim attempt finished in time");
         loop {
             let round = async {
+                if let Some(evicting) = self.evicting().await? {
+                    return Ok(Round::Evicting(evicting));
+                }
                 if !*probed {
                     self.probe().await?;
                     *probed = true;
@@ -250,6 +263,17 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     }
                     pause = wait + jitter(Duration::from_millis(50));
                 }
+                Ok(Ok(Round::Evicting(evicting))) => {
+                    WorkerMetrics::count(&self.metrics.claim_attempts, "evicting");
+                    detail = evicting.to_string();
+                    if last_evicting_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                        error!(policy = %evicting.policy, maxmemory = evicting.maxmemory, error = %evicting, "not claiming: redis may evict lease keys");
+                        last_evicting_log = Some(Instant::now());
+                    }
+                    // A record kept for re-adoption is no proof on such a Redis.
+                    self.set_state(WorkerState::Claiming);
+                    backoff = (backoff * 2).min(cap);
+                }
                 Ok(Err(err)) if classify(&err) == Failure::Transient => {
                     warn!(error = %err, retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
                     detail = format!("redis unavailable: {err}");
@@ -279,6 +303,19 @@ impl<C: ConnectionLike + Send> Worker<C> {
             lease::probe(conn, &key, &self.owner).await
         };
         bounded(self.params.settings.call_timeout(), steps).await
+    }
+
+    /// Whether Redis may evict lease keys ([`eviction::check`], one bounded
+    /// `INFO memory`); never asked with `--allow-evicting-redis`.
+    async fn evicting(&mut self) -> redis::RedisResult<Option<EvictingRedis>> {
+        if self.params.allow_evicting_redis {
+            return Ok(None);
+        }
+        bounded(
+            self.params.settings.call_timeout(),
+            eviction::check(&mut self.conn),
+        )
+        .await
     }
 
     /// One pass: re-adopt the recorded lease, else run `claim.lua`.
@@ -424,6 +461,13 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     );
                     return HoldEnd::Lost(held.worker_id);
                 }
+                RenewRound::Evicting(evicting) => {
+                    // Unpublished at once; the key is not renewed and
+                    // expires, or claim.lua re-adopts it once Redis is safe.
+                    self.set_state(WorkerState::Claiming);
+                    error!(worker_id = held.worker_id, policy = %evicting.policy, error = %evicting, "stopped publishing the worker ID: redis may evict lease keys");
+                    return HoldEnd::GaveUp;
+                }
                 // Keep trying, 4x the base backoff apart, until the deadline.
                 RenewRound::Failed => next_renew = Instant::now() + self.retry_base() * 4,
             }
@@ -438,6 +482,16 @@ impl<C: ConnectionLike + Send> Worker<C> {
     /// backoff, never sent after the validity deadline.
     async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
         let key = self.keys().id(held.worker_id);
+        match self.evicting().await {
+            Ok(Some(evicting)) => return RenewRound::Evicting(evicting),
+            Err(err) if classify(&err) == Failure::Permanent => {
+                error!(worker_id = held.worker_id, error = %err, "eviction check refused by redis");
+                return RenewRound::Lost("redis refused INFO memory");
+            }
+            // Unanswered: the renew below meets the same trouble and
+            // handles it; the last answer stands meanwhile.
+            _ => {}
+        }
         let mut backoff = self.retry_base();
         for attempt in 0..=self.params.settings.retries {
             if !held.is_valid() {

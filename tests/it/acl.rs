@@ -5,7 +5,7 @@ use crate::harness::*;
 
 /// Worker mode, as documented: scripts by SHA (loaded at start), the commands the scripts
 /// call, only the app's lease keys.
-const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +set +pexpire +del +time";
+const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +set +pexpire +del +time +info";
 
 /// `status`, as documented: read-only key access, three read commands.
 const STATUS_RULES: &str =
@@ -14,7 +14,7 @@ const STATUS_RULES: &str =
 /// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).
 const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
-    +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
+    +info +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
     +scard +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
 
 /// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.
@@ -114,6 +114,21 @@ fn worker_without_pexpire_fails_at_start() {
         0,
         "never published: {log}"
     );
+}
+
+/// A user without INFO: the eviction check at start is refused, exit 1 naming `+info`, before
+/// any key is written.
+#[test]
+fn worker_without_info_fails_at_start() {
+    let redis = RedisServer::start();
+    let rules = WORKER_RULES.replace(" +info", "");
+    let url = acl_user(&redis, "noinfo", &rules);
+    let mut sidecar = Sidecar::worker_at(&url, "orders").spawn();
+    let status = sidecar.wait_exit(secs(5)).expect("exits at start");
+    assert_eq!(status.code(), Some(1));
+    let log = sidecar.log_lines().join("\n");
+    assert!(log.contains("needs +info"), "names the command: {log}");
+    assert_eq!(redis.dbsize(), 0, "nothing written");
 }
 
 /// `status` works with read-only key access (`%R~`), and that user cannot write a lease key.

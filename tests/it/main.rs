@@ -7,6 +7,8 @@ mod acl;
 mod cli;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
+/// A Redis that may evict keys: no lease held on it (worker, pool CLI, pool serve).
+mod eviction;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).

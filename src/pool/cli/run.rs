@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use anyhow::Context;
 use redis::aio::ConnectionManager;
 use serde_json::json;
 
@@ -60,7 +61,17 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
         let shutdown = crate::shutdown::listen()?;
         return crate::pool::serve::run(serve, shutdown).await;
     }
-    let conn = config.redis.connect(config.redis_timeout)?;
+    let mut conn = config.redis.connect(config.redis_timeout)?;
+    // No lease is granted or prolonged on a Redis that may evict its keys;
+    // release, reap and the rest run (they only give back or count).
+    if matches!(config.op, Op::Acquire { .. } | Op::Extend { .. }) && !config.allow_evicting_redis {
+        let evicting = crate::eviction::check(&mut conn)
+            .await
+            .with_context(|| format!("redis {}", config.redis))?;
+        if let Some(evicting) = evicting {
+            return Err(evicting.into());
+        }
+    }
     let out = match execute(conn, config.op).await {
         Ok(out) => out,
         // Only failures of Redis itself need to say which Redis.

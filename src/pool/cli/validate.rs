@@ -18,6 +18,8 @@ use crate::pool::{AcquireRequest, Quarantine, StrikePolicy};
 pub struct PoolCliConfig {
     pub(super) redis: RedisTarget,
     pub(super) redis_timeout: Duration,
+    /// `--allow-evicting-redis`: acquire and extend skip the eviction check.
+    pub(super) allow_evicting_redis: bool,
     pub(super) op: Op,
 }
 
@@ -75,6 +77,7 @@ impl PoolArgs {
         let redis_args = self.redis_args();
         let redis = redis_args.redis.target()?;
         let redis_timeout = redis_args.redis_timeout;
+        let allow_evicting_redis = redis_args.eviction.allow_evicting_redis;
         range("--redis-timeout", redis_timeout, REDIS_TIMEOUT_MS)?;
         let op = match &self.command {
             PoolCommand::Init(a) => Op::Init(
@@ -181,6 +184,7 @@ impl PoolArgs {
         Ok(PoolCliConfig {
             redis,
             redis_timeout,
+            allow_evicting_redis,
             op,
         })
     }
@@ -204,6 +208,7 @@ fn serve_config(
         pools,
         redis: redis.clone(),
         redis_timeout,
+        allow_evicting_redis: a.redis.eviction.allow_evicting_redis,
         listen: a.listen,
         reap_interval: a.reap_interval,
         reap_cooldown: whole_ms("--reap-cooldown", a.reap_cooldown, COOLDOWN_MS)?,

@@ -16,9 +16,14 @@ use crate::pool::{LostReason, PoolError, Quarantine};
 #[derive(Debug)]
 pub(super) enum ApiError {
     UnknownPool(String),
-    BadInput { field: String, expected: String },
+    BadInput {
+        field: String,
+        expected: String,
+    },
     Lost(LostReason),
     Pool(PoolError),
+    /// Redis may evict keys: no lease is granted or prolonged.
+    Evicting(crate::eviction::EvictingRedis),
 }
 
 impl ApiError {
@@ -53,6 +58,10 @@ impl IntoResponse for ApiError {
             Self::Lost(reason) => (
                 StatusCode::CONFLICT,
                 json!({ "error": "lease lost", "reason": reason.as_str(), "detail": reason.describe() }),
+            ),
+            Self::Evicting(err) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "redis may evict keys", "detail": err.to_string() }),
             ),
             Self::Pool(err) => {
                 warn!(error = %err, "pool call failed");

@@ -1,0 +1,294 @@
+//! A Redis that may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`):
+//! no lease is held on it, at start or once `CONFIG SET` makes it so at run time, unless
+//! `--allow-evicting-redis` accepts the risk. Worker mode, `pool acquire`/`extend` and
+//! `pool serve`.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::harness::*;
+
+/// Every policy that can drop a lease key (all have TTLs, so `volatile-*` count too).
+const EVICTING: [&str; 7] = [
+    "volatile-ttl",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+];
+
+/// A private `redis-server` started with these options, e.g. `--maxmemory 3mb`.
+fn redis_with(args: &[&str]) -> RedisServer {
+    RedisServer::start_with(RedisOptions {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        ..RedisOptions::default()
+    })
+}
+
+fn evicting_redis(policy: &str) -> RedisServer {
+    redis_with(&["--maxmemory", "3mb", "--maxmemory-policy", policy])
+}
+
+fn config_set(redis: &RedisServer, name: &str, value: &str) {
+    let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
+}
+
+/// True when `a` and `b` answered `/id` 200 with the same ID at one moment (a before and after).
+fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
+    let end = Instant::now() + how_long;
+    while Instant::now() < end {
+        let before = a.id().map(|r| r.worker_id);
+        let middle = b.id().map(|r| r.worker_id);
+        let after = a.id().map(|r| r.worker_id);
+        if middle.is_some() && before == middle && after == middle {
+            return middle;
+        }
+        thread::sleep(ms(20));
+    }
+    None
+}
+
+/// The reproduction of issue 8 item 1: `volatile-ttl` with `maxmemory 3mb`, a holder of ID 0,
+/// 3000 keys of 1 KB with `EX 3600`: Redis evicts the lease key (shortest TTL) and a newcomer
+/// claims ID 0 while the holder still publishes it. Expected: nobody holds a lease on such a
+/// Redis, the log names the setting and the fix, so ID 0 is never published twice.
+#[test]
+fn evicting_redis_never_publishes_one_id_twice() {
+    let redis = evicting_redis("volatile-ttl");
+    redis.open_claim_guard("orders");
+    let worker = |name: &str| {
+        Sidecar::worker(&redis, "orders")
+            .name(name)
+            .flag("--max-worker-id", "0")
+            .flag("--ttl", "30s")
+            .flag("--renew-interval", "15s")
+            .flag("--claim-timeout", "60s")
+            .spawn()
+    };
+    let holder = worker("holder");
+    // Held (before the fix) or refused (after): either way the holder has decided.
+    let decided = poll_until(secs(10), || {
+        holder.id().is_some() || holder.count_log("redis may evict lease keys") > 0
+    });
+    assert!(decided, "holder neither held nor refused within 10 s");
+    let value = "x".repeat(1024);
+    for chunk in 0..30 {
+        let mut pipe = redis::pipe();
+        for i in 0..100 {
+            pipe.cmd("SET")
+                .arg(format!("cache:{}", chunk * 100 + i))
+                .arg(&value)
+                .arg("EX")
+                .arg(3600)
+                .ignore();
+        }
+        // Writes may be refused once nothing volatile is left to evict.
+        let _: redis::RedisResult<()> = pipe.query(&mut redis.conn());
+    }
+    let newcomer = worker("newcomer");
+    let dup = both_published(&holder, &newcomer, secs(5));
+    assert_eq!(dup, None, "holder and newcomer both publish worker ID 0");
+    let refused = holder
+        .wait_for_event("not claiming: redis may evict lease keys", secs(1))
+        .expect("the holder says why it does not claim");
+    assert_eq!(level(&refused), "ERROR");
+    let error = refused["fields"]["error"].as_str().unwrap_or("");
+    for part in [
+        "maxmemory-policy is volatile-ttl",
+        "noeviction",
+        "--allow-evicting-redis",
+    ] {
+        assert!(error.contains(part), "{part:?} missing in {error}");
+    }
+    assert_eq!(holder.readyz(), 503);
+    assert!(holder.read_output_file().is_none(), "ID file published");
+}
+
+/// Each evicting policy is refused at start (nothing claimed, unready, the policy named);
+/// `noeviction` with `maxmemory`, and any policy without `maxmemory`, are fine.
+#[test]
+fn every_evicting_policy_is_refused_at_start() {
+    let refused: Vec<(RedisServer, Sidecar, &str)> = EVICTING
+        .iter()
+        .map(|policy| {
+            let redis = evicting_redis(policy);
+            redis.open_claim_guard("orders");
+            let sidecar = Sidecar::worker(&redis, "orders").name(*policy).spawn();
+            (redis, sidecar, *policy)
+        })
+        .collect();
+    for (redis, sidecar, policy) in &refused {
+        let event = sidecar
+            .wait_for_event("not claiming: redis may evict lease keys", secs(10))
+            .unwrap_or_else(|| panic!("{policy}: not refused"));
+        assert_eq!(event["fields"]["policy"].as_str(), Some(*policy));
+        assert_eq!(sidecar.readyz(), 503, "{policy}");
+        assert!(
+            redis.keys(&format!("{PREFIX}orders:[0-9]*")).is_empty(),
+            "{policy}: claimed"
+        );
+    }
+    let safe = evicting_redis("noeviction");
+    let unlimited = redis_with(&["--maxmemory-policy", "allkeys-lru"]);
+    for redis in [&safe, &unlimited] {
+        redis.open_claim_guard("orders");
+        Sidecar::worker(redis, "orders")
+            .spawn()
+            .wait_for_lease(secs(10));
+    }
+}
+
+/// `CONFIG SET maxmemory-policy allkeys-lru` under a held lease: by the next renew the ID is
+/// unpublished (`/id`, `/readyz`, file) and the key no longer renewed; back to `noeviction`,
+/// the sidecar holds an ID again.
+#[test]
+fn policy_changed_at_run_time_unpublishes_then_holds_again() {
+    let redis = redis_with(&["--maxmemory", "64mb"]);
+    redis.open_claim_guard("orders");
+    let sidecar = Sidecar::worker(&redis, "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    assert!(poll_until(secs(2), || sidecar.read_output_file().is_some()));
+    config_set(&redis, "maxmemory-policy", "allkeys-lru");
+    // One renew interval (500 ms) plus the call.
+    let unpublished = poll_until(secs(1), || {
+        sidecar.id().is_none() && sidecar.read_output_file().is_none()
+    });
+    assert!(unpublished, "still published 1 s after the policy changed");
+    assert_eq!(sidecar.readyz(), 503);
+    assert!(sidecar.wait_for_log("stopped publishing the worker ID: redis may evict", secs(1)));
+    let key = worker_key("orders", lease.worker_id);
+    // Not renewed: the key runs out within its 2 s TTL.
+    assert!(
+        poll_until(secs(3), || !redis.exists(&key)),
+        "key still renewed"
+    );
+    config_set(&redis, "maxmemory-policy", "noeviction");
+    sidecar.wait_for_lease(secs(10));
+}
+
+/// `--allow-evicting-redis` (and its env twin) accepts the risk: the lease is held, with a
+/// warning at start.
+#[test]
+fn override_flag_holds_on_an_evicting_redis() {
+    let redis = evicting_redis("volatile-lru");
+    redis.open_claim_guard("orders");
+    let flagged = Sidecar::worker(&redis, "orders")
+        .name("flag")
+        .flag("--max-worker-id", "3")
+        .switch("--allow-evicting-redis")
+        .spawn();
+    let by_env = Sidecar::worker(&redis, "orders")
+        .name("env")
+        .flag("--max-worker-id", "3")
+        .env("SNOWLEASE_ALLOW_EVICTING_REDIS", "true")
+        .spawn();
+    for sidecar in [&flagged, &by_env] {
+        sidecar.wait_for_lease(secs(10));
+        let warning = sidecar
+            .wait_for_event("--allow-evicting-redis", secs(1))
+            .expect("a warning at start");
+        assert_eq!(level(&warning), "WARN");
+    }
+}
+
+/// `pool acquire` and `pool extend` on an evicting Redis exit 1 naming the setting, granting
+/// nothing; `--allow-evicting-redis` lets them run; `init` and `release` are never refused.
+#[test]
+fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
+    let redis = evicting_redis("allkeys-lru");
+    let url = redis.url();
+    let env = [("REDIS_URL", url.as_str())];
+    let pool = |args: &[&str]| {
+        let mut argv = vec!["pool"];
+        argv.extend_from_slice(args);
+        run_snowlease(&argv, &env, secs(20))
+    };
+    let init = pool(&["init", "--pool", "proxies", "--ids", "a,b"]);
+    assert_eq!(init.code, Some(0), "{init:?}");
+    let refused = pool(&["acquire", "--pool", "proxies", "--ttl", "30s"]);
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stderr.contains("maxmemory-policy is allkeys-lru"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        redis.query::<i64>(redis::cmd("ZCARD").arg("{proxies}:leases")),
+        0
+    );
+    let acquire = [
+        "acquire",
+        "--pool",
+        "proxies",
+        "--ttl",
+        "30s",
+        "--allow-evicting-redis",
+    ];
+    let leased = pool(&acquire);
+    assert_eq!(leased.code, Some(0), "{leased:?}");
+    let lease: serde_json::Value = serde_json::from_str(&leased.stdout).unwrap();
+    let (id, token) = (
+        lease["id"].as_str().unwrap(),
+        lease["token"].as_str().unwrap(),
+    );
+    let token_env = [("REDIS_URL", url.as_str()), ("SNOWLEASE_POOL_TOKEN", token)];
+    let extend = [
+        "pool", "extend", "--pool", "proxies", "--id", id, "--ttl", "30s",
+    ];
+    let run = run_snowlease(&extend, &token_env, secs(20));
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("maxmemory-policy"), "{}", run.stderr);
+    let release = ["pool", "release", "--pool", "proxies", "--id", id];
+    let run = run_snowlease(&release, &token_env, secs(20));
+    assert_eq!(run.code, Some(0), "{run:?}");
+}
+
+/// `pool serve`: unready and refusing acquire with 503 while `CONFIG SET` makes Redis evict,
+/// ready and leasing again once it is back to `noeviction`.
+#[test]
+fn pool_serve_is_unready_while_redis_may_evict() {
+    let redis = redis_with(&["--maxmemory", "64mb"]);
+    let init = run_snowlease(
+        &["pool", "init", "--pool", "proxies", "--ids", "a,b"],
+        &[("REDIS_URL", redis.url().as_str())],
+        secs(20),
+    );
+    assert_eq!(init.code, Some(0), "{init:?}");
+    let serve = SidecarBuilder::new("pool")
+        .name("serve")
+        .without("--listen")
+        .without("--log-format")
+        .switch("serve")
+        .flag("--pool", "proxies")
+        .flag("--listen", "127.0.0.1:0")
+        .flag("--log-format", "json")
+        .flag("--redis-url", redis.url())
+        .spawn();
+    assert!(poll_until(secs(5), || serve.readyz() == 200), "never ready");
+    config_set(&redis, "maxmemory-policy", "volatile-lru");
+    assert!(
+        poll_until(secs(3), || serve.readyz() == 503),
+        "still ready on an evicting Redis"
+    );
+    let (status, body) = post(&serve, "/pools/proxies/leases", r#"{"ttl_ms":30000}"#);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("maxmemory-policy is volatile-lru"), "{body}");
+    config_set(&redis, "maxmemory-policy", "noeviction");
+    assert!(
+        poll_until(secs(3), || serve.readyz() == 200),
+        "not ready again"
+    );
+    let (status, body) = post(&serve, "/pools/proxies/leases", r#"{"ttl_ms":30000}"#);
+    assert_eq!(status, 201, "{body}");
+}
+
+fn post(serve: &Sidecar, path: &str, body: &str) -> (u16, String) {
+    let url = format!("http://{}{path}", serve.http_addr());
+    match ureq::post(&url).timeout(secs(2)).send_string(body) {
+        Ok(resp) => (resp.status(), resp.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, resp)) => (code, resp.into_string().unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
+}
