@@ -67,10 +67,11 @@ pub struct RedisArgs {
     #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub redis_timeout: Duration,
 
-    /// Log format.
+    /// `--allow-evicting-redis`.
     #[command(flatten)]
     pub eviction: EvictionArgs,
 
+    /// Log format.
     #[command(flatten)]
     pub log: LogArgs,
 }

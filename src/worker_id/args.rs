@@ -118,10 +118,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub claim_timeout: Duration,
 
-    /// Log format.
+    /// `--allow-evicting-redis`.
     #[command(flatten)]
     pub eviction: EvictionArgs,
 
+    /// Log format.
     #[command(flatten)]
     pub log: LogArgs,
 }
