@@ -57,33 +57,52 @@ pub fn until_unix_ms(ms: u64) -> Option<Duration> {
 pub enum RenewOutcome {
     /// The key held our owner string; its TTL was reset.
     Extended,
-    /// The key was missing (Redis lost data) and was set again to our owner.
+    /// The key was missing (Redis lost data) while it should still have
+    /// existed by Redis' clock, and was set again to our owner.
     Recreated,
-    /// Another owner or another type holds the key: the lease is gone.
+    /// Another owner or another type holds the key, or it is missing after
+    /// it may have expired: the lease is gone.
     Lost,
 }
 
-/// Runs `renew.lua`: extend when ours, re-create when missing and
-/// `recreate` is set, otherwise report the loss. Never writes to a key that
-/// holds another value.
+/// A renew's answer: what happened, and Redis' own deadline for the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenewReply {
+    /// What the script found and did.
+    pub outcome: RenewOutcome,
+    /// Redis time (ms) before which the key written by this call cannot
+    /// have expired (TIME - 1 ms + TTL); meaningful when it wrote the key.
+    /// The next renew passes it as `recreate_before`.
+    pub expires_ms: u64,
+}
+
+/// Runs `renew.lua`: extend when ours; re-create when missing and Redis'
+/// clock is still before `recreate_before_ms` (the `expires_ms` of our last
+/// confirmed write; 0: never), because only then can nobody else have
+/// claimed the key in between; otherwise report the loss. Never writes to a
+/// key that holds another value.
 pub async fn renew<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     owner: &Owner,
     ttl: Duration,
-    recreate: bool,
-) -> redis::RedisResult<RenewOutcome> {
-    let code: i64 = RENEW
+    recreate_before_ms: u64,
+) -> redis::RedisResult<RenewReply> {
+    let (code, expires_ms): (i64, u64) = RENEW
         .key(key)
         .arg(owner.as_str())
         .arg(ttl_ms(ttl))
-        .arg(if recreate { "1" } else { "0" })
+        .arg(recreate_before_ms)
         .invoke_async(conn)
         .await?;
-    Ok(match code {
+    let outcome = match code {
         1 => RenewOutcome::Extended,
         2 => RenewOutcome::Recreated,
         _ => RenewOutcome::Lost,
+    };
+    Ok(RenewReply {
+        outcome,
+        expires_ms,
     })
 }
 
@@ -128,10 +147,13 @@ pub(crate) async fn probe<C: ConnectionLike>(
     load_scripts(conn)
         .await
         .map_err(step("SCRIPT LOAD failed (needs +script|load +evalsha)"))?;
-    renew(conn, probe_key, owner, ttl, true)
+    // The probe key is ours alone: re-created whatever Redis' time.
+    renew(conn, probe_key, owner, ttl, u64::MAX)
         .await
-        .map_err(step("renew.lua could not GET or SET (needs +get +set)"))?;
-    renew(conn, probe_key, owner, ttl, true)
+        .map_err(step(
+            "renew.lua could not TIME, GET or SET (needs +time +get +set)",
+        ))?;
+    renew(conn, probe_key, owner, ttl, u64::MAX)
         .await
         .map_err(step("renew.lua could not PEXPIRE (needs +pexpire)"))?;
     release(conn, probe_key, owner)

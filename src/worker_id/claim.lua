@@ -7,13 +7,21 @@
 -- ARGV[1]     owner string "<identity>#<nonce>"
 -- ARGV[2]     TTL in milliseconds (integer >= 1)
 --
--- Returns {index, how, wrong, wait_ms}:
---   index    0-based position of the key now held by us, -1 when every key
---            is held, -2 when claims are paused (see wait_ms)
---   how      1 = claimed now with SET NX PX; 2 = already ours (an earlier
---            claim whose reply was lost ran after all; TTL reset); 0 = none
---   wrong    0-based positions of keys of another type (never touched)
---   wait_ms  with index -2: ms until claims are allowed; else 0
+-- Returns {index, how, wrong, wait_ms, expires_ms}:
+--   index       0-based position of the key now held by us, -1 when every
+--               key is held, -2 when claims are paused (see wait_ms)
+--   how         with index >= 0: 1 = claimed now with SET NX PX; 2 = already
+--               ours (an earlier claim whose reply was lost ran after all;
+--               TTL reset). With index -2: 1 = the guard was missing and is
+--               set now (fresh Redis, or it lost its data); 2 = the guard was
+--               more than one TTL ahead and is pulled in; 0 = the guard is
+--               closed as set before. Else 0
+--   wrong       0-based positions of keys of another type (never touched)
+--   wait_ms     with index -2: ms until claims are allowed; else 0
+--   expires_ms  Redis time (ms) before which a key written now cannot have
+--               expired: TIME - 1 + ttl (TIME is read first; the expiry counts
+--               from the script's start, at most 1 ms earlier in whole ms).
+--               The first renew passes it on (renew.lua, ARGV[3])
 --
 -- The guard: a Redis without it is fresh or lost its data (restart without
 -- persistence, FLUSHALL). Holders from before may still publish their IDs
@@ -24,6 +32,9 @@ local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR claim: ttl must be an integer >= 1 ms')
 end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local expires = now - 1 + ttl
 local guard_key = KEYS[#KEYS]
 local guard_type = redis.call('TYPE', guard_key).ok
 if guard_type ~= 'none' and guard_type ~= 'string' then
@@ -38,7 +49,7 @@ for i = 1, #KEYS - 1 do
     if redis.call('GET', key) == ARGV[1] then
       -- Reset the TTL: validity is counted from this call's send time.
       redis.call('PEXPIRE', key, ttl)
-      return {i - 1, 2, wrong, 0}
+      return {i - 1, 2, wrong, 0, expires}
     end
   elseif kind == 'none' then
     if first_free < 0 then first_free = i - 1 end
@@ -46,21 +57,22 @@ for i = 1, #KEYS - 1 do
     wrong[#wrong + 1] = i - 1
   end
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local open_at = tonumber(redis.call('GET', guard_key))
+local guard = redis.call('GET', guard_key)
+local open_at = tonumber(guard)
 -- Missing: set it. Unreadable, or further away than one TTL (written by
 -- hand, or Redis' clock went back): no holder of this app (one TTL for all
 -- its sidecars, see README) needs more, so start one TTL from now instead.
+local guard_how = 0
 if open_at == nil or open_at > now + ttl then
+  if guard == false then guard_how = 1 else guard_how = 2 end
   open_at = now + ttl
   redis.call('SET', guard_key, open_at)
 end
 if now < open_at then
-  return {-2, 0, wrong, open_at - now}
+  return {-2, guard_how, wrong, open_at - now, 0}
 end
 if first_free < 0 then
-  return {-1, 0, wrong, 0}
+  return {-1, 0, wrong, 0, 0}
 end
 redis.call('SET', KEYS[first_free + 1], ARGV[1], 'NX', 'PX', ttl)
-return {first_free, 1, wrong, 0}
+return {first_free, 1, wrong, 0, expires}

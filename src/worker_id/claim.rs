@@ -60,9 +60,26 @@ pub enum ClaimOutcome {
     Adopted(usize),
     /// Every key is held (by others, or by keys of another type).
     AllHeld,
-    /// The claim guard is closed for this long: Redis is fresh or lost its
+    /// The claim guard is closed for `wait`: Redis is fresh or lost its
     /// data, and holders from before may still publish their IDs.
-    Paused(Duration),
+    Paused {
+        /// Time until claims are allowed.
+        wait: Duration,
+        /// What this call found the guard to be.
+        guard: GuardFound,
+    },
+}
+
+/// The claim guard as a paused claim found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardFound {
+    /// Missing, and set now: Redis is fresh or lost its data.
+    Missing,
+    /// More than one TTL ahead (set by hand, or Redis' clock went back);
+    /// pulled in to one TTL.
+    TooFar,
+    /// Closed as an earlier claim set it.
+    Closed,
 }
 
 /// Result of [`claim_lowest`].
@@ -72,6 +89,9 @@ pub struct ClaimReply {
     pub outcome: ClaimOutcome,
     /// Indexes of keys of another type; they are never touched.
     pub wrong_type: Vec<usize>,
+    /// With `Claimed` or `Adopted`: Redis time (ms) before which the key
+    /// cannot have expired (see `claim.lua`); the first renew passes it on.
+    pub expires_ms: u64,
 }
 
 /// Runs `claim.lua`: in one round trip, adopts a key that already holds our
@@ -95,20 +115,29 @@ pub async fn claim_lowest<C: ConnectionLike>(
         invocation.key(key);
     }
     invocation.key(guard_key);
-    let (index, how, wrong_type, wait_ms): (i64, i64, Vec<usize>, u64) = invocation
-        .arg(owner.as_str())
-        .arg(ttl_ms(ttl))
-        .invoke_async(conn)
-        .await?;
+    let (index, how, wrong_type, wait_ms, expires_ms): (i64, i64, Vec<usize>, u64, u64) =
+        invocation
+            .arg(owner.as_str())
+            .arg(ttl_ms(ttl))
+            .invoke_async(conn)
+            .await?;
     let outcome = match (usize::try_from(index), how) {
         (Ok(index), 2) => ClaimOutcome::Adopted(index),
         (Ok(index), _) => ClaimOutcome::Claimed(index),
-        _ if index == -2 => ClaimOutcome::Paused(Duration::from_millis(wait_ms)),
+        _ if index == -2 => ClaimOutcome::Paused {
+            wait: Duration::from_millis(wait_ms),
+            guard: match how {
+                1 => GuardFound::Missing,
+                2 => GuardFound::TooFar,
+                _ => GuardFound::Closed,
+            },
+        },
         _ => ClaimOutcome::AllHeld,
     };
     Ok(ClaimReply {
         outcome,
         wrong_type,
+        expires_ms,
     })
 }
 

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::args::{LeaseSettings, OnLoss};
-use super::claim::{self, ClaimOutcome, LeaseKeys};
+use super::claim::{self, ClaimOutcome, GuardFound, LeaseKeys};
 use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
@@ -94,7 +94,8 @@ enum HoldEnd {
 }
 
 enum RenewRound {
-    Renewed(Instant),
+    /// Confirmed: sent at, and Redis' `expires_ms` of the key.
+    Renewed(Instant, u64),
     Lost(&'static str),
     Evicting(EvictingRedis),
     Failed,
@@ -104,7 +105,7 @@ enum RenewRound {
 enum Round {
     Held(HeldLease),
     AllHeld(String),
-    Paused(Duration),
+    Paused(Duration, GuardFound),
     Evicting(EvictingRedis),
 }
 
@@ -190,8 +191,9 @@ impl<C: ConnectionLike + Send> Worker<C> {
         self.state.send_replace(state);
     }
 
-    /// The lease confirmed by a claim or renew sent at `sent`.
-    fn held(&self, worker_id: u16, sent: Instant) -> HeldLease {
+    /// The lease confirmed by a claim or renew sent at `sent`, after which
+    /// Redis says the key lives until at least `redis_expires_ms`.
+    fn held(&self, worker_id: u16, sent: Instant, redis_expires_ms: u64) -> HeldLease {
         let valid_for = lease::validity(self.params.settings.ttl);
         let sent_wall = SystemTime::now() - sent.elapsed();
         HeldLease {
@@ -199,6 +201,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             owner: self.owner.clone(),
             valid_until: sent + valid_for,
             valid_until_unix_ms: lease::unix_ms(sent_wall + valid_for),
+            redis_expires_ms,
         }
     }
 
@@ -249,16 +252,13 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     }
                     backoff = (backoff * 2).min(cap);
                 }
-                Ok(Ok(Round::Paused(wait))) => {
+                Ok(Ok(Round::Paused(wait, guard))) => {
                     detail = format!(
                         "claims paused for {} ms after a Redis reset",
                         wait.as_millis()
                     );
                     if last_log.is_none() {
-                        warn!(
-                            wait_ms = wait.as_millis() as u64,
-                            "no claim guard in Redis (fresh, or it lost its data): waiting one TTL so that earlier holders can renew or give up"
-                        );
+                        log_paused(wait, guard);
                         last_log = Some(Instant::now());
                     }
                     pause = wait + jitter(Duration::from_millis(50));
@@ -358,14 +358,14 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "full");
                 return Ok(Round::AllHeld(self.holders().await));
             }
-            ClaimOutcome::Paused(wait) => {
+            ClaimOutcome::Paused { wait, guard } => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "paused");
-                return Ok(Round::Paused(wait));
+                return Ok(Round::Paused(wait, guard));
             }
         };
         WorkerMetrics::count(&self.metrics.claim_attempts, outcome);
         let worker_id = u16::try_from(index).expect("at most 1024 keys");
-        Ok(Round::Held(self.held(worker_id, sent)))
+        Ok(Round::Held(self.held(worker_id, sent, reply.expires_ms)))
     }
 
     /// Re-adopts a recorded lease when the key still holds exactly the
@@ -377,25 +377,19 @@ impl<C: ConnectionLike + Send> Worker<C> {
         let key = self.keys().id(rec.worker_id);
         let owner = Owner::from_recorded(rec.owner.clone());
         let sent = Instant::now();
-        let outcome = bounded(
+        let reply = bounded(
             self.params.settings.call_timeout(),
-            lease::renew(
-                &mut self.conn,
-                &key,
-                &owner,
-                self.params.settings.ttl,
-                false,
-            ),
+            lease::renew(&mut self.conn, &key, &owner, self.params.settings.ttl, 0),
         )
         .await?;
-        if outcome == RenewOutcome::Extended {
+        if reply.outcome == RenewOutcome::Extended {
             WorkerMetrics::count(&self.metrics.claim_attempts, "adopted");
             info!(
                 worker_id = rec.worker_id,
                 "re-adopted the lease recorded in the state file"
             );
             self.owner = owner;
-            return Ok(Some(self.held(rec.worker_id, sent)));
+            return Ok(Some(self.held(rec.worker_id, sent, reply.expires_ms)));
         }
         info!(
             worker_id = rec.worker_id,
@@ -446,9 +440,14 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
                 round = self.renew_round(&held) => round,
             };
+            // After a confirmed renew, so a slow INFO never delays one.
+            let round = match round {
+                RenewRound::Renewed(..) => self.eviction_round().await.unwrap_or(round),
+                other => other,
+            };
             match round {
-                RenewRound::Renewed(sent) => {
-                    held = self.held(held.worker_id, sent);
+                RenewRound::Renewed(sent, expires_ms) => {
+                    held = self.held(held.worker_id, sent, expires_ms);
                     next_renew = sent + interval;
                     self.set_state(WorkerState::Held(held.clone()));
                 }
@@ -474,6 +473,20 @@ impl<C: ConnectionLike + Send> Worker<C> {
         }
     }
 
+    /// The eviction check of a renew round: `None` while Redis never
+    /// evicts, or did not answer (the next renew meets the same trouble and
+    /// handles it; the last answer stands meanwhile).
+    async fn eviction_round(&mut self) -> Option<RenewRound> {
+        match self.evicting().await {
+            Ok(Some(evicting)) => Some(RenewRound::Evicting(evicting)),
+            Err(err) if classify(&err) == Failure::Permanent => {
+                error!(error = %err, "eviction check refused by redis");
+                Some(RenewRound::Lost("redis refused INFO memory"))
+            }
+            _ => None,
+        }
+    }
+
     fn retry_base(&self) -> Duration {
         (self.params.settings.renew_interval / 4).min(Duration::from_secs(1))
     }
@@ -482,16 +495,6 @@ impl<C: ConnectionLike + Send> Worker<C> {
     /// backoff, never sent after the validity deadline.
     async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
         let key = self.keys().id(held.worker_id);
-        match self.evicting().await {
-            Ok(Some(evicting)) => return RenewRound::Evicting(evicting),
-            Err(err) if classify(&err) == Failure::Permanent => {
-                error!(worker_id = held.worker_id, error = %err, "eviction check refused by redis");
-                return RenewRound::Lost("redis refused INFO memory");
-            }
-            // Unanswered: the renew below meets the same trouble and
-            // handles it; the last answer stands meanwhile.
-            _ => {}
-        }
         let mut backoff = self.retry_base();
         for attempt in 0..=self.params.settings.retries {
             if !held.is_valid() {
@@ -505,28 +508,30 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     &key,
                     &self.owner,
                     self.params.settings.ttl,
-                    true,
+                    held.redis_expires_ms,
                 ),
             )
             .await;
-            match reply {
-                Ok(RenewOutcome::Extended) => {
+            match reply.map(|r| (r.outcome, r.expires_ms)) {
+                Ok((RenewOutcome::Extended, expires_ms)) => {
                     WorkerMetrics::count(&self.metrics.renewals, "renewed");
                     debug!(worker_id = held.worker_id, "lease renewed");
-                    return RenewRound::Renewed(sent);
+                    return RenewRound::Renewed(sent, expires_ms);
                 }
-                Ok(RenewOutcome::Recreated) => {
+                Ok((RenewOutcome::Recreated, expires_ms)) => {
                     WorkerMetrics::count(&self.metrics.renewals, "recreated");
                     self.metrics.reacquisitions.inc();
                     warn!(
                         worker_id = held.worker_id,
                         "lease re-created after key loss (Redis lost its data?)"
                     );
-                    return RenewRound::Renewed(sent);
+                    return RenewRound::Renewed(sent, expires_ms);
                 }
-                Ok(RenewOutcome::Lost) => {
+                Ok((RenewOutcome::Lost, _)) => {
                     WorkerMetrics::count(&self.metrics.renewals, "lost");
-                    return RenewRound::Lost("the key holds another owner");
+                    return RenewRound::Lost(
+                        "the key holds another owner, or is gone after it may have expired",
+                    );
                 }
                 Err(err) if classify(&err) == Failure::Permanent => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
@@ -589,6 +594,26 @@ pub(crate) async fn release<C: ConnectionLike>(
             warn!(key, "lease not released in time; it expires after its TTL");
             false
         }
+    }
+}
+
+/// Says why claims wait: a missing guard means Redis is fresh or lost its
+/// data; a guard that exists was set by an earlier claim (or pulled in).
+fn log_paused(wait: Duration, guard: GuardFound) {
+    let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    match guard {
+        GuardFound::Missing => warn!(
+            wait_ms,
+            "no claim guard in Redis (fresh, or it lost its data): waiting one TTL so that earlier holders can renew or give up"
+        ),
+        GuardFound::TooFar => warn!(
+            wait_ms,
+            "claim guard was more than one TTL ahead (set by hand, or Redis' clock went back); pulled in to one TTL"
+        ),
+        GuardFound::Closed => info!(
+            wait_ms,
+            "claim guard closed (set after a Redis reset by an earlier claim); waiting until it opens"
+        ),
     }
 }
 

@@ -127,6 +127,7 @@ mod tests {
             owner: Owner::generate("10.0.0.1"),
             valid_until: Instant::now() + valid_for,
             valid_until_unix_ms: 0,
+            redis_expires_ms: 0,
         })
     }
 

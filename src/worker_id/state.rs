@@ -49,6 +49,10 @@ pub struct HeldLease {
     pub valid_until: Instant,
     /// The same deadline in Unix ms (wall clock, erring early), for files.
     pub valid_until_unix_ms: u64,
+    /// Redis time (ms) before which the key cannot have expired, from the
+    /// last confirmed claim or renew: a renew re-creates a missing key only
+    /// before it (`renew.lua`).
+    pub redis_expires_ms: u64,
 }
 
 impl HeldLease {

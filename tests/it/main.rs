@@ -28,6 +28,8 @@ mod pool_quarantine;
 /// Pool lease rules found broken (issue 8): idempotency after extend, the fixed cap,
 /// the next-due hint, cooldowns across disable/enable, ids still leased.
 mod pool_rules;
+/// Renewals under a black-holed or slow connection, and re-adoption after data loss.
+mod renewal_faults;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
 /// Worker mode: claim, publish, release, re-adoption, bad input.
