@@ -106,19 +106,19 @@ pub async fn renew<C: ConnectionLike>(
     })
 }
 
-/// Runs `release.lua` (compare-and-delete): true when the key was ours and
-/// is now gone, false when it held something else or nothing.
+/// Runs `release.lua` (compare-and-delete) on `keys` in one call: deletes
+/// each that still holds `owner`; returns how many it deleted (0: none was
+/// ours, nothing written).
 pub async fn release<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
+    keys: &[String],
     owner: &Owner,
-) -> redis::RedisResult<bool> {
-    let code: i64 = RELEASE
-        .key(key)
-        .arg(owner.as_str())
-        .invoke_async(conn)
-        .await?;
-    Ok(code == 1)
+) -> redis::RedisResult<u64> {
+    let mut invocation = RELEASE.prepare_invoke();
+    for key in keys {
+        invocation.key(key);
+    }
+    invocation.arg(owner.as_str()).invoke_async(conn).await
 }
 
 /// Loads the scripts into the script cache (`SCRIPT LOAD`), so a missing
@@ -156,7 +156,7 @@ pub(crate) async fn probe<C: ConnectionLike>(
     renew(conn, probe_key, owner, ttl, u64::MAX)
         .await
         .map_err(step("renew.lua could not PEXPIRE (needs +pexpire)"))?;
-    release(conn, probe_key, owner)
+    release(conn, &[probe_key.to_owned()], owner)
         .await
         .map_err(step("release.lua could not DEL (needs +del)"))?;
     Ok(())

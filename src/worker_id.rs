@@ -112,14 +112,20 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         config.app.clone(),
     ));
 
-    let outcome = worker.run(shutdown).await;
+    let stopped = worker.run(shutdown).await;
 
     // The worker dropped its sender: the publisher removes the files and
     // ends. Only then may the key go, so no two processes publish one ID.
+    // Every key of ours goes, also one a claim left whose reply was lost.
     let _ = publisher.await;
-    if let Ok(Some((held, key))) = &outcome {
-        keeper::release(&mut release_conn, key, &held.owner, RELEASE_LIMIT).await;
-    }
+    keeper::release(
+        &mut release_conn,
+        &stopped.keys,
+        &stopped.owner,
+        stopped.held,
+        RELEASE_LIMIT,
+    )
+    .await;
     http_stop.cancel();
     if tokio::time::timeout(Duration::from_secs(1), http_task)
         .await
@@ -127,7 +133,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     {
         warn!("http server did not stop within 1s");
     }
-    outcome?;
+    stopped.result?;
     info!("stopped");
     Ok(())
 }

@@ -14,6 +14,10 @@ use crate::eviction::EvictionArgs;
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 
+/// Shortest `--renew-interval`: each renew is a Redis call and rewrites the
+/// state file (fsync), so `1ns` meant ~740 renewals a second (issue 8).
+pub const RENEW_INTERVAL_MIN: Duration = Duration::from_millis(100);
+
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
 pub const WORKER_ID_LIMIT: u16 = 1023;
 
@@ -90,7 +94,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_TTL", default_value = "120s", value_parser = parse_duration)]
     pub ttl: Duration,
 
-    /// Time between renewals; at most ttl/2.
+    /// Time between renewals: 100ms-ttl/2.
     #[arg(long, env = "SNOWLEASE_RENEW_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub renew_interval: Duration,
 
@@ -201,11 +205,11 @@ impl WorkerArgs {
             Duration::from_secs(1),
             Duration::from_secs(3600),
         )?;
-        if self.renew_interval.is_zero() || self.renew_interval > self.ttl / 2 {
+        if self.renew_interval < RENEW_INTERVAL_MIN || self.renew_interval > self.ttl / 2 {
             return Err(ConfigError::new(
                 "--renew-interval",
                 format!(
-                    "{} must be more than 0 and at most ttl/2 ({})",
+                    "{} is outside 100ms-ttl/2 ({})",
                     humantime::format_duration(self.renew_interval),
                     humantime::format_duration(self.ttl / 2)
                 ),
@@ -349,6 +353,20 @@ mod tests {
         args(&["--ttl", "2s", "--renew-interval", "1s"])
             .validate()
             .expect("exactly ttl/2 is allowed");
+    }
+
+    #[test]
+    fn renew_interval_below_100ms_is_refused() {
+        for short in ["1ns", "99ms"] {
+            let err = args(&["--ttl", "2s", "--renew-interval", short])
+                .validate()
+                .unwrap_err();
+            assert_eq!(err.flag, "--renew-interval", "{short}");
+            assert!(err.reason.contains("100ms"), "{}", err.reason);
+        }
+        args(&["--ttl", "2s", "--renew-interval", "100ms"])
+            .validate()
+            .expect("100ms is allowed");
     }
 
     #[test]

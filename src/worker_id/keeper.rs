@@ -74,6 +74,22 @@ impl Default for WorkerParams {
     }
 }
 
+/// How a keeper ended, for the cleanup after it.
+#[derive(Debug)]
+pub struct Stopped {
+    /// The owner string used last (a re-adopted one replaces the process's
+    /// own); every key holding it is ours.
+    pub owner: Owner,
+    /// The worker ID held at shutdown, if any.
+    pub held: Option<u16>,
+    /// Every lease key of the app: a claim that ran while its reply was
+    /// lost (SIGTERM or the claim timeout arrived) may hold any of them.
+    pub keys: Vec<String>,
+    /// `Err` for claim timeout, loss with `--on-loss exit`, or a permanent
+    /// Redis refusal.
+    pub result: Result<(), WorkerError>,
+}
+
 /// The keeper of one worker-ID lease: claims, renews, reclaims; the only
 /// writer of [`WorkerState`].
 pub struct Worker<C> {
@@ -84,6 +100,8 @@ pub struct Worker<C> {
     recorded: Option<RecordedLease>,
     metrics: Arc<WorkerMetrics>,
     state: watch::Sender<WorkerState>,
+    /// The last eviction check found Redis safe.
+    found_safe: bool,
 }
 
 enum HoldEnd {
@@ -135,42 +153,48 @@ impl<C: ConnectionLike + Send> Worker<C> {
             recorded,
             metrics,
             state,
+            found_safe: false,
         };
         (worker, receiver)
     }
 
-    /// Claims, holds and reclaims until shutdown. Returns the lease still
-    /// held at shutdown with its key (the caller unpublishes, then releases
-    /// it).
-    ///
-    /// Errors: [`WorkerError`] for claim timeout, loss with `--on-loss exit`,
-    /// or a permanent Redis refusal.
-    pub async fn run(
-        mut self,
-        shutdown: CancellationToken,
-    ) -> Result<Option<(HeldLease, String)>, WorkerError> {
+    /// Claims, holds and reclaims until shutdown or an error. Returns what
+    /// the caller needs to clean up: it unpublishes (awaits the publisher),
+    /// then removes every key of ours with [`release`].
+    pub async fn run(mut self, shutdown: CancellationToken) -> Stopped {
+        let result = self.run_until_stop(&shutdown).await;
+        self.set_state(WorkerState::Stopping);
+        let max = self.params.settings.max_worker_id;
+        Stopped {
+            owner: self.owner.clone(),
+            held: result.as_ref().ok().copied().flatten(),
+            keys: self.keys().ids(max),
+            result: result.map(drop),
+        }
+    }
+
+    /// The ID held when `shutdown` fired, if any. Errors: [`WorkerError`].
+    async fn run_until_stop(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<u16>, WorkerError> {
         let mut recorded = self.recorded.take();
         // Once per process: the ACL check does not change on a reclaim.
         let mut probed = false;
-        let held = loop {
+        loop {
             let held = tokio::select! {
-                _ = shutdown.cancelled() => break None,
+                _ = shutdown.cancelled() => return Ok(None),
                 claimed = self.claim(&mut recorded, &mut probed) => claimed?,
             };
-            match self.hold(held, &shutdown).await {
-                HoldEnd::Shutdown(held) => break Some(held),
+            match self.hold(held, shutdown).await {
+                HoldEnd::Shutdown(held) => return Ok(Some(held.worker_id)),
                 HoldEnd::Lost(worker_id) if self.params.on_loss == OnLoss::Exit => {
                     return Err(WorkerError::LeaseLost { worker_id });
                 }
                 HoldEnd::Lost(_) => info!("on-loss reclaim: claiming a worker ID again"),
                 HoldEnd::GaveUp => {}
             }
-        };
-        self.set_state(WorkerState::Stopping);
-        Ok(held.map(|held| {
-            let key = self.keys().id(held.worker_id);
-            (held, key)
-        }))
+        }
     }
 
     fn keys(&self) -> LeaseKeys {
@@ -306,16 +330,29 @@ impl<C: ConnectionLike + Send> Worker<C> {
     }
 
     /// Whether Redis may evict lease keys ([`eviction::check`], one bounded
-    /// `INFO memory`); never asked with `--allow-evicting-redis`.
+    /// `INFO memory`); never asked with `--allow-evicting-redis`. When Redis
+    /// does not answer, a last answer of "safe" stands (the call after it
+    /// meets the same trouble); with no such answer the error is returned.
     async fn evicting(&mut self) -> redis::RedisResult<Option<EvictingRedis>> {
         if self.params.allow_evicting_redis {
             return Ok(None);
         }
-        bounded(
+        let answer = bounded(
             self.params.settings.call_timeout(),
             eviction::check(&mut self.conn),
         )
-        .await
+        .await;
+        match answer {
+            Ok(evicting) => {
+                self.found_safe = evicting.is_none();
+                Ok(evicting)
+            }
+            Err(err) if self.found_safe && classify(&err) == Failure::Transient => {
+                debug!(error = %err, "eviction check not answered; the last answer stands");
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// One pass: re-adopt the recorded lease, else run `claim.lua`.
@@ -566,34 +603,38 @@ async fn bounded<T>(
     }
 }
 
-/// Releases a lease at shutdown with a bounded wait: true when the key was
-/// ours and is deleted. When Redis is down the key simply expires.
+/// Removes every key in `keys` that holds `owner` in one call bounded by
+/// `limit`: the lease held at the stop (`held`), and a claim that ran while
+/// its reply was lost. The logs say only what is known: a reply that did
+/// not come in time may hide a release that ran.
 pub(crate) async fn release<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
+    keys: &[String],
     owner: &Owner,
+    held: Option<u16>,
     limit: Duration,
-) -> bool {
-    match timeout(limit, lease::release(conn, key, owner)).await {
-        Ok(Ok(true)) => {
-            info!(key, "lease released");
-            true
-        }
-        Ok(Ok(false)) => {
-            warn!(
-                key,
-                "lease not released: the key no longer holds our owner string"
-            );
-            false
-        }
-        Ok(Err(err)) => {
-            warn!(key, error = %err, "lease not released; it expires after its TTL");
-            false
-        }
-        Err(_) => {
-            warn!(key, "lease not released in time; it expires after its TTL");
-            false
-        }
+) {
+    let outcome = timeout(limit, lease::release(conn, keys, owner)).await;
+    match (outcome, held) {
+        (Ok(Ok(0)), Some(worker_id)) => warn!(
+            worker_id,
+            "lease not released: the key no longer holds our owner string"
+        ),
+        (Ok(Ok(0)), None) => debug!("no lease key holds our owner string"),
+        (Ok(Ok(count)), _) => info!(?held, count, "lease released"),
+        (Ok(Err(err)), Some(worker_id)) => warn!(
+            worker_id,
+            error = %err,
+            "lease release not confirmed; if it did not run, the key expires after its TTL"
+        ),
+        (Err(_), Some(worker_id)) => warn!(
+            worker_id,
+            limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+            "lease release not confirmed in time; if it did not run, the key expires after its TTL"
+        ),
+        (_, None) => info!(
+            "release of keys a lost claim reply may have left not confirmed; they expire after their TTL"
+        ),
     }
 }
 

@@ -36,3 +36,5 @@ mod status;
 mod worker;
 /// Worker mode under faults: SIGKILL, SIGSTOP, Redis restart, overwrites.
 mod worker_faults;
+/// Worker stop: every key of ours removed; logs that say what is true; renew-interval floor.
+mod worker_stop;

@@ -1,0 +1,127 @@
+//! The worker's stop and its log lines (issue 8 item 6): every key holding our owner string
+//! is removed (also one a claim left whose reply was lost), the logs say only what is true (a
+//! slow release reply is not "not released", a closed claim guard is not "missing"), and a
+//! renew interval below 100 ms is refused.
+
+use crate::harness::*;
+
+/// Lease keys of app `orders` (not the guard, not probe keys).
+fn lease_keys(redis: &RedisServer) -> Vec<String> {
+    redis.keys(&format!("{PREFIX}orders:[0-9]*"))
+}
+
+/// Starts a sidecar through `proxy` on a fresh Redis: its first claim finds no guard and
+/// waits one TTL (2 s); meanwhile the proxy starts dropping replies, so the next claim runs in
+/// Redis but the sidecar never hears of it. Returns once that claim's key exists.
+fn sidecar_with_a_lost_claim_reply(redis: &RedisServer, proxy: &FaultProxy) -> Sidecar {
+    let sidecar = Sidecar::worker_at(&proxy.url(), "orders")
+        .flag("--max-worker-id", "3")
+        .flag("--claim-timeout", "5s")
+        .spawn();
+    assert!(sidecar.wait_for_log("no claim guard", secs(10)));
+    proxy.set_mode(Mode::DropReplies);
+    assert!(
+        poll_until(secs(5), || !lease_keys(redis).is_empty()),
+        "the claim never ran in Redis"
+    );
+    assert_eq!(sidecar.id(), None, "the sidecar cannot know it claimed");
+    sidecar
+}
+
+/// SIGTERM after a claim ran whose reply was lost: the stop removes that key (one bounded
+/// call), instead of leaving it for a whole TTL.
+#[test]
+fn sigterm_removes_a_claim_whose_reply_was_lost() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis);
+    let mut sidecar = sidecar_with_a_lost_claim_reply(&redis, &proxy);
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(secs(5)).expect("exits");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(lease_keys(&redis), Vec::<String>::new(), "key left behind");
+}
+
+/// The claim timeout after a claim ran whose reply was lost: exit 3, and that key is removed.
+#[test]
+fn claim_timeout_removes_a_claim_whose_reply_was_lost() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis);
+    let mut sidecar = sidecar_with_a_lost_claim_reply(&redis, &proxy);
+    let status = sidecar
+        .wait_exit(secs(10))
+        .expect("exits at --claim-timeout");
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(lease_keys(&redis), Vec::<String>::new(), "key left behind");
+}
+
+/// SIGTERM with replies delayed past the 1 s release limit: the release runs (the key goes),
+/// and the log says the release was not confirmed, never that the lease was not released.
+#[test]
+fn slow_release_reply_is_not_reported_as_not_released() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let proxy = FaultProxy::for_redis(&redis);
+    let mut sidecar = Sidecar::worker_at(&proxy.url(), "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+    proxy.set_mode(Mode::Delay {
+        up: ms(0),
+        down: ms(1500),
+    });
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(secs(5)).expect("exits");
+    assert_eq!(status.code(), Some(0));
+    let key = worker_key("orders", lease.worker_id);
+    assert!(!redis.exists(&key), "the release ran");
+    assert!(
+        sidecar.count_log("lease release not confirmed") == 1,
+        "{:?}",
+        sidecar.log_lines()
+    );
+    assert_eq!(sidecar.count_log("lease not released"), 0);
+}
+
+/// A claim guard that exists and is closed (set by an earlier claim after a reset) is not
+/// reported as missing; the log says it is closed.
+#[test]
+fn closed_claim_guard_is_not_reported_missing() {
+    let redis = RedisServer::start();
+    let (s, us): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
+    let open_at = s * 1000 + us / 1000 + 1500;
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(format!("{PREFIX}orders:guard"))
+            .arg(open_at),
+    );
+    let sidecar = Sidecar::worker(&redis, "orders").spawn();
+    assert!(sidecar.wait_for_log("claim guard closed", secs(5)));
+    sidecar.wait_for_lease(secs(5));
+    assert_eq!(sidecar.count_log("no claim guard"), 0);
+}
+
+/// `--renew-interval` below 100 ms exits 2 naming the flag and its range; Redis is not touched.
+#[test]
+fn renew_interval_below_100ms_exits_2() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    let out = pod.worker_id_file().to_string_lossy().into_owned();
+    let url = redis.url();
+    let args = [
+        "worker",
+        "--app",
+        "orders",
+        "--redis-url",
+        &url,
+        "--output-file",
+        &out,
+        "--ttl",
+        "2s",
+        "--renew-interval",
+        "1ns",
+    ];
+    let run = run_snowlease(&args, &[], secs(10));
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("--renew-interval"), "{}", run.stderr);
+    assert!(run.stderr.contains("100ms"), "{}", run.stderr);
+    assert_eq!(redis.dbsize(), 0);
+    assert!(!pod.worker_id_file().exists());
+}
