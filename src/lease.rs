@@ -4,15 +4,16 @@
 //! math. Knows nothing of files, HTTP or which key it is given.
 //!
 //! Safety rests on two rules (README, "Validity"): a lease is only valid locally
-//! until `sent + TTL - margin`, measured on the monotonic clock from the
-//! moment the command was *sent*; and only a confirmed reply extends it.
+//! until `sent + TTL - margin`, measured on the boot clock (which counts
+//! suspended time, [`crate::boot_clock`]) from the moment the command was
+//! *sent*; and only a confirmed reply extends it.
 
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::boot_clock::BootInstant;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
-use tokio::time::Instant;
 
 use crate::connection::{is_auth_error, is_permission_error};
 use crate::identity::Owner;
@@ -35,7 +36,7 @@ pub fn validity(ttl: Duration) -> Duration {
 /// The instant until which a lease whose claim or renew was sent at `sent`
 /// may be treated as held. Redis starts its TTL later than `sent`, so this
 /// always ends before Redis lets another owner in.
-pub fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
+pub fn validity_deadline(sent: BootInstant, ttl: Duration) -> BootInstant {
     sent + validity(ttl)
 }
 
@@ -201,10 +202,13 @@ mod tests {
 
     #[test]
     fn deadline_ends_before_redis_expiry() {
-        let sent = Instant::now();
+        let sent = BootInstant::now();
         let ttl = Duration::from_secs(120);
         let deadline = validity_deadline(sent, ttl);
-        assert_eq!(deadline - sent, Duration::from_millis(118_800));
+        assert_eq!(
+            deadline.saturating_duration_since(sent),
+            Duration::from_millis(118_800)
+        );
         assert!(deadline < sent + ttl);
     }
 }

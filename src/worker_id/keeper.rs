@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, sleep, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -19,6 +19,7 @@ use super::claim::{self, ClaimOutcome, GuardFound, LeaseKeys};
 use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
+use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Failure, classify};
 use crate::eviction::{self, EvictingRedis};
 use crate::identity::{Owner, identity_of};
@@ -113,7 +114,7 @@ enum HoldEnd {
 
 enum RenewRound {
     /// Confirmed: sent at, and Redis' `expires_ms` of the key.
-    Renewed(Instant, u64),
+    Renewed(BootInstant, u64),
     Lost(&'static str),
     Evicting(EvictingRedis),
     Failed,
@@ -217,7 +218,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
 
     /// The lease confirmed by a claim or renew sent at `sent`, after which
     /// Redis says the key lives until at least `redis_expires_ms`.
-    fn held(&self, worker_id: u16, sent: Instant, redis_expires_ms: u64) -> HeldLease {
+    fn held(&self, worker_id: u16, sent: BootInstant, redis_expires_ms: u64) -> HeldLease {
         let valid_for = lease::validity(self.params.settings.ttl);
         let sent_wall = SystemTime::now() - sent.elapsed();
         HeldLease {
@@ -370,7 +371,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             *recorded = None;
             self.set_state(WorkerState::Claiming);
         }
-        let sent = Instant::now();
+        let sent = BootInstant::now();
         let reply = bounded(
             self.params.settings.call_timeout(),
             claim::claim_lowest(
@@ -413,7 +414,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
         }
         let key = self.keys().id(rec.worker_id);
         let owner = Owner::from_recorded(rec.owner.clone());
-        let sent = Instant::now();
+        let sent = BootInstant::now();
         let reply = bounded(
             self.params.settings.call_timeout(),
             lease::renew(&mut self.conn, &key, &owner, self.params.settings.ttl, 0),
@@ -471,7 +472,8 @@ impl<C: ConnectionLike + Send> Worker<C> {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
-                _ = sleep_until(next_renew.min(held.valid_until)) => {}
+                // A wake-up only: the renew round judges validity itself.
+                _ = boot_clock::sleep_until(next_renew.min(held.valid_until)) => {}
             }
             let round = tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
@@ -505,7 +507,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     return HoldEnd::GaveUp;
                 }
                 // Keep trying, 4x the base backoff apart, until the deadline.
-                RenewRound::Failed => next_renew = Instant::now() + self.retry_base() * 4,
+                RenewRound::Failed => next_renew = BootInstant::now() + self.retry_base() * 4,
             }
         }
     }
@@ -537,7 +539,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
             if !held.is_valid() {
                 return RenewRound::Lost("validity deadline passed without a confirmed renewal");
             }
-            let sent = Instant::now();
+            let sent = BootInstant::now();
             let reply = bounded(
                 self.params.settings.call_timeout(),
                 lease::renew(

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::boot_clock::{BootInstant, sleep_until};
 use tokio::sync::watch;
-use tokio::time::sleep_until;
 use tracing::{error, warn};
 
 use super::files::{StateFile, state_path};
@@ -40,7 +40,7 @@ pub async fn run_publisher(
             // The earlier process's ID file stays while its record is
             // valid: no one else can hold the key before then, and a
             // sidecar restart must not make the app see the ID vanish.
-            WorkerState::Readopting(until) if until > tokio::time::Instant::now() => {
+            WorkerState::Readopting(until) if until > BootInstant::now() => {
                 tokio::select! {
                     changed = state.changed() => if changed.is_err() { break },
                     _ = sleep_until(until) => files.unpublish_id(&mut published),

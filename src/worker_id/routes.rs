@@ -109,7 +109,6 @@ mod tests {
     use axum::body::{Body, to_bytes};
     use axum::http::Request;
     use std::time::Duration;
-    use tokio::time::Instant;
     use tower::ServiceExt;
 
     fn router_with(state: WorkerState) -> Router {
@@ -125,7 +124,7 @@ mod tests {
         WorkerState::Held(HeldLease {
             worker_id: 7,
             owner: Owner::generate("10.0.0.1"),
-            valid_until: Instant::now() + valid_for,
+            valid_until: crate::boot_clock::BootInstant::now() + valid_for,
             valid_until_unix_ms: 0,
             redis_expires_ms: 0,
         })

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::boot_clock::BootInstant;
 
 use crate::identity::Owner;
 use crate::lease;
@@ -19,7 +19,7 @@ pub enum WorkerState {
     /// valid (by its record, erring early) until the given instant; being
     /// re-adopted. Not published over HTTP, but the ID file may stay until
     /// that instant so a sidecar restart does not stop the app.
-    Readopting(Instant),
+    Readopting(BootInstant),
     /// A lease confirmed by Redis, valid until `valid_until`.
     Held(HeldLease),
     /// The lease was lost; about to reclaim or exit.
@@ -45,8 +45,8 @@ pub struct HeldLease {
     pub worker_id: u16,
     /// Owner string stored in the key.
     pub owner: Owner,
-    /// Monotonic deadline of local validity (sent + TTL - margin).
-    pub valid_until: Instant,
+    /// Deadline of local validity (sent + TTL - margin) on the boot clock.
+    pub valid_until: BootInstant,
     /// The same deadline in Unix ms (wall clock, erring early), for files.
     pub valid_until_unix_ms: u64,
     /// Redis time (ms) before which the key cannot have expired, from the
@@ -58,12 +58,12 @@ pub struct HeldLease {
 impl HeldLease {
     /// True while the local validity deadline is in the future.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        BootInstant::now() < self.valid_until
     }
 
     /// Time left until the validity deadline (zero once passed).
     pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until.remaining()
     }
 }
 
@@ -79,12 +79,12 @@ pub struct RecordedLease {
 }
 
 impl RecordedLease {
-    /// The recorded deadline on the monotonic clock, never more than one
+    /// The recorded deadline on the boot clock, never more than one
     /// validity span (TTL - margin) away: the record is wall-clock based, and
     /// a clock step or an edit must not keep a stale ID published longer.
     /// `None` once passed.
-    pub fn deadline(&self, ttl: Duration) -> Option<Instant> {
+    pub fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
         let left = lease::until_unix_ms(self.valid_until_ms)?;
-        Some(Instant::now() + left.min(lease::validity(ttl)))
+        Some(BootInstant::now() + left.min(lease::validity(ttl)))
     }
 }
