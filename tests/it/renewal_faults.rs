@@ -1,6 +1,16 @@
 //! Renewals under network faults (the fault proxy: black-holed and delayed connections) and
 //! restarts: a late renew never re-creates a key that may have expired, the ID is unpublished
 //! before Redis expires the key, and re-adoption never re-creates a missing key.
+//!
+//! One-line breaks each seen caught (then restored):
+//! - `renew.lua` re-creating whenever allowed (`recreate_before ~= 0`, the old rule):
+//!   `late_renew_never_recreates_a_key_that_may_have_expired`,
+//!   `renew_recreates_only_before_the_recorded_expiry`.
+//! - the publisher's deadline timer an hour later: `id_file_is_gone_by_the_deadline_while_a_renew_hangs`.
+//! - validity from the reply (`let sent = Instant::now();` first in `Worker::held`):
+//!   `validity_counts_from_the_send_when_replies_are_slow`.
+//! - `renew.lua` ignoring "do not re-create" (`if value == false then`):
+//!   `readoption_never_recreates_a_missing_key`.
 
 use std::thread;
 use std::time::{Duration, Instant};

@@ -2,6 +2,10 @@
 //! is removed (also one a claim left whose reply was lost), the logs say only what is true (a
 //! slow release reply is not "not released", a closed claim guard is not "missing"), and a
 //! renew interval below 100 ms is refused.
+//!
+//! Seen failing on the code before each fix: the stop releasing only a held lease (both
+//! `..._removes_a_claim_whose_reply_was_lost`), the old "lease not released ... in time"
+//! message, and a closed guard reported as missing (`guard_how` always 1).
 
 use crate::harness::*;
 
