@@ -107,10 +107,20 @@ pub async fn renew<C: ConnectionLike>(
     })
 }
 
+/// Runs `release.lua` (compare-and-delete) on one key: true when the key
+/// was ours and is now gone, false when it held something else or nothing.
+pub async fn release<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    owner: &Owner,
+) -> redis::RedisResult<bool> {
+    Ok(release_keys(conn, &[key.to_owned()], owner).await? == 1)
+}
+
 /// Runs `release.lua` (compare-and-delete) on `keys` in one call: deletes
 /// each that still holds `owner`; returns how many it deleted (0: none was
 /// ours, nothing written).
-pub async fn release<C: ConnectionLike>(
+pub async fn release_keys<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],
     owner: &Owner,
@@ -157,7 +167,7 @@ pub(crate) async fn probe<C: ConnectionLike>(
     renew(conn, probe_key, owner, ttl, u64::MAX)
         .await
         .map_err(step("renew.lua could not PEXPIRE (needs +pexpire)"))?;
-    release(conn, &[probe_key.to_owned()], owner)
+    release(conn, probe_key, owner)
         .await
         .map_err(step("release.lua could not DEL (needs +del)"))?;
     Ok(())

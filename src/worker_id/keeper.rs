@@ -616,7 +616,7 @@ pub(crate) async fn release<C: ConnectionLike>(
     held: Option<u16>,
     limit: Duration,
 ) {
-    let outcome = timeout(limit, lease::release(conn, keys, owner)).await;
+    let outcome = timeout(limit, lease::release_keys(conn, keys, owner)).await;
     match (outcome, held) {
         (Ok(Ok(0)), Some(worker_id)) => warn!(
             worker_id,

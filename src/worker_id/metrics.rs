@@ -30,7 +30,8 @@ pub struct WorkerMetrics {
     /// Keys re-created by the renew script after Redis lost them.
     pub reacquisitions: Counter,
     /// Claim attempts by outcome: claimed, adopted, full (every ID held),
-    /// paused (claim guard closed after a Redis reset), error.
+    /// paused (claim guard closed after a Redis reset), evicting (Redis may
+    /// evict keys, see [`crate::eviction`]), error.
     pub claim_attempts: Family<Outcome, Counter>,
 }
 
