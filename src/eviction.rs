@@ -7,6 +7,13 @@
 //! (README, "Redis requirements"), unless `--allow-evicting-redis` says
 //! the operator accepts that risk.
 //!
+//! A worker that finds Redis evicting while it holds an ID unpublishes at
+//! once and stops renewing, but leaves its key to expire rather than
+//! deleting it: the safety property is about publishing, the key must not
+//! go before the ID file does (a delete would race the file publisher), and
+//! claim.lua re-adopts the key if Redis is fixed within its TTL. A key Redis
+//! evicts meanwhile costs nothing, since nothing is published.
+//!
 //! The setting is read from `INFO memory` (works where `CONFIG` is renamed
 //! or disabled, as on many managed services; needs `+info` in an ACL), at
 //! start and again while leases are held, because `CONFIG SET` can change it
