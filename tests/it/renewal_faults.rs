@@ -7,7 +7,7 @@
 //!   `late_renew_never_recreates_a_key_that_may_have_expired`,
 //!   `renew_recreates_only_before_the_recorded_expiry`.
 //! - the publisher's deadline timer an hour later: `id_file_is_gone_by_the_deadline_while_a_renew_hangs`.
-//! - validity from the reply (`let sent = Instant::now();` first in `Worker::held`):
+//! - validity from the reply (`let sent = BootInstant::now();` first in `Worker::held`):
 //!   `validity_counts_from_the_send_when_replies_are_slow`.
 //! - `renew.lua` ignoring "do not re-create" (`if value == false then`):
 //!   `readoption_never_recreates_a_missing_key`.
