@@ -43,7 +43,7 @@ impl Drop for KillOnDrop {
 /// Polls `/id` of both sidecars for `how_long`; returns the first ID that `b` answered 200 with
 /// while `a` answered 200 with the same ID both just before and just after (so `a` published it
 /// all along).
-fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
+pub(crate) fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
     let end = Instant::now() + how_long;
     while Instant::now() < end {
         let before = a.id().map(|r| r.worker_id);

@@ -3,9 +3,7 @@
 //! `--allow-evicting-redis` accepts the risk. Worker mode, `pool acquire`/`extend` and
 //! `pool serve`.
 
-use std::thread;
-use std::time::{Duration, Instant};
-
+use crate::double_publish::both_published;
 use crate::harness::*;
 
 /// Every policy that can drop a lease key (all have TTLs, so `volatile-*` count too).
@@ -33,21 +31,6 @@ fn evicting_redis(policy: &str) -> RedisServer {
 
 fn config_set(redis: &RedisServer, name: &str, value: &str) {
     let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
-}
-
-/// True when `a` and `b` answered `/id` 200 with the same ID at one moment (a before and after).
-fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
-    let end = Instant::now() + how_long;
-    while Instant::now() < end {
-        let before = a.id().map(|r| r.worker_id);
-        let middle = b.id().map(|r| r.worker_id);
-        let after = a.id().map(|r| r.worker_id);
-        if middle.is_some() && before == middle && after == middle {
-            return middle;
-        }
-        thread::sleep(ms(20));
-    }
-    None
 }
 
 /// The reproduction of issue 8 item 1: `volatile-ttl` with `maxmemory 3mb`, a holder of ID 0,

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use snowlease::identity::Owner;
 use snowlease::lease::{self, RenewOutcome};
 
+use crate::double_publish::both_published;
 use crate::harness::*;
 use crate::pool::{manager, redis_ms};
 
@@ -222,20 +223,4 @@ fn published_without_key(
         thread::sleep(ms(10));
     }
     panic!("still published after {how_long:?}");
-}
-
-/// Polls `/id` of both sidecars for `how_long`; the first ID `b` answered while `a` answered
-/// the same just before and just after.
-fn both_published(a: &Sidecar, b: &Sidecar, how_long: Duration) -> Option<u32> {
-    let end = Instant::now() + how_long;
-    while Instant::now() < end {
-        let before = a.id().map(|r| r.worker_id);
-        let middle = b.id().map(|r| r.worker_id);
-        let after = a.id().map(|r| r.worker_id);
-        if middle.is_some() && before == middle && after == middle {
-            return middle;
-        }
-        thread::sleep(ms(20));
-    }
-    None
 }
