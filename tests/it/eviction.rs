@@ -77,7 +77,7 @@ fn evicting_redis_never_publishes_one_id_twice() {
         .wait_for_event("not claiming: redis may evict lease keys", secs(1))
         .expect("the holder says why it does not claim");
     assert_eq!(level(&refused), "ERROR");
-    let error = refused["fields"]["error"].as_str().unwrap_or("");
+    let error = refused["error"].as_str().unwrap_or("");
     for part in [
         "maxmemory-policy is volatile-ttl",
         "noeviction",
@@ -106,7 +106,7 @@ fn every_evicting_policy_is_refused_at_start() {
         let event = sidecar
             .wait_for_event("not claiming: redis may evict lease keys", secs(10))
             .unwrap_or_else(|| panic!("{policy}: not refused"));
-        assert_eq!(event["fields"]["policy"].as_str(), Some(*policy));
+        assert_eq!(event["policy"].as_str(), Some(*policy));
         assert_eq!(sidecar.readyz(), 503, "{policy}");
         assert!(
             redis.keys(&format!("{PREFIX}orders:[0-9]*")).is_empty(),
