@@ -71,15 +71,23 @@ pub enum RenewOutcome {
 pub struct RenewReply {
     /// What the script found and did.
     pub outcome: RenewOutcome,
-    /// Redis time (ms) before which the key written by this call cannot
-    /// have expired (TIME - 1 ms + TTL); meaningful when it wrote the key.
-    /// The next renew passes it as `recreate_before`.
+    /// Redis time (ms) at which the key written by this call expires
+    /// (TIME + TTL, read in the script); meaningful when it wrote the key.
+    /// The next renew passes [`recreate_before`] of it.
     pub expires_ms: u64,
 }
 
+/// Until when (Redis time, ms) a renew may re-create a missing key whose
+/// last confirmed write answered `expires_ms`: the margin before it, as for
+/// the local validity ([`margin`]), so a stalled script or a rounding never
+/// lets a re-create follow a real expiry.
+pub fn recreate_before(expires_ms: u64, ttl: Duration) -> u64 {
+    expires_ms.saturating_sub(ttl_ms(margin(ttl)))
+}
+
 /// Runs `renew.lua`: extend when ours; re-create when missing and Redis'
-/// clock is still before `recreate_before_ms` (the `expires_ms` of our last
-/// confirmed write; 0: never), because only then can nobody else have
+/// clock is still before `recreate_before_ms` ([`recreate_before`] of the
+/// last confirmed write; 0: never), because only then can nobody else have
 /// claimed the key in between; otherwise report the loss. Never writes to a
 /// key that holds another value.
 pub async fn renew<C: ConnectionLike>(
@@ -208,6 +216,14 @@ mod tests {
             Duration::from_millis(1200)
         );
         assert_eq!(margin(Duration::from_secs(2)), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn recreate_bound_keeps_the_margin() {
+        let ttl = Duration::from_secs(120);
+        assert_eq!(recreate_before(1_000_000, ttl), 1_000_000 - 1_200);
+        // Saturates at 0, which means "never re-create".
+        assert_eq!(recreate_before(50, ttl), 0);
     }
 
     #[test]

@@ -18,10 +18,8 @@
 --               closed as set before. Else 0
 --   wrong       0-based positions of keys of another type (never touched)
 --   wait_ms     with index -2: ms until claims are allowed; else 0
---   expires_ms  Redis time (ms) before which a key written now cannot have
---               expired: TIME - 1 + ttl (TIME is read first; the expiry counts
---               from the script's start, at most 1 ms earlier in whole ms).
---               The first renew passes it on (renew.lua, ARGV[3])
+--   expires_ms  TIME + ttl: when a key written now expires (see renew.lua);
+--               the first renew derives its ARGV[3] from it
 --
 -- The guard: a Redis without it is fresh or lost its data (restart without
 -- persistence, FLUSHALL). Holders from before may still publish their IDs
@@ -34,7 +32,7 @@ if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local expires = now - 1 + ttl
+local expires = now + ttl
 local guard_key = KEYS[#KEYS]
 local guard_type = redis.call('TYPE', guard_key).ok
 if guard_type ~= 'none' and guard_type ~= 'string' then

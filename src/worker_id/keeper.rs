@@ -547,7 +547,7 @@ impl<C: ConnectionLike + Send> Worker<C> {
                     &key,
                     &self.owner,
                     self.params.settings.ttl,
-                    held.redis_expires_ms,
+                    lease::recreate_before(held.redis_expires_ms, self.params.settings.ttl),
                 ),
             )
             .await;

@@ -49,9 +49,9 @@ pub struct HeldLease {
     pub valid_until: BootInstant,
     /// The same deadline in Unix ms (wall clock, erring early), for files.
     pub valid_until_unix_ms: u64,
-    /// Redis time (ms) before which the key cannot have expired, from the
-    /// last confirmed claim or renew: a renew re-creates a missing key only
-    /// before it (`renew.lua`).
+    /// Redis time (ms) at which the key expires after the last confirmed
+    /// claim or renew: a renew re-creates a missing key only before it,
+    /// less the margin ([`crate::lease::recreate_before`]).
     pub redis_expires_ms: u64,
 }
 
