@@ -176,9 +176,15 @@ impl Child {
     }
 }
 
-/// Every descendant of `pid`, from `/proc/<pid>/task/<tid>/children`
-/// (proc(5)); processes that end meanwhile are simply missed.
+/// Every descendant of this process, from `/proc/<pid>/task/<tid>/children`
+/// (proc(5)); processes that end meanwhile are simply missed. Empty when
+/// this is PID 1 (the kernel kills the whole PID namespace when we exit)
+/// or when `/proc` belongs to another PID namespace (`unshare --pid`
+/// without a new `/proc`): its numbers would name other processes.
 fn descendants(pid: Pid) -> Vec<Pid> {
+    if pid.as_raw() == 1 || !proc_is_ours(pid) {
+        return Vec::new();
+    }
     let mut found = Vec::new();
     let mut todo = vec![pid];
     while let Some(parent) = todo.pop() {
@@ -186,8 +192,7 @@ fn descendants(pid: Pid) -> Vec<Pid> {
             continue;
         };
         for task in tasks.flatten() {
-            let children =
-                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|p| p.parse().ok()) {
                 let child = Pid::from_raw(child);
                 found.push(child);
@@ -196,6 +201,15 @@ fn descendants(pid: Pid) -> Vec<Pid> {
         }
     }
     found
+}
+
+/// True when `/proc/self` names `pid`: the mounted `/proc` shows our own
+/// PID namespace.
+fn proc_is_ours(pid: Pid) -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|link| link.to_str()?.parse::<i32>().ok())
+        == Some(pid.as_raw())
 }
 
 #[cfg(test)]
