@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Offline checks of the manifests under k8s/, run by scripts/validate-k8s.sh (which
+installs kubernetes-validate and promql-parser into a venv first).
+
+Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
+
+- Built-in kinds: kubernetes-validate's strict JSON schemas (unknown fields
+  and wrong types fail) for each Kubernetes version in K8S_VERSIONS. Its
+  schemas ship inside the PyPI package: no cluster, no network after the
+  one-time install into a venv under target/.
+- An unknown kind or apiVersion fails too (the kubernetes-validate CLI only
+  warns about those, so this script calls its validate() directly).
+- Prometheus Operator kinds (no schema shipped): field names checked, every
+  PromQL expression parsed (promql-parser), every snowlease_* metric name
+  checked against the metrics the sidecar exports.
+- kustomization.yaml: every listed resource exists.
+- Every container: non-root, read-only root filesystem, no privilege
+  escalation, all capabilities dropped. The snowlease container: probes on
+  /readyz and /livez; in initContainers a native sidecar (restartPolicy:
+  Always) whose startupProbe gates the app.
+"""
+import copy
+import glob
+import os
+import re
+import sys
+
+import promql_parser
+import yaml
+from kubernetes_validate import utils
+
+VERSIONS = sys.argv[1].split()
+ROOT = sys.argv[2]
+
+# What the sidecar exports (src/metrics.rs); counters carry _total.
+KNOWN_METRICS = {
+    "snowlease_lease_held",
+    "snowlease_worker_id",
+    "snowlease_renewals_total",
+    "snowlease_leases_lost_total",
+    "snowlease_reacquisitions_total",
+    "snowlease_claim_attempts_total",
+}
+RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset", "labels"}
+PODMONITOR_KEYS = {"selector", "namespaceSelector", "podTargetLabels", "podMetricsEndpoints",
+                   "jobLabel", "sampleLimit"}
+ENDPOINT_KEYS = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings",
+                 "metricRelabelings"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "images", "labels", "namespace",
+                      "namePrefix", "nameSuffix", "patches", "components", "replicas",
+                      "configMapGenerator", "secretGenerator"}
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+def check_prometheusrule(res):
+    errors = []
+    spec = res.get("spec") or {}
+    errors += [f"spec.{k}: unknown field" for k in set(spec) - {"groups"}]
+    for g, group in enumerate(spec.get("groups") or []):
+        errors += [f"spec.groups.{g}.{k}: unknown field" for k in set(group) - GROUP_KEYS]
+        for r, rule in enumerate(group.get("rules") or []):
+            where = f"spec.groups.{g}.rules.{r}"
+            errors += [f"{where}.{k}: unknown field" for k in set(rule) - RULE_KEYS]
+            if "alert" in rule:
+                if not (rule.get("labels") or {}).get("severity"):
+                    errors.append(f"{where}: alert without labels.severity")
+                if not (rule.get("annotations") or {}).get("summary"):
+                    errors.append(f"{where}: alert without annotations.summary")
+            if "for" in rule and not DURATION.match(str(rule["for"])):
+                errors.append(f"{where}.for: not a duration: {rule['for']!r}")
+            expr = str(rule.get("expr", ""))
+            try:
+                promql_parser.parse(expr)
+            except Exception as e:  # the parser raises plain exceptions
+                errors.append(f"{where}.expr: does not parse: {e}")
+            for name in re.findall(r"\bsnowlease_[A-Za-z0-9_]+", expr):
+                if name not in KNOWN_METRICS:
+                    errors.append(f"{where}.expr: unknown metric {name}")
+    return errors
+
+
+def check_podmonitor(res):
+    errors = []
+    spec = res.get("spec") or {}
+    errors += [f"spec.{k}: unknown field" for k in set(spec) - PODMONITOR_KEYS]
+    if not spec.get("selector"):
+        errors.append("spec.selector: missing")
+    for i, ep in enumerate(spec.get("podMetricsEndpoints") or []):
+        errors += [f"spec.podMetricsEndpoints.{i}.{k}: unknown field" for k in set(ep) - ENDPOINT_KEYS]
+    return errors
+
+
+CRD_CHECKS = {
+    ("monitoring.coreos.com/v1", "PrometheusRule"): check_prometheusrule,
+    ("monitoring.coreos.com/v1", "PodMonitor"): check_podmonitor,
+}
+
+
+def check_hardening(res):
+    """Every container of a workload: non-root, read-only root, no escalation, caps dropped."""
+    errors = []
+    pod = (((res.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    pod_sc = pod.get("securityContext") or {}
+    for field in ("initContainers", "containers"):
+        for c in pod.get(field) or []:
+            sc = c.get("securityContext") or {}
+            where = f"{field}/{c.get('name')}"
+            if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+                errors.append(f"{where}: runAsNonRoot is not true")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                errors.append(f"{where}: readOnlyRootFilesystem is not true")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                errors.append(f"{where}: allowPrivilegeEscalation is not false")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                errors.append(f"{where}: capabilities.drop lacks ALL")
+    return errors
+
+
+def check_sidecar(res):
+    """The snowlease container (args: worker): probes on /readyz and /livez; as an init
+    container it must be a native sidecar whose startupProbe gates the app."""
+    errors = []
+    pod = res["spec"]["template"]["spec"]
+    for field in ("initContainers", "containers"):
+        for c in pod.get(field) or []:
+            if (c.get("args") or [None])[0] != "worker":
+                continue
+            where = f"{field}/{c.get('name')}"
+            probes = {"readinessProbe": "/readyz", "livenessProbe": "/livez"}
+            if field == "initContainers":
+                probes["startupProbe"] = "/readyz"
+                if c.get("restartPolicy") != "Always":
+                    errors.append(f"{where}: a sidecar in initContainers needs restartPolicy: Always")
+            for probe, path in probes.items():
+                if ((c.get(probe) or {}).get("httpGet") or {}).get("path") != path:
+                    errors.append(f"{where}: {probe} must GET {path}")
+    return errors
+
+
+def check_resource(res, path):
+    """Error messages for one resource (empty when valid)."""
+    if not isinstance(res, dict) or "kind" not in res or "apiVersion" not in res:
+        return [f"{path}: not a Kubernetes resource (kind/apiVersion missing)"]
+    kind, api = res["kind"], res["apiVersion"]
+    name = (res.get("metadata") or {}).get("name", "?")
+    label = f"{path}: {kind}/{name}"
+    if kind == "Kustomization":
+        errors = [f"{k}: unknown field" for k in set(res) - KUSTOMIZATION_KEYS]
+        base = os.path.dirname(path)
+        for entry in res.get("resources") or []:
+            target = os.path.join(base, entry)
+            if not (os.path.isfile(target) or os.path.isfile(os.path.join(target, "kustomization.yaml"))):
+                errors.append(f"resources: {entry} does not exist")
+        return [f"{label}: {e}" for e in errors]
+    if (api, kind) in CRD_CHECKS:
+        return [f"{label}: {e}" for e in CRD_CHECKS[(api, kind)](res)]
+    errors = []
+    for version in VERSIONS:
+        try:
+            utils.validate(res, version, strict=True)
+        except utils.ValidationError as e:
+            where = ".".join(str(p) for p in e.path)
+            errors.append(f"{label} against {version}: {where}: {e.message}")
+        except utils.SchemaNotFoundError as e:
+            errors.append(f"{label}: {e.message}")
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+        errors += [f"{label}: {e}" for e in check_hardening(res) + check_sidecar(res)]
+    return errors
+
+
+def load(path):
+    with open(path) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+failures = []
+checked = 0
+files = sorted(glob.glob(os.path.join(ROOT, "**", "*.yaml"), recursive=True))
+if not files:
+    sys.exit(f"validate-k8s: no manifests under {ROOT}/")
+for path in files:
+    for res in load(path):
+        errors = check_resource(res, path)
+        checked += 1
+        failures += errors
+        if not errors:
+            print(f"ok   {path}: {res['kind']}/{(res.get('metadata') or {}).get('name', '-')}")
+for e in failures:
+    print(f"FAIL {e}")
+
+# Self-test: each broken copy must be rejected, or the check above proves nothing.
+deployment = load(os.path.join(ROOT, "deployment.yaml"))[0]
+rule = next(r for p in files for r in load(p) if r.get("kind") == "PrometheusRule")
+
+
+def broken(res, mutate):
+    res = copy.deepcopy(res)
+    mutate(res)
+    return res
+
+
+def pod(res):
+    return res["spec"]["template"]["spec"]
+
+
+cases = {
+    "unknown field imagePullPolicyy in a container":
+        broken(deployment, lambda r: pod(r)["containers"][0].update(imagePullPolicyy="Always")),
+    "replicas as a string":
+        broken(deployment, lambda r: r["spec"].update(replicas="three")),
+    "restartPolicy misspelt in the sidecar":
+        broken(deployment, lambda r: pod(r)["initContainers"][1].update(restartPolicy="Allways")),
+    "kind misspelt (Deploymnet)":
+        broken(deployment, lambda r: r.update(kind="Deploymnet")),
+    "app container may escalate privileges":
+        broken(deployment, lambda r: pod(r)["containers"][0]["securityContext"].update(
+            allowPrivilegeEscalation=True)),
+    "alert on a metric that does not exist":
+        broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
+            expr="increase(snowlease_lease_lost_total[10m]) > 0")),
+    "alert expression that does not parse":
+        broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
+            expr="increase(snowlease_leases_lost_total[10m] > 0")),
+}
+for what, res in cases.items():
+    errors = check_resource(res, f"self-test ({what})")
+    if errors:
+        print(f"ok   self-test rejects {what}: {errors[0]}")
+    else:
+        failures.append(f"self-test: {what} was accepted")
+        print(f"FAIL self-test: {what} was accepted")
+
+print(f"validate-k8s: {checked} resources in {len(files)} files against Kubernetes "
+      f"{', '.join(VERSIONS)}; {len(cases)} broken copies; {len(failures)} failures")
+sys.exit(1 if failures else 0)
