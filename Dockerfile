@@ -24,6 +24,6 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /snowlease /usr/local/bin/snowlease
 # Numeric, so the kubelet can check runAsNonRoot.
 USER 65532:65532
-EXPOSE 8080
+EXPOSE 7391
 ENTRYPOINT ["/usr/local/bin/snowlease"]
 CMD ["worker"]

@@ -51,6 +51,21 @@ KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "images", "labels", "na
                       "namePrefix", "nameSuffix", "patches", "components", "replicas",
                       "configMapGenerator", "secretGenerator"}
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+
+
+def default_listen_port():
+    """The port of the worker's default --listen, read from the one constant in src/."""
+    found = []
+    for path in glob.glob(os.path.join(SRC, "**", "*.rs"), recursive=True):
+        with open(path) as f:
+            found += re.findall(r'const DEFAULT_LISTEN: &str = "[^"]*:([0-9]+)";', f.read())
+    if len(found) != 1:
+        sys.exit(f"validate-k8s: expected one DEFAULT_LISTEN constant in src/, found {found}")
+    return int(found[0])
+
+
+DEFAULT_PORT = default_listen_port()
 
 
 def check_prometheusrule(res):
@@ -135,7 +150,48 @@ def check_sidecar(res):
             for probe, path in probes.items():
                 if ((c.get(probe) or {}).get("httpGet") or {}).get("path") != path:
                     errors.append(f"{where}: {probe} must GET {path}")
+            errors += check_port(res, c, where)
     return errors
+
+
+def listen_port(container):
+    """The port the worker listens on: --listen or SNOWLEASE_LISTEN, else the code's default."""
+    args = [str(a) for a in container.get("args") or []]
+    for i, arg in enumerate(args):
+        if arg.startswith("--listen="):
+            return int(arg.rsplit(":", 1)[1])
+        if arg == "--listen" and i + 1 < len(args):
+            return int(args[i + 1].rsplit(":", 1)[1])
+    for env in container.get("env") or []:
+        if env.get("name") == "SNOWLEASE_LISTEN" and "value" in env:
+            return int(str(env["value"]).rsplit(":", 1)[1])
+    return DEFAULT_PORT
+
+
+def check_port(res, container, where):
+    """The sidecar's port named `snowlease` (probes, PodMonitor) and the prometheus.io/port
+    annotation must be the port the worker listens on."""
+    errors = []
+    port = listen_port(container)
+    named = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    if named.get("snowlease") != port:
+        errors.append(f"{where}: port 'snowlease' is {named.get('snowlease')}, "
+                      f"the worker listens on {port} (src default {DEFAULT_PORT})")
+    annotations = (res["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+    if "prometheus.io/port" in annotations and str(annotations["prometheus.io/port"]) != str(port):
+        errors.append(f"{where}: annotation prometheus.io/port is "
+                      f"{annotations['prometheus.io/port']}, the worker listens on {port}")
+    return errors
+
+
+def check_dockerfile():
+    """The image's EXPOSE names the default port."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Dockerfile")
+    with open(path) as f:
+        exposed = re.findall(r"^EXPOSE\s+([0-9]+)", f.read(), re.M)
+    if exposed != [str(DEFAULT_PORT)]:
+        return [f"Dockerfile: EXPOSE {exposed}, the default --listen port is {DEFAULT_PORT}"]
+    return []
 
 
 def check_resource(res, path):
@@ -186,6 +242,7 @@ for path in files:
         failures += errors
         if not errors:
             print(f"ok   {path}: {res['kind']}/{(res.get('metadata') or {}).get('name', '-')}")
+failures += check_dockerfile()
 for e in failures:
     print(f"FAIL {e}")
 
@@ -206,30 +263,47 @@ def pod(res):
 
 cases = {
     "unknown field imagePullPolicyy in a container":
-        broken(deployment, lambda r: pod(r)["containers"][0].update(imagePullPolicyy="Always")),
+        (broken(deployment, lambda r: pod(r)["containers"][0].update(imagePullPolicyy="Always")),
+        "imagePullPolicyy"),
     "replicas as a string":
-        broken(deployment, lambda r: r["spec"].update(replicas="three")),
+        (broken(deployment, lambda r: r["spec"].update(replicas="three")),
+        "spec.replicas"),
     "restartPolicy misspelt in the sidecar":
-        broken(deployment, lambda r: pod(r)["initContainers"][1].update(restartPolicy="Allways")),
+        (broken(deployment, lambda r: pod(r)["initContainers"][1].update(restartPolicy="Allways")),
+        "restartPolicy"),
     "kind misspelt (Deploymnet)":
-        broken(deployment, lambda r: r.update(kind="Deploymnet")),
+        (broken(deployment, lambda r: r.update(kind="Deploymnet")),
+        "Deploymnet"),
+    "sidecar port off the code's default --listen port":
+        (broken(deployment, lambda r: pod(r)["initContainers"][1]["ports"][0].update(
+            containerPort=DEFAULT_PORT + 1)),
+        "port 'snowlease' is"),
+    "prometheus.io/port annotation off the sidecar's port":
+        (broken(deployment, lambda r: r["spec"]["template"]["metadata"]["annotations"].update(
+            {"prometheus.io/port": "8080"})),
+        "prometheus.io/port is 8080"),
     "app container may escalate privileges":
-        broken(deployment, lambda r: pod(r)["containers"][0]["securityContext"].update(
+        (broken(deployment, lambda r: pod(r)["containers"][0]["securityContext"].update(
             allowPrivilegeEscalation=True)),
+        "allowPrivilegeEscalation"),
     "alert on a metric that does not exist":
-        broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
+        (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_lease_lost_total[10m]) > 0")),
+        "unknown metric"),
     "alert expression that does not parse":
-        broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
+        (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_leases_lost_total[10m] > 0")),
+        "does not parse"),
 }
-for what, res in cases.items():
+# Each broken copy must be rejected for the reason it was broken for.
+for what, (res, expect) in cases.items():
     errors = check_resource(res, f"self-test ({what})")
-    if errors:
-        print(f"ok   self-test rejects {what}: {errors[0]}")
+    hits = [e for e in errors if expect in e]
+    if hits:
+        print(f"ok   self-test rejects {what}: {hits[0]}")
     else:
-        failures.append(f"self-test: {what} was accepted")
-        print(f"FAIL self-test: {what} was accepted")
+        failures.append(f"self-test: {what} was not rejected for {expect!r}: {errors}")
+        print(f"FAIL self-test: {what} was not rejected for {expect!r}: {errors}")
 
 print(f"validate-k8s: {checked} resources in {len(files)} files against Kubernetes "
       f"{', '.join(VERSIONS)}; {len(cases)} broken copies; {len(failures)} failures")

@@ -7,6 +7,8 @@ mod acl;
 mod cli;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
+/// Default listen ports, checked against common app and sidecar ports.
+mod defaults;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
