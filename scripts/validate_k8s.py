@@ -68,6 +68,29 @@ def default_listen_port():
 DEFAULT_PORT = default_listen_port()
 
 
+def env_vars_read():
+    """Environment variables snowlease reads: clap env twins, std::env::var, EnvFilter."""
+    names = set()
+    for path in glob.glob(os.path.join(SRC, "**", "*.rs"), recursive=True):
+        with open(path) as f:
+            text = f.read()
+        names.update(re.findall(r'env = "([A-Z0-9_]+)"', text))
+        names.update(re.findall(r'env::var(?:_os)?\("([A-Z0-9_]+)"\)', text))
+        names.update(re.findall(r'from_env\("([A-Z0-9_]+)"\)', text))
+    return names
+
+
+ENV_READ = env_vars_read()
+# Extra Kubernetes versions per folder under k8s/: plain-sidecar/ is for clusters without
+# native sidecars (before 1.29), so it must pass their schemas too.
+EXTRA_VERSIONS = {"plain-sidecar": ["1.27.0", "1.28.0"]}
+
+
+def versions_for(path):
+    rel = os.path.relpath(os.path.dirname(path), ROOT)
+    return VERSIONS + EXTRA_VERSIONS.get(rel.split(os.sep)[0], [])
+
+
 def check_prometheusrule(res):
     errors = []
     spec = res.get("spec") or {}
@@ -151,6 +174,9 @@ def check_sidecar(res):
                 if ((c.get(probe) or {}).get("httpGet") or {}).get("path") != path:
                     errors.append(f"{where}: {probe} must GET {path}")
             errors += check_port(res, c, where)
+            unread = [e.get("name") for e in c.get("env") or [] if e.get("name") not in ENV_READ]
+            if unread:
+                errors.append(f"{where}: env {unread} not read by snowlease (src/)")
     return errors
 
 
@@ -194,7 +220,7 @@ def check_dockerfile():
     return []
 
 
-def check_resource(res, path):
+def check_resource(res, path, versions=None):
     """Error messages for one resource (empty when valid)."""
     if not isinstance(res, dict) or "kind" not in res or "apiVersion" not in res:
         return [f"{path}: not a Kubernetes resource (kind/apiVersion missing)"]
@@ -212,7 +238,7 @@ def check_resource(res, path):
     if (api, kind) in CRD_CHECKS:
         return [f"{label}: {e}" for e in CRD_CHECKS[(api, kind)](res)]
     errors = []
-    for version in VERSIONS:
+    for version in versions or versions_for(path):
         try:
             utils.validate(res, version, strict=True)
         except utils.ValidationError as e:
@@ -241,7 +267,8 @@ for path in files:
         checked += 1
         failures += errors
         if not errors:
-            print(f"ok   {path}: {res['kind']}/{(res.get('metadata') or {}).get('name', '-')}")
+            print(f"ok   {path}: {res['kind']}/{(res.get('metadata') or {}).get('name', '-')}"
+                  f" (Kubernetes {', '.join(versions_for(path))})")
 failures += check_dockerfile()
 for e in failures:
     print(f"FAIL {e}")
@@ -249,6 +276,7 @@ for e in failures:
 # Self-test: each broken copy must be rejected, or the check above proves nothing.
 deployment = load(os.path.join(ROOT, "deployment.yaml"))[0]
 rule = next(r for p in files for r in load(p) if r.get("kind") == "PrometheusRule")
+plain = load(os.path.join(ROOT, "plain-sidecar", "deployment.yaml"))[0]
 
 
 def broken(res, mutate):
@@ -282,6 +310,14 @@ cases = {
         (broken(deployment, lambda r: r["spec"]["template"]["metadata"]["annotations"].update(
             {"prometheus.io/port": "8080"})),
         "prometheus.io/port is 8080"),
+    "env var POD_NAME that snowlease never reads":
+        (broken(deployment, lambda r: pod(r)["initContainers"][1]["env"].append(
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})),
+        "not read by snowlease"),
+    "preStop.sleep in plain-sidecar/ (Kubernetes 1.30+)":
+        (broken(plain, lambda r: pod(r)["containers"][0]["lifecycle"].update(
+            preStop={"sleep": {"seconds": 20}})),
+        "against 1.28.0"),
     "app container may escalate privileges":
         (broken(deployment, lambda r: pod(r)["containers"][0]["securityContext"].update(
             allowPrivilegeEscalation=True)),
@@ -297,7 +333,7 @@ cases = {
 }
 # Each broken copy must be rejected for the reason it was broken for.
 for what, (res, expect) in cases.items():
-    errors = check_resource(res, f"self-test ({what})")
+    errors = check_resource(res, f"self-test ({what})", VERSIONS + ["1.28.0"])
     hits = [e for e in errors if expect in e]
     if hits:
         print(f"ok   self-test rejects {what}: {hits[0]}")

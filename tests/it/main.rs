@@ -7,10 +7,10 @@ mod acl;
 mod cli;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
-/// Default listen ports, checked against common app and sidecar ports.
-mod defaults;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
+/// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
+mod first_use;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.

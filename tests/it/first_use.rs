@@ -1,5 +1,6 @@
-//! Default listen ports: off the ports apps and common sidecars take in a shared pod network
-//! namespace, and the same in `--help` and README.md.
+//! First use in a pod: default listen ports off the ports apps and common sidecars take in a
+//! shared pod network namespace (the same in `--help` and README.md); `snowlease sleep`, the
+//! preStop hook of k8s/plain-sidecar/.
 
 use crate::harness::*;
 
@@ -59,4 +60,22 @@ fn default_listen_ports_avoid_app_and_sidecar_ports() {
         readme.contains(&format!("default `{serve}`")),
         "README names the pool serve default {serve}"
     );
+}
+
+/// `snowlease sleep 300ms` waits that long and exits 0; a duration outside 0s-1h or one that
+/// does not parse exits 2 at once, naming the argument.
+#[test]
+fn sleep_waits_then_exits_zero() {
+    let started = std::time::Instant::now();
+    let run = run_snowlease(&["sleep", "300ms"], &[], secs(10));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(started.elapsed() >= ms(300), "{:?}", started.elapsed());
+
+    for bad in ["2h", "soon"] {
+        let started = std::time::Instant::now();
+        let run = run_snowlease(&["sleep", bad], &[], secs(10));
+        assert_eq!(run.code, Some(2), "{bad}: {run:?}");
+        assert!(run.stderr.contains("DURATION"), "{bad}: {run:?}");
+        assert!(started.elapsed() < secs(5), "{bad}: refused at once");
+    }
 }
