@@ -3,7 +3,8 @@
 # what is checked), then proves that the check catches broken manifests
 # (self-test). Called by .ci/run. Installs kubernetes-validate (the
 # Kubernetes JSON schemas ship inside the PyPI package) and promql-parser
-# into a venv under target/ once; no cluster, no network after that.
+# into a venv under target/ once; no cluster, no network after that. Needs
+# kubectl (for `kubectl kustomize`) or kustomize on PATH.
 #
 # Usage: scripts/validate-k8s.sh            (K8S_VERSIONS="1.33.0 1.37.0")
 set -euo pipefail

@@ -4,25 +4,39 @@ installs kubernetes-validate and promql-parser into a venv first).
 
 Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
 
-- Built-in kinds: kubernetes-validate's strict JSON schemas (unknown fields
-  and wrong types fail) for each Kubernetes version in K8S_VERSIONS. Its
-  schemas ship inside the PyPI package: no cluster, no network after the
-  one-time install into a venv under target/.
-- An unknown kind or apiVersion fails too (the kubernetes-validate CLI only
-  warns about those, so this script calls its validate() directly).
-- Prometheus Operator kinds (no schema shipped): field names checked, every
-  PromQL expression parsed (promql-parser), every snowlease_* metric name
-  checked against the metrics the sidecar exports.
-- kustomization.yaml: every listed resource exists.
-- Every container: non-root, read-only root filesystem, no privilege
-  escalation, all capabilities dropped. The snowlease container: probes on
-  /readyz and /livez; in initContainers a native sidecar (restartPolicy:
-  Always) whose startupProbe gates the app.
+- Every kustomization.yaml (Kustomization or Component): known fields, every resource,
+  component and patch file it names exists; every other .yaml file is named by one (else
+  nothing would validate it).
+- Each Kustomization is built with `kubectl kustomize` (kustomize is built into kubectl;
+  `kustomize build` if only that is installed) and every built resource is checked as below,
+  so the component under components/ is checked as applied (existing-deployment/).
+- Built-in kinds: kubernetes-validate's strict JSON schemas (unknown fields and wrong types
+  fail) for each Kubernetes version in K8S_VERSIONS, plus 1.27 and 1.28 for plain-sidecar/
+  (clusters without native sidecars). An unknown kind or apiVersion fails too (the
+  kubernetes-validate CLI only warns about those, so this calls its validate() directly).
+- Prometheus Operator kinds (no schema shipped): field names checked, every PromQL
+  expression parsed (promql-parser), every snowlease_* metric name checked against the
+  metrics the sidecar exports.
+- snowlease containers (args start with a snowlease subcommand) harden themselves, not via
+  the pod: non-root numeric UID, read-only root filesystem, no privilege escalation, all
+  capabilities dropped, seccomp RuntimeDefault. App containers are the user's own.
+- The worker container: probes on /readyz and /livez; in initContainers a native sidecar
+  (restartPolicy: Always) whose startupProbe gates the app; its port named `snowlease` and
+  the pod's prometheus.io/port are the port it listens on (--listen / SNOWLEASE_LISTEN, else
+  DEFAULT_LISTEN read from src/); only env vars snowlease reads (read from src/). The
+  Dockerfile's EXPOSE is the default port.
+- A container started by `snowlease exec`: command ends with `--`, args present, the
+  snowlease volume mounted. An overlay using a component keeps the base Deployment's pod
+  securityContext and each app container's securityContext, image, env and ports, and its
+  args run what the base ran (base command + args, or the image's ENTRYPOINT + args).
+- Self-test: broken copies (one per rule) must each be rejected for their reason.
 """
 import copy
 import glob
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 import promql_parser
@@ -49,7 +63,9 @@ ENDPOINT_KEYS = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabel
                  "metricRelabelings"}
 KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "images", "labels", "namespace",
                       "namePrefix", "nameSuffix", "patches", "components", "replicas",
-                      "configMapGenerator", "secretGenerator"}
+                      "configMapGenerator", "secretGenerator", "replacements"}
+KUSTOMIZE_KINDS = {("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+                   ("kustomize.config.k8s.io/v1alpha1", "Component")}
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 
@@ -135,23 +151,96 @@ CRD_CHECKS = {
 }
 
 
-def check_hardening(res):
-    """Every container of a workload: non-root, read-only root, no escalation, caps dropped."""
-    errors = []
+SNOWLEASE_COMMANDS = {"worker", "install", "exec", "id", "status", "pool", "sleep"}
+
+
+def is_snowlease(container):
+    """A container running the snowlease image (its args start with a snowlease subcommand)."""
+    return not container.get("command") and \
+        str((container.get("args") or [""])[0]) in SNOWLEASE_COMMANDS
+
+
+def containers(res):
     pod = (((res.get("spec") or {}).get("template") or {}).get("spec")) or {}
-    pod_sc = pod.get("securityContext") or {}
     for field in ("initContainers", "containers"):
         for c in pod.get(field) or []:
-            sc = c.get("securityContext") or {}
-            where = f"{field}/{c.get('name')}"
-            if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
-                errors.append(f"{where}: runAsNonRoot is not true")
-            if sc.get("readOnlyRootFilesystem") is not True:
-                errors.append(f"{where}: readOnlyRootFilesystem is not true")
-            if sc.get("allowPrivilegeEscalation") is not False:
-                errors.append(f"{where}: allowPrivilegeEscalation is not false")
-            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
-                errors.append(f"{where}: capabilities.drop lacks ALL")
+            yield f"{field}/{c.get('name')}", c
+
+
+def check_hardening(res):
+    """The snowlease containers harden themselves (not through the pod's securityContext,
+    which would reach the app too): non-root with a numeric UID, read-only root, no
+    escalation, all capabilities dropped, seccomp RuntimeDefault. App containers are the
+    user's own and are not checked."""
+    errors = []
+    for where, c in containers(res):
+        if not is_snowlease(c):
+            continue
+        sc = c.get("securityContext") or {}
+        if sc.get("runAsNonRoot") is not True:
+            errors.append(f"{where}: runAsNonRoot is not true")
+        if not isinstance(sc.get("runAsUser"), int) or sc["runAsUser"] == 0:
+            errors.append(f"{where}: runAsUser is not a numeric non-root UID")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            errors.append(f"{where}: readOnlyRootFilesystem is not true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errors.append(f"{where}: allowPrivilegeEscalation is not false")
+        if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+            errors.append(f"{where}: capabilities.drop lacks ALL")
+        if (sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            errors.append(f"{where}: seccompProfile is not RuntimeDefault")
+    return errors
+
+
+def check_exec_wrapping(res):
+    """A container started through `snowlease exec` ends its command with `--`, has the
+    original command in `args`, and mounts the snowlease volume (binary and ID file)."""
+    errors = []
+    for where, c in containers(res):
+        command = [str(a) for a in c.get("command") or []]
+        if len(command) < 2 or not command[0].endswith("/snowlease") or command[1] != "exec":
+            continue
+        if command[-1] != "--":
+            errors.append(f"{where}: the snowlease exec command must end with --")
+        if not c.get("args"):
+            errors.append(f"{where}: snowlease exec without args runs nothing")
+        mounts = {m.get("name") for m in c.get("volumeMounts") or []}
+        if "snowlease" not in mounts:
+            errors.append(f"{where}: snowlease exec without the snowlease volume")
+    return errors
+
+
+def check_kept(built, base):
+    """An overlay that adds snowlease to `base` keeps the app's own settings: pod
+    securityContext, and per app container its securityContext, image, env and ports; the
+    wrapped command runs what the base ran (its `command` + `args`, or the image's
+    ENTRYPOINT, an absolute path, followed by its `args`)."""
+    errors = []
+    bpod, pod = base["spec"]["template"]["spec"], built["spec"]["template"]["spec"]
+    if bpod.get("securityContext") != pod.get("securityContext"):
+        errors.append(f"pod securityContext changed: {bpod.get('securityContext')} -> "
+                      f"{pod.get('securityContext')}")
+    by_name = {c["name"]: c for c in pod.get("containers") or []}
+    for bc in bpod.get("containers") or []:
+        c = by_name.get(bc["name"])
+        if c is None:
+            errors.append(f"containers/{bc['name']}: gone")
+            continue
+        for field in ("securityContext", "image", "env", "ports"):
+            if bc.get(field) != c.get(field):
+                errors.append(f"containers/{bc['name']}: {field} changed: {bc.get(field)} -> "
+                              f"{c.get(field)}")
+        if c.get("command") == bc.get("command"):
+            continue
+        args, bargs = c.get("args") or [], bc.get("args") or []
+        if bc.get("command"):
+            ok = args == bc["command"] + bargs
+        else:
+            ok = len(args) == len(bargs) + 1 and args[1:] == bargs and str(args[0]).startswith("/")
+        if not ok:
+            errors.append(f"containers/{bc['name']}: args {args} do not run what the base ran "
+                          f"(command {bc.get('command')}, args {bargs}; the image's ENTRYPOINT "
+                          f"goes first when the base has no command)")
     return errors
 
 
@@ -162,7 +251,7 @@ def check_sidecar(res):
     pod = res["spec"]["template"]["spec"]
     for field in ("initContainers", "containers"):
         for c in pod.get(field) or []:
-            if (c.get("args") or [None])[0] != "worker":
+            if c.get("command") or (c.get("args") or [None])[0] != "worker":
                 continue
             where = f"{field}/{c.get('name')}"
             probes = {"readinessProbe": "/readyz", "livenessProbe": "/livez"}
@@ -227,14 +316,6 @@ def check_resource(res, path, versions=None):
     kind, api = res["kind"], res["apiVersion"]
     name = (res.get("metadata") or {}).get("name", "?")
     label = f"{path}: {kind}/{name}"
-    if kind == "Kustomization":
-        errors = [f"{k}: unknown field" for k in set(res) - KUSTOMIZATION_KEYS]
-        base = os.path.dirname(path)
-        for entry in res.get("resources") or []:
-            target = os.path.join(base, entry)
-            if not (os.path.isfile(target) or os.path.isfile(os.path.join(target, "kustomization.yaml"))):
-                errors.append(f"resources: {entry} does not exist")
-        return [f"{label}: {e}" for e in errors]
     if (api, kind) in CRD_CHECKS:
         return [f"{label}: {e}" for e in CRD_CHECKS[(api, kind)](res)]
     errors = []
@@ -247,7 +328,8 @@ def check_resource(res, path, versions=None):
         except utils.SchemaNotFoundError as e:
             errors.append(f"{label}: {e.message}")
     if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
-        errors += [f"{label}: {e}" for e in check_hardening(res) + check_sidecar(res)]
+        errors += [f"{label}: {e}"
+                   for e in check_hardening(res) + check_sidecar(res) + check_exec_wrapping(res)]
     return errors
 
 
@@ -256,27 +338,122 @@ def load(path):
         return [doc for doc in yaml.safe_load_all(f) if doc]
 
 
+def check_kustomization(res, path):
+    """Errors of a kustomization.yaml (Kustomization or Component), and the paths it uses."""
+    label = f"{path}: {res.get('kind')}"
+    if (res.get("apiVersion"), res.get("kind")) not in KUSTOMIZE_KINDS:
+        return [f"{label}: apiVersion/kind not one of {sorted(KUSTOMIZE_KINDS)}"], set()
+    errors = [f"{label}: {k}: unknown field" for k in set(res) - KUSTOMIZATION_KEYS]
+    base = os.path.dirname(path)
+    entries = list(res.get("resources") or []) + list(res.get("components") or [])
+    entries += [p["path"] for p in res.get("patches") or [] if "path" in p]
+    used = set()
+    for entry in entries:
+        target = os.path.normpath(os.path.join(base, entry))
+        if os.path.isdir(target):
+            target = os.path.join(target, "kustomization.yaml")
+        if not os.path.isfile(target):
+            errors.append(f"{label}: {entry} does not exist")
+        used.add(target)
+    return errors, used
+
+
+def kustomize_build(folder):
+    """The resources `kubectl kustomize <folder>` (or `kustomize build`) produces."""
+    if shutil.which("kubectl"):
+        argv = ["kubectl", "kustomize", folder]
+    elif shutil.which("kustomize"):
+        argv = ["kustomize", "build", folder]
+    else:
+        sys.exit("validate-k8s: needs kubectl (kustomize built in) or kustomize on PATH")
+    run = subprocess.run(argv, capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, run.stderr.strip()
+    return [doc for doc in yaml.safe_load_all(run.stdout) if doc], None
+
+
+def load(path):
+    with open(path) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def base_of(res, folder, kustomization):
+    """The resource of the same kind and name among the folder's own resource files."""
+    for entry in kustomization.get("resources") or []:
+        path = os.path.join(folder, entry)
+        if os.path.isfile(path):
+            for doc in load(path):
+                if doc.get("kind") == res["kind"] and \
+                        doc.get("metadata", {}).get("name") == res["metadata"]["name"]:
+                    return doc
+    return None
+
+
 failures = []
 checked = 0
 files = sorted(glob.glob(os.path.join(ROOT, "**", "*.yaml"), recursive=True))
 if not files:
     sys.exit(f"validate-k8s: no manifests under {ROOT}/")
+# 1. Every kustomization.yaml is well-formed; every other file is used by one (else nothing
+#    below would build, and so validate, it).
+roots, used = {}, set()
 for path in files:
-    for res in load(path):
-        errors = check_resource(res, path)
+    if os.path.basename(path) != "kustomization.yaml":
+        continue
+    res = load(path)[0]
+    errors, uses = check_kustomization(res, path)
+    failures += errors
+    used |= uses
+    if res.get("kind") == "Kustomization":
+        roots[os.path.dirname(path)] = res
+    print(("FAIL" if errors else "ok  ") + f" {path}: {res.get('kind')}")
+for path in files:
+    if os.path.basename(path) != "kustomization.yaml" and os.path.normpath(path) not in used:
+        failures.append(f"{path}: listed in no kustomization.yaml, so never built or validated")
+# 2. What `kubectl kustomize` builds from each Kustomization, resource by resource.
+built = {}
+for folder, kustomization in sorted(roots.items()):
+    resources, error = kustomize_build(folder)
+    if error:
+        failures.append(f"{folder}: kubectl kustomize failed: {error}")
+        continue
+    built[folder] = resources
+    versions = versions_for(os.path.join(folder, "kustomization.yaml"))
+    for res in resources:
+        errors = check_resource(res, f"{folder} (built)", versions)
+        if kustomization.get("components") and res.get("kind") == "Deployment":
+            base = base_of(res, folder, kustomization)
+            if base is None:
+                errors.append(f"{folder}: Deployment/{res['metadata']['name']}: no base file")
+            else:
+                errors += [f"{folder}: Deployment/{res['metadata']['name']}: {e}"
+                           for e in check_kept(res, base)]
         checked += 1
         failures += errors
         if not errors:
-            print(f"ok   {path}: {res['kind']}/{(res.get('metadata') or {}).get('name', '-')}"
-                  f" (Kubernetes {', '.join(versions_for(path))})")
+            print(f"ok   {folder} (built): {res['kind']}/"
+                  f"{(res.get('metadata') or {}).get('name', '-')} "
+                  f"(Kubernetes {', '.join(versions)})")
 failures += check_dockerfile()
 for e in failures:
     print(f"FAIL {e}")
 
 # Self-test: each broken copy must be rejected, or the check above proves nothing.
-deployment = load(os.path.join(ROOT, "deployment.yaml"))[0]
-rule = next(r for p in files for r in load(p) if r.get("kind") == "PrometheusRule")
-plain = load(os.path.join(ROOT, "plain-sidecar", "deployment.yaml"))[0]
+def first(folder, kind):
+    """The first resource of `kind` built from k8s/<folder>; exits when that build failed."""
+    found = [r for r in built.get(os.path.join(ROOT, folder) if folder else ROOT, [])
+             if r.get("kind") == kind]
+    if not found:
+        print(f"FAIL self-test: no {kind} built from {ROOT}/{folder}; {len(failures)} failures")
+        sys.exit(1)
+    return found[0]
+
+
+deployment = first("", "Deployment")
+rule = first("monitoring", "PrometheusRule")
+plain = first("plain-sidecar", "Deployment")
+overlay = first("existing-deployment", "Deployment")
+overlay_base = load(os.path.join(ROOT, "existing-deployment", "deployment.yaml"))[0]
 
 
 def broken(res, mutate):
@@ -318,10 +495,28 @@ cases = {
         (broken(plain, lambda r: pod(r)["containers"][0]["lifecycle"].update(
             preStop={"sleep": {"seconds": 20}})),
         "against 1.28.0"),
-    "app container may escalate privileges":
-        (broken(deployment, lambda r: pod(r)["containers"][0]["securityContext"].update(
+    "snowlease init container may escalate privileges":
+        (broken(deployment, lambda r: pod(r)["initContainers"][0]["securityContext"].update(
             allowPrivilegeEscalation=True)),
         "allowPrivilegeEscalation"),
+    "sidecar non-root only through the pod's securityContext (reaches the app too)":
+        (broken(deployment, lambda r: (
+            pod(r)["initContainers"][1]["securityContext"].pop("runAsNonRoot"),
+            pod(r).update(securityContext={"runAsNonRoot": True}))),
+        "runAsNonRoot is not true"),
+    "exec wrapper without the closing --":
+        (broken(overlay, lambda r: pod(r)["containers"][0]["command"].pop()),
+        "must end with --"),
+    "component sets a pod-level securityContext":
+        (broken(overlay, lambda r: pod(r)["securityContext"].update(runAsUser=65532)),
+        "pod securityContext changed"),
+    "component changes the app container's securityContext":
+        (broken(overlay, lambda r: pod(r)["containers"][0]["securityContext"].update(
+            readOnlyRootFilesystem=True)),
+        "securityContext changed"),
+    "overlay args without the image's ENTRYPOINT":
+        (broken(overlay, lambda r: pod(r)["containers"][0].update(args=["--listen=:8000"])),
+        "do not run what the base ran"),
     "alert on a metric that does not exist":
         (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_lease_lost_total[10m]) > 0")),
@@ -334,6 +529,8 @@ cases = {
 # Each broken copy must be rejected for the reason it was broken for.
 for what, (res, expect) in cases.items():
     errors = check_resource(res, f"self-test ({what})", VERSIONS + ["1.28.0"])
+    if res["metadata"].get("name") == overlay["metadata"]["name"] and res["kind"] == "Deployment":
+        errors += check_kept(res, overlay_base)
     hits = [e for e in errors if expect in e]
     if hits:
         print(f"ok   self-test rejects {what}: {hits[0]}")
@@ -341,6 +538,7 @@ for what, (res, expect) in cases.items():
         failures.append(f"self-test: {what} was not rejected for {expect!r}: {errors}")
         print(f"FAIL self-test: {what} was not rejected for {expect!r}: {errors}")
 
-print(f"validate-k8s: {checked} resources in {len(files)} files against Kubernetes "
+print(f"validate-k8s: {len(files)} files, {len(roots)} kustomizations built, {checked} "
+      f"resources checked against Kubernetes "
       f"{', '.join(VERSIONS)}; {len(cases)} broken copies; {len(failures)} failures")
 sys.exit(1 if failures else 0)
