@@ -28,6 +28,8 @@ mod pool_quarantine;
 /// Pool lease rules found broken (issue 8): idempotency after extend, the fixed cap,
 /// the next-due hint, cooldowns across disable/enable, ids still leased.
 mod pool_rules;
+/// The statically linked binary runs `exec` and `id` in a bare root folder.
+mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
 /// Worker mode: claim, publish, release, re-adoption, bad input.
