@@ -7,6 +7,8 @@ mod acl;
 mod cli;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
+/// The Java, Node.js and Python examples under examples/ against a live sidecar.
+mod examples;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
 /// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
