@@ -145,7 +145,12 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             stdout_line(&exec::install(&args.dir)?.display().to_string())?;
         }
         Command::Sleep(args) => {
-            check_range("DURATION", args.duration, Duration::ZERO, Duration::from_secs(3600))?;
+            check_range(
+                "DURATION",
+                args.duration,
+                Duration::ZERO,
+                Duration::from_secs(3600),
+            )?;
             std::thread::sleep(args.duration);
         }
         Command::Pool(args) => {

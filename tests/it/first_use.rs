@@ -33,7 +33,9 @@ fn help_default_listen(args: &[&str]) -> String {
         .split("[default: ")
         .nth(1)
         .expect("a default for --listen");
-    default[..default.find(']').unwrap()].to_string()
+    // The value may hold brackets itself (`[::]:7391`): the line ends with the closing one.
+    let line = default.lines().next().unwrap().trim_end();
+    line.strip_suffix(']').expect("[default: ...]").to_string()
 }
 
 fn port_of(addr: &str) -> u16 {
