@@ -26,11 +26,11 @@ const EXAMPLES: [Example; 3] = [
         program: "node",
         args: &["examples/node/worker_id.js"],
     },
-    // Source-file mode of the JDK 11+ launcher: compiles and runs WorkerId.java in memory.
+    // Compiled once by `javac` (see `java_classes`); the JVM then only runs it.
     Example {
         name: "java",
         program: "java",
-        args: &["examples/java/WorkerId.java"],
+        args: &["-XX:TieredStopAtLevel=1", "WorkerId"],
     },
 ];
 
@@ -45,11 +45,25 @@ fn find(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs `example` with WORKER_ID_FILE=`file` and WORKER_ID_URL=`url`.
-fn run(example: &Example, interpreter: &Path, file: &Path, url: &str) -> Run {
+/// Compiles examples/java/WorkerId.java into a temporary folder, once for all runs (the
+/// launcher's source-file mode would compile it again on every run, seconds of CPU each).
+fn java_classes() -> Option<tempfile::TempDir> {
+    let javac = find("javac")?;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(javac);
+    cmd.arg("-d")
+        .arg(dir.path())
+        .arg(repo().join("examples/java/WorkerId.java"));
+    let out = run_command(cmd, secs(120));
+    assert_eq!(out.code, Some(0), "javac WorkerId.java: {out:?}");
+    Some(dir)
+}
+
+/// Runs `example` in `cwd` with WORKER_ID_FILE=`file` and WORKER_ID_URL=`url`.
+fn run(example: &Example, interpreter: &Path, cwd: &Path, file: &Path, url: &str) -> Run {
     let mut cmd = Command::new(interpreter);
     cmd.args(example.args)
-        .current_dir(repo())
+        .current_dir(cwd)
         .env("WORKER_ID_FILE", file)
         .env("WORKER_ID_URL", url);
     // The JVM starts slowly on a loaded 2-core machine.
@@ -77,11 +91,19 @@ fn parse(run: &Run) -> (u32, String, u64) {
 /// mint (exit 3, empty stdout) once the sidecar released the ID and stopped.
 #[test]
 fn examples_read_the_published_id_and_refuse_without_one() {
-    let present: Vec<(&Example, PathBuf)> = EXAMPLES
+    let classes = java_classes();
+    let present: Vec<(&Example, PathBuf, PathBuf)> = EXAMPLES
         .iter()
-        .filter_map(|e| match find(e.program) {
-            Some(path) => Some((e, path)),
-            None => {
+        .filter_map(|e| match (find(e.program), e.name) {
+            (Some(_), "java") if classes.is_none() => {
+                eprintln!(
+                    "!!! SKIPPED example java: `javac` not on PATH (.ci/run installs it) !!!"
+                );
+                None
+            }
+            (Some(path), "java") => Some((e, path, classes.as_ref().unwrap().path().into())),
+            (Some(path), _) => Some((e, path, repo().to_path_buf())),
+            (None, _) => {
                 eprintln!(
                     "!!! SKIPPED example {}: `{}` not on PATH (install it; .ci/run does) !!!",
                     e.name, e.program
@@ -104,9 +126,9 @@ fn examples_read_the_published_id_and_refuse_without_one() {
     let file = sidecar.output_file().to_path_buf();
     let missing = sidecar.pod().path().join("no-such-file");
 
-    for (example, interpreter) in &present {
+    for (example, interpreter, cwd) in &present {
         for (path, source) in [(&file, "file"), (&missing, "http")] {
-            let out = run(example, interpreter, path, &url);
+            let out = run(example, interpreter, cwd, path, &url);
             assert_eq!(out.code, Some(0), "{}: {out:?}", example.name);
             let (worker_id, got_source, snowflake) = parse(&out);
             assert_eq!(worker_id, lease.worker_id, "{}: {out:?}", example.name);
@@ -117,8 +139,8 @@ fn examples_read_the_published_id_and_refuse_without_one() {
 
     sidecar.signal(Signal::SIGTERM);
     assert_eq!(sidecar.wait_exit(secs(5)).and_then(|s| s.code()), Some(0));
-    for (example, interpreter) in &present {
-        let out = run(example, interpreter, &file, &url);
+    for (example, interpreter, cwd) in &present {
+        let out = run(example, interpreter, cwd, &file, &url);
         assert_eq!(out.code, Some(3), "{}: {out:?}", example.name);
         assert_eq!(out.stdout, "", "{}: minted nothing", example.name);
         assert!(
