@@ -46,10 +46,13 @@ from kubernetes_validate import utils
 VERSIONS = sys.argv[1].split()
 ROOT = sys.argv[2]
 
-# What the sidecar exports (src/metrics.rs); counters carry _total.
+# What the sidecar exports (src/worker_id/metrics.rs, build_info in src/http.rs); counters
+# carry _total.
 KNOWN_METRICS = {
+    "snowlease_build_info",
     "snowlease_lease_held",
     "snowlease_worker_id",
+    "snowlease_worker_ids",
     "snowlease_renewals_total",
     "snowlease_leases_lost_total",
     "snowlease_reacquisitions_total",
@@ -151,7 +154,7 @@ CRD_CHECKS = {
 }
 
 
-SNOWLEASE_COMMANDS = {"worker", "install", "exec", "id", "status", "pool", "sleep"}
+SNOWLEASE_COMMANDS = {"worker", "install", "exec", "id", "status", "guard", "pool", "sleep"}
 
 
 def is_snowlease(container):
