@@ -284,13 +284,19 @@ fn deploy_steps_rule() -> String {
     rules[0].clone()
 }
 
-/// The exact ACL rule of the README's deploy steps covers every command those steps run: the
-/// sidecar's whole lease life, `snowlease id` and `snowlease status` with the sidecar's URL;
-/// Redis denies nothing.
+/// The exact ACL rule of the README's deploy steps covers every command those steps run:
+/// `guard open` on a fresh Redis, the sidecar's whole lease life, `snowlease id` and
+/// `snowlease status` with the sidecar's URL; Redis denies nothing.
 #[test]
 fn deploy_steps_rule_covers_every_step() {
     let redis = RedisServer::start();
     let url = acl_user(&redis, "snowlease", &deploy_steps_rule());
+    let guard = run_snowlease(
+        &["guard", "open", "--app", "orders", "--redis-url", &url],
+        &[],
+        secs(15),
+    );
+    assert_eq!(guard.code, Some(0), "{guard:?}");
     let mut sidecar = Sidecar::worker_at(&url, "orders").spawn();
     let lease = sidecar.wait_for_lease(secs(10));
 
