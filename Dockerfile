@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
-# The snowlease image: built with Rust on Debian 12, run on distroless/cc
-# (glibc and libgcc only: no shell, no package manager) as UID 65532.
+# The snowlease image: built with Rust on Debian 12 as one statically linked
+# binary (scripts/build-static.sh: glibc's static libc, no NSS modules or
+# libgcc needed at run time), run on distroless/static (no libc, no shell, no
+# package manager) as UID 65532.
 # Not built in CI (the CI machine has no container engine); see
 # README.md, Kubernetes, "Container image".
 #
@@ -14,16 +16,16 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
+COPY scripts/build-static.sh ./scripts/
 # Cache mounts keep the crate registry and build artefacts between builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin snowlease \
-    && install -m 0755 target/release/snowlease /snowlease
+    install -m 0755 "$(scripts/build-static.sh --release | tail -1)" /snowlease
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /snowlease /usr/local/bin/snowlease
 # Numeric, so the kubelet can check runAsNonRoot.
 USER 65532:65532
-EXPOSE 8080
+EXPOSE 7391
 ENTRYPOINT ["/usr/local/bin/snowlease"]
 CMD ["worker"]

@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-redis.sh
+# The statically linked binary for tests/it/static_binary.rs, built before
+# the suite so no build runs beside the timing-sensitive tests (cached in
+# target/static; a cold build costs about 130 s of CPU).
+SNOWLEASE_STATIC_BIN="${SNOWLEASE_STATIC_BIN:-$(scripts/build-static.sh | tail -1)}"
+export SNOWLEASE_STATIC_BIN
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # Integration tests mostly wait on TTLs and processes, so run more of them

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use snowlease::cli::stdout_line;
+use snowlease::cli::{check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard};
 use snowlease::{exec, exit, pool, shutdown, worker_id};
 
@@ -54,6 +54,17 @@ enum Command {
     },
     /// Print the man page (roff, from the same flag definitions) to stdout: `snowlease man | man -l -`.
     Man,
+    /// Wait DURATION, then exit 0: a preStop hook for images without a shell (k8s/plain-sidecar/).
+    Sleep(SleepArgs),
+}
+
+/// `snowlease sleep`: Kubernetes before 1.30 has no `preStop.sleep`, and the
+/// snowlease image has no `sleep` binary to exec.
+#[derive(clap::Args)]
+struct SleepArgs {
+    /// How long to wait (0s-1h), e.g. 20s.
+    #[arg(value_parser = parse_duration)]
+    duration: Duration,
 }
 
 impl Command {
@@ -132,6 +143,15 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         }
         Command::Install(args) => {
             stdout_line(&exec::install(&args.dir)?.display().to_string())?;
+        }
+        Command::Sleep(args) => {
+            check_range(
+                "DURATION",
+                args.duration,
+                Duration::ZERO,
+                Duration::from_secs(3600),
+            )?;
+            std::thread::sleep(args.duration);
         }
         Command::Pool(args) => {
             let config = args.validate()?;

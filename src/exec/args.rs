@@ -19,7 +19,7 @@ pub struct SourceArgs {
     #[arg(long, env = "SNOWLEASE_ID_FILE", conflicts_with = "url")]
     pub file: Option<PathBuf>,
 
-    /// Sidecar URL instead of the file: the base (http://127.0.0.1:8080) or the full /id URL.
+    /// Sidecar URL instead of the file: the base (http://127.0.0.1:7391) or the full /id URL.
     #[arg(long, env = "SNOWLEASE_ID_URL")]
     pub url: Option<String>,
 }

@@ -192,7 +192,8 @@ fn descendants(pid: Pid) -> Vec<Pid> {
             continue;
         };
         for task in tasks.flatten() {
-            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|p| p.parse().ok()) {
                 let child = Pid::from_raw(child);
                 found.push(child);

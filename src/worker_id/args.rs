@@ -17,6 +17,13 @@ pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 /// Shortest `--renew-interval`: each renew is a Redis call and rewrites the
 /// state file (fsync), so `1ns` meant ~740 renewals a second (issue 8).
 pub const RENEW_INTERVAL_MIN: Duration = Duration::from_millis(100);
+/// Default `--listen` of the sidecar. Port 7391: the sidecar shares the pod's network
+/// namespace with the app, so not 8080/8000/3000/5000 (app defaults), not 9100-9999 (Prometheus
+/// exporters), 15000-15090 (Istio/Envoy), 4140-4191 (Linkerd), 3500/50001 (Dapr), 8200 (Vault
+/// agent), 8300-8600 (Consul), 4317/4318/8888/13133 (OpenTelemetry collector), 9901 (Envoy
+/// admin); below the ephemeral (32768+) and NodePort (30000-32767) ranges. Manifests, Dockerfile
+/// and README must name the same port (`scripts/validate_k8s.py` reads it from here).
+pub const DEFAULT_LISTEN: &str = "[::]:7391";
 
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
 pub const WORKER_ID_LIMIT: u16 = 1023;
@@ -111,7 +118,7 @@ pub struct WorkerArgs {
     pub output_file: PathBuf,
 
     /// Address of the HTTP server (/id, /livez, /readyz, /metrics); `[::]:PORT` answers on IPv6 and IPv4 (IPv4 only on hosts without IPv6).
-    #[arg(long, env = "SNOWLEASE_LISTEN", default_value = "[::]:8080")]
+    #[arg(long, env = "SNOWLEASE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
     /// What to do when the lease is lost: reclaim another ID, or exit with code 4.

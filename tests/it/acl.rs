@@ -276,3 +276,58 @@ fn pool_cli_runs_with_the_minimal_acl() {
     );
     assert!(!run.stderr.contains(":pw@"), "password hidden: {run:?}");
 }
+
+/// The rule of README.md's deploy steps ("Deploy, step by step", step 2), read from the
+/// `ACL SETUSER snowlease on >PASSWORD ...` line of README.md or of a file under docs/.
+fn deploy_steps_rule() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    if let Ok(docs) = std::fs::read_dir(root.join("docs")) {
+        files.extend(docs.flatten().map(|e| e.path()));
+    }
+    let prefix = "ACL SETUSER snowlease on >PASSWORD ";
+    let rules: Vec<String> = files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().strip_prefix(prefix).map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(rules.len(), 1, "one deploy-steps ACL line: {rules:?}");
+    rules[0].clone()
+}
+
+/// The exact ACL rule of the README's deploy steps covers every command those steps run:
+/// `guard open` on a fresh Redis, the sidecar's whole lease life, `snowlease id` and
+/// `snowlease status` with the sidecar's URL; Redis denies nothing.
+#[test]
+fn deploy_steps_rule_covers_every_step() {
+    let redis = RedisServer::start();
+    let url = acl_user(&redis, "snowlease", &deploy_steps_rule());
+    let guard = run_snowlease(
+        &["guard", "open", "--app", "orders", "--redis-url", &url],
+        &[],
+        secs(15),
+    );
+    assert_eq!(guard.code, Some(0), "{guard:?}");
+    let mut sidecar = Sidecar::worker_at(&url, "orders").spawn();
+    let lease = sidecar.wait_for_lease(secs(10));
+
+    let file = sidecar.output_file().to_string_lossy().into_owned();
+    let id = run_snowlease(&["id", "--file", &file], &[], secs(10));
+    assert_eq!(id.stdout.trim(), lease.worker_id.to_string(), "{id:?}");
+    let status = run_snowlease(
+        &["status", "--app", "orders", "--json"],
+        &[("REDIS_URL", &url)],
+        secs(15),
+    );
+    assert_eq!(status.code, Some(0), "{status:?}");
+    let report: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(report["held"], 1, "{report}");
+
+    sidecar.signal(Signal::SIGTERM);
+    assert_eq!(sidecar.wait_exit(secs(5)).and_then(|s| s.code()), Some(0));
+    assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
+}

@@ -9,8 +9,12 @@ mod cli;
 mod double_publish;
 /// A Redis that may evict keys: no lease held on it (worker, pool CLI, pool serve).
 mod eviction;
+/// The Java, Node.js and Python examples under examples/ against a live sidecar.
+mod examples;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
+/// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
+mod first_use;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
@@ -30,6 +34,8 @@ mod pool_quarantine;
 mod pool_rules;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;
+/// The statically linked binary runs `exec` and `id` in a bare root folder.
+mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
 /// Worker mode: claim, publish, release, re-adoption, bad input.

@@ -171,3 +171,35 @@ pub(super) fn read_lines(
         }
     })
 }
+
+/// Runs `cmd` (stdin closed, output captured) to completion; kills it after `timeout`.
+pub fn run_command(mut cmd: Command, timeout: Duration) -> Run {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let readers = [
+        read_lines(child.stdout.take().unwrap(), out.clone()),
+        read_lines(child.stderr.take().unwrap(), err.clone()),
+    ];
+    let status = poll_some(timeout, || child.try_wait().ok().flatten());
+    let timed_out = status.is_none();
+    if timed_out {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    let join = |v: Arc<Mutex<Vec<String>>>| v.lock().unwrap().join("\n");
+    Run {
+        code: status.and_then(|s| s.code()),
+        stdout: join(out),
+        stderr: join(err),
+        timed_out,
+    }
+}

@@ -1,0 +1,547 @@
+#!/usr/bin/env python3
+"""Offline checks of the manifests under k8s/, run by scripts/validate-k8s.sh (which
+installs kubernetes-validate and promql-parser into a venv first).
+
+Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
+
+- Every kustomization.yaml (Kustomization or Component): known fields, every resource,
+  component and patch file it names exists; every other .yaml file is named by one (else
+  nothing would validate it).
+- Each Kustomization is built with `kubectl kustomize` (kustomize is built into kubectl;
+  `kustomize build` if only that is installed) and every built resource is checked as below,
+  so the component under components/ is checked as applied (existing-deployment/).
+- Built-in kinds: kubernetes-validate's strict JSON schemas (unknown fields and wrong types
+  fail) for each Kubernetes version in K8S_VERSIONS, plus 1.27 and 1.28 for plain-sidecar/
+  (clusters without native sidecars). An unknown kind or apiVersion fails too (the
+  kubernetes-validate CLI only warns about those, so this calls its validate() directly).
+- Prometheus Operator kinds (no schema shipped): field names checked, every PromQL
+  expression parsed (promql-parser), every snowlease_* metric name checked against the
+  metrics the sidecar exports.
+- snowlease containers (args start with a snowlease subcommand) harden themselves, not via
+  the pod: non-root numeric UID, read-only root filesystem, no privilege escalation, all
+  capabilities dropped, seccomp RuntimeDefault. App containers are the user's own.
+- The worker container: probes on /readyz and /livez; in initContainers a native sidecar
+  (restartPolicy: Always) whose startupProbe gates the app; its port named `snowlease` and
+  the pod's prometheus.io/port are the port it listens on (--listen / SNOWLEASE_LISTEN, else
+  DEFAULT_LISTEN read from src/); only env vars snowlease reads (read from src/). The
+  Dockerfile's EXPOSE is the default port.
+- A container started by `snowlease exec`: command ends with `--`, args present, the
+  snowlease volume mounted. An overlay using a component keeps the base Deployment's pod
+  securityContext and each app container's securityContext, image, env and ports, and its
+  args run what the base ran (base command + args, or the image's ENTRYPOINT + args).
+- Self-test: broken copies (one per rule) must each be rejected for their reason.
+"""
+import copy
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import promql_parser
+import yaml
+from kubernetes_validate import utils
+
+VERSIONS = sys.argv[1].split()
+ROOT = sys.argv[2]
+
+# What the sidecar exports (src/worker_id/metrics.rs, build_info in src/http.rs); counters
+# carry _total.
+KNOWN_METRICS = {
+    "snowlease_build_info",
+    "snowlease_lease_held",
+    "snowlease_worker_id",
+    "snowlease_worker_ids",
+    "snowlease_renewals_total",
+    "snowlease_leases_lost_total",
+    "snowlease_reacquisitions_total",
+    "snowlease_claim_attempts_total",
+}
+RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset", "labels"}
+PODMONITOR_KEYS = {"selector", "namespaceSelector", "podTargetLabels", "podMetricsEndpoints",
+                   "jobLabel", "sampleLimit"}
+ENDPOINT_KEYS = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings",
+                 "metricRelabelings"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "images", "labels", "namespace",
+                      "namePrefix", "nameSuffix", "patches", "components", "replicas",
+                      "configMapGenerator", "secretGenerator", "replacements"}
+KUSTOMIZE_KINDS = {("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+                   ("kustomize.config.k8s.io/v1alpha1", "Component")}
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+
+
+def default_listen_port():
+    """The port of the worker's default --listen, read from the one constant in src/."""
+    found = []
+    for path in glob.glob(os.path.join(SRC, "**", "*.rs"), recursive=True):
+        with open(path) as f:
+            found += re.findall(r'const DEFAULT_LISTEN: &str = "[^"]*:([0-9]+)";', f.read())
+    if len(found) != 1:
+        sys.exit(f"validate-k8s: expected one DEFAULT_LISTEN constant in src/, found {found}")
+    return int(found[0])
+
+
+DEFAULT_PORT = default_listen_port()
+
+
+def env_vars_read():
+    """Environment variables snowlease reads: clap env twins, std::env::var, EnvFilter."""
+    names = set()
+    for path in glob.glob(os.path.join(SRC, "**", "*.rs"), recursive=True):
+        with open(path) as f:
+            text = f.read()
+        names.update(re.findall(r'env = "([A-Z0-9_]+)"', text))
+        names.update(re.findall(r'env::var(?:_os)?\("([A-Z0-9_]+)"\)', text))
+        names.update(re.findall(r'from_env\("([A-Z0-9_]+)"\)', text))
+    return names
+
+
+ENV_READ = env_vars_read()
+# Extra Kubernetes versions per folder under k8s/: plain-sidecar/ is for clusters without
+# native sidecars (before 1.29), so it must pass their schemas too.
+EXTRA_VERSIONS = {"plain-sidecar": ["1.27.0", "1.28.0"]}
+
+
+def versions_for(path):
+    rel = os.path.relpath(os.path.dirname(path), ROOT)
+    return VERSIONS + EXTRA_VERSIONS.get(rel.split(os.sep)[0], [])
+
+
+def check_prometheusrule(res):
+    errors = []
+    spec = res.get("spec") or {}
+    errors += [f"spec.{k}: unknown field" for k in set(spec) - {"groups"}]
+    for g, group in enumerate(spec.get("groups") or []):
+        errors += [f"spec.groups.{g}.{k}: unknown field" for k in set(group) - GROUP_KEYS]
+        for r, rule in enumerate(group.get("rules") or []):
+            where = f"spec.groups.{g}.rules.{r}"
+            errors += [f"{where}.{k}: unknown field" for k in set(rule) - RULE_KEYS]
+            if "alert" in rule:
+                if not (rule.get("labels") or {}).get("severity"):
+                    errors.append(f"{where}: alert without labels.severity")
+                if not (rule.get("annotations") or {}).get("summary"):
+                    errors.append(f"{where}: alert without annotations.summary")
+            if "for" in rule and not DURATION.match(str(rule["for"])):
+                errors.append(f"{where}.for: not a duration: {rule['for']!r}")
+            expr = str(rule.get("expr", ""))
+            try:
+                promql_parser.parse(expr)
+            except Exception as e:  # the parser raises plain exceptions
+                errors.append(f"{where}.expr: does not parse: {e}")
+            for name in re.findall(r"\bsnowlease_[A-Za-z0-9_]+", expr):
+                if name not in KNOWN_METRICS:
+                    errors.append(f"{where}.expr: unknown metric {name}")
+    return errors
+
+
+def check_podmonitor(res):
+    errors = []
+    spec = res.get("spec") or {}
+    errors += [f"spec.{k}: unknown field" for k in set(spec) - PODMONITOR_KEYS]
+    if not spec.get("selector"):
+        errors.append("spec.selector: missing")
+    for i, ep in enumerate(spec.get("podMetricsEndpoints") or []):
+        errors += [f"spec.podMetricsEndpoints.{i}.{k}: unknown field" for k in set(ep) - ENDPOINT_KEYS]
+    return errors
+
+
+CRD_CHECKS = {
+    ("monitoring.coreos.com/v1", "PrometheusRule"): check_prometheusrule,
+    ("monitoring.coreos.com/v1", "PodMonitor"): check_podmonitor,
+}
+
+
+SNOWLEASE_COMMANDS = {"worker", "install", "exec", "id", "status", "guard", "pool", "sleep"}
+
+
+def is_snowlease(container):
+    """A container running the snowlease image (its args start with a snowlease subcommand)."""
+    return not container.get("command") and \
+        str((container.get("args") or [""])[0]) in SNOWLEASE_COMMANDS
+
+
+def containers(res):
+    pod = (((res.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    for field in ("initContainers", "containers"):
+        for c in pod.get(field) or []:
+            yield f"{field}/{c.get('name')}", c
+
+
+def check_hardening(res):
+    """The snowlease containers harden themselves (not through the pod's securityContext,
+    which would reach the app too): non-root with a numeric UID, read-only root, no
+    escalation, all capabilities dropped, seccomp RuntimeDefault. App containers are the
+    user's own and are not checked."""
+    errors = []
+    for where, c in containers(res):
+        if not is_snowlease(c):
+            continue
+        sc = c.get("securityContext") or {}
+        if sc.get("runAsNonRoot") is not True:
+            errors.append(f"{where}: runAsNonRoot is not true")
+        if not isinstance(sc.get("runAsUser"), int) or sc["runAsUser"] == 0:
+            errors.append(f"{where}: runAsUser is not a numeric non-root UID")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            errors.append(f"{where}: readOnlyRootFilesystem is not true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errors.append(f"{where}: allowPrivilegeEscalation is not false")
+        if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+            errors.append(f"{where}: capabilities.drop lacks ALL")
+        if (sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            errors.append(f"{where}: seccompProfile is not RuntimeDefault")
+    return errors
+
+
+def check_exec_wrapping(res):
+    """A container started through `snowlease exec` ends its command with `--`, has the
+    original command in `args`, and mounts the snowlease volume (binary and ID file)."""
+    errors = []
+    for where, c in containers(res):
+        command = [str(a) for a in c.get("command") or []]
+        if len(command) < 2 or not command[0].endswith("/snowlease") or command[1] != "exec":
+            continue
+        if command[-1] != "--":
+            errors.append(f"{where}: the snowlease exec command must end with --")
+        if not c.get("args"):
+            errors.append(f"{where}: snowlease exec without args runs nothing")
+        mounts = {m.get("name") for m in c.get("volumeMounts") or []}
+        if "snowlease" not in mounts:
+            errors.append(f"{where}: snowlease exec without the snowlease volume")
+    return errors
+
+
+def check_kept(built, base):
+    """An overlay that adds snowlease to `base` keeps the app's own settings: pod
+    securityContext, and per app container its securityContext, image, env and ports; the
+    wrapped command runs what the base ran (its `command` + `args`, or the image's
+    ENTRYPOINT, an absolute path, followed by its `args`)."""
+    errors = []
+    bpod, pod = base["spec"]["template"]["spec"], built["spec"]["template"]["spec"]
+    if bpod.get("securityContext") != pod.get("securityContext"):
+        errors.append(f"pod securityContext changed: {bpod.get('securityContext')} -> "
+                      f"{pod.get('securityContext')}")
+    by_name = {c["name"]: c for c in pod.get("containers") or []}
+    for bc in bpod.get("containers") or []:
+        c = by_name.get(bc["name"])
+        if c is None:
+            errors.append(f"containers/{bc['name']}: gone")
+            continue
+        for field in ("securityContext", "image", "env", "ports"):
+            if bc.get(field) != c.get(field):
+                errors.append(f"containers/{bc['name']}: {field} changed: {bc.get(field)} -> "
+                              f"{c.get(field)}")
+        if c.get("command") == bc.get("command"):
+            continue
+        args, bargs = c.get("args") or [], bc.get("args") or []
+        if bc.get("command"):
+            ok = args == bc["command"] + bargs
+        else:
+            ok = len(args) == len(bargs) + 1 and args[1:] == bargs and str(args[0]).startswith("/")
+        if not ok:
+            errors.append(f"containers/{bc['name']}: args {args} do not run what the base ran "
+                          f"(command {bc.get('command')}, args {bargs}; the image's ENTRYPOINT "
+                          f"goes first when the base has no command)")
+    return errors
+
+
+def check_sidecar(res):
+    """The snowlease container (args: worker): probes on /readyz and /livez; as an init
+    container it must be a native sidecar whose startupProbe gates the app."""
+    errors = []
+    pod = res["spec"]["template"]["spec"]
+    for field in ("initContainers", "containers"):
+        for c in pod.get(field) or []:
+            if c.get("command") or (c.get("args") or [None])[0] != "worker":
+                continue
+            where = f"{field}/{c.get('name')}"
+            probes = {"readinessProbe": "/readyz", "livenessProbe": "/livez"}
+            if field == "initContainers":
+                probes["startupProbe"] = "/readyz"
+                if c.get("restartPolicy") != "Always":
+                    errors.append(f"{where}: a sidecar in initContainers needs restartPolicy: Always")
+            for probe, path in probes.items():
+                if ((c.get(probe) or {}).get("httpGet") or {}).get("path") != path:
+                    errors.append(f"{where}: {probe} must GET {path}")
+            errors += check_port(res, c, where)
+            unread = [e.get("name") for e in c.get("env") or [] if e.get("name") not in ENV_READ]
+            if unread:
+                errors.append(f"{where}: env {unread} not read by snowlease (src/)")
+    return errors
+
+
+def listen_port(container):
+    """The port the worker listens on: --listen or SNOWLEASE_LISTEN, else the code's default."""
+    args = [str(a) for a in container.get("args") or []]
+    for i, arg in enumerate(args):
+        if arg.startswith("--listen="):
+            return int(arg.rsplit(":", 1)[1])
+        if arg == "--listen" and i + 1 < len(args):
+            return int(args[i + 1].rsplit(":", 1)[1])
+    for env in container.get("env") or []:
+        if env.get("name") == "SNOWLEASE_LISTEN" and "value" in env:
+            return int(str(env["value"]).rsplit(":", 1)[1])
+    return DEFAULT_PORT
+
+
+def check_port(res, container, where):
+    """The sidecar's port named `snowlease` (probes, PodMonitor) and the prometheus.io/port
+    annotation must be the port the worker listens on."""
+    errors = []
+    port = listen_port(container)
+    named = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    if named.get("snowlease") != port:
+        errors.append(f"{where}: port 'snowlease' is {named.get('snowlease')}, "
+                      f"the worker listens on {port} (src default {DEFAULT_PORT})")
+    annotations = (res["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+    if "prometheus.io/port" in annotations and str(annotations["prometheus.io/port"]) != str(port):
+        errors.append(f"{where}: annotation prometheus.io/port is "
+                      f"{annotations['prometheus.io/port']}, the worker listens on {port}")
+    return errors
+
+
+def check_dockerfile():
+    """The image's EXPOSE names the default port."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Dockerfile")
+    with open(path) as f:
+        exposed = re.findall(r"^EXPOSE\s+([0-9]+)", f.read(), re.M)
+    if exposed != [str(DEFAULT_PORT)]:
+        return [f"Dockerfile: EXPOSE {exposed}, the default --listen port is {DEFAULT_PORT}"]
+    return []
+
+
+def check_resource(res, path, versions=None):
+    """Error messages for one resource (empty when valid)."""
+    if not isinstance(res, dict) or "kind" not in res or "apiVersion" not in res:
+        return [f"{path}: not a Kubernetes resource (kind/apiVersion missing)"]
+    kind, api = res["kind"], res["apiVersion"]
+    name = (res.get("metadata") or {}).get("name", "?")
+    label = f"{path}: {kind}/{name}"
+    if (api, kind) in CRD_CHECKS:
+        return [f"{label}: {e}" for e in CRD_CHECKS[(api, kind)](res)]
+    errors = []
+    for version in versions or versions_for(path):
+        try:
+            utils.validate(res, version, strict=True)
+        except utils.ValidationError as e:
+            where = ".".join(str(p) for p in e.path)
+            errors.append(f"{label} against {version}: {where}: {e.message}")
+        except utils.SchemaNotFoundError as e:
+            errors.append(f"{label}: {e.message}")
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+        errors += [f"{label}: {e}"
+                   for e in check_hardening(res) + check_sidecar(res) + check_exec_wrapping(res)]
+    return errors
+
+
+def load(path):
+    with open(path) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def check_kustomization(res, path):
+    """Errors of a kustomization.yaml (Kustomization or Component), and the paths it uses."""
+    label = f"{path}: {res.get('kind')}"
+    if (res.get("apiVersion"), res.get("kind")) not in KUSTOMIZE_KINDS:
+        return [f"{label}: apiVersion/kind not one of {sorted(KUSTOMIZE_KINDS)}"], set()
+    errors = [f"{label}: {k}: unknown field" for k in set(res) - KUSTOMIZATION_KEYS]
+    base = os.path.dirname(path)
+    entries = list(res.get("resources") or []) + list(res.get("components") or [])
+    entries += [p["path"] for p in res.get("patches") or [] if "path" in p]
+    used = set()
+    for entry in entries:
+        target = os.path.normpath(os.path.join(base, entry))
+        if os.path.isdir(target):
+            target = os.path.join(target, "kustomization.yaml")
+        if not os.path.isfile(target):
+            errors.append(f"{label}: {entry} does not exist")
+        used.add(target)
+    return errors, used
+
+
+def kustomize_build(folder):
+    """The resources `kubectl kustomize <folder>` (or `kustomize build`) produces."""
+    if shutil.which("kubectl"):
+        argv = ["kubectl", "kustomize", folder]
+    elif shutil.which("kustomize"):
+        argv = ["kustomize", "build", folder]
+    else:
+        sys.exit("validate-k8s: needs kubectl (kustomize built in) or kustomize on PATH")
+    run = subprocess.run(argv, capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, run.stderr.strip()
+    return [doc for doc in yaml.safe_load_all(run.stdout) if doc], None
+
+
+def load(path):
+    with open(path) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def base_of(res, folder, kustomization):
+    """The resource of the same kind and name among the folder's own resource files."""
+    for entry in kustomization.get("resources") or []:
+        path = os.path.join(folder, entry)
+        if os.path.isfile(path):
+            for doc in load(path):
+                if doc.get("kind") == res["kind"] and \
+                        doc.get("metadata", {}).get("name") == res["metadata"]["name"]:
+                    return doc
+    return None
+
+
+failures = []
+checked = 0
+files = sorted(glob.glob(os.path.join(ROOT, "**", "*.yaml"), recursive=True))
+if not files:
+    sys.exit(f"validate-k8s: no manifests under {ROOT}/")
+# 1. Every kustomization.yaml is well-formed; every other file is used by one (else nothing
+#    below would build, and so validate, it).
+roots, used = {}, set()
+for path in files:
+    if os.path.basename(path) != "kustomization.yaml":
+        continue
+    res = load(path)[0]
+    errors, uses = check_kustomization(res, path)
+    failures += errors
+    used |= uses
+    if res.get("kind") == "Kustomization":
+        roots[os.path.dirname(path)] = res
+    print(("FAIL" if errors else "ok  ") + f" {path}: {res.get('kind')}")
+for path in files:
+    if os.path.basename(path) != "kustomization.yaml" and os.path.normpath(path) not in used:
+        failures.append(f"{path}: listed in no kustomization.yaml, so never built or validated")
+# 2. What `kubectl kustomize` builds from each Kustomization, resource by resource.
+built = {}
+for folder, kustomization in sorted(roots.items()):
+    resources, error = kustomize_build(folder)
+    if error:
+        failures.append(f"{folder}: kubectl kustomize failed: {error}")
+        continue
+    built[folder] = resources
+    versions = versions_for(os.path.join(folder, "kustomization.yaml"))
+    for res in resources:
+        errors = check_resource(res, f"{folder} (built)", versions)
+        if kustomization.get("components") and res.get("kind") == "Deployment":
+            base = base_of(res, folder, kustomization)
+            if base is None:
+                errors.append(f"{folder}: Deployment/{res['metadata']['name']}: no base file")
+            else:
+                errors += [f"{folder}: Deployment/{res['metadata']['name']}: {e}"
+                           for e in check_kept(res, base)]
+        checked += 1
+        failures += errors
+        if not errors:
+            print(f"ok   {folder} (built): {res['kind']}/"
+                  f"{(res.get('metadata') or {}).get('name', '-')} "
+                  f"(Kubernetes {', '.join(versions)})")
+failures += check_dockerfile()
+for e in failures:
+    print(f"FAIL {e}")
+
+# Self-test: each broken copy must be rejected, or the check above proves nothing.
+def first(folder, kind):
+    """The first resource of `kind` built from k8s/<folder>; exits when that build failed."""
+    found = [r for r in built.get(os.path.join(ROOT, folder) if folder else ROOT, [])
+             if r.get("kind") == kind]
+    if not found:
+        print(f"FAIL self-test: no {kind} built from {ROOT}/{folder}; {len(failures)} failures")
+        sys.exit(1)
+    return found[0]
+
+
+deployment = first("", "Deployment")
+rule = first("monitoring", "PrometheusRule")
+plain = first("plain-sidecar", "Deployment")
+overlay = first("existing-deployment", "Deployment")
+overlay_base = load(os.path.join(ROOT, "existing-deployment", "deployment.yaml"))[0]
+
+
+def broken(res, mutate):
+    res = copy.deepcopy(res)
+    mutate(res)
+    return res
+
+
+def pod(res):
+    return res["spec"]["template"]["spec"]
+
+
+cases = {
+    "unknown field imagePullPolicyy in a container":
+        (broken(deployment, lambda r: pod(r)["containers"][0].update(imagePullPolicyy="Always")),
+        "imagePullPolicyy"),
+    "replicas as a string":
+        (broken(deployment, lambda r: r["spec"].update(replicas="three")),
+        "spec.replicas"),
+    "restartPolicy misspelt in the sidecar":
+        (broken(deployment, lambda r: pod(r)["initContainers"][1].update(restartPolicy="Allways")),
+        "restartPolicy"),
+    "kind misspelt (Deploymnet)":
+        (broken(deployment, lambda r: r.update(kind="Deploymnet")),
+        "Deploymnet"),
+    "sidecar port off the code's default --listen port":
+        (broken(deployment, lambda r: pod(r)["initContainers"][1]["ports"][0].update(
+            containerPort=DEFAULT_PORT + 1)),
+        "port 'snowlease' is"),
+    "prometheus.io/port annotation off the sidecar's port":
+        (broken(deployment, lambda r: r["spec"]["template"]["metadata"]["annotations"].update(
+            {"prometheus.io/port": "8080"})),
+        "prometheus.io/port is 8080"),
+    "env var POD_NAME that snowlease never reads":
+        (broken(deployment, lambda r: pod(r)["initContainers"][1]["env"].append(
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})),
+        "not read by snowlease"),
+    "preStop.sleep in plain-sidecar/ (Kubernetes 1.30+)":
+        (broken(plain, lambda r: pod(r)["containers"][0]["lifecycle"].update(
+            preStop={"sleep": {"seconds": 20}})),
+        "against 1.28.0"),
+    "snowlease init container may escalate privileges":
+        (broken(deployment, lambda r: pod(r)["initContainers"][0]["securityContext"].update(
+            allowPrivilegeEscalation=True)),
+        "allowPrivilegeEscalation"),
+    "sidecar non-root only through the pod's securityContext (reaches the app too)":
+        (broken(deployment, lambda r: (
+            pod(r)["initContainers"][1]["securityContext"].pop("runAsNonRoot"),
+            pod(r).update(securityContext={"runAsNonRoot": True}))),
+        "runAsNonRoot is not true"),
+    "exec wrapper without the closing --":
+        (broken(overlay, lambda r: pod(r)["containers"][0]["command"].pop()),
+        "must end with --"),
+    "component sets a pod-level securityContext":
+        (broken(overlay, lambda r: pod(r)["securityContext"].update(runAsUser=65532)),
+        "pod securityContext changed"),
+    "component changes the app container's securityContext":
+        (broken(overlay, lambda r: pod(r)["containers"][0]["securityContext"].update(
+            readOnlyRootFilesystem=True)),
+        "securityContext changed"),
+    "overlay args without the image's ENTRYPOINT":
+        (broken(overlay, lambda r: pod(r)["containers"][0].update(args=["--listen=:8000"])),
+        "do not run what the base ran"),
+    "alert on a metric that does not exist":
+        (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
+            expr="increase(snowlease_lease_lost_total[10m]) > 0")),
+        "unknown metric"),
+    "alert expression that does not parse":
+        (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
+            expr="increase(snowlease_leases_lost_total[10m] > 0")),
+        "does not parse"),
+}
+# Each broken copy must be rejected for the reason it was broken for.
+for what, (res, expect) in cases.items():
+    errors = check_resource(res, f"self-test ({what})", VERSIONS + ["1.28.0"])
+    if res["metadata"].get("name") == overlay["metadata"]["name"] and res["kind"] == "Deployment":
+        errors += check_kept(res, overlay_base)
+    hits = [e for e in errors if expect in e]
+    if hits:
+        print(f"ok   self-test rejects {what}: {hits[0]}")
+    else:
+        failures.append(f"self-test: {what} was not rejected for {expect!r}: {errors}")
+        print(f"FAIL self-test: {what} was not rejected for {expect!r}: {errors}")
+
+print(f"validate-k8s: {len(files)} files, {len(roots)} kustomizations built, {checked} "
+      f"resources checked against Kubernetes "
+      f"{', '.join(VERSIONS)}; {len(cases)} broken copies; {len(failures)} failures")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,83 @@
+//! First use in a pod: default listen ports off the ports apps and common sidecars take in a
+//! shared pod network namespace (the same in `--help` and README.md); `snowlease sleep`, the
+//! preStop hook of k8s/plain-sidecar/.
+
+use crate::harness::*;
+
+/// Ports an app or a common sidecar listens on by default (README, "Why port 7391").
+fn taken_by_others(port: u16) -> bool {
+    matches!(port,
+        80 | 443 | 3000 | 5000 | 8000 | 8080 | 8081 | 8443 | 9000   // app defaults
+        | 9090..=9999                                              // Prometheus and exporters
+        | 15000..=15090                                            // Istio / Envoy
+        | 4140..=4191                                              // Linkerd
+        | 3500 | 50001                                             // Dapr
+        | 8200                                                     // Vault agent
+        | 8300..=8600                                              // Consul
+        | 4317 | 4318 | 8888 | 13133                               // OpenTelemetry collector
+        | 30000..=65535) // NodePorts and the ephemeral range
+}
+
+/// The `[default: ADDR]` of `--listen` in `snowlease <args> --help`.
+fn help_default_listen(args: &[&str]) -> String {
+    let mut argv = args.to_vec();
+    argv.push("--help");
+    let run = run_snowlease(&argv, &[], secs(10));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let flag = run
+        .stdout
+        .split("--listen")
+        .nth(1)
+        .expect("--listen in --help");
+    let default = flag
+        .split("[default: ")
+        .nth(1)
+        .expect("a default for --listen");
+    // The value may hold brackets itself (`[::]:7391`): the line ends with the closing one.
+    let line = default.lines().next().unwrap().trim_end();
+    line.strip_suffix(']').expect("[default: ...]").to_string()
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+/// `worker` and `pool serve` listen by default on ports no common app or sidecar uses, on
+/// different ports, and README.md states exactly these defaults.
+#[test]
+fn default_listen_ports_avoid_app_and_sidecar_ports() {
+    let worker = help_default_listen(&["worker"]);
+    let serve = help_default_listen(&["pool", "serve"]);
+    for addr in [&worker, &serve] {
+        assert!(!taken_by_others(port_of(addr)), "{addr} is a common port");
+    }
+    assert_ne!(port_of(&worker), port_of(&serve));
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    assert!(
+        readme.contains(&format!("| `--listen` | `SNOWLEASE_LISTEN` | `{worker}` |")),
+        "README's flag table names {worker}"
+    );
+    assert!(
+        readme.contains(&format!("default `{serve}`")),
+        "README names the pool serve default {serve}"
+    );
+}
+
+/// `snowlease sleep 300ms` waits that long and exits 0; a duration outside 0s-1h or one that
+/// does not parse exits 2 at once, naming the argument.
+#[test]
+fn sleep_waits_then_exits_zero() {
+    let started = std::time::Instant::now();
+    let run = run_snowlease(&["sleep", "300ms"], &[], secs(10));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(started.elapsed() >= ms(300), "{:?}", started.elapsed());
+
+    for bad in ["2h", "soon"] {
+        let started = std::time::Instant::now();
+        let run = run_snowlease(&["sleep", bad], &[], secs(10));
+        assert_eq!(run.code, Some(2), "{bad}: {run:?}");
+        assert!(run.stderr.contains("DURATION"), "{bad}: {run:?}");
+        assert!(started.elapsed() < secs(5), "{bad}: refused at once");
+    }
+}
