@@ -36,7 +36,7 @@ async fn flush(conn: &mut ConnectionManager) {
 }
 
 /// A fresh pool `name` of `n` ids.
-async fn fresh_pool(conn: &ConnectionManager, name: &str, n: u64) -> Pool {
+async fn fresh_pool(conn: &ConnectionManager, name: &str, n: u64) -> Pool<ConnectionManager> {
     let pool = Pool::new(conn.clone(), name, PoolOptions::default()).unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("id-{i}")).collect();
     assert_eq!(pool.init(&ids).await.unwrap(), n);

@@ -7,6 +7,7 @@
 //! socket is bound or Redis is touched, so bad input exits 2 with nothing
 //! half-written.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -77,10 +78,13 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 }
 
-/// `--redis-url`, shared by every command that talks to Redis.
-#[derive(Debug, Clone, Args)]
+/// `--redis-url` and its TLS / Sentinel companions, shared by every command
+/// that talks to Redis (README, "Redis topologies").
+#[derive(Debug, Clone, Default, Args)]
 pub struct RedisUrlArg {
-    /// Redis URL: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    /// Redis URL: `redis://[user:password@]host:port[,host:port...][/db]` (one server, or a
+    /// Cluster detected by `INFO cluster`), `redis+sentinel://[user:password@]sentinel[:26379][,...]/<master>[/db]`,
+    /// `redis+cluster://host:port[,...]`; `rediss...` for TLS. Percent-encode `@ # / ? :` in passwords.
     // hide_env_values: --help must not print a password from the env.
     #[arg(
         long,
@@ -89,13 +93,50 @@ pub struct RedisUrlArg {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// PEM file of the CA(s) that sign the Redis server's certificate (`rediss://`); without
+    /// it the system trust store is used (SSL_CERT_FILE honoured).
+    #[arg(long, env = "REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM client certificate for servers that require one (with --redis-key-file).
+    #[arg(long, env = "REDIS_CERT_FILE")]
+    pub redis_cert_file: Option<PathBuf>,
+    /// PEM private key of --redis-cert-file.
+    #[arg(long, env = "REDIS_KEY_FILE")]
+    pub redis_key_file: Option<PathBuf>,
+    /// Sentinel user name (`redis+sentinel://`), when the URL's `?sentinel_username=` is not set.
+    #[arg(long, env = "REDIS_SENTINEL_USERNAME")]
+    pub redis_sentinel_username: Option<String>,
+    /// Sentinel password (`redis+sentinel://`), when the URL's `?sentinel_password=` is not set.
+    #[arg(long, env = "REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub redis_sentinel_password: Option<String>,
 }
 
 impl RedisUrlArg {
-    /// Parses the URL; the error names `--redis-url` and hides the password.
+    /// Parses the URL and reads the TLS files; the error names the flag and
+    /// never shows the URL.
     pub fn target(&self) -> Result<RedisTarget, ConfigError> {
+        let read = |flag: &'static str, path: &Option<PathBuf>| {
+            path.as_ref()
+                .map(|p| {
+                    std::fs::read(p).map_err(|e| {
+                        ConfigError::new(flag, format!("cannot read {}: {e}", p.display()))
+                    })
+                })
+                .transpose()
+        };
+        let ca = read("--redis-ca-file", &self.redis_ca_file)?;
+        let cert = read("--redis-cert-file", &self.redis_cert_file)?;
+        let key = read("--redis-key-file", &self.redis_key_file)?;
         RedisTarget::parse(&self.redis_url)
-            .map_err(|reason| ConfigError::new("--redis-url", reason))
+            .map_err(|reason| ConfigError::new("--redis-url", reason))?
+            .with_sentinel_auth(
+                self.redis_sentinel_username.clone(),
+                self.redis_sentinel_password.clone(),
+            )
+            .with_tls(ca, cert, key)
+            .map_err(|reason| {
+                ConfigError::new("--redis-ca-file/--redis-cert-file/--redis-key-file", reason)
+            })
     }
 }
 

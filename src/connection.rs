@@ -1,62 +1,17 @@
-//! The Redis connection: URL parsing with redaction, timeouts, and the one
-//! place that decides whether a Redis error is worth retrying.
+//! The Redis connection: URL parsing with redaction ([`target`]), the one
+//! connection handle every mode uses over standalone, Sentinel and Cluster
+//! ([`handle`]), and the one place that decides whether a Redis error is
+//! worth retrying.
 
-use std::fmt;
+mod handle;
+mod target;
+
 use std::sync::Once;
-use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
-/// A parsed Redis URL (`redis://` or `rediss://`). Its `Display` and `Debug`
-/// never show the password, nor a user name given without one (that is
-/// `redis://PASSWORD@host` mistyped).
-#[derive(Clone)]
-pub struct RedisTarget {
-    url: String,
-    redacted: String,
-}
-
-impl RedisTarget {
-    /// Parses and checks a URL the way redis-rs will use it.
-    ///
-    /// Errors: a message (without the password) when the URL does not parse,
-    /// its scheme is not `redis`/`rediss`, or it names no host.
-    pub fn parse(url: &str) -> Result<Self, String> {
-        let parsed = url::Url::parse(url).map_err(|e| format!("cannot parse URL: {e}"))?;
-        let redacted = redact(&parsed);
-        if !matches!(parsed.scheme(), "redis" | "rediss") {
-            return Err(format!(
-                "{redacted}: scheme must be redis:// or rediss:// (TLS)"
-            ));
-        }
-        if parsed.host_str().is_none_or(str::is_empty) {
-            return Err(format!("{redacted}: no host"));
-        }
-        redis::Client::open(url).map_err(|e| format!("{redacted}: {e}"))?;
-        Ok(Self {
-            url: url.to_owned(),
-            redacted,
-        })
-    }
-
-    /// Opens a connection manager that connects lazily and reconnects on its
-    /// own; every command times out after `timeout`.
-    ///
-    /// Errors only on an invalid client configuration; an unreachable server
-    /// shows up as errors of the first commands instead.
-    pub fn connect(&self, timeout: Duration) -> redis::RedisResult<ConnectionManager> {
-        install_crypto_provider();
-        let client = redis::Client::open(self.url.as_str())?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            // Callers own the retry policy; the manager only reconnects.
-            .set_number_of_retries(1)
-            .set_max_delay(timeout);
-        ConnectionManager::new_lazy_with_config(client, config)
-    }
-}
+pub use handle::{Reconnects, Redis};
+pub use target::{RedisTarget, Topology};
 
 /// Installs ring as rustls's process-wide crypto provider; without one the
 /// first `rediss://` connection panics. Harmless when already installed.
@@ -67,26 +22,48 @@ fn install_crypto_provider() {
     });
 }
 
-fn redact(url: &url::Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        let _ = shown.set_password(Some("***"));
-    } else if !shown.username().is_empty() {
-        let _ = shown.set_username("***");
+/// Turns connect errors that no retry fixes into configuration errors
+/// (`InvalidClientConfig`, classified permanent) that name the cause: an
+/// untrusted TLS certificate (issue 9.2), a master name no Sentinel knows.
+fn explain(target: &RedisTarget, err: RedisError) -> RedisError {
+    if is_certificate_error(&err) {
+        return (
+            ErrorKind::InvalidClientConfig,
+            "TLS certificate error: trust the server's CA with --redis-ca-file (REDIS_CA_FILE) or the system store (SSL_CERT_FILE); a server that asks for a client certificate needs --redis-cert-file and --redis-key-file",
+            format!("{target}: {err}"),
+        )
+            .into();
     }
-    shown.to_string()
+    if err.kind() == ErrorKind::MasterNameNotFoundBySentinel {
+        return (
+            ErrorKind::InvalidClientConfig,
+            "no Sentinel knows the master named in the URL",
+            target.to_string(),
+        )
+            .into();
+    }
+    if err.kind() == ErrorKind::InvalidClientConfig {
+        return (
+            ErrorKind::InvalidClientConfig,
+            "redis connection",
+            format!("{target}: {err}"),
+        )
+            .into();
+    }
+    err
 }
 
-impl fmt::Display for RedisTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted)
-    }
-}
-
-impl fmt::Debug for RedisTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "RedisTarget({})", self.redacted)
-    }
+/// True for a TLS certificate the client or the server refused. rustls's
+/// error is boxed inside an I/O error that redis-rs keeps private, so only
+/// its text (rustls's `Display`, stable across 0.23) tells it apart.
+pub(crate) fn is_certificate_error(err: &RedisError) -> bool {
+    let text = err.to_string();
+    text.contains("invalid peer certificate")
+        || (text.contains("received fatal alert")
+            && ["Certificate", "UnknownCA"]
+                .iter()
+                .any(|a| text.contains(a)))
+        || text.contains("no client certificate")
 }
 
 /// How the caller should treat a failed Redis call.
@@ -163,25 +140,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn password_never_shown() {
-        let target = RedisTarget::parse("redis://user:s3cret@redis.example:6380/2").unwrap();
-        let shown = format!("{target} {target:?}");
-        assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("redis.example:6380"), "{shown}");
-    }
-
-    #[test]
-    fn user_name_without_password_is_hidden() {
-        // `redis://PASSWORD@host`: url parses the secret as the user name.
-        let target = RedisTarget::parse("redis://s3cret@redis.example:6380").unwrap();
-        let shown = format!("{target} {target:?}");
-        assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("***@redis.example:6380"), "{shown}");
-        let plain = RedisTarget::parse("redis://redis.example:6380/1").unwrap();
-        assert_eq!(plain.to_string(), "redis://redis.example:6380/1");
-    }
-
-    #[test]
     fn server_states_that_pass_are_transient() {
         for (code, detail) in [
             ("OOM", "command not allowed when used memory > 'maxmemory'."),
@@ -231,15 +189,5 @@ mod tests {
             Ok(redis::Value::ServerError(err)) => err.into(),
             other => panic!("not a server error: {other:?}"),
         }
-    }
-
-    #[test]
-    fn bad_urls_are_refused_without_the_password() {
-        for url in ["http://h:1", "redis://", "not a url", "redis://:pw@/0"] {
-            let err = RedisTarget::parse(url).err().unwrap_or_default();
-            assert!(!err.is_empty(), "{url} accepted");
-            assert!(!err.contains("pw@"), "{err}");
-        }
-        assert!(RedisTarget::parse("rediss://h:6379").is_ok());
     }
 }

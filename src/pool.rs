@@ -26,7 +26,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
+
+use crate::connection::Redis;
 use redis::{ScriptInvocation, Value};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -103,7 +105,7 @@ impl AcquireRequest {
 }
 
 /// The answer to an acquire.
-pub enum Acquired<C = ConnectionManager> {
+pub enum Acquired<C = Redis> {
     /// An id is leased to the caller.
     Leased(PoolLease<C>),
     /// No id was due. `next_due_in`: how long until one is by Redis time
@@ -234,9 +236,9 @@ pub struct Reaped {
 }
 
 /// A handle on one named pool. Cheap to clone (the connection is cloned,
-/// which for a `ConnectionManager` shares one multiplexed connection).
+/// which for a [`Redis`] handle shares one multiplexed connection).
 #[derive(Clone)]
-pub struct Pool<C = ConnectionManager> {
+pub struct Pool<C = Redis> {
     conn: C,
     name: Arc<str>,
     keys: Arc<PoolKeys>,

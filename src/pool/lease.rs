@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
+
+use crate::connection::Redis;
 use serde::Serialize;
 
 use super::script::Reply;
@@ -84,7 +86,7 @@ pub enum LostReason {
 
 /// A lease on one id of a pool, as acquire answered it. Its `Debug` never
 /// shows the token.
-pub struct PoolLease<C = ConnectionManager> {
+pub struct PoolLease<C = Redis> {
     pool: Pool<C>,
     id: String,
     token: String,

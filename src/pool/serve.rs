@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
-use redis::aio::ConnectionManager;
+use crate::connection::Redis;
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -294,7 +294,7 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
 
 /// Asks Redis whether it may evict keys; an unanswered check keeps the
 /// last answer (readiness follows Redis' answers through [`ServeState::note`]).
-async fn check_eviction(state: &ServeState, conn: &mut ConnectionManager) {
+async fn check_eviction(state: &ServeState, conn: &mut Redis) {
     match eviction::check(conn).await {
         Ok(now) => state.note_eviction(now),
         Err(err) => debug!(error = %err, "eviction check failed"),
@@ -303,7 +303,7 @@ async fn check_eviction(state: &ServeState, conn: &mut ConnectionManager) {
 
 /// Re-checks the eviction setting every `every` until shutdown
 /// (`CONFIG SET` can change it at run time).
-async fn eviction_loop(state: ServeState, mut conn: ConnectionManager, every: Duration) {
+async fn eviction_loop(state: ServeState, mut conn: Redis, every: Duration) {
     let shutdown = state.inner.shutdown.clone();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);

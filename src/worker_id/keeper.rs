@@ -20,7 +20,7 @@ use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
 use crate::boot_clock::{self, BootInstant};
-use crate::connection::{Failure, classify};
+use crate::connection::{Failure, Reconnects, classify};
 use crate::eviction::{self, EvictingRedis};
 use crate::identity::{Owner, identity_of};
 use crate::lease::{self, RenewOutcome};
@@ -128,7 +128,7 @@ enum Round {
     Evicting(EvictingRedis),
 }
 
-impl<C: ConnectionLike + Send> Worker<C> {
+impl<C: Reconnects + Send> Worker<C> {
     /// A keeper that will first try to re-adopt `recorded` (the state file
     /// of an earlier process in this pod), and the receiver of its state:
     /// `Readopting` while that record is valid, else `Claiming`.
@@ -327,7 +327,13 @@ impl<C: ConnectionLike + Send> Worker<C> {
             claim::load(conn).await?;
             lease::probe(conn, &key, &self.owner).await
         };
-        bounded(self.params.settings.call_timeout(), steps).await
+        // Each round trip has its own call timeout (the connection's); this
+        // only bounds the whole (issue 8.4: 7 round trips never fit one).
+        bounded(
+            self.params.settings.call_timeout() * PROBE_ROUND_TRIPS,
+            steps,
+        )
+        .await
     }
 
     /// Whether Redis may evict lease keys ([`eviction::check`], one bounded
@@ -469,11 +475,16 @@ impl<C: ConnectionLike + Send> Worker<C> {
         // valid_until = sent + validity, so this is sent + interval.
         let mut next_renew = held.valid_until - lease::validity(ttl) + interval;
         self.set_state(WorkerState::Held(held.clone()));
+        // A new connection (reconnect, new primary) may have lost the key or
+        // met another owner: renew at once, not at the interval (issue 10).
+        let mut reconnects = self.conn.reconnects();
+        reconnects.mark_unchanged();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
                 // A wake-up only: the renew round judges validity itself.
                 _ = boot_clock::sleep_until(next_renew.min(held.valid_until)) => {}
+                _ = reconnects.changed() => debug!("new redis connection; renewing at once"),
             }
             let round = tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
@@ -484,6 +495,8 @@ impl<C: ConnectionLike + Send> Worker<C> {
                 RenewRound::Renewed(..) => self.eviction_round().await.unwrap_or(round),
                 other => other,
             };
+            // A reconnect inside the round already ran the renew on it.
+            reconnects.mark_unchanged();
             match round {
                 RenewRound::Renewed(sent, expires_ms) => {
                     held = self.held(held.worker_id, sent, expires_ms);
@@ -552,6 +565,17 @@ impl<C: ConnectionLike + Send> Worker<C> {
             )
             .await;
             match reply.map(|r| (r.outcome, r.expires_ms)) {
+                // Sentinel: only a renewal on the primary they name counts.
+                Ok((RenewOutcome::Extended | RenewOutcome::Recreated, _))
+                    if !self.conn.confirm_primary().await =>
+                {
+                    WorkerMetrics::count(&self.metrics.renewals, "unconfirmed");
+                    warn!(
+                        worker_id = held.worker_id,
+                        attempt,
+                        "renewal not confirmed on the primary the Sentinels name; retrying"
+                    );
+                }
                 Ok((RenewOutcome::Extended, expires_ms)) => {
                     WorkerMetrics::count(&self.metrics.renewals, "renewed");
                     debug!(worker_id = held.worker_id, "lease renewed");
@@ -590,6 +614,10 @@ impl<C: ConnectionLike + Send> Worker<C> {
         RenewRound::Failed
     }
 }
+
+/// Round trips of the start-up probe: `claim::load` (1) and `lease::probe`
+/// (2 script loads, 2 renews, 1 release), plus one for a NOSCRIPT reload.
+const PROBE_ROUND_TRIPS: u32 = 7;
 
 /// Runs one Redis call under a timeout; a timeout becomes an I/O timeout
 /// error, so it classifies as transient.

@@ -394,6 +394,7 @@ mod tests {
             },
             redis: RedisUrlArg {
                 redis_url: "redis://127.0.0.1:1".into(),
+                ..Default::default()
             },
             json: false,
         };

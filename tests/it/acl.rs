@@ -9,7 +9,7 @@ const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +e
 
 /// `status`, as documented: read-only key access, three read commands.
 const STATUS_RULES: &str =
-    "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get +time";
+    "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get +time +info";
 
 /// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::ConnectionManager;
+use snowlease::connection::{Redis, RedisTarget};
 use snowlease::pool::{
     AcquireRequest, Acquired, Extended, LostReason, Pool, PoolError, PoolKeys, PoolLease,
     PoolOptions, PoolScript, Released,
@@ -61,11 +61,11 @@ pub(crate) async fn until_redis_after(redis: &RedisServer, t_ms: u64) {
     }
 }
 
-pub(crate) async fn manager(redis: &RedisServer) -> ConnectionManager {
-    redis::Client::open(redis.url())
+/// The connection handle every mode uses, with a 2 s call timeout.
+pub(crate) async fn manager(redis: &RedisServer) -> Redis {
+    RedisTarget::parse(&redis.url())
         .unwrap()
-        .get_connection_manager()
-        .await
+        .connect(secs(2))
         .unwrap()
 }
 

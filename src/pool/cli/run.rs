@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::aio::ConnectionManager;
+
+use crate::connection::Redis;
 use serde_json::json;
 
 use super::{Op, PoolCliConfig, human};
@@ -88,7 +89,7 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
 
 /// Runs `op`; returns what to print, or `None` when it printed itself
 /// (acquire, which must release when its result cannot be delivered).
-async fn execute(conn: ConnectionManager, op: Op) -> anyhow::Result<Option<String>> {
+async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
     let open =
         |pool: &str, max_lease: Duration| Pool::new(conn.clone(), pool, PoolOptions { max_lease });
     let default = PoolOptions::default().max_lease;

@@ -1,0 +1,640 @@
+//! [`Redis`]: the one connection handle of every mode, over a standalone
+//! server, a Sentinel-managed primary, or a Cluster.
+//!
+//! Rules (issues 8.3, 8.4, 9.1, 10 "Connecting"):
+//! - every call (connecting included) ends by the call timeout; a call that
+//!   timed out, was cancelled, or failed on the connection marks that
+//!   connection broken, and the next call opens a new one (for Sentinel: asks
+//!   the Sentinels for the primary again);
+//! - a command that never left because the connection was already closed
+//!   (e.g. the server's `timeout` closed it while idle) is sent at once on a
+//!   new connection and is not an error;
+//! - TCP keepalive and `TCP_USER_TIMEOUT` are set on every socket;
+//! - each new connection bumps a generation number callers can watch
+//!   ([`Redis::reconnects`]), and [`Redis::confirm_primary`] tells whether the
+//!   last call ran on the node the Sentinels name now.
+
+use std::pin::pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::{TcpSettings, socket2};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, TlsMode, Value,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout, timeout_at};
+
+use super::target::{RedisTarget, Topology};
+
+/// Keepalive probes start after 10 s without traffic, every 5 s, 3 of them:
+/// a peer that vanished is noticed within ~25 s even on an idle connection.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// `TCP_USER_TIMEOUT`: data left unacknowledged this long closes the socket
+/// (a peer gone while a command is in flight, e.g. a moved pod).
+const USER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A cheap-to-clone handle on one Redis deployment; clones share the
+/// connection. Connects lazily: an unreachable server shows as errors of
+/// calls, never at construction.
+#[derive(Clone)]
+pub struct Redis {
+    shared: Arc<Shared>,
+    /// Generation of the connection the last call of this clone ran on
+    /// (0: none yet).
+    ran_on: u64,
+}
+
+struct Shared {
+    target: RedisTarget,
+    timeout: Duration,
+    /// The current connection; `None` once marked broken.
+    slot: Mutex<Option<Live>>,
+    /// One connect at a time, so a burst of calls opens one connection.
+    connecting: tokio::sync::Mutex<()>,
+    generation: watch::Sender<u64>,
+    /// Decided at the first connect (`INFO cluster` for `redis://`).
+    mode: OnceLock<Mode>,
+    sentinel: Option<tokio::sync::Mutex<Sentinels>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Node,
+    Cluster,
+    Sentinel,
+}
+
+struct Sentinels {
+    client: SentinelClient,
+    /// Connection to the Sentinel that answered last, for confirmations.
+    query: Option<MultiplexedConnection>,
+}
+
+#[derive(Clone)]
+struct Live {
+    conn: Conn,
+    generation: u64,
+    /// Sentinel: the primary's address as the Sentinels named it.
+    node: Option<(String, u16)>,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Node(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+#[derive(Clone, Copy)]
+enum Req<'a> {
+    One(&'a Cmd),
+    Many(&'a Pipeline, usize, usize),
+}
+
+enum Reply {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+impl RedisTarget {
+    /// A handle whose calls each end after `timeout` (connecting included).
+    ///
+    /// Errors only on a client configuration redis-rs refuses; an
+    /// unreachable server shows as errors of the first calls instead.
+    pub fn connect(&self, timeout: Duration) -> RedisResult<Redis> {
+        super::install_crypto_provider();
+        let sentinel = match self.topology {
+            Topology::Sentinel => Some(tokio::sync::Mutex::new(Sentinels {
+                client: self.sentinel_client()?,
+                query: None,
+            })),
+            _ => None,
+        };
+        let shared = Shared {
+            target: self.clone(),
+            timeout,
+            slot: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: watch::Sender::new(0),
+            mode: OnceLock::new(),
+            sentinel,
+        };
+        Ok(Redis {
+            shared: Arc::new(shared),
+            ran_on: 0,
+        })
+    }
+
+    fn tcp_settings() -> TcpSettings {
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES);
+        TcpSettings::default()
+            .set_nodelay(true)
+            .set_keepalive(keepalive)
+            .set_user_timeout(USER_TIMEOUT)
+    }
+
+    fn node_settings(&self) -> RedisConnectionInfo {
+        let mut info = RedisConnectionInfo::default().set_db(self.db);
+        if let Some(user) = &self.username {
+            info = info.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            info = info.set_password(password);
+        }
+        info
+    }
+
+    fn addr(&self, host: &str, port: u16) -> ConnectionAddr {
+        match self.tls {
+            true => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+            false => ConnectionAddr::Tcp(host.to_owned(), port),
+        }
+    }
+
+    /// Connection info of one data node (credentials, db, TCP settings, TLS).
+    fn node_info(&self, host: &str, port: u16) -> RedisResult<ConnectionInfo> {
+        let info = self
+            .addr(host, port)
+            .into_connection_info()?
+            .set_tcp_settings(Self::tcp_settings())
+            .set_redis_settings(self.node_settings());
+        match (&self.certs, self.tls) {
+            (Some(certs), true) => Ok(Client::build_with_tls(info, certs.clone())?
+                .get_connection_info()
+                .clone()),
+            _ => Ok(info),
+        }
+    }
+
+    fn sentinel_info(&self, host: &str, port: u16) -> RedisResult<ConnectionInfo> {
+        let mut settings = RedisConnectionInfo::default();
+        if let Some(user) = &self.sentinel_username {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &self.sentinel_password {
+            settings = settings.set_password(password);
+        }
+        let info = self.node_info(host, port)?.set_redis_settings(settings);
+        Ok(info)
+    }
+
+    fn sentinel_client(&self) -> RedisResult<SentinelClient> {
+        let addrs = self.hosts.iter().map(|(h, p)| self.addr(h, *p));
+        let mut builder =
+            SentinelClientBuilder::new(addrs, &self.master, SentinelServerType::Master)?
+                .set_client_to_redis_db(self.db)
+                .set_client_to_redis_tcp_settings(Self::tcp_settings())
+                .set_client_to_sentinel_tcp_settings(Self::tcp_settings());
+        if let Some(user) = &self.username {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(user) = &self.sentinel_username {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = &self.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if self.tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+            if let Some(certs) = &self.certs {
+                builder = builder
+                    .set_client_to_redis_certificates(certs.clone())
+                    .set_client_to_sentinel_certificates(certs.clone());
+            }
+        }
+        builder.build()
+    }
+}
+
+impl Redis {
+    /// The URL this handle connects to, redacted.
+    pub fn target(&self) -> &RedisTarget {
+        &self.shared.target
+    }
+
+    /// Watches the connection generation: it grows by one with every new
+    /// connection (first connect, reconnect, new primary, new cluster view).
+    pub fn reconnects(&self) -> watch::Receiver<u64> {
+        self.shared.generation.subscribe()
+    }
+
+    /// Generation of the connection this clone's last call ran on (0: none).
+    pub fn ran_on(&self) -> u64 {
+        self.ran_on
+    }
+
+    /// Sentinel: true when this clone's last call ran on the connection that
+    /// is still current and to the node the Sentinels name as primary now
+    /// (asked within the call timeout); a Sentinel that names another node
+    /// marks the connection broken. Standalone and Cluster: always true.
+    pub async fn confirm_primary(&mut self) -> bool {
+        let Some(sentinels) = &self.shared.sentinel else {
+            return true;
+        };
+        let Some(live) = self
+            .shared
+            .current()
+            .filter(|l| l.generation == self.ran_on)
+        else {
+            return false;
+        };
+        let named = timeout(self.shared.timeout, self.shared.named_primary(sentinels)).await;
+        match named {
+            Ok(Ok(named)) if live.node.as_ref() == Some(&named) => true,
+            Ok(Ok(_)) => {
+                self.shared.mark_broken(live.generation);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    async fn call(&mut self, req: Req<'_>) -> RedisResult<Reply> {
+        let shared = self.shared.clone();
+        let deadline = Instant::now() + shared.timeout;
+        let mut resent = false;
+        loop {
+            let live = match timeout_at(deadline, shared.live()).await {
+                Ok(live) => live?,
+                Err(_) => return Err(timed_out(shared.timeout)),
+            };
+            let mut suspect = Suspect {
+                shared: &shared,
+                generation: live.generation,
+                armed: true,
+            };
+            let mut conn = live.conn;
+            let mut request = pin!(conn.send(req));
+            let result = match futures::poll!(request.as_mut()) {
+                // Failed before the driver took it: it never left (issue 9.1).
+                Poll::Ready(Err(err)) if !resent && err.is_connection_dropped() => {
+                    drop(suspect);
+                    resent = true;
+                    continue;
+                }
+                Poll::Ready(result) => result,
+                Poll::Pending => match timeout_at(deadline, request).await {
+                    Ok(result) => result,
+                    Err(_) => return Err(timed_out(shared.timeout)),
+                },
+            };
+            if !result.as_ref().is_err_and(needs_new_connection) {
+                suspect.armed = false;
+            }
+            self.ran_on = live.generation;
+            return result;
+        }
+    }
+}
+
+/// What the worker keeper asks of its connection beyond commands: reconnect
+/// news (renew at once after one) and the Sentinel primary check.
+pub trait Reconnects: ConnectionLike {
+    /// See [`Redis::reconnects`].
+    fn reconnects(&self) -> watch::Receiver<u64>;
+    /// See [`Redis::confirm_primary`].
+    fn confirm_primary(&mut self) -> impl Future<Output = bool> + Send;
+}
+
+impl Reconnects for Redis {
+    fn reconnects(&self) -> watch::Receiver<u64> {
+        Redis::reconnects(self)
+    }
+
+    fn confirm_primary(&mut self) -> impl Future<Output = bool> + Send {
+        Redis::confirm_primary(self)
+    }
+}
+
+/// Marks the connection broken unless disarmed: a call that timed out, was
+/// cancelled by its caller, or failed on the connection.
+struct Suspect<'a> {
+    shared: &'a Shared,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for Suspect<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.mark_broken(self.generation);
+        }
+    }
+}
+
+fn timed_out(limit: Duration) -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("redis call timed out after {} ms", limit.as_millis()),
+    )
+    .into()
+}
+
+/// Errors after which the connection is not trusted again: connection
+/// trouble, and (Sentinel) a node that is no longer the primary.
+fn needs_new_connection(err: &RedisError) -> bool {
+    err.is_connection_dropped()
+        || err.is_timeout()
+        || err.kind() == ErrorKind::Io
+        || matches!(
+            err.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+}
+
+impl Shared {
+    fn current(&self) -> Option<Live> {
+        self.slot.lock().expect("slot lock").clone()
+    }
+
+    fn mark_broken(&self, generation: u64) {
+        let mut slot = self.slot.lock().expect("slot lock");
+        if slot.as_ref().is_some_and(|l| l.generation == generation) {
+            *slot = None;
+        }
+    }
+
+    async fn live(&self) -> RedisResult<Live> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let (conn, node) = self
+            .open()
+            .await
+            .map_err(|e| super::explain(&self.target, e))?;
+        let mut generation = 0;
+        self.generation.send_modify(|g| {
+            *g += 1;
+            generation = *g;
+        });
+        let live = Live {
+            conn,
+            generation,
+            node,
+        };
+        *self.slot.lock().expect("slot lock") = Some(live.clone());
+        Ok(live)
+    }
+
+    fn config(&self) -> AsyncConnectionConfig {
+        // Calls are bounded by `Redis::call`; no second timer per request.
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(None)
+    }
+
+    async fn open(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
+        match self.mode.get().copied() {
+            Some(Mode::Node) => Ok((Conn::Node(self.open_node().await?.0), None)),
+            Some(Mode::Cluster) => Ok((self.open_cluster().await?, None)),
+            Some(Mode::Sentinel) => self.open_sentinel().await,
+            None => match self.target.topology {
+                Topology::Sentinel => {
+                    let opened = self.open_sentinel().await?;
+                    let _ = self.mode.set(Mode::Sentinel);
+                    Ok(opened)
+                }
+                Topology::Cluster => {
+                    self.check_cluster(true).await?;
+                    let conn = self.open_cluster().await?;
+                    let _ = self.mode.set(Mode::Cluster);
+                    Ok((conn, None))
+                }
+                Topology::Detect => self.detect().await,
+            },
+        }
+    }
+
+    /// `redis://`: one `INFO cluster` on the first node that answers decides
+    /// between one server and a Cluster.
+    async fn detect(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
+        let (conn, cluster) = self.check_cluster(false).await?;
+        if cluster {
+            let conn = self.open_cluster().await?;
+            let _ = self.mode.set(Mode::Cluster);
+            return Ok((conn, None));
+        }
+        let _ = self.mode.set(Mode::Node);
+        Ok((Conn::Node(conn), None))
+    }
+
+    /// Connects to the first node that answers and reads `cluster_enabled`.
+    /// Errors (configuration): a Cluster was required (`want_cluster`) or
+    /// several hosts were given, and the node is not a Cluster node.
+    async fn check_cluster(
+        &self,
+        want_cluster: bool,
+    ) -> RedisResult<(MultiplexedConnection, bool)> {
+        let (mut conn, (host, port)) = self.open_node().await?;
+        let info: RedisResult<String> = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut conn)
+            .await;
+        let cluster = match info {
+            Ok(info) => info.lines().any(|l| l.trim() == "cluster_enabled:1"),
+            // No +info for this user: trust the URL's form.
+            Err(err) if super::is_permission_error(&err) => want_cluster,
+            Err(err) => return Err(err),
+        };
+        if !cluster && (want_cluster || self.target.hosts.len() > 1) {
+            return Err((
+                ErrorKind::InvalidClientConfig,
+                "not a Cluster node (cluster_enabled:0): use redis://host:port with one host for one server, or redis+sentinel:// for Sentinel",
+                format!("{host}:{port}"),
+            )
+                .into());
+        }
+        Ok((conn, cluster))
+    }
+
+    async fn open_node(&self) -> RedisResult<(MultiplexedConnection, (String, u16))> {
+        let mut last = None;
+        for (host, port) in &self.target.hosts {
+            let client = Client::open(self.target.node_info(host, *port)?)?;
+            match client
+                .get_multiplexed_async_connection_with_config(&self.config())
+                .await
+            {
+                Ok(conn) => return Ok((conn, (host.clone(), *port))),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.expect("at least one host"))
+    }
+
+    async fn open_cluster(&self) -> RedisResult<Conn> {
+        let target = &self.target;
+        let nodes = target
+            .hosts
+            .iter()
+            .map(|(h, p)| target.node_info(h, *p))
+            .collect::<RedisResult<Vec<_>>>()?;
+        let mut builder = ClusterClientBuilder::new(nodes)
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .retries(2)
+            .tcp_settings(RedisTarget::tcp_settings());
+        if let Some(user) = &target.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &target.password {
+            builder = builder.password(password);
+        }
+        if target.tls {
+            builder = builder.tls(TlsMode::Secure);
+            if let Some(certs) = &target.certs {
+                builder = builder.certs(certs.clone());
+            }
+        }
+        let conn = builder.build()?.get_async_connection().await?;
+        Ok(Conn::Cluster(conn))
+    }
+
+    async fn open_sentinel(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
+        let sentinels = self.sentinel.as_ref().expect("sentinel topology");
+        let client = sentinels.lock().await.client.async_get_client().await?;
+        let node = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                (host.clone(), *port)
+            }
+            _ => unreachable!("Sentinels name TCP addresses"),
+        };
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&self.config())
+            .await?;
+        Ok((Conn::Node(conn), Some(node)))
+    }
+
+    /// Asks the Sentinels (first that answers) which node is the primary now.
+    async fn named_primary(
+        &self,
+        sentinels: &tokio::sync::Mutex<Sentinels>,
+    ) -> RedisResult<(String, u16)> {
+        let mut sentinels = sentinels.lock().await;
+        let ask = |conn: &mut MultiplexedConnection| {
+            let mut conn = conn.clone();
+            let master = self.target.master.clone();
+            async move {
+                let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(master)
+                    .query_async(&mut conn)
+                    .await?;
+                named.ok_or_else(|| {
+                    RedisError::from((
+                        ErrorKind::MasterNameNotFoundBySentinel,
+                        "the Sentinel does not know the master",
+                    ))
+                })
+            }
+        };
+        if let Some(conn) = sentinels.query.as_mut() {
+            match ask(conn).await {
+                Ok(named) => return Ok(named),
+                Err(_) => sentinels.query = None,
+            }
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let mut last = None;
+        for (host, port) in &self.target.hosts {
+            let opened = async {
+                let client = Client::open(self.target.sentinel_info(host, *port)?)?;
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                let named = ask(&mut conn).await?;
+                Ok::<_, RedisError>((conn, named))
+            };
+            match opened.await {
+                Ok((conn, named)) => {
+                    sentinels.query = Some(conn);
+                    return Ok(named);
+                }
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.expect("at least one Sentinel"))
+    }
+}
+
+impl Conn {
+    fn send<'a>(&'a mut self, req: Req<'a>) -> BoxFuture<'a, RedisResult<Reply>> {
+        match (self, req) {
+            (Conn::Node(c), Req::One(cmd)) => {
+                c.req_packed_command(cmd).map(|r| r.map(Reply::One)).boxed()
+            }
+            (Conn::Cluster(c), Req::One(cmd)) => {
+                c.req_packed_command(cmd).map(|r| r.map(Reply::One)).boxed()
+            }
+            (Conn::Node(c), Req::Many(p, offset, count)) => c
+                .req_packed_commands(p, offset, count)
+                .map(|r| r.map(Reply::Many))
+                .boxed(),
+            (Conn::Cluster(c), Req::Many(p, offset, count)) => c
+                .req_packed_commands(p, offset, count)
+                .map(|r| r.map(Reply::Many))
+                .boxed(),
+        }
+    }
+}
+
+impl ConnectionLike for Redis {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        async move {
+            match self.call(Req::One(cmd)).await? {
+                Reply::One(value) => Ok(value),
+                Reply::Many(_) => unreachable!("one command, one reply"),
+            }
+        }
+        .boxed()
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        async move {
+            match self.call(Req::Many(pipeline, offset, count)).await? {
+                Reply::Many(values) => Ok(values),
+                Reply::One(_) => unreachable!("a pipeline, many replies"),
+            }
+        }
+        .boxed()
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.target.db
+    }
+}
