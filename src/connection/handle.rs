@@ -14,13 +14,12 @@
 //!   ([`Redis::reconnects`]), and [`Redis::confirm_primary`] tells whether the
 //!   last call ran on the node the Sentinels name now.
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -289,7 +288,8 @@ impl Redis {
             };
             let mut conn = live.conn;
             let mut request = pin!(conn.send(req));
-            let result = match futures::poll!(request.as_mut()) {
+            let first = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
+            let result = match first {
                 // Failed before the driver took it: it never left (issue 9.1).
                 Poll::Ready(Err(err)) if !resent && err.is_connection_dropped() => {
                     drop(suspect);
@@ -587,36 +587,60 @@ impl Shared {
     }
 }
 
+type Sending<'a> = Pin<Box<dyn Future<Output = RedisResult<Reply>> + Send + 'a>>;
+
 impl Conn {
-    fn send<'a>(&'a mut self, req: Req<'a>) -> BoxFuture<'a, RedisResult<Reply>> {
+    fn send<'a>(&'a mut self, req: Req<'a>) -> Sending<'a> {
         match (self, req) {
             (Conn::Node(c), Req::One(cmd)) => {
-                c.req_packed_command(cmd).map(|r| r.map(Reply::One)).boxed()
+                Box::pin(async move { c.req_packed_command(cmd).await.map(Reply::One) })
             }
             (Conn::Cluster(c), Req::One(cmd)) => {
-                c.req_packed_command(cmd).map(|r| r.map(Reply::One)).boxed()
+                Box::pin(async move { c.req_packed_command(cmd).await.map(Reply::One) })
             }
-            (Conn::Node(c), Req::Many(p, offset, count)) => c
-                .req_packed_commands(p, offset, count)
-                .map(|r| r.map(Reply::Many))
-                .boxed(),
-            (Conn::Cluster(c), Req::Many(p, offset, count)) => c
-                .req_packed_commands(p, offset, count)
-                .map(|r| r.map(Reply::Many))
-                .boxed(),
+            (Conn::Node(c), Req::Many(p, offset, count)) => Box::pin(async move {
+                c.req_packed_commands(p, offset, count)
+                    .await
+                    .map(Reply::Many)
+            }),
+            (Conn::Cluster(c), Req::Many(p, ..)) if !p.is_transaction() => {
+                Box::pin(scatter(c.clone(), p))
+            }
+            (Conn::Cluster(c), Req::Many(p, offset, count)) => Box::pin(async move {
+                c.req_packed_commands(p, offset, count)
+                    .await
+                    .map(Reply::Many)
+            }),
         }
     }
 }
 
+/// A pipeline on a Cluster: redis-rs sends a pipeline to one node and fails
+/// on keys of several slots (an app's worker keys spread over all), so each
+/// command goes on its own, all at once, and the replies keep their order.
+/// The first error fails the whole pipeline.
+async fn scatter(conn: ClusterConnection, pipeline: &Pipeline) -> RedisResult<Reply> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, cmd) in pipeline.cmd_iter().enumerate() {
+        let (mut conn, cmd) = (conn.clone(), cmd.clone());
+        tasks.spawn(async move { (index, conn.req_packed_command(&cmd).await) });
+    }
+    let mut values = vec![Value::Nil; tasks.len()];
+    while let Some(joined) = tasks.join_next().await {
+        let (index, reply) = joined.map_err(|e| RedisError::from(std::io::Error::other(e)))?;
+        values[index] = reply?;
+    }
+    Ok(Reply::Many(values))
+}
+
 impl ConnectionLike for Redis {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        async move {
+        Box::pin(async move {
             match self.call(Req::One(cmd)).await? {
                 Reply::One(value) => Ok(value),
                 Reply::Many(_) => unreachable!("one command, one reply"),
             }
-        }
-        .boxed()
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -625,13 +649,12 @@ impl ConnectionLike for Redis {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        async move {
+        Box::pin(async move {
             match self.call(Req::Many(pipeline, offset, count)).await? {
                 Reply::Many(values) => Ok(values),
                 Reply::One(_) => unreachable!("a pipeline, many replies"),
             }
-        }
-        .boxed()
+        })
     }
 
     fn get_db(&self) -> i64 {

@@ -5,6 +5,8 @@
 mod acl;
 /// `--version`, `--help`, completions and the man page.
 mod cli;
+/// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
+mod connection;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
 /// A Redis that may evict keys: no lease held on it (worker, pool CLI, pool serve).

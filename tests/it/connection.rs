@@ -1,0 +1,320 @@
+//! The Redis connection of every mode: dead and idle-closed connections
+//! replaced (issues 8.3, 9.1), slow start-up probe (8.4), TLS with a private
+//! CA (9.2), URLs never echoed (9.5), bad topology input (10).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::harness::*;
+
+const RENEWED: &str = "snowlease_renewals_total{outcome=\"renewed\"}";
+const FAILED: &str = "snowlease_renewals_total{outcome=\"failed\"}";
+
+/// `snowlease pool serve --pool proxies` on `url`, reaping every 200 ms.
+pub(crate) fn pool_serve(url: &str) -> Sidecar {
+    SidecarBuilder::new("pool")
+        .without("--listen")
+        .without("--log-format")
+        .switch("serve")
+        .flag("--listen", "127.0.0.1:0")
+        .flag("--log-format", "json")
+        .flag("--redis-url", url)
+        .flag("--redis-timeout", "500ms")
+        .flag("--reap-interval", "200ms")
+        .flag("--pool", "proxies")
+        .name("pool serve")
+        .spawn()
+}
+
+/// POSTs a lease request to `pool serve`; the HTTP status (0 when no answer in 1 s).
+pub(crate) fn acquire_over_http(serve: &Sidecar) -> u16 {
+    let url = format!("http://{}/pools/proxies/leases", serve.http_addr());
+    match ureq::post(&url)
+        .timeout(secs(1))
+        .send_json(json!({"ttl_ms": 1000}))
+    {
+        Ok(reply) => reply.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(_) => 0,
+    }
+}
+
+fn init_pool(url: &str) {
+    let init = run_snowlease(
+        &["pool", "init", "--pool", "proxies", "--ids", "a,b,c"],
+        &[("REDIS_URL", url)],
+        secs(10),
+    );
+    assert_eq!(init.code, Some(0), "{init:?}");
+}
+
+/// Issue 8.3: with every existing connection frozen (new ones pass), the worker keeps its ID
+/// (renewals go on over a new connection) and `pool serve` serves again.
+#[test]
+fn frozen_connections_are_replaced() {
+    let redis = RedisServer::start();
+    init_pool(&redis.url());
+    let proxy = FaultProxy::for_redis(&redis);
+    let worker = Sidecar::worker_at(&proxy.url(), "orders")
+        .flag("--ttl", "4s")
+        .flag("--renew-interval", "1s")
+        .spawn();
+    let lease = worker.wait_for_lease(secs(10));
+    let serve = pool_serve(&proxy.url());
+    assert!(poll_until(secs(10), || acquire_over_http(&serve) == 201));
+    let renewed = || worker.metric(RENEWED).unwrap_or(0.0);
+    let before = renewed();
+
+    proxy.freeze_existing();
+    assert!(
+        poll_until(secs(8), || renewed() >= before + 2.0),
+        "no renewals after the freeze"
+    );
+    assert_eq!(worker.id().map(|id| id.worker_id), Some(lease.worker_id));
+    assert_eq!(
+        worker.metric("snowlease_leases_lost_total").unwrap_or(0.0),
+        0.0
+    );
+    assert!(
+        poll_until(secs(10), || acquire_over_http(&serve) == 201),
+        "pool serve never served again"
+    );
+    assert!(poll_until(secs(5), || serve.readyz() == 200));
+}
+
+/// Issue 8.4: with 50 ms added to every reply and `--renew-interval 1s` (250 ms call
+/// timeout), the start-up probe (7 round trips) passes: each step has its own timeout.
+#[test]
+fn slow_replies_do_not_fail_the_probe() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis);
+    proxy.set_mode(Mode::Delay {
+        up: ms(0),
+        down: ms(50),
+    });
+    let worker = Sidecar::worker_at(&proxy.url(), "orders")
+        .flag("--ttl", "4s")
+        .flag("--renew-interval", "1s")
+        .flag("--claim-timeout", "15s")
+        .spawn();
+    worker.wait_for_lease(secs(15));
+}
+
+/// Issue 9.1: a server that closes idle connections (`timeout 1`) costs no failed renewal:
+/// the command that never left is sent again at once on a new connection.
+#[test]
+fn idle_timeout_is_not_a_failed_renewal() {
+    let redis = RedisServer::start_with(RedisOptions {
+        args: vec!["--timeout".into(), "1".into()],
+        ..RedisOptions::default()
+    });
+    let worker = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "8s")
+        .flag("--renew-interval", "2500ms")
+        .spawn();
+    worker.wait_for_lease(secs(10));
+    assert!(poll_until(secs(15), || worker
+        .metric(RENEWED)
+        .unwrap_or(0.0)
+        >= 3.0));
+    let closed: u64 = redis
+        .info_field("stats", "total_connections_received")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        closed >= 3,
+        "the server closed no idle connection ({closed} accepted)"
+    );
+    assert_eq!(worker.metric(FAILED).unwrap_or(0.0), 0.0);
+    assert_eq!(worker.count_log("renew failed"), 0);
+}
+
+/// Issue 9.5: a URL that does not parse cleanly exits 2, suggests percent-encoding and
+/// echoes no part of it.
+#[test]
+fn unclean_url_exits_2_without_echo() {
+    for url in [
+        "redis://:s3cr@t#frag@redis.example:6379",
+        "redis://:s3cr@t@redis.example:6379",
+        "redis://u:s3cr@redis.example:6379/s3cr",
+    ] {
+        let run = run_snowlease(&["status", "--app", "a", "--redis-url", url], &[], secs(10));
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert!(run.stderr.contains("percent-encode"), "{run:?}");
+        assert!(
+            !run.stderr.contains("s3cr") && !run.stderr.contains("example"),
+            "{run:?}"
+        );
+    }
+}
+
+/// Makes a CA, a server certificate for 127.0.0.1 and a client certificate with openssl.
+fn make_certs(dir: &Path) {
+    let sh = |script: &str| {
+        let out = Command::new("sh")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    sh(&format!(
+        "openssl req -x509 {key} -keyout ca.key -out ca.pem -days 2 -subj /CN=snowlease-test-ca 2>/dev/null
+         printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext
+         printf 'extendedKeyUsage=clientAuth\\n' > client.ext
+         for n in server client; do
+           openssl req {key} -keyout $n.key -out $n.csr -subj /CN=$n 2>/dev/null
+           openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $n.pem -days 2 \
+             -extfile $n.ext 2>/dev/null
+         done"
+    ));
+}
+
+/// Issue 9.2: `rediss://` to a server whose certificate comes from a private CA and that
+/// requires client certificates. Untrusted or missing client certificate: a named
+/// configuration error, exit 1 at once; `--redis-ca-file` or `SSL_CERT_FILE` trust the CA.
+#[test]
+fn tls_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let file = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let tls_port = free_port().to_string();
+    let _redis = RedisServer::start_with(RedisOptions {
+        args: [
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &file("server.pem"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.pem"),
+            "--tls-auth-clients",
+            "yes",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..RedisOptions::default()
+    });
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let status = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["status", "--app", "orders", "--redis-url", &url];
+        args.extend(extra);
+        run_snowlease(&args, env, secs(20))
+    };
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let client = ["--redis-cert-file", &cert, "--redis-key-file", &key];
+
+    let untrusted = status(&client, &[]);
+    assert_eq!(untrusted.code, Some(1), "{untrusted:?}");
+    assert!(
+        untrusted.stderr.contains("TLS certificate error"),
+        "{untrusted:?}"
+    );
+    let no_client_cert = status(&["--redis-ca-file", &ca], &[]);
+    assert_eq!(no_client_cert.code, Some(1), "{no_client_cert:?}");
+    assert!(
+        no_client_cert.stderr.contains("TLS certificate error"),
+        "{no_client_cert:?}"
+    );
+
+    let with_ca = status(&[&client[..], &["--redis-ca-file", &ca]].concat(), &[]);
+    assert_eq!(with_ca.code, Some(0), "{with_ca:?}");
+    let with_env = status(&client, &[("SSL_CERT_FILE", &ca)]);
+    assert_eq!(with_env.code, Some(0), "{with_env:?}");
+
+    // The worker stops at once (exit 1), not after --claim-timeout.
+    let pod = PodDir::new();
+    let out = pod.worker_id_file().to_string_lossy().into_owned();
+    let started = std::time::Instant::now();
+    let worker = run_snowlease(
+        &[
+            "worker",
+            "--app",
+            "a",
+            "--listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            &url,
+            "--output-file",
+            &out,
+            "--claim-timeout",
+            "60s",
+        ],
+        &[],
+        secs(30),
+    );
+    assert_eq!(worker.code, Some(1), "{worker:?}");
+    assert!(started.elapsed() < secs(20), "{worker:?}");
+    assert!(
+        worker.stderr.contains("TLS certificate error"),
+        "{worker:?}"
+    );
+}
+
+/// Issue 10 test 5: a cluster URL at a non-cluster server, several hosts of a non-cluster
+/// server, and a Sentinel URL where no Sentinel answers: each a named error, nothing written.
+#[test]
+fn topology_mismatch_is_named() {
+    let redis = RedisServer::start();
+    let port = redis.port();
+    for url in [
+        format!("redis+cluster://127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port},127.0.0.1:{port}"),
+    ] {
+        let run = run_snowlease(
+            &["status", "--app", "a", "--redis-url", &url],
+            &[],
+            secs(10),
+        );
+        assert_eq!(run.code, Some(1), "{run:?}");
+        assert!(run.stderr.contains("not a Cluster node"), "{run:?}");
+        init_pool_fails(&url);
+    }
+    let nobody = format!("redis+sentinel://127.0.0.1:{}/mymaster", free_port());
+    let run = run_snowlease(
+        &["status", "--app", "a", "--redis-url", &nobody],
+        &[],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let pod = PodDir::new();
+    let out = pod.worker_id_file().to_string_lossy().into_owned();
+    let worker = run_snowlease(
+        &[
+            "worker",
+            "--app",
+            "a",
+            "--listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            &nobody,
+            "--output-file",
+            &out,
+            "--claim-timeout",
+            "2s",
+        ],
+        &[],
+        secs(20),
+    );
+    assert_eq!(worker.code, Some(3), "{worker:?}");
+    assert_eq!(redis.dbsize(), 0, "something was written");
+}
+
+fn init_pool_fails(url: &str) {
+    let init = run_snowlease(
+        &["pool", "init", "--pool", "proxies", "--ids", "a"],
+        &[("REDIS_URL", url)],
+        secs(10),
+    );
+    assert_eq!(init.code, Some(1), "{init:?}");
+    assert!(init.stderr.contains("not a Cluster node"), "{init:?}");
+}
