@@ -44,6 +44,9 @@ const KEEPALIVE_RETRIES: u32 = 3;
 /// (a peer gone while a command is in flight, e.g. a moved pod).
 const USER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Least time a connect may take in the background (several round trips).
+const CONNECT_MIN: Duration = Duration::from_secs(2);
+
 /// A cheap-to-clone handle on one Redis deployment; clones share the
 /// connection. Connects lazily: an unreachable server shows as errors of
 /// calls, never at construction.
@@ -272,19 +275,24 @@ impl Redis {
         }
     }
 
+    /// One request: wait for a live connection (its own timeout), then the
+    /// command (its own timeout).
     async fn call(&mut self, req: Req<'_>) -> RedisResult<Reply> {
         let shared = self.shared.clone();
-        let deadline = Instant::now() + shared.timeout;
         let mut resent = false;
         loop {
-            let live = match timeout_at(deadline, shared.live()).await {
+            // A connection opened for this call is not condemned when the
+            // caller gives up meanwhile: connecting may have used its budget.
+            let fresh = shared.current().is_none();
+            let live = match timeout(shared.timeout, shared.live()).await {
                 Ok(live) => live?,
                 Err(_) => return Err(timed_out(shared.timeout)),
             };
+            let deadline = Instant::now() + shared.timeout;
             let mut suspect = Suspect {
                 shared: &shared,
                 generation: live.generation,
-                armed: true,
+                armed: !fresh,
             };
             let mut conn = live.conn;
             let mut request = pin!(conn.send(req));
@@ -292,18 +300,19 @@ impl Redis {
             let result = match first {
                 // Failed before the driver took it: it never left (issue 9.1).
                 Poll::Ready(Err(err)) if !resent && err.is_connection_dropped() => {
-                    drop(suspect);
+                    shared.mark_broken(live.generation);
+                    suspect.armed = false;
                     resent = true;
                     continue;
                 }
                 Poll::Ready(result) => result,
-                Poll::Pending => match timeout_at(deadline, request).await {
-                    Ok(result) => result,
-                    Err(_) => return Err(timed_out(shared.timeout)),
-                },
+                Poll::Pending => timeout_at(deadline, request)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out(shared.timeout))),
             };
-            if !result.as_ref().is_err_and(needs_new_connection) {
-                suspect.armed = false;
+            suspect.armed = false;
+            if result.as_ref().is_err_and(needs_new_connection) {
+                shared.mark_broken(live.generation);
             }
             self.ran_on = live.generation;
             return result;
@@ -378,18 +387,29 @@ impl Shared {
         }
     }
 
-    async fn live(&self) -> RedisResult<Live> {
+    /// The current connection, or a new one. The connect runs in a task of
+    /// its own, so a caller that stops waiting does not waste it.
+    async fn live(self: &Arc<Self>) -> RedisResult<Live> {
         if let Some(live) = self.current() {
             return Ok(live);
         }
+        let this = self.clone();
+        tokio::spawn(async move { this.connect().await })
+            .await
+            .map_err(|e| RedisError::from(std::io::Error::other(e)))?
+    }
+
+    async fn connect(&self) -> RedisResult<Live> {
         let _one = self.connecting.lock().await;
         if let Some(live) = self.current() {
             return Ok(live);
         }
-        let (conn, node) = self
-            .open()
+        // Several round trips (TCP, TLS, AUTH/SELECT, INFO, Sentinel lookup).
+        let limit = (self.timeout * 4).max(CONNECT_MIN);
+        let opened = timeout(limit, self.open())
             .await
-            .map_err(|e| super::explain(&self.target, e))?;
+            .unwrap_or_else(|_| Err(timed_out(limit)));
+        let (conn, node) = opened.map_err(|e| super::explain(&self.target, e))?;
         let mut generation = 0;
         self.generation.send_modify(|g| {
             *g += 1;
