@@ -40,6 +40,8 @@ mod renewal_faults;
 mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
+/// Every mode on Sentinel and Cluster topologies: failovers, bad topology input.
+mod topologies;
 /// Worker mode: claim, publish, release, re-adoption, bad input.
 mod worker;
 /// Worker mode under faults: SIGKILL, SIGSTOP, Redis restart, overwrites.
