@@ -5,7 +5,7 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | 0 | done; for `exec` and `lock` the command's own code passes through |
-//! | 1 | anything else (Redis refused, I/O error, ...) |
+//! | 1 | anything else (Redis refused, I/O error, TLS certificate error, a topology that does not match the URL, ...) |
 //! | 2 | bad input: a flag, env var or argument outside its range; nothing was written |
 //! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
 //! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
