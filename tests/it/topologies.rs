@@ -201,3 +201,42 @@ fn cluster_status_and_pool_basics() {
     assert!(poll_until(secs(15), || serve.readyz() == 200));
     assert_eq!(acquire_over_http(&serve), 201);
 }
+
+/// Issue 10 "Connecting": a renewal counts only when it ran on the node the Sentinels name.
+/// The Sentinels are pointed at another server while the old primary still accepts writes:
+/// the sidecar notices at its next renewal, moves to the named node and sets its key there.
+#[test]
+fn sentinel_renewals_follow_the_named_primary() {
+    let topo = SentinelTopology::start_with(SentinelOptions {
+        replicas: 0,
+        sentinels: 1,
+        quorum: 1,
+        ..SentinelOptions::default()
+    });
+    let other = RedisServer::start();
+    let sidecar = Sidecar::worker_at(&topo.url(), "orders")
+        .flag("--ttl", "4s")
+        .flag("--renew-interval", "1s")
+        .spawn();
+    let lease = sidecar.wait_for_lease(secs(20));
+    let key = worker_key("orders", lease.worker_id);
+    assert_eq!(topo.primary().get(&key), Some(lease.owner.clone()));
+
+    let sentinel = &topo.sentinels()[0];
+    let _: String = sentinel.query(redis::cmd("SENTINEL").arg("REMOVE").arg(topo.master_name()));
+    let _: String = sentinel.query(
+        redis::cmd("SENTINEL")
+            .arg("MONITOR")
+            .arg(topo.master_name())
+            .arg("127.0.0.1")
+            .arg(other.port())
+            .arg(1),
+    );
+    assert!(
+        poll_until(secs(10), || other.get(&key) == Some(lease.owner.clone())),
+        "the sidecar never renewed on the node the Sentinels name"
+    );
+    let unconfirmed = "snowlease_renewals_total{outcome=\"unconfirmed\"}";
+    assert!(sidecar.metric(unconfirmed).unwrap_or(0.0) >= 1.0);
+    assert_eq!(sidecar.id().map(|id| id.worker_id), Some(lease.worker_id));
+}
