@@ -264,6 +264,15 @@ impl<C: Reconnects + Send> Worker<C> {
             };
             let mut pause = jitter(backoff);
             match timeout_at(deadline, round).await {
+                // Sentinel: a claim on a demoted primary that still takes
+                // writes is lost at its conversion; never publish it.
+                Ok(Ok(Round::Held(held))) if !self.conn.confirm_primary().await => {
+                    warn!(
+                        worker_id = held.worker_id,
+                        "claim not confirmed on the primary the Sentinels name; claiming again"
+                    );
+                    detail = "claim not confirmed on the primary the Sentinels name".into();
+                }
                 Ok(Ok(Round::Held(held))) => {
                     info!(worker_id = held.worker_id, owner = %held.owner.redacted(), "lease acquired");
                     return Ok(held);
