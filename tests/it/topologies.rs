@@ -240,3 +240,53 @@ fn sentinel_renewals_follow_the_named_primary() {
     assert!(sidecar.metric(unconfirmed).unwrap_or(0.0) >= 1.0);
     assert_eq!(sidecar.id().map(|id| id.worker_id), Some(lease.worker_id));
 }
+
+/// Issue 10 "Connecting": a claim counts only when it ran on the node the Sentinels name.
+/// Sidecar Y waits for ID 0 on the old primary while the Sentinels are pointed at another
+/// server, where X renews ID 0; when X's key expires on the old primary, Y must not claim and
+/// publish ID 0 there.
+#[test]
+fn sentinel_claims_follow_the_named_primary() {
+    let topo = SentinelTopology::start_with(SentinelOptions {
+        replicas: 0,
+        sentinels: 1,
+        quorum: 1,
+        ..SentinelOptions::default()
+    });
+    let other = RedisServer::start();
+    let worker = |name: &str| {
+        Sidecar::worker_at(&topo.url(), "orders")
+            .name(name)
+            .flag("--max-worker-id", "0")
+            .flag("--ttl", "2s")
+            .flag("--renew-interval", "500ms")
+            .spawn()
+    };
+    let x = worker("x");
+    x.wait_for_lease(secs(20));
+    let y = worker("y");
+    assert!(y.wait_for_log("all worker IDs are held", secs(20)));
+
+    let sentinel = &topo.sentinels()[0];
+    let _: String = sentinel.query(redis::cmd("SENTINEL").arg("REMOVE").arg(topo.master_name()));
+    let _: String = sentinel.query(
+        redis::cmd("SENTINEL")
+            .arg("MONITOR")
+            .arg(topo.master_name())
+            .arg("127.0.0.1")
+            .arg(other.port())
+            .arg(1),
+    );
+    let key = worker_key("orders", 0);
+    assert!(poll_until(secs(10), || other.exists(&key)), "x never moved");
+    // X's key on the old primary expires within its TTL; watch well past that.
+    let watch_until = std::time::Instant::now() + secs(5);
+    while std::time::Instant::now() < watch_until {
+        let (x_id, y_id) = (x.id(), y.id());
+        assert!(
+            !(x_id.is_some() && y_id.is_some()),
+            "both publish ID 0: x {x_id:?}, y {y_id:?}"
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
