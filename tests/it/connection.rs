@@ -315,3 +315,36 @@ fn init_pool_fails(url: &str) {
     assert_eq!(init.code, Some(1), "{init:?}");
     assert!(init.stderr.contains("not a Cluster node"), "{init:?}");
 }
+
+/// Issue 8.3: the sidecar's sockets to Redis carry a keepalive timer (`/proc/net/tcp`
+/// timer kind 2), so a peer that vanished is noticed on an idle connection too.
+#[test]
+fn sockets_to_redis_have_keepalive() {
+    let redis = RedisServer::start();
+    let worker = Sidecar::worker(&redis, "orders").spawn();
+    worker.wait_for_lease(secs(10));
+    let port = format!(":{:04X}", redis.port());
+    let timers = || -> Vec<String> {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                // Client side: the remote address is Redis; state 01 = established.
+                (cols[2].ends_with(&port) && cols[3] == "01").then(|| cols[5].to_owned())
+            })
+            .collect()
+    };
+    assert!(
+        poll_until(secs(5), || {
+            let t = timers();
+            !t.is_empty()
+                && t.iter()
+                    .all(|timer| timer.starts_with("02:") || timer.starts_with("01:"))
+        }),
+        "timers of the sockets to redis: {:?}",
+        timers()
+    );
+    assert!(timers().iter().any(|timer| timer.starts_with("02:")));
+}
