@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::connection::Redis;
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -16,7 +17,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
-use crate::connection::Redis;
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
