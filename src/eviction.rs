@@ -92,13 +92,23 @@ pub struct EvictingRedis {
 /// Errors: the Redis error of `INFO`; a permission error says it needs
 /// `+info`.
 pub async fn check<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<Option<EvictingRedis>> {
-    let info: String = redis::cmd("INFO")
+    let reply: redis::Value = redis::cmd("INFO")
         .arg("memory")
         .query_async(conn)
         .await
         .map_err(step("INFO memory failed (needs +info)"))?;
-    Ok(MemorySettings::parse(&info)
-        .filter(MemorySettings::may_evict)
+    // A Cluster answers node by node (a map): every node must be safe.
+    let infos: Vec<String> = match reply {
+        redis::Value::Map(nodes) => nodes
+            .into_iter()
+            .map(|(_, info)| redis::from_redis_value(info))
+            .collect::<Result<_, _>>()?,
+        info => vec![redis::from_redis_value(info)?],
+    };
+    Ok(infos
+        .iter()
+        .filter_map(|info| MemorySettings::parse(info))
+        .find(MemorySettings::may_evict)
         .map(|s| EvictingRedis {
             policy: s.policy,
             maxmemory: s.maxmemory,

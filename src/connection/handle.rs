@@ -355,6 +355,11 @@ impl Drop for Suspect<'_> {
     }
 }
 
+/// A transient error (I/O kind): a Sentinel failover in progress.
+fn in_failover(what: &str) -> RedisError {
+    std::io::Error::other(format!("{what} (failover in progress?)")).into()
+}
+
 fn timed_out(limit: Duration) -> RedisError {
     std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -540,13 +545,37 @@ impl Shared {
 
     async fn open_sentinel(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
         let sentinels = self.sentinel.as_ref().expect("sentinel topology");
-        let client = sentinels.lock().await.client.async_get_client().await?;
+        let found = {
+            let mut sentinels = sentinels.lock().await;
+            sentinels.client.async_get_client().await
+        };
+        let client = match found {
+            Ok(client) => client,
+            // Also when no named node answers as primary yet (a failover in
+            // progress): only a master no Sentinel knows is a configuration error.
+            Err(err) if err.kind() == ErrorKind::MasterNameNotFoundBySentinel => {
+                return Err(match self.named_primary(sentinels).await {
+                    Err(err) if err.kind() == ErrorKind::MasterNameNotFoundBySentinel => err,
+                    _ => in_failover("no node answers as the primary the Sentinels name"),
+                });
+            }
+            Err(err) => return Err(err),
+        };
         let node = match client.get_connection_info().addr() {
             ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                 (host.clone(), *port)
             }
             _ => unreachable!("Sentinels name TCP addresses"),
         };
+        // Sentinels disagree for a moment during a failover; connect only to
+        // the node the confirmations will ask about.
+        if self
+            .named_primary(sentinels)
+            .await
+            .is_ok_and(|named| named != node)
+        {
+            return Err(in_failover("the Sentinels do not agree on the primary yet"));
+        }
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.config())
             .await?;

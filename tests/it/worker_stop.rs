@@ -18,9 +18,12 @@ fn lease_keys(redis: &RedisServer) -> Vec<String> {
 /// waits one TTL (2 s); meanwhile the proxy starts dropping replies, so the next claim runs in
 /// Redis but the sidecar never hears of it. Returns once that claim's key exists.
 fn sidecar_with_a_lost_claim_reply(redis: &RedisServer, proxy: &FaultProxy) -> Sidecar {
+    // No INFO before the claim: its timeout would replace the connection, and the
+    // new one cannot connect while replies are dropped, so the claim would never be sent.
     let sidecar = Sidecar::worker_at(&proxy.url(), "orders")
         .flag("--max-worker-id", "3")
         .flag("--claim-timeout", "5s")
+        .switch("--allow-evicting-redis")
         .spawn();
     assert!(sidecar.wait_for_log("no claim guard", secs(10)));
     proxy.set_mode(Mode::DropReplies);
