@@ -1,6 +1,6 @@
-//! The Redis connection: URL parsing with redaction ([`target`]), the one
+//! The Redis connection: URL parsing with redaction (`connection/target.rs`), the one
 //! connection handle every mode uses over standalone, Sentinel and Cluster
-//! ([`handle`]), and the one place that decides whether a Redis error is
+//! (`connection/handle.rs`), and the one place that decides whether a Redis error is
 //! worth retrying.
 
 mod handle;

@@ -79,7 +79,7 @@ pub struct RenewReply {
 
 /// Until when (Redis time, ms) a renew may re-create a missing key whose
 /// last confirmed write answered `expires_ms`: the margin before it, as for
-/// the local validity ([`margin`]), so a stalled script or a rounding never
+/// the local validity (`margin`), so a stalled script or a rounding never
 /// lets a re-create follow a real expiry.
 pub fn recreate_before(expires_ms: u64, ttl: Duration) -> u64 {
     expires_ms.saturating_sub(ttl_ms(margin(ttl)))

@@ -161,7 +161,7 @@ impl<C: Reconnects + Send> Worker<C> {
 
     /// Claims, holds and reclaims until shutdown or an error. Returns what
     /// the caller needs to clean up: it unpublishes (awaits the publisher),
-    /// then removes every key of ours with [`release`].
+    /// then removes every key of ours with `release`.
     pub async fn run(mut self, shutdown: CancellationToken) -> Stopped {
         let result = self.run_until_stop(&shutdown).await;
         self.set_state(WorkerState::Stopping);
