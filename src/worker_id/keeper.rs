@@ -203,6 +203,9 @@ impl<C: Reconnects + Send> Worker<C> {
     }
 
     fn set_state(&self, state: WorkerState) {
+        if !matches!(state, WorkerState::GuardClosed(_)) {
+            self.metrics.claim_guard_opens.set(0);
+        }
         match &state {
             WorkerState::Held(held) => {
                 self.metrics.lease_held.set(1);
@@ -295,6 +298,12 @@ impl<C: Reconnects + Send> Worker<C> {
                         log_paused(wait, guard);
                         last_log = Some(Instant::now());
                     }
+                    let opens = SystemTime::now() + wait;
+                    let opens_s = lease::unix_ms(opens).div_ceil(1000);
+                    self.metrics
+                        .claim_guard_opens
+                        .set(i64::try_from(opens_s).unwrap_or(i64::MAX));
+                    self.set_state(WorkerState::GuardClosed(BootInstant::now() + wait));
                     pause = wait + jitter(Duration::from_millis(50));
                 }
                 Ok(Ok(Round::Evicting(evicting))) => {

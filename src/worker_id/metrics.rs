@@ -23,6 +23,8 @@ pub struct WorkerMetrics {
     pub worker_id: Gauge,
     /// How many worker IDs the app has (max worker ID + 1), for ratios.
     pub worker_ids: Gauge,
+    /// Unix time (s) at which the closed claim guard opens; 0 otherwise.
+    pub claim_guard_opens: Gauge,
     /// Renew attempts by outcome: renewed, recreated, lost, failed.
     pub renewals: Family<Outcome, Counter>,
     /// Leases lost (other owner, or validity deadline passed unconfirmed).
@@ -53,6 +55,11 @@ impl WorkerMetrics {
             "worker_ids",
             "How many worker IDs the app has (--max-worker-id + 1)",
             self.worker_ids.clone(),
+        );
+        r.register(
+            "claim_guard_opens_timestamp_seconds",
+            "Unix time when the app's closed claim guard lets claims in; 0 while not waiting on it",
+            self.claim_guard_opens.clone(),
         );
         r.register(
             "renewals",

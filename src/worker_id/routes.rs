@@ -43,11 +43,9 @@ pub fn worker_router(http: WorkerHttp) -> Router {
 async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Response {
     let state = http.state.borrow().clone();
     let Some(held) = state.valid_lease() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({ "error": "no valid worker-ID lease", "state": state_name(&state) })),
-        )
-            .into_response();
+        let mut body = unpublished(&state);
+        body["error"] = "no valid worker-ID lease".into();
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
     };
     if wants_text(&headers) {
         return (
@@ -72,9 +70,22 @@ fn wants_text(headers: &HeaderMap) -> bool {
         .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
 }
 
+/// `{"state": ...}` of an unpublished ID, with `opens_in_ms` while the
+/// claim guard holds claims back.
+fn unpublished(state: &WorkerState) -> serde_json::Value {
+    match state {
+        WorkerState::GuardClosed(opens_at) => json!({
+            "state": state_name(state),
+            "opens_in_ms": u64::try_from(opens_at.remaining().as_millis()).unwrap_or(u64::MAX),
+        }),
+        _ => json!({ "state": state_name(state) }),
+    }
+}
+
 fn state_name(state: &WorkerState) -> &'static str {
     match state {
         WorkerState::Claiming => "claiming",
+        WorkerState::GuardClosed(_) => "guard_closed",
         WorkerState::Readopting(_) => "readopting",
         WorkerState::Held(_) => "expired",
         WorkerState::Lost => "lost",
@@ -83,7 +94,7 @@ fn state_name(state: &WorkerState) -> &'static str {
 }
 
 /// `GET /readyz`: 200 only while a lease is valid (false from the moment
-/// it is lost or shutdown starts).
+/// it is lost or shutdown starts); 503 with `{"state", "opens_in_ms"?}`.
 async fn readyz(State(http): State<WorkerHttp>) -> Response {
     let state = http.state.borrow().clone();
     if state.valid_lease().is_some() {
@@ -91,7 +102,7 @@ async fn readyz(State(http): State<WorkerHttp>) -> Response {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", state_name(&state)),
+            axum::Json(unpublished(&state)),
         )
             .into_response()
     }

@@ -20,6 +20,9 @@ pub enum WorkerState {
     /// re-adopted. Not published over HTTP, but the ID file may stay until
     /// that instant so a sidecar restart does not stop the app.
     Readopting(BootInstant),
+    /// Claims are held back by the app's claim guard (fresh Redis, or one
+    /// that lost its data) until about this instant.
+    GuardClosed(BootInstant),
     /// A lease confirmed by Redis, valid until `valid_until`.
     Held(HeldLease),
     /// The lease was lost; about to reclaim or exit.

@@ -849,3 +849,38 @@ fn json_logs_are_flat_objects() {
     assert_eq!(event["worker_id"], lease.worker_id, "{event}");
     assert!(event.get("fields").is_none(), "nested fields: {event}");
 }
+
+/// While the claim guard holds claims back (a fresh Redis), `/id` and `/readyz` say
+/// `"state":"guard_closed"` with `opens_in_ms`, and a gauge gives the Unix time it opens.
+#[test]
+fn closed_guard_is_visible_in_http_and_metrics() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "20s")
+        .flag("--renew-interval", "5s")
+        .spawn();
+    let body = poll_some(secs(10), || {
+        let (status, body) = sidecar.http_get("/id", None);
+        (status == 503 && body.contains("guard_closed")).then_some(body)
+    })
+    .expect("/id says guard_closed");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let opens_in = json["opens_in_ms"].as_u64().expect("opens_in_ms");
+    assert!(opens_in > 0 && opens_in <= 20_000, "{json}");
+    let (status, ready) = sidecar.http_get("/readyz", None);
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(
+        (status, ready["state"].as_str()),
+        (503, Some("guard_closed")),
+        "{ready}"
+    );
+    assert!(ready["opens_in_ms"].as_u64().is_some(), "{ready}");
+    let opens_at = sidecar
+        .metric("snowlease_claim_guard_opens_timestamp_seconds")
+        .expect("gauge");
+    let now_s = unix_ms() as f64 / 1000.0;
+    assert!(
+        opens_at > now_s && opens_at <= now_s + 21.0,
+        "{opens_at} vs {now_s}"
+    );
+}
