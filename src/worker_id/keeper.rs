@@ -693,7 +693,7 @@ fn log_paused(wait: Duration, guard: GuardFound) {
     match guard {
         GuardFound::Missing => warn!(
             wait_ms,
-            "no claim guard in Redis (fresh, or it lost its data): waiting one TTL so that earlier holders can renew or give up"
+            "no claim guard in Redis (first use of this app or a fresh Redis, or Redis lost its data): waiting one TTL so that earlier holders can renew or give up; on first use, `snowlease guard open --app <app>` skips the wait"
         ),
         GuardFound::TooFar => warn!(
             wait_ms,
