@@ -122,22 +122,29 @@ pub async fn release<C: ConnectionLike>(
     key: &str,
     owner: &Owner,
 ) -> redis::RedisResult<bool> {
-    Ok(release_keys(conn, &[key.to_owned()], owner).await? == 1)
+    Ok(release_keys(conn, &[key.to_owned()], owner, Duration::ZERO).await? == 1)
 }
 
-/// Runs `release.lua` (compare-and-delete) on `keys` in one call: deletes
-/// each that still holds `owner`; returns how many it deleted (0: none was
-/// ours, nothing written).
+/// Runs `release.lua` on `keys` in one call: each that still holds `owner`
+/// is deleted (`handover` zero) or becomes the tombstone
+/// `released:<owner>` expiring after `handover` (ms precision, README "ID
+/// handover"); returns how many it released (0: none was ours, nothing
+/// written).
 pub async fn release_keys<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],
     owner: &Owner,
+    handover: Duration,
 ) -> redis::RedisResult<u64> {
     let mut invocation = RELEASE.prepare_invoke();
     for key in keys {
         invocation.key(key);
     }
-    invocation.arg(owner.as_str()).invoke_async(conn).await
+    invocation
+        .arg(owner.as_str())
+        .arg(u64::try_from(handover.as_millis()).unwrap_or(u64::MAX))
+        .invoke_async(conn)
+        .await
 }
 
 /// Loads the scripts into the script cache (`SCRIPT LOAD`), so a missing

@@ -123,6 +123,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         &stopped.keys,
         &stopped.owner,
         stopped.held,
+        config.handover_delay,
         RELEASE_LIMIT,
     )
     .await;

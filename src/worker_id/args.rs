@@ -129,6 +129,10 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub claim_timeout: Duration,
 
+    /// At SIGTERM, keep the released ID blocked this long (100ms-60s): at least twice the clock skew you allow between nodes.
+    #[arg(long, env = "SNOWLEASE_HANDOVER_DELAY", default_value = "1s", value_parser = parse_duration)]
+    pub handover_delay: Duration,
+
     /// `--allow-evicting-redis`.
     #[command(flatten)]
     pub eviction: EvictionArgs,
@@ -159,6 +163,10 @@ pub struct WorkerConfig {
     pub claim_timeout: Duration,
     /// Hold leases even on a Redis that may evict keys.
     pub allow_evicting_redis: bool,
+    /// Expiry of the tombstone left at a SIGTERM release, 100 ms-60 s
+    /// (README "ID handover": a generator that gets the ID next must not
+    /// mint in a millisecond the previous holder may have used).
+    pub handover_delay: Duration,
 }
 
 /// The lease parameters the worker loop needs, nothing else.
@@ -234,6 +242,12 @@ impl WorkerArgs {
             Duration::from_secs(1),
             Duration::from_secs(86_400),
         )?;
+        check_range(
+            "--handover-delay",
+            self.handover_delay,
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        )?;
         if self.output_file.file_name().is_none() {
             return Err(ConfigError::new("--output-file", "must name a file"));
         }
@@ -253,6 +267,7 @@ impl WorkerArgs {
             on_loss: self.on_loss,
             claim_timeout: self.claim_timeout,
             allow_evicting_redis: self.eviction.allow_evicting_redis,
+            handover_delay: self.handover_delay,
         })
     }
 }

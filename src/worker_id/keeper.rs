@@ -654,15 +654,17 @@ async fn bounded<T>(
 /// Removes every key in `keys` that holds `owner` in one call bounded by
 /// `limit`: the lease held at the stop (`held`), and a claim that ran while
 /// its reply was lost. The logs say only what is known: a reply that did
-/// not come in time may hide a release that ran.
+/// not come in time may hide a release that ran. Each key becomes a
+/// tombstone for `handover` (see [`lease::release_keys`]).
 pub(crate) async fn release<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],
     owner: &Owner,
     held: Option<u16>,
+    handover: Duration,
     limit: Duration,
 ) {
-    let outcome = timeout(limit, lease::release_keys(conn, keys, owner)).await;
+    let outcome = timeout(limit, lease::release_keys(conn, keys, owner, handover)).await;
     match (outcome, held) {
         (Ok(Ok(0)), Some(worker_id)) => warn!(
             worker_id,

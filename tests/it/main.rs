@@ -17,6 +17,8 @@ mod examples;
 mod exec;
 /// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
 mod first_use;
+/// ID handover (tombstone at release) and a claim whose reply was lost.
+mod handover;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.

@@ -223,8 +223,8 @@ fn thirty_three_sidecars_share_thirty_two_ids() {
     assert!(last.is_running());
 }
 
-/// Shared body of the clean-stop tests: `sig` deletes our key, removes both files, exits 0
-/// within 2 s.
+/// Shared body of the clean-stop tests: `sig` turns our key into a tombstone (expiring after
+/// the default 1 s handover delay), removes both files, exits 0 within 2 s.
 fn clean_stop(sig: Signal) {
     let redis = RedisServer::start();
     let mut sidecar = Sidecar::worker(&redis, "orders").spawn();
@@ -235,19 +235,25 @@ fn clean_stop(sig: Signal) {
     let t = Instant::now();
     let status = sidecar.wait_exit(secs(2)).expect("exit within 2 s");
     assert_eq!(status.code(), Some(0), "clean stop after {:?}", t.elapsed());
-    assert!(!redis.exists(&key), "key {key} must be deleted on {sig}");
+    let (value, pttl) = redis.get_with_pttl(&key);
+    assert_eq!(
+        value,
+        Some(format!("released:{}", lease.owner)),
+        "key {key} must be a tombstone after {sig}"
+    );
+    assert!((1..=1000).contains(&pttl), "tombstone PTTL {pttl}");
     assert!(!sidecar.output_file().exists(), "ID file must be removed");
     assert!(!sidecar.state_file().exists(), "state file must be removed");
     assert!(sidecar.count_log("released") > 0, "release is logged");
 }
 
-/// SIGTERM: key deleted, files removed, exit 0 within 2 s.
+/// SIGTERM: key left as a tombstone, files removed, exit 0 within 2 s.
 #[test]
 fn sigterm_releases_key_and_files() {
     clean_stop(Signal::SIGTERM);
 }
 
-/// SIGINT: key deleted, files removed, exit 0 within 2 s.
+/// SIGINT: key left as a tombstone, files removed, exit 0 within 2 s.
 #[test]
 fn sigint_releases_key_and_files() {
     clean_stop(Signal::SIGINT);
@@ -308,7 +314,11 @@ fn sigterm_as_pid_1_releases() {
         .wait_exit(secs(2))
         .expect("exit within 2 s as PID 1");
     assert_eq!(status.code(), Some(0));
-    assert!(!redis.exists(&worker_key("orders", lease.worker_id)));
+    assert_eq!(
+        redis.get(&worker_key("orders", lease.worker_id)),
+        Some(format!("released:{}", lease.owner)),
+        "released as a tombstone"
+    );
     assert!(!sidecar.output_file().exists());
 }
 
@@ -529,6 +539,21 @@ fn bad_configuration_exits_2_before_touching_redis() {
         bad(&[("--redis-url", "not a url")], &[], &["--redis-url"]),
         bad(&[("--on-loss", "panic")], &[], &["--on-loss"]),
         bad(
+            &[("--handover-delay", "50ms")],
+            &[],
+            &["--handover-delay", "100ms"],
+        ),
+        bad(
+            &[("--handover-delay", "61s")],
+            &[],
+            &["--handover-delay", "1m"],
+        ),
+        bad(
+            &[],
+            &[("SNOWLEASE_HANDOVER_DELAY", "0s")],
+            &["--handover-delay"],
+        ),
+        bad(
             &[],
             &[("SNOWLEASE_MAX_WORKER_ID", "5000")],
             &["max-worker-id", "1023"],
@@ -678,7 +703,7 @@ fn wrong_type_key_is_skipped_and_kept() {
     assert_eq!(redis.get(&worker_key("payments", 1)).as_deref(), Some("x"));
     assert_eq!(redis.pttl(&worker_key("payments", 1)), -1);
     assert_eq!(redis.get("unrelated").as_deref(), Some("y"));
-    assert!(!redis.exists(&worker_key("orders", 1)));
+    crate::handover::assert_tombstone(&redis, &worker_key("orders", 1));
 }
 
 /// A closed stderr (the log pipe's reader is gone) does not stop the sidecar from working
@@ -731,7 +756,7 @@ fn closed_stderr_still_releases_on_sigterm() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "exit code with a closed stderr");
-    assert!(!redis.exists(&key), "key released");
+    crate::handover::assert_tombstone(&redis, &key);
     assert!(!file.exists());
 }
 
