@@ -65,3 +65,45 @@ fn released_id_is_blocked_for_the_handover_delay() {
         exited.elapsed()
     );
 }
+
+/// A claim that ran in Redis but whose reply was dropped on the wire (then the connection
+/// reset) is adopted by the next claim round (same ID, counted as "adopted"); no key of ours is left orphaned until its TTL.
+#[test]
+fn claim_with_lost_reply_is_adopted_not_orphaned() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis);
+    // Claim guard closed: the first round is paused one TTL, which leaves time to arm the
+    // fault before the claim that will write a key.
+    let sidecar = Sidecar::worker_at(&proxy.url(), "orders")
+        .flag("--max-worker-id", "3")
+        .spawn();
+    assert!(sidecar.wait_for_log("no claim guard", secs(10)));
+    proxy.set_mode(Mode::DropReplies);
+    assert!(
+        sidecar.wait_for_log("retrying claim", secs(15)),
+        "the claim's reply must be lost"
+    );
+    let written: Vec<String> = redis.keys(&format!("{PREFIX}orders:[0-9]*"));
+    assert_eq!(written.len(), 1, "the lost claim ran in Redis: {written:?}");
+    // A lost reply ends a real TCP connection; on a kept one the multiplexed client matches
+    // every later reply to the abandoned call and never recovers (seen: timeouts for good).
+    proxy.set_mode(Mode::Reset);
+    proxy.set_mode(Mode::Pass);
+
+    let lease = sidecar.wait_for_lease(secs(10));
+    assert_eq!(
+        vec![worker_key("orders", lease.worker_id)],
+        written,
+        "the key the lost claim wrote is the one adopted"
+    );
+    let ours: Vec<String> = redis
+        .keys(&format!("{PREFIX}orders:[0-9]*"))
+        .into_iter()
+        .filter(|k| redis.get(k).as_deref() == Some(lease.owner.as_str()))
+        .collect();
+    assert_eq!(ours, written, "no other key of ours");
+    assert_eq!(
+        sidecar.metric(r#"snowlease_claim_attempts_total{outcome="adopted"}"#),
+        Some(1.0)
+    );
+}
