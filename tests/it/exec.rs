@@ -146,7 +146,11 @@ fn pod_app_follows_the_sidecars_lease() {
         // The claim guard (`<prefix><app>:guard`) is per app, not a lease, and stays.
         .filter(|k| !k.ends_with(":guard"))
         .collect();
-    assert!(ours.is_empty(), "keys left behind: {ours:?}");
+    // Released: what is left of ours is the release tombstone (ID handover), nothing else.
+    assert!(ours.len() <= 1, "keys left behind: {ours:?}");
+    for key in &ours {
+        crate::handover::assert_tombstone(&redis, key);
+    }
     assert!(!pod.worker_id_file().exists());
 }
 
