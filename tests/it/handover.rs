@@ -74,8 +74,10 @@ fn claim_with_lost_reply_is_adopted_not_orphaned() {
     let proxy = FaultProxy::for_redis(&redis);
     // Claim guard closed: the first round is paused one TTL, which leaves time to arm the
     // fault before the claim that will write a key.
+    // No INFO (eviction check) before the claim: its timeout would replace the connection.
     let sidecar = Sidecar::worker_at(&proxy.url(), "orders")
         .flag("--max-worker-id", "3")
+        .switch("--allow-evicting-redis")
         .spawn();
     assert!(sidecar.wait_for_log("no claim guard", secs(10)));
     proxy.set_mode(Mode::DropReplies);
