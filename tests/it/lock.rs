@@ -331,26 +331,37 @@ fn redis_down_stops_the_command_by_the_validity_deadline() {
     assert_eq!(lock.wait_exit(secs(5)).and_then(|s| s.code()), Some(LOST));
 }
 
-/// The lock key deleted while held (as by a Redis that lost its data): the renew does not
-/// re-create it; the command is stopped (SIGTERM), `lock` exits 75, and no key is left.
+/// The lock key deleted while held (as by a Redis that lost its data): the renew never
+/// re-creates it (watched until `lock` exits; the command ignores SIGTERM, so the stop lasts
+/// the grace); the command is stopped (SIGTERM, then SIGKILL), `lock` exits 75.
 #[test]
 fn deleted_key_is_not_recreated_and_stops_the_command() {
     let redis = RedisServer::start();
     let jobs = Jobs::new();
+    let key = lock_key("report");
     let mut lock = jobs
-        .lock(&redis.url(), "report", "a", &[], POLITE_JOB)
+        .lock(&redis.url(), "report", "a", &[], STUBBORN_JOB)
         .spawn();
     jobs.wait::<u128>("a", "start").expect("a runs");
-    let _: () = redis.query(redis::cmd("DEL").arg(lock_key("report")));
+    let _: () = redis.query(redis::cmd("DEL").arg(&key));
+    let recreated = poll_some(secs(5), || {
+        if redis.exists(&key) {
+            Some(true)
+        } else {
+            (!lock.is_running()).then_some(false)
+        }
+    });
+    assert_eq!(
+        recreated,
+        Some(false),
+        "the key was re-created (or lock did not exit)"
+    );
     assert_eq!(lock.wait_exit(secs(5)).and_then(|s| s.code()), Some(LOST));
     assert!(
         jobs.read::<u128>("a", "term").is_some(),
         "the command got SIGTERM"
     );
-    assert!(
-        !redis.exists(&lock_key("report")),
-        "the key was not re-created"
-    );
+    assert!(lock.count_log("no longer holds our owner string") > 0);
 }
 
 /// The lock key overwritten by another owner while held: the command is stopped, `lock`
