@@ -71,9 +71,9 @@ pub(crate) enum Waited {
 /// doubling from 10 ms up to 500 ms, jittered, never past the holder's
 /// expiry hint nor past `wait`).
 ///
-/// Returns also whether the key may be ours: true once an attempt's outcome
-/// is unknown (a transient error after the script was sent; it may have run
-/// with its reply lost), so the caller must release it.
+/// Returns also whether the key may be ours: true once an acquire failed
+/// after it was sent (it may have run with its reply lost, or up to a
+/// refused command), so the caller must release it.
 ///
 /// Errors: a permanent Redis error (ACL refusal, wrong key type).
 pub(crate) fn wait(
@@ -106,10 +106,13 @@ pub(crate) fn wait(
                 },
                 expires_in,
             ),
-            Err(err) if classify(&err) == Failure::Permanent => return (Err(err), maybe_held),
             Err(err) => {
-                // Our script may have run with its reply lost.
+                // Our script may have run: all of it with the reply lost, or
+                // up to a refused command (scripts are not rolled back).
                 maybe_held |= probed;
+                if classify(&err) == Failure::Permanent {
+                    return (Err(err), maybe_held);
+                }
                 warn!(lock = session.keys().name(), attempt, error = %err, "acquire failed");
                 (format!("redis unavailable: {err}"), None)
             }

@@ -464,3 +464,73 @@ fn exit_code_passes_through_and_sigterm_reaches_the_command() {
     );
     assert!(!redis.exists(&lock_key("report")), "released after SIGTERM");
 }
+
+/// `lock`, as documented in README.md ("Lock"): scripts by SHA, the commands they call, only
+/// the lock keys.
+const LOCK_RULES: &str = "resetkeys ~snowlease:lock:* resetchannels -@all +evalsha \
+    +script|load +type +get +set +pexpire +pttl +incr +del";
+
+/// The documented ACL covers a whole lock: probe, acquire with fence, a waiter's attempts,
+/// renewals, release; Redis denies nothing on the way.
+#[test]
+fn lock_runs_with_the_minimal_acl() {
+    let redis = RedisServer::start();
+    let url = crate::acl::acl_user(&redis, "locker", LOCK_RULES);
+    let jobs = Jobs::new();
+    let mut holder = jobs.lock(&url, "report", "a", &[], JOB).spawn();
+    jobs.wait::<u128>("a", "start").expect("a runs");
+    let pttl = redis.pttl(&lock_key("report"));
+    assert!(
+        poll_until(secs(5), || redis.pttl(&lock_key("report")) > pttl),
+        "renewed"
+    );
+    let args = [
+        "lock",
+        "--name",
+        "report",
+        "--redis-url",
+        &url,
+        "--",
+        "true",
+    ];
+    let run = run_snowlease(&args, &[], secs(10));
+    assert_eq!(run.code, Some(NOT_ACQUIRED), "{run:?}");
+    jobs.go("a");
+    assert_eq!(holder.wait_exit(secs(10)).and_then(|s| s.code()), Some(0));
+    assert!(!redis.exists(&lock_key("report")), "released");
+    assert_eq!(redis.get(&fence_key("report")).as_deref(), Some("1"));
+    assert_eq!(
+        crate::acl::acl_log(&redis),
+        Vec::<String>::new(),
+        "nothing denied"
+    );
+}
+
+/// A user without INCR: the acquire script's SET runs, its INCR is refused; `lock` exits 1
+/// naming the refusal, the command never starts, and the half-taken key is released.
+#[test]
+fn lock_without_incr_fails_before_the_command_and_releases() {
+    let redis = RedisServer::start();
+    let url = crate::acl::acl_user(&redis, "noincr", &LOCK_RULES.replace(" +incr", ""));
+    let jobs = Jobs::new();
+    let marker = jobs.path("a", "marker");
+    let args = [
+        "lock",
+        "--name",
+        "report",
+        "--redis-url",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "touch \"$MARK\"",
+    ];
+    let run = run_snowlease(&args, &[("MARK", marker.to_str().unwrap())], secs(10));
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains("redis refused the acquire script"),
+        "{run:?}"
+    );
+    assert!(!marker.exists(), "the command must never start");
+    assert_eq!(redis.keys("*"), Vec::<String>::new(), "nothing left behind");
+}
