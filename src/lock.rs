@@ -83,10 +83,10 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
         config.keys.clone(),
         owner,
         config.ttl,
-        config.call_timeout(),
+        config.setup_timeout(),
     )
     .context("cannot set up the redis client")?;
-    let limit = config.call_timeout();
+    let limit = config.setup_timeout();
     let (waited, maybe_held) = acquire::wait(&mut session, config.wait, limit, &signals);
     // An attempt whose reply was lost may have taken the key after all.
     if maybe_held && !matches!(waited, Ok(Waited::Acquired { .. })) {

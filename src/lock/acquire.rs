@@ -79,7 +79,7 @@ pub(crate) enum Waited {
 pub(crate) fn wait(
     session: &mut Session,
     wait: Duration,
-    call_timeout: Duration,
+    limit: Duration,
     signals: &Signals,
 ) -> (redis::RedisResult<Waited>, bool) {
     let deadline = Instant::now() + wait;
@@ -90,11 +90,11 @@ pub(crate) fn wait(
     loop {
         let sent = Instant::now();
         let reply = if probed {
-            session.acquire(call_timeout)
+            session.acquire(limit)
         } else {
-            session.probe(call_timeout).and_then(|()| {
+            session.probe(limit).and_then(|()| {
                 probed = true;
-                session.acquire(call_timeout)
+                session.acquire(limit)
             })
         };
         let (reason, hint) = match reply {

@@ -78,10 +78,20 @@ impl LockConfig {
         self.ttl / 3
     }
 
-    /// Timeout of one Redis call: a quarter of the renew interval, within
+    /// Timeout of one renew call: a quarter of the renew interval, within
     /// 100 ms-5 s (the worker's rule), so retries fit before the deadline.
     pub fn call_timeout(&self) -> Duration {
         (self.renew_interval() / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+    }
+
+    /// Timeout of the calls outside the hold loop (connecting, the start-up
+    /// probe, an acquire attempt, the release): half the validity (TTL -
+    /// margin), within 100 ms-5 s. Nothing runs under the lock yet, so only
+    /// the acquire is bound by the lease at all: a reply later than the
+    /// validity would leave no time to run the command.
+    pub fn setup_timeout(&self) -> Duration {
+        (crate::lease::validity(self.ttl) / 2)
+            .clamp(Duration::from_millis(100), Duration::from_secs(5))
     }
 }
 
@@ -206,6 +216,7 @@ mod tests {
         );
         assert_eq!(config.renew_interval(), Duration::from_secs(10));
         assert_eq!(config.call_timeout(), Duration::from_millis(2500));
+        assert_eq!(config.setup_timeout(), Duration::from_secs(5));
         assert_eq!(config.command, ["./report.sh"]);
     }
 

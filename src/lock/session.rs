@@ -26,7 +26,9 @@ pub(crate) struct Session {
 
 impl Session {
     /// A runtime with one worker thread (the connection's I/O runs there
-    /// between calls) and a lazy connection: nothing is sent yet.
+    /// between calls) and a lazy connection: nothing is sent yet. `timeout`
+    /// bounds connecting and each reply; every call below has its own,
+    /// shorter or equal, limit too.
     ///
     /// Errors: the runtime cannot start, or the client configuration is invalid.
     pub(crate) fn open(
@@ -34,7 +36,7 @@ impl Session {
         keys: LockKeys,
         owner: Owner,
         ttl: Duration,
-        call_timeout: Duration,
+        timeout: Duration,
     ) -> anyhow::Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -42,7 +44,7 @@ impl Session {
             .build()?;
         let conn = {
             let _context = rt.enter();
-            redis.connect(call_timeout)?
+            redis.connect(timeout)?
         };
         Ok(Self {
             rt,
