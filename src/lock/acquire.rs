@@ -88,12 +88,14 @@ pub(crate) fn wait(
     let mut logged = false;
     let mut attempt = 0u32;
     loop {
-        let sent = Instant::now();
+        // The validity counts from the acquire's send, after any probe.
+        let mut sent = Instant::now();
         let reply = if probed {
             session.acquire(limit)
         } else {
             session.probe(limit).and_then(|()| {
                 probed = true;
+                sent = Instant::now();
                 session.acquire(limit)
             })
         };
