@@ -534,3 +534,24 @@ fn lock_without_incr_fails_before_the_command_and_releases() {
     assert!(!marker.exists(), "the command must never start");
     assert_eq!(redis.keys("*"), Vec::<String>::new(), "nothing left behind");
 }
+
+/// SIGTERM while waiting for the lock: `lock` exits 143 (128 + 15) at once, the command
+/// never starts, and the holder's key is untouched.
+#[test]
+fn sigterm_while_waiting_exits_without_running_the_command() {
+    let redis = RedisServer::start();
+    let jobs = Jobs::new();
+    let _holder = jobs.lock(&redis.url(), "report", "a", &[], JOB).spawn();
+    let owner: String = jobs.wait("a", "owner").expect("a runs");
+    let mut waiter = jobs
+        .lock(&redis.url(), "report", "b", &[("--wait", "60s")], JOB)
+        .spawn();
+    assert!(waiter.wait_for_log("waiting for the lock", secs(10)));
+    waiter.signal(Signal::SIGTERM);
+    assert_eq!(
+        waiter.wait_exit(secs(2)).and_then(|s| s.code()),
+        Some(128 + 15)
+    );
+    assert_eq!(jobs.read::<u128>("b", "start"), None, "b never ran");
+    assert_eq!(redis.get(&lock_key("report")), Some(owner));
+}
