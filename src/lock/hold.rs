@@ -134,8 +134,8 @@ pub(crate) fn hold(
     }
 }
 
-/// SIGTERM to the command's process group; SIGKILL is due after the grace,
-/// never after `deadline`.
+/// SIGTERM to the command's process group and every other descendant;
+/// SIGKILL is due after the grace, never after `deadline`.
 fn stop(
     child: &Child,
     rules: &Deadlines,

@@ -296,6 +296,20 @@ fn paused_holder_is_stopped_on_resume_and_never_touches_the_new_key() {
 /// sent before Redis went down; `lock` exits 75.
 #[test]
 fn redis_down_stops_the_command_by_the_validity_deadline() {
+    stopped_by_the_deadline_when(|redis| redis.stop());
+}
+
+/// Redis paused (SIGSTOP: connections stay open, nothing answers, every renew times out):
+/// the command is gone by the validity deadline all the same, `lock` exits 75.
+#[test]
+fn redis_paused_stops_the_command_by_the_validity_deadline() {
+    stopped_by_the_deadline_when(|redis| redis.pause());
+}
+
+/// Holds a lock with a command that ignores SIGTERM, applies `fault` to Redis once a renewal
+/// was confirmed, and checks: SIGTERM no later, and the command gone no later (plus
+/// [`SLACK`]), than [`VALIDITY`] after the fault; `lock` exits 75.
+fn stopped_by_the_deadline_when(fault: impl FnOnce(&mut RedisServer)) {
     let mut redis = RedisServer::start();
     let jobs = Jobs::new();
     let mut lock = jobs
@@ -307,25 +321,24 @@ fn redis_down_stops_the_command_by_the_validity_deadline() {
     let pttl = redis.pttl(&lock_key("report"));
     assert!(poll_until(secs(5), || redis.pttl(&lock_key("report")) > pttl));
     let down_ns = unix_ns();
-    redis.stop();
     let down = Instant::now();
+    fault(&mut redis);
     let latest = down + VALIDITY;
     assert!(
         poll_until(VALIDITY + SLACK, || !process_exists(pid)),
-        "command still running {:?} after Redis went down",
+        "command still running {:?} after the fault",
         down.elapsed()
     );
     let gone = Instant::now();
     assert!(
         gone <= latest + SLACK,
-        "gone {:?} after Redis went down",
+        "gone {:?} after the fault",
         gone - down
     );
     let term: u128 = jobs.read("a", "term").expect("SIGTERM came first");
-    let validity_ns = VALIDITY.as_nanos();
     assert!(
-        term <= down_ns + validity_ns,
-        "SIGTERM {} ms after Redis went down",
+        term <= down_ns + VALIDITY.as_nanos(),
+        "SIGTERM {} ms after the fault",
         (term - down_ns) / 1_000_000
     );
     assert_eq!(lock.wait_exit(secs(5)).and_then(|s| s.code()), Some(LOST));
