@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use super::LockKeys;
 use super::session::Session;
+use crate::boot_clock::BootInstant;
 use crate::connection::{Failure, classify};
 use crate::exec::child::{self, Signals};
 use crate::identity::Owner;
@@ -59,7 +60,7 @@ pub(crate) async fn acquire<C: ConnectionLike>(
 pub(crate) enum Waited {
     /// Ours: the fencing token, and when the winning attempt was sent (the
     /// validity is counted from there).
-    Acquired { fence: u64, sent: Instant },
+    Acquired { fence: u64, sent: BootInstant },
     /// Not acquired within `--wait`; why the last attempt failed.
     NotAcquired(String),
     /// A signal that stops `lock` arrived first.
@@ -89,13 +90,13 @@ pub(crate) fn wait(
     let mut attempt = 0u32;
     loop {
         // The validity counts from the acquire's send, after any probe.
-        let mut sent = Instant::now();
+        let mut sent = BootInstant::now();
         let reply = if probed {
             session.acquire(limit)
         } else {
             session.probe(limit).and_then(|()| {
                 probed = true;
-                sent = Instant::now();
+                sent = BootInstant::now();
                 session.acquire(limit)
             })
         };

@@ -17,6 +17,7 @@ use tracing::{debug, error, warn};
 
 use super::LockConfig;
 use super::session::Session;
+use crate::boot_clock::BootInstant;
 use crate::connection::{Failure, classify};
 use crate::exec::child::{self, Child, Exit, Signals};
 use crate::exec::deadline::Deadlines;
@@ -36,9 +37,16 @@ struct Stopping {
     killed: bool,
 }
 
-/// Valid until `sent + validity(ttl)`: the lease core's rule.
-fn valid_until(sent: Instant, ttl: Duration) -> Instant {
-    lease::validity_deadline(sent.into(), ttl).into_std()
+/// Valid until `sent + validity(ttl)`: the lease core's rule, on the boot
+/// clock (it counts a suspend). `exec`'s deadline rules take an [`Instant`],
+/// so the loop maps it anew on each round: after a suspend it is past at once.
+fn valid_until(sent: BootInstant, ttl: Duration) -> BootInstant {
+    lease::validity_deadline(sent, ttl)
+}
+
+/// `deadline` on the monotonic clock, as seen at `now`.
+fn on_monotonic(deadline: BootInstant, now: Instant) -> Instant {
+    now + deadline.remaining()
 }
 
 /// Holds the lock while `child` runs; `sent` is when the winning acquire
@@ -48,14 +56,17 @@ pub(crate) fn hold(
     config: &LockConfig,
     signals: &Signals,
     child: &Child,
-    sent: Instant,
+    sent: BootInstant,
 ) -> HoldEnd {
     let interval = config.renew_interval();
     let retry = (interval / 4).min(Duration::from_secs(1));
-    let mut deadline = valid_until(sent, config.ttl);
+    let mut valid = valid_until(sent, config.ttl);
     let mut rules = Deadlines::new(config.grace);
-    rules.observe(Some(deadline), sent);
-    let mut next_renew = sent + interval;
+    rules.observe(
+        Some(on_monotonic(valid, Instant::now())),
+        Instant::now() - sent.elapsed(),
+    );
+    let mut next_renew = Instant::now() + interval.saturating_sub(sent.elapsed());
     let mut stopping: Option<Stopping> = None;
     loop {
         if let Some(exit) = child.reap() {
@@ -65,6 +76,7 @@ pub(crate) fn hold(
             };
         }
         let now = Instant::now();
+        let deadline = on_monotonic(valid, now);
         match &mut stopping {
             Some(stop) if !stop.killed && now >= stop.kill_at => {
                 warn!(
@@ -94,9 +106,10 @@ pub(crate) fn hold(
                     .min(term_at.saturating_duration_since(now));
                 match session.renew(limit) {
                     (Ok(RenewOutcome::Extended), sent) => {
-                        deadline = valid_until(sent, config.ttl);
-                        rules.observe(Some(deadline), sent);
-                        next_renew = sent + interval;
+                        valid = valid_until(sent, config.ttl);
+                        let sent_at = Instant::now() - sent.elapsed();
+                        rules.observe(Some(on_monotonic(valid, Instant::now())), sent_at);
+                        next_renew = sent_at + interval;
                         debug!(lock = session.keys().name(), "lease renewed");
                     }
                     // Recreated cannot happen: renew is called with recreate off.

@@ -2,7 +2,7 @@
 //! connection, our owner string, and each call bounded by a timeout, so the
 //! synchronous hold loop never waits on Redis past a deadline.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::RedisResult;
 use redis::aio::ConnectionManager;
@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::LockKeys;
 use super::acquire::{self, Acquired};
+use crate::boot_clock::BootInstant;
 use crate::connection::RedisTarget;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
@@ -79,20 +80,15 @@ impl Session {
         bounded(&self.rt, limit, call)
     }
 
-    /// The lease core's owner-checked renew, with `recreate` off: a missing
+    /// The lease core's owner-checked renew, re-creating never (bound 0): a missing
     /// key means the lock is lost (Redis lost data, or someone deleted it),
     /// never that we may set it again; the fence would not prove it ours.
     /// Returns the outcome and the instant the call was sent.
-    pub(crate) fn renew(&mut self, limit: Duration) -> (RedisResult<RenewOutcome>, Instant) {
-        let sent = Instant::now();
-        let renew = lease::renew(
-            &mut self.conn,
-            self.keys.lock(),
-            &self.owner,
-            self.ttl,
-            false,
-        );
-        (bounded(&self.rt, limit, renew), sent)
+    pub(crate) fn renew(&mut self, limit: Duration) -> (RedisResult<RenewOutcome>, BootInstant) {
+        let sent = BootInstant::now();
+        let renew = lease::renew(&mut self.conn, self.keys.lock(), &self.owner, self.ttl, 0);
+        let reply = bounded(&self.rt, limit, renew).map(|reply| reply.outcome);
+        (reply, sent)
     }
 
     /// The lease core's compare-and-delete: deletes the lock key only while
