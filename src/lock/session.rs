@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use crate::connection::Redis;
 use redis::RedisResult;
-use redis::aio::ConnectionManager;
 use tokio::runtime::Runtime;
 use tracing::{info, warn};
 
@@ -19,7 +19,7 @@ use crate::lease::{self, RenewOutcome};
 /// One process's connection and owner string for one lock.
 pub(crate) struct Session {
     rt: Runtime,
-    conn: ConnectionManager,
+    conn: Redis,
     owner: Owner,
     keys: LockKeys,
     ttl: Duration,
