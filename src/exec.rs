@@ -12,8 +12,9 @@
 //! container with the sidecar's next ID.
 
 mod args;
-mod child;
-mod deadline;
+// Shared with `lock`, which supervises its command the same way.
+pub(crate) mod child;
+pub(crate) mod deadline;
 mod source;
 
 use std::ffi::OsString;
@@ -84,11 +85,10 @@ pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
         }
     };
     let worker_id = published.worker_id;
-    let child = Child::spawn(&config.command, &config.env, worker_id).map_err(|error| {
-        ExecError::Spawn {
-            program: config.command[0].clone(),
-            error,
-        }
+    let env = [(config.env.as_str(), worker_id.to_string())];
+    let child = Child::spawn(&config.command, &env).map_err(|error| ExecError::Spawn {
+        program: config.command[0].clone(),
+        error,
     })?;
     info!(worker_id, pid = child.pid(), env = %config.env, "worker ID published; command started");
     let (exit, lost) = supervise(config, &signals, &child, published);

@@ -10,12 +10,14 @@
 //! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
 //! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
 //! | 5 | refused as unsafe: `guard open` found lease keys of the app (without `--force`); nothing written |
-//! | 75 | `exec`: the ID was lost while the command ran; the command was stopped (EX_TEMPFAIL) |
-//! | 126, 127 | `exec`: the command cannot be executed, or was not found (shell convention) |
+//! | 69 | `lock`: not acquired within `--wait`; the command never started (EX_UNAVAILABLE; not 3, which a command's own code could be) |
+//! | 75 | `exec`: the ID was lost while the command ran; `lock`: the lock was lost or not renewed in time while the command ran; the command was stopped (EX_TEMPFAIL) |
+//! | 126, 127 | `exec`, `lock`: the command cannot be executed, or was not found (shell convention) |
 //! | 128+N | a signal N ended the wait or the command |
 
 use crate::cli::ConfigError;
 use crate::exec::ExecError;
+use crate::lock::LockError;
 use crate::pool::PoolError;
 use crate::pool::cli::PoolCliError;
 use crate::worker_id::guard::GuardRefused;
@@ -33,8 +35,9 @@ Exit codes (the same meaning in every command):
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
   5   refused as unsafe: guard open found lease keys (use --force); nothing written
-  75  exec: the ID was lost while the command ran; the command was stopped
-  126 exec: the command cannot be executed; 127: not found; 128+N: signal N";
+  69  lock: not acquired within --wait; the command never started
+  75  exec, lock: the ID or lock was lost while the command ran; the command was stopped
+  126 exec, lock: the command cannot be executed; 127: not found; 128+N: signal N";
 
 /// Anything not listed below.
 pub const FAILURE: u8 = 1;
@@ -46,7 +49,12 @@ pub const UNAVAILABLE: u8 = 3;
 pub const NOT_HELD: u8 = 4;
 /// Refused because it could break the safety property; nothing written.
 pub const REFUSED: u8 = 5;
-/// `exec`: the ID was lost while the command ran (EX_TEMPFAIL, sysexits.h).
+/// `lock`: not acquired within `--wait` (EX_UNAVAILABLE, sysexits.h). Not
+/// [`UNAVAILABLE`]: `lock` passes its command's code through, and 3 is a
+/// code a command may well use itself; 69 rarely is.
+pub const NOT_ACQUIRED: u8 = 69;
+/// `exec`: the ID was lost while the command ran; `lock`: the lock was lost
+/// or not renewed in time while the command ran (EX_TEMPFAIL, sysexits.h).
 pub const LEASE_LOST: u8 = 75;
 /// `exec`: the command exists but cannot be executed (shell convention).
 pub const CANNOT_EXECUTE: u8 = 126;
@@ -76,6 +84,16 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
             }
             ExecError::Spawn { .. } => CANNOT_EXECUTE,
             ExecError::Other(_) => FAILURE,
+        };
+    }
+    if let Some(err) = err.downcast_ref::<LockError>() {
+        return match err {
+            LockError::NotAcquired { .. } => NOT_ACQUIRED,
+            LockError::Spawn { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+                NOT_FOUND
+            }
+            LockError::Spawn { .. } => CANNOT_EXECUTE,
+            LockError::Other(_) => FAILURE,
         };
     }
     if let Some(err) = err.downcast_ref::<PoolCliError>() {
@@ -113,6 +131,7 @@ mod tests {
             BAD_INPUT,
             UNAVAILABLE,
             NOT_HELD,
+            NOT_ACQUIRED,
             LEASE_LOST,
             CANNOT_EXECUTE,
         ] {
@@ -161,6 +180,12 @@ mod tests {
             hint: String::new(),
         };
         assert_eq!(code(due.into()), UNAVAILABLE);
+        let not_acquired = LockError::NotAcquired {
+            name: "n".into(),
+            waited: Duration::ZERO,
+            reason: String::new(),
+        };
+        assert_eq!(code(not_acquired.into()), NOT_ACQUIRED);
         assert_eq!(code(anyhow::anyhow!("redis down")), FAILURE);
     }
 }

@@ -9,6 +9,7 @@
 //! - [`worker_id`]: worker-ID mode: the sidecar (claim, renew, publish) and `status`.
 //! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
 //! - [`exec`]: the app side: `exec` runs the app only while an ID is published; `id`, `install`.
+//! - [`lock`]: `lock`: a distributed mutex around a command (lease core + `exec`'s child handling).
 //!
 //! Shared by the modes:
 //! - [`lease`]: the lease core: owner-checked renew and release of one key; validity math.
@@ -33,6 +34,7 @@ pub mod exit;
 pub mod http;
 pub mod identity;
 pub mod lease;
+pub mod lock;
 pub mod logging;
 pub mod pool;
 pub mod shutdown;

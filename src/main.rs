@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 use snowlease::cli::{check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard};
-use snowlease::{exec, exit, pool, shutdown, worker_id};
+use snowlease::{exec, exit, lock, pool, shutdown, worker_id};
 
 /// `--version`: the crate version and the commit it was built from.
 const VERSION: &str = concat!(
@@ -47,6 +47,9 @@ enum Command {
     /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
     #[command(after_help = exit::HELP)]
     Pool(pool::cli::PoolArgs),
+    /// Run CMD while holding a named lock in Redis (a distributed mutex with a fencing token).
+    #[command(after_help = exit::HELP)]
+    Lock(lock::LockArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         /// The shell.
@@ -74,6 +77,7 @@ impl Command {
             Self::Exec(_) => "snowlease exec",
             Self::Id(_) => "snowlease id",
             Self::Pool(_) => "snowlease pool",
+            Self::Lock(_) => "snowlease lock",
             _ => "snowlease",
         }
     }
@@ -99,8 +103,8 @@ fn main() -> ExitCode {
 }
 
 /// Validates the flags (nothing is touched before), then runs the command.
-/// Returns the exit code of a run that did its job (`exec` passes its
-/// command's code through).
+/// Returns the exit code of a run that did its job (`exec` and `lock` pass
+/// their command's code through).
 fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
     match command {
         Command::Worker(args) => {
@@ -114,6 +118,11 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             let config = args.validate()?;
             *log = Some(logging::init(args.log.log_format));
             return Ok(exec::run_exec(&config)?);
+        }
+        Command::Lock(args) => {
+            let config = args.validate()?;
+            *log = Some(logging::init(args.log.log_format));
+            return Ok(lock::run(&config)?);
         }
         Command::Id(args) => {
             let (source, wait) = args.validate()?;

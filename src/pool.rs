@@ -13,7 +13,8 @@
 //! [`cli`] is `snowlease pool ...`; [`serve`] its HTTP API for workers in
 //! any language, with a background reaper and metrics.
 
-mod backoff;
+// Shared with `lock`, whose waiters back off the same way.
+pub(crate) mod backoff;
 pub mod cli;
 mod error;
 mod lease;

@@ -94,20 +94,21 @@ pub struct Child {
 }
 
 impl Child {
-    /// Starts `command` with `env_name=worker_id` added to our environment,
+    /// Starts `command` with `env` (name, value) added to our environment
+    /// (`WORKER_ID=7` for `exec`),
     /// after making this process a child subreaper (`PR_SET_CHILD_SUBREAPER`,
     /// prctl(2)): orphans of the command are re-parented to us, not to init.
     ///
     /// Errors: the spawn error (not found, not executable, ...), or the
     /// prctl error.
-    pub fn spawn(command: &[OsString], env_name: &str, worker_id: u16) -> std::io::Result<Self> {
+    pub fn spawn(command: &[OsString], env: &[(&str, String)]) -> std::io::Result<Self> {
         nix::sys::prctl::set_child_subreaper(true)?;
         let (program, args) = command
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
         let child = std::process::Command::new(program)
             .args(args)
-            .env(env_name, worker_id.to_string())
+            .envs(env.iter().map(|(name, value)| (name, value)))
             .process_group(0)
             .spawn()?;
         let pid = Pid::from_raw(i32::try_from(child.id()).map_err(std::io::Error::other)?);

@@ -18,7 +18,7 @@ const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +s
     +scard +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
 
 /// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.
-fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {
+pub(crate) fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {
     let mut cmd = redis::cmd("ACL");
     cmd.arg("SETUSER")
         .arg(user)
@@ -33,7 +33,7 @@ fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {
 }
 
 /// Entries of `ACL LOG` (denied commands and keys), as text.
-fn acl_log(redis: &RedisServer) -> Vec<String> {
+pub(crate) fn acl_log(redis: &RedisServer) -> Vec<String> {
     let entries: Vec<redis::Value> = redis.query(redis::cmd("ACL").arg("LOG"));
     entries.iter().map(|e| format!("{e:?}")).collect()
 }

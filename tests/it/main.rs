@@ -23,6 +23,8 @@ mod handover;
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
 mod harness_selftest;
+/// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
+mod lock;
 /// Pool mode scripts and API: leases, cooldowns, fences, bad input, concurrency.
 mod pool;
 /// `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.

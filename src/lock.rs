@@ -1,0 +1,146 @@
+//! `snowlease lock --name N -- CMD`: a distributed mutex around a command,
+//! built on the lease core (README, "Lock").
+//!
+//! The lock is one lease key `<prefix>{<name>}` holding our owner string
+//! (identity + nonce, as in worker mode), taken with `SET NX PX` by
+//! `lock/acquire.lua`, which also counts the fence `<prefix>{<name>}:fence`
+//! up and hands the new value to the command as `SNOWLEASE_FENCE`. While
+//! the command runs, `lock/hold.rs` renews the lease every ttl/3 with the
+//! lease core's owner-checked renew (never re-creating a missing key) and
+//! stops the command the way `exec` does when the lease is lost or cannot be
+//! confirmed before its validity deadline. When the command exits the lease
+//! is released (compare-and-delete) and `lock` exits with its code.
+//!
+//! The command is supervised with `exec`'s pieces: its own process group,
+//! signals passed on, SIGTERM then SIGKILL by the deadline.
+
+mod acquire;
+mod args;
+mod hold;
+mod session;
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use anyhow::Context;
+use tracing::{error, info};
+
+use acquire::Waited;
+pub use args::{LockArgs, LockConfig, LockKeys, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+use session::Session;
+
+use crate::exec::child::{Child, Exit, Signals};
+use crate::exit;
+use crate::identity::{Owner, resolve_identity};
+
+/// Env var that carries the fencing token (decimal, >= 1) to the command.
+pub const ENV_FENCE: &str = "SNOWLEASE_FENCE";
+/// Env var that carries the owner string (the lock key's value) to the command.
+pub const ENV_OWNER: &str = "SNOWLEASE_LOCK_OWNER";
+
+/// Why `lock` did not run the command to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Not acquired within `--wait` (exit 69, [`exit::NOT_ACQUIRED`]).
+    #[error("lock {name:?} not acquired within {}: {reason}", humantime::format_duration(*waited))]
+    NotAcquired {
+        /// `--name`.
+        name: String,
+        /// `--wait`.
+        waited: Duration,
+        /// What the last attempt found.
+        reason: String,
+    },
+    /// The command could not be started (exit 127 not found, 126 other).
+    #[error("cannot start {program:?}: {error}")]
+    Spawn {
+        /// The program as given.
+        program: OsString,
+        /// The OS error.
+        #[source]
+        error: std::io::Error,
+    },
+    /// Redis refused a script (ACL, a key of the wrong type), or anything
+    /// else (exit 1).
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// Runs `lock`: acquire, run the command with the fence, hold, release.
+/// Returns the exit code: the command's (128 + signal when killed),
+/// [`exit::LEASE_LOST`] after a loss, 128 + signal when a signal ended the
+/// wait.
+///
+/// Errors: [`LockError`] (exit codes in `exit.rs`); whatever may be ours in
+/// Redis is released first.
+pub fn run(config: &LockConfig) -> Result<u8, LockError> {
+    // Handlers first: a SIGTERM during the wait must not be lost.
+    let signals = Signals::install().context("cannot install signal handlers")?;
+    let (identity, _) = resolve_identity(None);
+    let owner = Owner::generate(&identity);
+    let mut session = Session::open(
+        &config.redis,
+        config.keys.clone(),
+        owner,
+        config.ttl,
+        config.setup_timeout(),
+    )
+    .context("cannot set up the redis client")?;
+    let limit = config.setup_timeout();
+    let (waited, maybe_held) = acquire::wait(&mut session, config.wait, limit, &signals);
+    // An attempt whose reply was lost may have taken the key after all.
+    if maybe_held && !matches!(waited, Ok(Waited::Acquired { .. })) {
+        session.release(limit);
+    }
+    let (fence, sent) = match waited {
+        Ok(Waited::Acquired { fence, sent }) => (fence, sent),
+        Ok(Waited::Signal(signal)) => {
+            info!(
+                signal,
+                "signal before the lock was acquired; not starting the command"
+            );
+            return Ok(Exit::Signal(signal).code());
+        }
+        Ok(Waited::NotAcquired(reason)) => {
+            return Err(LockError::NotAcquired {
+                name: config.keys.name().to_owned(),
+                waited: config.wait,
+                reason,
+            });
+        }
+        Err(err) => {
+            let err = anyhow::Error::new(err).context("redis refused the acquire script");
+            return Err(err.into());
+        }
+    };
+    let env = [
+        (ENV_FENCE, fence.to_string()),
+        (ENV_OWNER, session.owner().as_str().to_owned()),
+    ];
+    let child = match Child::spawn(&config.command, &env) {
+        Ok(child) => child,
+        Err(error) => {
+            session.release(limit);
+            return Err(LockError::Spawn {
+                program: config.command[0].clone(),
+                error,
+            });
+        }
+    };
+    let lock = config.keys.name();
+    info!(lock, fence, owner = %session.owner().redacted(), pid = child.pid(), "lock acquired; command started");
+    let end = hold::hold(&mut session, config, &signals, &child, sent);
+    // Whatever the command left behind acts under the lock too.
+    child.kill_all();
+    session.release(limit);
+    match end.lost {
+        Some(reason) => {
+            error!(lock, reason = %reason, exit = ?end.exit, "command stopped after the lock was lost; exiting 75");
+            Ok(exit::LEASE_LOST)
+        }
+        None => {
+            info!(lock, exit = ?end.exit, "command exited");
+            Ok(end.exit.code())
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Acquiring a lock: `acquire.lua` (SET NX PX, then INCR of the fence), and
+//! the wait until `--wait` with capped, jittered backoff between attempts.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use redis::aio::ConnectionLike;
+use tracing::{info, warn};
+
+use super::LockKeys;
+use super::session::Session;
+use crate::boot_clock::BootInstant;
+use crate::connection::{Failure, classify};
+use crate::exec::child::{self, Signals};
+use crate::identity::Owner;
+use crate::pool::backoff;
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+
+/// What one run of `acquire.lua` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// The lock is ours with this fencing token (counted up now, or, when
+    /// an earlier attempt's reply was lost, by that attempt).
+    Ours {
+        /// The fencing token, >= 1.
+        fence: u64,
+    },
+    /// Another owner holds it; its key expires in this long (`None`: the
+    /// key has no expiry, set by hand).
+    Held(Option<Duration>),
+}
+
+/// Runs `acquire.lua` once (see its header for the contract).
+pub(crate) async fn acquire<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &LockKeys,
+    owner: &Owner,
+    ttl: Duration,
+) -> redis::RedisResult<Acquired> {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    let (status, value): (i64, i64) = ACQUIRE
+        .key(keys.lock())
+        .key(keys.fence())
+        .arg(owner.as_str())
+        .arg(ttl_ms)
+        .invoke_async(conn)
+        .await?;
+    Ok(match status {
+        1 | 2 => Acquired::Ours {
+            fence: value.unsigned_abs(),
+        },
+        _ => Acquired::Held(u64::try_from(value).ok().map(Duration::from_millis)),
+    })
+}
+
+/// How the wait for the lock ended.
+#[derive(Debug)]
+pub(crate) enum Waited {
+    /// Ours: the fencing token, and when the winning attempt was sent (the
+    /// validity is counted from there).
+    Acquired { fence: u64, sent: BootInstant },
+    /// Not acquired within `--wait`; why the last attempt failed.
+    NotAcquired(String),
+    /// A signal that stops `lock` arrived first.
+    Signal(i32),
+}
+
+/// Tries to acquire until `wait` has passed (once when `wait` is zero),
+/// sleeping between attempts as the pool's waiters do (`pool/backoff.rs`:
+/// doubling from 10 ms up to 500 ms, jittered, never past the holder's
+/// expiry hint nor past `wait`).
+///
+/// Returns also whether the key may be ours: true once an acquire failed
+/// after it was sent (it may have run with its reply lost, or up to a
+/// refused command), so the caller must release it.
+///
+/// Errors: a permanent Redis error (ACL refusal, wrong key type).
+pub(crate) fn wait(
+    session: &mut Session,
+    wait: Duration,
+    limit: Duration,
+    signals: &Signals,
+) -> (redis::RedisResult<Waited>, bool) {
+    let deadline = Instant::now() + wait;
+    let mut maybe_held = false;
+    let mut probed = false;
+    let mut logged = false;
+    let mut attempt = 0u32;
+    loop {
+        // The validity counts from the acquire's send, after any probe.
+        let mut sent = BootInstant::now();
+        let reply = if probed {
+            session.acquire(limit)
+        } else {
+            session.probe(limit).and_then(|()| {
+                probed = true;
+                sent = BootInstant::now();
+                session.acquire(limit)
+            })
+        };
+        let (reason, hint) = match reply {
+            Ok(Acquired::Ours { fence }) => return (Ok(Waited::Acquired { fence, sent }), true),
+            Ok(Acquired::Held(expires_in)) => (
+                match expires_in {
+                    Some(t) => format!("held by another owner for up to {} ms", t.as_millis()),
+                    None => "held by a key without expiry (set by hand?)".to_owned(),
+                },
+                expires_in,
+            ),
+            Err(err) => {
+                // Our script may have run: all of it with the reply lost, or
+                // up to a refused command (scripts are not rolled back).
+                maybe_held |= probed;
+                if classify(&err) == Failure::Permanent {
+                    return (Err(err), maybe_held);
+                }
+                warn!(lock = session.keys().name(), attempt, error = %err, "acquire failed");
+                (format!("redis unavailable: {err}"), None)
+            }
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return (Ok(Waited::NotAcquired(reason)), maybe_held);
+        }
+        if !logged {
+            info!(lock = session.keys().name(), reason = %reason, "waiting for the lock");
+            logged = true;
+        }
+        let pause = backoff::sleep_for(hint, attempt, deadline - now, &mut rand::rng());
+        if let Some(signal) = signals.next(pause).filter(|s| child::ends_wait(*s)) {
+            return (Ok(Waited::Signal(signal)), maybe_held);
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}

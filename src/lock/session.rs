@@ -1,0 +1,127 @@
+//! The Redis side of one `lock` run: a small runtime for redis-rs, one
+//! connection, our owner string, and each call bounded by a timeout, so the
+//! synchronous hold loop never waits on Redis past a deadline.
+
+use std::time::Duration;
+
+use crate::connection::Redis;
+use redis::RedisResult;
+use tokio::runtime::Runtime;
+use tracing::{info, warn};
+
+use super::LockKeys;
+use super::acquire::{self, Acquired};
+use crate::boot_clock::BootInstant;
+use crate::connection::RedisTarget;
+use crate::identity::Owner;
+use crate::lease::{self, RenewOutcome};
+
+/// One process's connection and owner string for one lock.
+pub(crate) struct Session {
+    rt: Runtime,
+    conn: Redis,
+    owner: Owner,
+    keys: LockKeys,
+    ttl: Duration,
+}
+
+impl Session {
+    /// A runtime with one worker thread (the connection's I/O runs there
+    /// between calls) and a lazy connection: nothing is sent yet. `timeout`
+    /// bounds connecting and each reply; every call below has its own,
+    /// shorter or equal, limit too.
+    ///
+    /// Errors: the runtime cannot start, or the client configuration is invalid.
+    pub(crate) fn open(
+        redis: &RedisTarget,
+        keys: LockKeys,
+        owner: Owner,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let conn = {
+            let _context = rt.enter();
+            redis.connect(timeout)?
+        };
+        Ok(Self {
+            rt,
+            conn,
+            owner,
+            keys,
+            ttl,
+        })
+    }
+
+    /// Our owner string (the value of the lock key while we hold it).
+    pub(crate) fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// The lock's keys.
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// `lease::probe` on a key of this process: every command the renew and
+    /// release scripts need is allowed, and nothing is left behind.
+    pub(crate) fn probe(&mut self, limit: Duration) -> RedisResult<()> {
+        let key = self.keys.probe(self.owner.nonce());
+        let probe = lease::probe(&mut self.conn, &key, &self.owner);
+        bounded(&self.rt, limit, probe)
+    }
+
+    /// One run of `acquire.lua`, sent now.
+    pub(crate) fn acquire(&mut self, limit: Duration) -> RedisResult<Acquired> {
+        let call = acquire::acquire(&mut self.conn, &self.keys, &self.owner, self.ttl);
+        bounded(&self.rt, limit, call)
+    }
+
+    /// The lease core's owner-checked renew, re-creating never (bound 0): a missing
+    /// key means the lock is lost (Redis lost data, or someone deleted it),
+    /// never that we may set it again; the fence would not prove it ours.
+    /// Returns the outcome and the instant the call was sent.
+    pub(crate) fn renew(&mut self, limit: Duration) -> (RedisResult<RenewOutcome>, BootInstant) {
+        let sent = BootInstant::now();
+        let renew = lease::renew(&mut self.conn, self.keys.lock(), &self.owner, self.ttl, 0);
+        let reply = bounded(&self.rt, limit, renew).map(|reply| reply.outcome);
+        (reply, sent)
+    }
+
+    /// The lease core's compare-and-delete: deletes the lock key only while
+    /// it holds our owner string. Logged; a failure leaves the key to expire.
+    pub(crate) fn release(&mut self, limit: Duration) {
+        let release = lease::release(&mut self.conn, self.keys.lock(), &self.owner);
+        let lock = self.keys.name().to_owned();
+        match bounded(&self.rt, limit, release) {
+            Ok(true) => info!(lock, "lock released"),
+            Ok(false) => warn!(
+                lock,
+                "lock not released: the key no longer holds our owner string"
+            ),
+            Err(err) => warn!(lock, error = %err, "lock not released; it expires after its TTL"),
+        }
+    }
+}
+
+/// Runs one Redis call on `rt` under `limit`; a timeout becomes an I/O
+/// timeout error, so it classifies as transient (the call may have run).
+fn bounded<T>(
+    rt: &Runtime,
+    limit: Duration,
+    call: impl Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    rt.block_on(async {
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "redis call timed out",
+            )
+            .into()),
+        }
+    })
+}
