@@ -87,6 +87,19 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
     )
     .context("cannot set up the redis client")?;
     let limit = config.setup_timeout();
+    if !config.allow_evicting_redis {
+        // Checked once before the first attempt; an unreachable Redis is
+        // left to the wait below.
+        match session.evicting(limit) {
+            Ok(Some(evicting)) => return Err(LockError::Other(anyhow::Error::new(evicting))),
+            Err(err)
+                if crate::connection::classify(&err) == crate::connection::Failure::Permanent =>
+            {
+                return Err(LockError::Other(anyhow::Error::new(err)));
+            }
+            _ => {}
+        }
+    }
     let (waited, maybe_held) = acquire::wait(&mut session, config.wait, limit, &signals);
     // An attempt whose reply was lost may have taken the key after all.
     if maybe_held && !matches!(waited, Ok(Waited::Acquired { .. })) {

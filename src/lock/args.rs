@@ -49,6 +49,10 @@ pub struct LockArgs {
     #[command(flatten)]
     pub log: LogArgs,
 
+    /// Whether a Redis that may evict keys is accepted.
+    #[command(flatten)]
+    pub eviction: crate::eviction::EvictionArgs,
+
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -69,6 +73,8 @@ pub struct LockConfig {
     pub grace: Duration,
     /// Program and arguments.
     pub command: Vec<OsString>,
+    /// `--allow-evicting-redis`: hold the lock even where Redis may evict it.
+    pub allow_evicting_redis: bool,
 }
 
 impl LockConfig {
@@ -124,6 +130,7 @@ impl LockArgs {
             wait: self.wait,
             grace: self.grace,
             command: self.command.clone(),
+            allow_evicting_redis: self.eviction.allow_evicting_redis,
         })
     }
 }

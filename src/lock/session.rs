@@ -13,6 +13,7 @@ use super::LockKeys;
 use super::acquire::{self, Acquired};
 use crate::boot_clock::BootInstant;
 use crate::connection::RedisTarget;
+use crate::eviction::EvictingRedis;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
 
@@ -72,6 +73,13 @@ impl Session {
         let key = self.keys.probe(self.owner.nonce());
         let probe = lease::probe(&mut self.conn, &key, &self.owner);
         bounded(&self.rt, limit, probe)
+    }
+
+    /// `INFO memory`: `Some` when Redis may evict keys (issue 8: a lock
+    /// key evicted while held lets a second holder in).
+    pub(crate) fn evicting(&mut self, limit: Duration) -> RedisResult<Option<EvictingRedis>> {
+        let check = crate::eviction::check(&mut self.conn);
+        bounded(&self.rt, limit, check)
     }
 
     /// One run of `acquire.lua`, sent now.

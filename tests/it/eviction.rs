@@ -275,3 +275,29 @@ fn post(serve: &Sidecar, path: &str, body: &str) -> (u16, String) {
         Err(e) => (0, e.to_string()),
     }
 }
+
+/// `lock` on an evicting Redis refuses before the command starts (exit 1, nothing written, the
+/// message names the policy); with `--allow-evicting-redis` it runs the command.
+#[test]
+fn lock_refuses_an_evicting_redis() {
+    let redis = evicting_redis("allkeys-lru");
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let mark = marker.to_str().unwrap();
+    let cmd = ["--", "sh", "-c", "touch \"$MARK\""];
+    let args = [
+        &["lock", "--name", "report", "--redis-url", url.as_str()][..],
+        &cmd,
+    ]
+    .concat();
+    let run = run_snowlease(&args, &[("MARK", mark)], secs(10));
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("allkeys-lru"), "{run:?}");
+    assert!(!marker.exists(), "the command must not run");
+    assert_eq!(redis.dbsize(), 0, "nothing written: {:?}", redis.keys("*"));
+    let allowed = [&args[..5], &["--allow-evicting-redis"], &cmd].concat();
+    let run = run_snowlease(&allowed, &[("MARK", mark)], secs(10));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(marker.exists(), "runs with the override");
+}
