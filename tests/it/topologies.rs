@@ -290,3 +290,32 @@ fn sentinel_claims_follow_the_named_primary() {
         std::thread::sleep(POLL_INTERVAL);
     }
 }
+
+/// Issue 13: `lock` runs on a Cluster (the lock key and its fence share a hash slot) and behind
+/// Sentinel, with the fence counted and the key released after the command.
+#[test]
+fn lock_runs_on_cluster_and_sentinel() {
+    let cluster = ClusterTopology::start_primaries_only();
+    let sentinel = SentinelTopology::start_small();
+    for url in [cluster.url(), sentinel.url()] {
+        for expected_fence in ["1", "2"] {
+            let run = run_snowlease(
+                &[
+                    "lock",
+                    "--name",
+                    "nightly",
+                    "--redis-url",
+                    &url,
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo $SNOWLEASE_FENCE",
+                ],
+                &[],
+                secs(30),
+            );
+            assert_eq!(run.code, Some(0), "{url}: {run:?}");
+            assert_eq!(run.stdout, expected_fence, "{url}: fences increase");
+        }
+    }
+}
