@@ -123,38 +123,12 @@ pub struct Run {
 /// Runs `snowlease args...` in a scrubbed environment (PATH plus `env`) to completion; kills it
 /// after `timeout`.
 pub fn run_snowlease(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Run {
-    let mut child = Command::new(BIN)
-        .args(args)
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let err = Arc::new(Mutex::new(Vec::new()));
-    let readers = [
-        read_lines(child.stdout.take().unwrap(), out.clone()),
-        read_lines(child.stderr.take().unwrap(), err.clone()),
-    ];
-    let status = poll_some(timeout, || child.try_wait().ok().flatten());
-    let timed_out = status.is_none();
-    if timed_out {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    for r in readers {
-        let _ = r.join();
-    }
-    let join = |v: Arc<Mutex<Vec<String>>>| v.lock().unwrap().join("\n");
-    Run {
-        code: status.and_then(|s| s.code()),
-        stdout: join(out),
-        stderr: join(err),
-        timed_out,
-    }
+        .envs(env.iter().copied());
+    run_command(cmd, timeout)
 }
 
 /// Collects the lines of `pipe` into `sink` on a background thread.
