@@ -4,7 +4,7 @@
 # libgcc needed at run time), run on distroless/static (no libc, no shell, no
 # package manager) as UID 65532.
 # Not built in CI (the CI machine has no container engine); see
-# README.md, Kubernetes, "Container image".
+# docs/kubernetes.md, "Container image".
 #
 #   docker build -t registry.example.com/snowlease:0.1.0 .
 #

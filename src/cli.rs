@@ -79,7 +79,7 @@ pub struct LogArgs {
 }
 
 /// `--redis-url` and its TLS / Sentinel companions, shared by every command
-/// that talks to Redis (README, "Redis topologies").
+/// that talks to Redis (docs/operations.md, "Redis topologies").
 #[derive(Debug, Clone, Default, Args)]
 pub struct RedisUrlArg {
     /// Redis URL: `redis://[user:password@]host:port[,host:port...][/db]` (one server, or a

@@ -4,7 +4,7 @@
 //! `volatile-ttl` evicted the lease key with the shortest TTL, a second
 //! sidecar took the ID at once). So snowlease holds no lease on a Redis
 //! with `maxmemory` set and a `maxmemory-policy` other than `noeviction`
-//! (README, "Redis requirements"), unless `--allow-evicting-redis` says
+//! (docs/operations.md, "Redis requirements"), unless `--allow-evicting-redis` says
 //! the operator accepts that risk.
 //!
 //! A worker that finds Redis evicting while it holds an ID unpublishes at

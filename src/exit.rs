@@ -1,4 +1,4 @@
-//! Exit codes of every command, in one table (README, "Exit codes"): a code
+//! Exit codes of every command, in one table (docs/operations.md, "Exit codes"): a code
 //! means the same in every command. [`code_of`] is the one place that maps
 //! an error to its code; `main` calls it.
 //!
@@ -121,11 +121,13 @@ mod tests {
     use super::*;
     use crate::pool::LostReason;
 
-    /// `--help`, this module and README.md list the same codes.
+    /// `--help`, this module and docs/operations.md list the same codes.
     #[test]
-    fn help_and_readme_list_every_code() {
-        let readme = include_str!("../README.md");
-        let table = &readme[readme.find("## Exit codes").expect("README has the table")..];
+    fn help_and_docs_list_every_code() {
+        let doc = include_str!("../docs/operations.md");
+        let table = &doc[doc
+            .find("## Exit codes")
+            .expect("docs/operations.md has the table")..];
         for code in [
             FAILURE,
             BAD_INPUT,
@@ -140,7 +142,7 @@ mod tests {
                 "--help lacks {code}"
             );
             let row = |sep| table.contains(&format!("\n| {code}{sep}"));
-            assert!(row(" |") || row(", "), "README lacks {code}");
+            assert!(row(" |") || row(", "), "docs/operations.md lacks {code}");
         }
     }
 

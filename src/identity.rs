@@ -17,7 +17,7 @@ pub enum IdentitySource {
 }
 
 /// Resolves the identity once, first that exists: the flag, `POD_IP`, the
-/// primary non-loopback local IP, the hostname (README, "Keys").
+/// primary non-loopback local IP, the hostname (docs/worker.md, "Keys").
 pub fn resolve_identity(flag: Option<&str>) -> (String, IdentitySource) {
     if let Some(identity) = flag.filter(|s| !s.is_empty()) {
         return (identity.to_owned(), IdentitySource::Flag);

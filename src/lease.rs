@@ -3,7 +3,7 @@
 //! scripts), the start-up probe of those scripts, and the local validity
 //! math. Knows nothing of files, HTTP or which key it is given.
 //!
-//! Safety rests on two rules (README, "Validity"): a lease is only valid locally
+//! Safety rests on two rules (docs/worker.md, "Validity"): a lease is only valid locally
 //! until `sent + TTL - margin`, measured on the boot clock (which counts
 //! suspended time, [`crate::boot_clock`]) from the moment the command was
 //! *sent*; and only a confirmed reply extends it.
@@ -127,8 +127,8 @@ pub async fn release<C: ConnectionLike>(
 
 /// Runs `release.lua` on `keys` in one call: each that still holds `owner`
 /// is deleted (`handover` zero) or becomes the tombstone
-/// `released:<owner>` expiring after `handover` (ms precision, README "ID
-/// handover"); returns how many it released (0: none was ours, nothing
+/// `released:<owner>` expiring after `handover` (ms precision, docs/worker.md
+/// "ID handover"); returns how many it released (0: none was ours, nothing
 /// written).
 pub async fn release_keys<C: ConnectionLike>(
     conn: &mut C,

@@ -1,7 +1,7 @@
 //! snowlease: a sidecar that leases Snowflake worker IDs (and resource
 //! pools) in Redis and publishes them to the app beside it.
 //!
-//! The one safety property (README, "How the worker-ID sidecar behaves"): no two processes
+//! The one safety property (docs/worker.md, "How the worker-ID sidecar behaves"): no two processes
 //! publish the same worker ID of an app at the same instant.
 //!
 //! # Layout

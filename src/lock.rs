@@ -1,5 +1,5 @@
 //! `snowlease lock --name N -- CMD`: a distributed mutex around a command,
-//! built on the lease core (README, "Lock").
+//! built on the lease core (docs/lock.md).
 //!
 //! The lock is one lease key `<prefix>{<name>}` holding our owner string
 //! (identity + nonce, as in worker mode), taken with `SET NX PX` by

@@ -1,6 +1,6 @@
 //! The `snowlease` binary: parse flags, validate, set up logging, run one
-//! mode, map the outcome to an exit code ([`snowlease::exit`], README
-//! "Exit codes").
+//! mode, map the outcome to an exit code ([`snowlease::exit`],
+//! docs/operations.md "Exit codes").
 
 use std::io::Write as _;
 use std::process::ExitCode;

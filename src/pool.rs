@@ -1,6 +1,6 @@
 //! Pool mode: lease resource ids (proxy endpoints, accounts) from a named
 //! pool in Redis, prove ownership with a random token, hand them back with a
-//! cooldown. The contract is README, "Pool mode"; each operation is one Lua
+//! cooldown. The contract is docs/pool.md; each operation is one Lua
 //! script in `pool/`, with Redis `TIME` (ms) as the only clock.
 //!
 //! Beyond the three keys every worker knows, snowlease keeps (same hash

@@ -47,7 +47,7 @@ fn chaos_short_run_never_publishes_one_id_twice() {
     run(env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(40));
 }
 
-/// The long run (>= 500 faults at its default length); its figures are in the README.
+/// The long run (>= 500 faults at its default length); its figures are in docs/worker.md ("Guarantees").
 #[test]
 #[ignore]
 fn chaos_long_run_never_publishes_one_id_twice() {

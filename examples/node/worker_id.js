@@ -11,7 +11,7 @@
 // No dependencies; Node.js 18+. Run: node worker_id.js
 //
 // An app that keeps running must stop minting as soon as the ID is gone, and
-// before valid_until_ms / lease_expires_in_ms passes (README, "How the app
+// before valid_until_ms / lease_expires_in_ms passes (docs/app.md, "How the app
 // reads the ID"); `snowlease exec` does that for you.
 'use strict';
 const fs = require('fs');

@@ -11,7 +11,7 @@ Prints: worker_id=<n> source=<file|http> snowflake=<id>
 Standard library only; Python 3.8+. Run: python3 worker_id.py
 
 An app that keeps running must stop minting as soon as the ID is gone, and
-before valid_until_ms / lease_expires_in_ms passes (README, "How the app
+before valid_until_ms / lease_expires_in_ms passes (docs/app.md, "How the app
 reads the ID"); `snowlease exec` does that for you.
 """
 import json

@@ -1,7 +1,7 @@
 //! [`RedisTarget`]: a Redis URL parsed into topology, nodes, credentials and
 //! TLS material, with a redacted form for logs.
 //!
-//! URL forms (README, "Redis topologies"):
+//! URL forms (docs/operations.md, "Redis topologies"):
 //! - `redis://[user:password@]host[:6379][,host2[:port]...][/db]` (`rediss://` for TLS):
 //!   one server, or a Cluster when the node says `cluster_enabled:1`;
 //! - `redis+cluster://...` (`rediss+cluster://`): a Cluster, checked at start;

@@ -149,7 +149,7 @@ fn read_file(path: &std::path::Path) -> Reading {
 }
 
 /// `<base>/id`, keeping a path prefix of the base URL; a URL that already
-/// ends in `/id` (copied from the README's `/id` table) is taken as it is.
+/// ends in `/id` (copied from the `/id` table of docs/worker.md) is taken as it is.
 fn id_url(base: &url::Url) -> String {
     let base = base.as_str().trim_end_matches('/');
     if base.ends_with("/id") {

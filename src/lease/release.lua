@@ -1,5 +1,5 @@
 -- Release leases: each key that still holds our owner string is deleted,
--- or replaced by a tombstone (README, "Release", "ID handover"): a value
+-- or replaced by a tombstone (docs/worker.md, "Release", "ID handover"): a value
 -- that is nobody's owner string, so claims treat the ID as held until it
 -- expires. At a stop every lease key of the app is passed, so a claim that
 -- ran but whose reply never came is released too: the owner string is this

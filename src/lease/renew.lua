@@ -1,4 +1,4 @@
--- Renew a worker-ID lease if it is still ours (README, "Renewal").
+-- Renew a worker-ID lease if it is still ours (docs/worker.md, "Renewal").
 --
 -- KEYS[1]  lease key, e.g. snowflake:worker:<app>:<id>
 -- ARGV[1]  owner string "<identity>#<nonce>"

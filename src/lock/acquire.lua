@@ -1,5 +1,5 @@
 -- Acquire a lock: SET NX PX the lock key to our owner string and, only when
--- that succeeded, count the lock's fencing token up (README, "Lock").
+-- that succeeded, count the lock's fencing token up (docs/lock.md).
 --
 -- KEYS[1]  lock key, <prefix>{<name>}
 -- KEYS[2]  fence counter, <prefix>{<name>}:fence: an integer string without

@@ -18,7 +18,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(3600);
 /// Longest lock name in bytes.
 pub const MAX_NAME_LEN: usize = 128;
 
-/// Flags of `snowlease lock`; README, "Lock".
+/// Flags of `snowlease lock`; docs/lock.md.
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
     /// Lock name: 1-128 characters of [A-Za-z0-9_.:-]; the key is <prefix>{<name>}.

@@ -294,7 +294,7 @@ pub struct ServeArgs {
     pub redis: RedisArgs,
 
     /// Address of the HTTP API; keep it on loopback (tokens travel in clear). Port 7392: next
-    /// to the worker's 7391, off the ports apps and sidecars use (README, "Why port 7391").
+    /// to the worker's 7391, off the ports apps and sidecars use (docs/worker.md, "Why port 7391").
     #[arg(long, env = "SNOWLEASE_POOL_LISTEN", default_value = "127.0.0.1:7392")]
     pub listen: SocketAddr,
 

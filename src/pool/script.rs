@@ -200,7 +200,7 @@ impl PoolScript {
 
 /// The key names of one pool; all share the hash tag `{<pool>}`.
 ///
-/// The first three are the layout every worker knows (README, "Pool mode"); the
+/// The first three are the layout every worker knows (docs/pool.md, "Keys and compatibility"); the
 /// others are snowlease's own and may be missing on a pool that plain
 /// workers created.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@ pub const RENEW_INTERVAL_MIN: Duration = Duration::from_millis(100);
 /// exporters), 15000-15090 (Istio/Envoy), 4140-4191 (Linkerd), 3500/50001 (Dapr), 8200 (Vault
 /// agent), 8300-8600 (Consul), 4317/4318/8888/13133 (OpenTelemetry collector), 9901 (Envoy
 /// admin); below the ephemeral (32768+) and NodePort (30000-32767) ranges. Manifests, Dockerfile
-/// and README must name the same port (`scripts/validate_k8s.py` reads it from here).
+/// and docs/ must name the same port (`scripts/validate_k8s.py` reads it from here).
 pub const DEFAULT_LISTEN: &str = "[::]:7391";
 
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
@@ -82,7 +82,7 @@ impl AppKeysArgs {
     }
 }
 
-/// Flags of `snowlease worker`; see README.md for the long form.
+/// Flags of `snowlease worker`; see docs/flags.md for the long form.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
     /// Which keys: app, prefix, ID range.
@@ -164,7 +164,7 @@ pub struct WorkerConfig {
     /// Hold leases even on a Redis that may evict keys.
     pub allow_evicting_redis: bool,
     /// Expiry of the tombstone left at a SIGTERM release, 100 ms-60 s
-    /// (README "ID handover": a generator that gets the ID next must not
+    /// (docs/worker.md, "ID handover": a generator that gets the ID next must not
     /// mint in a millisecond the previous holder may have used).
     pub handover_delay: Duration,
 }

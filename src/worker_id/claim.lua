@@ -1,4 +1,4 @@
--- Claim the lowest free worker ID in one round trip (README, "Claim").
+-- Claim the lowest free worker ID in one round trip (docs/worker.md, "Claim").
 --
 -- KEYS[1..n]  lease keys of IDs 0..n-1, in ID order
 -- KEYS[n+1]   claim guard of the app, e.g. snowflake:worker:<app>:guard: a
@@ -59,7 +59,7 @@ local guard = redis.call('GET', guard_key)
 local open_at = tonumber(guard)
 -- Missing: set it. Unreadable, or further away than one TTL (written by
 -- hand, or Redis' clock went back): no holder of this app (one TTL for all
--- its sidecars, see README) needs more, so start one TTL from now instead.
+-- its sidecars, see docs/worker.md) needs more, so start one TTL from now instead.
 local guard_how = 0
 if open_at == nil or open_at > now + ttl then
   if guard == false then guard_how = 1 else guard_how = 2 end

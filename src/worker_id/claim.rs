@@ -102,7 +102,7 @@ pub struct ClaimReply {
 /// All keys go to one script, so on Redis Cluster they would have to share
 /// a slot; Cluster is not supported yet.
 /// A transient error may hide a claim that ran; calling this again finds and
-/// adopts that key instead of taking a second one (README, "Claim").
+/// adopts that key instead of taking a second one (docs/worker.md, "Claim").
 pub async fn claim_lowest<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],

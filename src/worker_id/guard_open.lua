@@ -1,4 +1,4 @@
--- Open an app's claim guard now (README, "Claim guard"): for first use, so
+-- Open an app's claim guard now (docs/worker.md, "Claim guard"): for first use, so
 -- the first sidecars need not wait one TTL on a Redis that never held this
 -- app's leases.
 --

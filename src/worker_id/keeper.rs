@@ -233,7 +233,7 @@ impl<C: Reconnects + Send> Worker<C> {
         }
     }
 
-    /// Claim step (README, "Claim"): re-adopt, else lowest free ID, with
+    /// Claim step (docs/worker.md, "Claim"): re-adopt, else lowest free ID, with
     /// capped, jittered backoff; every wait and call ends by the claim
     /// timeout.
     async fn claim(

@@ -86,7 +86,7 @@ pub struct Report {
     pub claim_guard: ClaimGuard,
 }
 
-/// The claim guard as `status` sees it (README, "Claim guard").
+/// The claim guard as `status` sees it (docs/worker.md, "Claim guard").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "state")]
 pub enum ClaimGuard {

@@ -1,4 +1,4 @@
-//! Redis ACL: the minimal rules of README.md ("Redis ACL") are enough, and a user
+//! Redis ACL: the minimal rules of docs/operations.md ("Redis ACL") are enough, and a user
 //! lacking a needed permission gets a clear error at start.
 
 use crate::harness::*;
@@ -278,8 +278,8 @@ fn pool_cli_runs_with_the_minimal_acl() {
     assert!(!run.stderr.contains(":pw@"), "password hidden: {run:?}");
 }
 
-/// The rule of README.md's deploy steps ("Deploy, step by step", step 2), read from the
-/// `ACL SETUSER snowlease on >PASSWORD ...` line of README.md or of a file under docs/.
+/// The rule of the deploy steps (docs/kubernetes.md, "Deploy, step by step", step 2), read
+/// from the `ACL SETUSER snowlease on >PASSWORD ...` line of README.md or of a file under docs/.
 fn deploy_steps_rule() -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![root.join("README.md")];
@@ -300,7 +300,7 @@ fn deploy_steps_rule() -> String {
     rules[0].clone()
 }
 
-/// The exact ACL rule of the README's deploy steps covers every command those steps run:
+/// The exact ACL rule of the deploy steps covers every command those steps run:
 /// `guard open` on a fresh Redis, the sidecar's whole lease life, `snowlease id` and
 /// `snowlease status` with the sidecar's URL; Redis denies nothing.
 #[test]

@@ -2,7 +2,7 @@
 //! file, data loss under holders, a slow or out-of-memory Redis at start, TLS to a plain port,
 //! re-adoption from a stale state file, `exec` draining past the deadline. Each began as a
 //! failing reproduction of a defect found by trying to break snowlease. Two stay ignored: limits
-//! the README states (mixed TTLs, partial data loss); run them with `-- --include-ignored`.
+//! docs/worker.md states (mixed TTLs, partial data loss); run them with `-- --include-ignored`.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -374,10 +374,10 @@ fn removed_id_file_is_restored_while_held() {
 /// manifests): after a Redis data loss the guard is set to now + the TTL of the *first
 /// claimant*. A newcomer with a short TTL opens the guard long before a long-TTL holder renews,
 /// takes the holder's ID, and both publish it until the holder's next renew.
-/// Expected: the guard covers the longest TTL any holder may use (or the README forbids mixed
+/// Expected: the guard covers the longest TTL any holder may use (or docs/worker.md forbids mixed
 /// TTLs and the sidecar refuses them).
 #[test]
-#[ignore = "known limit (README, Claim guard): sidecars of one app must share --ttl; a short-TTL newcomer can take a long-TTL holder's ID after a data loss"]
+#[ignore = "known limit (docs/worker.md, Claim guard): sidecars of one app must share --ttl; a short-TTL newcomer can take a long-TTL holder's ID after a data loss"]
 fn mixed_ttl_after_data_loss_never_publishes_one_id_twice() {
     let mut redis = RedisServer::start();
     redis.open_claim_guard("orders");
@@ -410,7 +410,7 @@ fn mixed_ttl_after_data_loss_never_publishes_one_id_twice() {
 /// newer key is not. Claims are open at once and a newcomer takes the holder's ID, which the
 /// holder publishes until its next renew.
 #[test]
-#[ignore = "known limit (README, Claim guard): only total data loss is detected; a restore from an older snapshot or a lagging replica keeps the guard but loses newer keys"]
+#[ignore = "known limit (docs/worker.md, Claim guard): only total data loss is detected; a restore from an older snapshot or a lagging replica keeps the guard but loses newer keys"]
 fn restart_from_older_snapshot_never_publishes_one_id_twice() {
     let mut redis = RedisServer::start();
     redis.open_claim_guard("orders");

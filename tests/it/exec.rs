@@ -515,7 +515,7 @@ fn id_over_http_matches_the_sidecar() {
     assert_eq!(run.stdout, lease.worker_id.to_string());
 }
 
-/// The full `/id` URL (as the README's `/id` table shows it) works like the base URL, in `id`
+/// The full `/id` URL (as the `/id` table of docs/worker.md shows it) works like the base URL, in `id`
 /// and `exec` alike; it is not turned into `/id/id`.
 #[test]
 fn id_and_exec_accept_the_full_id_url() {

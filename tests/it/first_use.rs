@@ -1,10 +1,10 @@
 //! First use in a pod: default listen ports off the ports apps and common sidecars take in a
-//! shared pod network namespace (the same in `--help` and README.md); `snowlease sleep`, the
+//! shared pod network namespace (the same in `--help` and docs/); `snowlease sleep`, the
 //! preStop hook of k8s/plain-sidecar/.
 
 use crate::harness::*;
 
-/// Ports an app or a common sidecar listens on by default (README, "Why port 7391").
+/// Ports an app or a common sidecar listens on by default (docs/worker.md, "Why port 7391").
 fn taken_by_others(port: u16) -> bool {
     matches!(port,
         80 | 443 | 3000 | 5000 | 8000 | 8080 | 8081 | 8443 | 9000   // app defaults
@@ -43,7 +43,7 @@ fn port_of(addr: &str) -> u16 {
 }
 
 /// `worker` and `pool serve` listen by default on ports no common app or sidecar uses, on
-/// different ports, and README.md states exactly these defaults.
+/// different ports, and docs/flags.md and docs/pool.md state exactly these defaults.
 #[test]
 fn default_listen_ports_avoid_app_and_sidecar_ports() {
     let worker = help_default_listen(&["worker"]);
@@ -52,15 +52,17 @@ fn default_listen_ports_avoid_app_and_sidecar_ports() {
         assert!(!taken_by_others(port_of(addr)), "{addr} is a common port");
     }
     assert_ne!(port_of(&worker), port_of(&serve));
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let doc = |name: &str| {
+        let path = format!("{}/docs/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).expect(&path)
+    };
     assert!(
-        readme.contains(&format!("| `--listen` | `SNOWLEASE_LISTEN` | `{worker}` |")),
-        "README's flag table names {worker}"
+        doc("flags.md").contains(&format!("| `--listen` | `SNOWLEASE_LISTEN` | `{worker}` |")),
+        "docs/flags.md's flag table names {worker}"
     );
     assert!(
-        readme.contains(&format!("default `{serve}`")),
-        "README names the pool serve default {serve}"
+        doc("pool.md").contains(&format!("default `{serve}`")),
+        "docs/pool.md names the pool serve default {serve}"
     );
 }
 

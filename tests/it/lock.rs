@@ -488,7 +488,7 @@ fn exit_code_passes_through_and_sigterm_reaches_the_command() {
     assert!(!redis.exists(&lock_key("report")), "released after SIGTERM");
 }
 
-/// `lock`, as documented in README.md ("Lock"): scripts by SHA, the commands they call, only
+/// `lock`, as documented in docs/lock.md: scripts by SHA, the commands they call, only
 /// the lock keys.
 const LOCK_RULES: &str = "resetkeys ~snowlease:lock:* resetchannels -@all +evalsha \
     +script|load +type +get +set +pexpire +pttl +incr +del +time +info";

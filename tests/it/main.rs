@@ -7,6 +7,8 @@ mod acl;
 mod cli;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
+/// Links in README.md and docs/, and the alerts' runbook_url, name files and headings that exist.
+mod docs;
 /// One worker ID never published twice under faults found by adversarial testing.
 mod double_publish;
 /// A Redis that may evict keys: no lease held on it (worker, pool CLI, pool serve).

@@ -1,7 +1,7 @@
 //! Pool mode against a real redis-server: the Lua scripts through the Rust
 //! API and called raw, lost leases, reclaim, bad input, concurrency,
 //! idempotent acquire, and compatibility with workers that know only the
-//! three keys of the pool layout (README, "Pool mode").
+//! three keys of the pool layout (docs/pool.md, "Keys and compatibility").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -117,7 +117,7 @@ pub(crate) fn set(redis: &RedisServer, key: &str) -> BTreeSet<String> {
     redis.query(redis::cmd("SMEMBERS").arg(key))
 }
 
-/// The invariants of the pool layout (README, "Pool mode"): no id in both ready and leases; leases
+/// The invariants of the pool layout (docs/pool.md, "Keys and compatibility"): no id in both ready and leases; leases
 /// and owners hold the same ids.
 pub(crate) fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
     let ready = zset(redis, &keys.ready);
@@ -820,7 +820,7 @@ async fn acquire_with_a_request_id_is_idempotent() {
     check_invariants(&redis, pool.keys());
 }
 
-/// A worker that knows only the three keys of the pool layout (README, "Pool mode"), with scripts
+/// A worker that knows only the three keys of the pool layout (docs/pool.md, "Keys and compatibility"), with scripts
 /// of its own.
 struct LegacyWorker {
     keys: PoolKeys,

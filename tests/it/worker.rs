@@ -780,7 +780,7 @@ fn listen_on_any_ipv6_answers_both_families() {
 }
 
 /// Under `umask 077` the folder the sidecar creates is still 0755 and the ID and state files
-/// 0644, so an app container running as another user can read them (README: "0644").
+/// 0644, so an app container running as another user can read them (docs/worker.md: "0644").
 #[test]
 fn files_are_readable_by_other_users_whatever_the_umask() {
     use std::os::unix::fs::PermissionsExt;
