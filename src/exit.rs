@@ -26,7 +26,7 @@ use crate::worker_id::keeper::WorkerError;
 /// The table for `--help` of the long-running commands, with the log
 /// filter variable.
 pub const HELP: &str = "\
-Logging: SNOWLEASE_LOG sets the filter (tracing EnvFilter syntax, default info).
+Logging: SNOWLEASE_LOG sets the filter (a level and/or target=level pairs, e.g. snowlease=debug,warn; default info).
 
 Exit codes (the same meaning in every command):
   0   done; clean stop on SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2

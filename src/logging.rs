@@ -7,9 +7,11 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::cli::LogFormat;
+use crate::cli::{ConfigError, LogFormat};
 
 /// Lines queued for stderr at most; beyond that new lines are dropped.
 const QUEUE_LINES: usize = 1024;
@@ -20,36 +22,82 @@ static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 /// stderr must not hold up the exit). Keep it until the process ends.
 pub struct LogGuard(#[allow(dead_code)] WorkerGuard);
 
+/// Environment variable of the log filter.
+const FILTER_ENV: &str = "SNOWLEASE_LOG";
+
+/// The log filter in `SNOWLEASE_LOG`: a default level and/or
+/// `target=level` pairs, comma-separated (`info`, `snowlease=debug,warn`;
+/// levels `trace`, `debug`, `info`, `warn`, `error`, `off`). Unset or
+/// empty: `info`. tracing-subscriber's `Targets` reads it (no regex engine
+/// in the binary, unlike `EnvFilter`).
+///
+/// Errors: a value `Targets` cannot read, naming the variable.
+pub fn filter_from_env() -> Result<Targets, ConfigError> {
+    parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default())
+}
+
+/// Reads a `SNOWLEASE_LOG` value (see [`filter_from_env`]).
+fn parse_filter(value: &str) -> Result<Targets, ConfigError> {
+    let value = if value.trim().is_empty() {
+        "info"
+    } else {
+        value.trim()
+    };
+    // `Targets` reads a bare word as a target at every level, so a typo
+    // such as `degub` would turn on trace logs of a target that does not
+    // exist: a bare word must be a level.
+    let bare_non_level = value
+        .split(',')
+        .any(|d| !d.contains('=') && d.trim().parse::<LevelFilter>().is_err());
+    let parsed = if bare_non_level {
+        Err(())
+    } else {
+        value.parse::<Targets>().map_err(drop)
+    };
+    parsed.map_err(|()| {
+        ConfigError::new(
+            FILTER_ENV,
+            format!(
+                "{value:?} is not a log filter: a level (trace, debug, info, warn, error, off) \
+                 and/or target=level pairs separated by commas, e.g. snowlease=debug,warn"
+            ),
+        )
+    })
+}
+
 /// Installs the global subscriber: filter from `SNOWLEASE_LOG` (default
-/// `info`), `format` on stderr, colours only on a terminal.
-pub fn init(format: LogFormat) -> LogGuard {
+/// `info`, see [`filter_from_env`]), `format` on stderr, colours only on a
+/// terminal. Errors: an unreadable `SNOWLEASE_LOG` (nothing is installed).
+pub fn init(format: LogFormat) -> Result<LogGuard, ConfigError> {
+    let filter = filter_from_env()?;
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(QUEUE_LINES)
         .thread_name("log-writer")
         .finish(std::io::stderr());
     let _ = DROPPED.set(writer.error_counter());
-    let filter =
-        EnvFilter::try_from_env("SNOWLEASE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(writer)
         // A closed stderr (log pipe gone) must not turn into a panic that
         // skips the release of the lease.
         .log_internal_errors(false);
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
         // Flat objects (timestamp, level, message, target and the fields
         // at the top level), as log platforms ingest them without mapping.
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
+        LogFormat::Json => registry
+            .with(
+                layer
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_span_list(false),
+            )
             .init(),
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => registry.with(layer).init(),
     }
-    LogGuard(guard)
+    Ok(LogGuard(guard))
 }
 
 /// Log lines dropped so far because stderr did not keep up (0 before
@@ -58,4 +106,29 @@ pub fn dropped_lines() -> u64 {
     DROPPED
         .get()
         .map_or(0, |counter| counter.dropped_lines() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Level;
+
+    #[test]
+    fn filter_reads_levels_and_targets() {
+        let empty = parse_filter("").unwrap();
+        assert!(empty.would_enable("snowlease", &Level::INFO));
+        assert!(!empty.would_enable("snowlease", &Level::DEBUG));
+        let pairs = parse_filter("snowlease=debug,warn").unwrap();
+        assert!(pairs.would_enable("snowlease::worker_id", &Level::DEBUG));
+        assert!(!pairs.would_enable("redis", &Level::INFO));
+        assert!(pairs.would_enable("redis", &Level::WARN));
+    }
+
+    #[test]
+    fn unreadable_filter_names_the_variable() {
+        for bad in ["loud", "snowlease=loud", "snowlease=debug,,=x"] {
+            let err = parse_filter(bad).map(drop).unwrap_err().to_string();
+            assert!(err.contains("SNOWLEASE_LOG"), "{bad}: {err}");
+        }
+    }
 }

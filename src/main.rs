@@ -109,19 +109,19 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
     match command {
         Command::Worker(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format));
+            *log = Some(logging::init(args.log.log_format)?);
             block_on(Runtime::OneThread, async move {
                 worker_id::run(config, shutdown::listen()?).await
             })?;
         }
         Command::Exec(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format));
+            *log = Some(logging::init(args.log.log_format)?);
             return Ok(exec::run_exec(&config)?);
         }
         Command::Lock(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format));
+            *log = Some(logging::init(args.log.log_format)?);
             return Ok(lock::run(&config)?);
         }
         Command::Id(args) => {
@@ -164,7 +164,7 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         }
         Command::Pool(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log_format()));
+            *log = Some(logging::init(args.log_format())?);
             // `pool serve` answers many workers at once; the rest is one call.
             let runtime = if args.is_serve() {
                 Runtime::TwoThreads

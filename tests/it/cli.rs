@@ -49,3 +49,26 @@ fn completions_and_man_page_come_from_the_flags() {
         "{man:?}"
     );
 }
+
+/// An unreadable `SNOWLEASE_LOG` is bad input: exit 2, the variable named, nothing written.
+#[test]
+fn unreadable_log_filter_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("worker-id");
+    let run = run_snowlease(
+        &[
+            "worker",
+            "--app",
+            "logs",
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--output-file",
+            file.to_str().unwrap(),
+        ],
+        &[("SNOWLEASE_LOG", "snowlease=loud")],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("SNOWLEASE_LOG"), "{run:?}");
+    assert!(!file.exists());
+}
