@@ -47,7 +47,8 @@ VERSIONS = sys.argv[1].split()
 ROOT = sys.argv[2]
 
 # What the sidecar exports (src/worker_id/metrics.rs, build_info in src/http.rs); counters
-# carry _total.
+# carry _total. A unit test there (known_metrics_of_the_k8s_check_are_the_exported_ones)
+# compares this set with what the sidecar registers.
 KNOWN_METRICS = {
     "snowlease_build_info",
     "snowlease_lease_held",
@@ -57,6 +58,7 @@ KNOWN_METRICS = {
     "snowlease_leases_lost_total",
     "snowlease_reacquisitions_total",
     "snowlease_claim_attempts_total",
+    "snowlease_claim_guard_opens_timestamp_seconds",
 }
 RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
 GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset", "labels"}

@@ -123,3 +123,32 @@ fn no_ipv6(err: &std::io::Error) -> bool {
         Some(nix::libc::EAFNOSUPPORT | nix::libc::EADDRNOTAVAIL | nix::libc::EPROTONOSUPPORT)
     )
 }
+
+/// Test helper: every metric family in `text` (the `/metrics` encoding) is named in
+/// Prometheus base units: no name part `ms`, `millis`, `milliseconds`, `us`, `micros`,
+/// `minutes` or `hours` (time goes in `_seconds`). Returns the family names it checked.
+#[cfg(test)]
+pub(crate) fn assert_base_units(text: &str) -> Vec<String> {
+    const NOT_BASE: [&str; 7] = [
+        "ms",
+        "millis",
+        "milliseconds",
+        "us",
+        "micros",
+        "minutes",
+        "hours",
+    ];
+    let names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect();
+    for name in &names {
+        assert!(
+            !name.split('_').any(|part| NOT_BASE.contains(&part)),
+            "{name} is not in base units (seconds)"
+        );
+    }
+    names
+}

@@ -2,6 +2,7 @@
 //! configured pool name and a closed set of outcomes (never ids or tokens).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -45,7 +46,8 @@ pub(crate) struct PoolMetrics {
     quarantined: Family<PoolLabel, Gauge>,
     auto_disabled: Family<PoolLabel, Gauge>,
     quarantines: Family<PoolLabel, Counter>,
-    status_time: Family<PoolLabel, Gauge>,
+    /// Unix seconds (ms precision): a float gauge, since Prometheus' base unit is seconds.
+    status_time: Family<PoolLabel, Gauge<f64, AtomicU64>>,
     acquire_wait: Family<PoolOutcome, Histogram, fn() -> Histogram>,
     acquires: Family<PoolOutcome, Counter>,
     releases: Family<PoolOutcome, Counter>,
@@ -120,8 +122,8 @@ impl PoolMetrics {
             m.quarantines.clone(),
         );
         r.register(
-            "status_time_ms",
-            "Redis time (ms) of the counts above",
+            "status_timestamp_seconds",
+            "Redis time (Unix seconds, ms precision) of the counts above",
             m.status_time.clone(),
         );
         r.register(
@@ -186,7 +188,9 @@ impl PoolMetrics {
         set(&self.disabled, status.disabled);
         set(&self.quarantined, status.quarantined);
         set(&self.auto_disabled, status.auto_disabled);
-        set(&self.status_time, status.now_ms);
+        self.status_time
+            .get_or_create(&label)
+            .set(status.now_ms as f64 / 1000.0);
     }
 
     /// Counts one acquire and observes how long it took.
@@ -268,6 +272,10 @@ mod tests {
             "{text}"
         );
         assert!(
+            text.contains("snowlease_pool_status_timestamp_seconds{pool=\"proxies\"} 0.005"),
+            "{text}"
+        );
+        assert!(
             text.contains("snowlease_pool_acquires_total{pool=\"proxies\",outcome=\"leased\"} 1")
         );
         assert!(
@@ -288,6 +296,11 @@ mod tests {
             )
         );
         assert!(text.contains("snowlease_pool_acquire_wait_seconds_bucket{le=\"0.005\",pool=\"proxies\",outcome=\"leased\"} 1"), "{text}");
+        let names = crate::http::assert_base_units(&text);
+        assert!(
+            names.contains(&"snowlease_pool_status_timestamp_seconds".to_string()),
+            "{names:?}"
+        );
         for line in text.lines().filter(|l| l.contains('{')) {
             let labels = &line[line.find('{').unwrap() + 1..line.find('}').unwrap()];
             for pair in labels.split(',') {

@@ -14,6 +14,12 @@ pub struct Outcome {
     pub outcome: &'static str,
 }
 
+/// Every `outcome` of `snowlease_renewals_total` (`unconfirmed`: the node that ran it is no
+/// longer the Sentinel primary).
+pub const RENEW_OUTCOMES: [&str; 5] = ["renewed", "recreated", "lost", "failed", "unconfirmed"];
+/// Every `outcome` of `snowlease_claim_attempts_total`.
+pub const CLAIM_OUTCOMES: [&str; 6] = ["claimed", "adopted", "full", "paused", "evicting", "error"];
+
 /// Counters and gauges of one worker sidecar.
 #[derive(Debug, Default)]
 pub struct WorkerMetrics {
@@ -82,9 +88,86 @@ impl WorkerMetrics {
             self.claim_attempts.clone(),
         );
         self.worker_id.set(-1);
+        // Every outcome at 0 from the start: a series that first appears at 1 shows no
+        // `increase()`, so the first failed renewal or full claim would go unseen by alerts.
+        for outcome in RENEW_OUTCOMES {
+            let _ = self.renewals.get_or_create(&Outcome { outcome });
+        }
+        for outcome in CLAIM_OUTCOMES {
+            let _ = self.claim_attempts.get_or_create(&Outcome { outcome });
+        }
     }
 
     pub(crate) fn count(family: &Family<Outcome, Counter>, outcome: &'static str) {
         family.get_or_create(&Outcome { outcome }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every worker metric is named in base units (time in seconds).
+    #[test]
+    fn metric_names_use_base_units() {
+        let mut registry = Registry::default();
+        WorkerMetrics::default().register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let names = crate::http::assert_base_units(&text);
+        assert!(
+            names.contains(&"snowlease_claim_guard_opens_timestamp_seconds".to_string()),
+            "{names:?}"
+        );
+    }
+
+    /// Every outcome the keeper counts is one of the pre-created ones.
+    #[test]
+    fn counted_outcomes_are_listed() {
+        let keeper = include_str!("keeper.rs");
+        for (family, listed) in [
+            ("renewals", &RENEW_OUTCOMES[..]),
+            ("claim_attempts", &CLAIM_OUTCOMES[..]),
+        ] {
+            let call = format!("count(&self.metrics.{family}, \"");
+            let counted: Vec<&str> = keeper
+                .match_indices(&call)
+                .map(|(i, _)| keeper[i + call.len()..].split('"').next().unwrap())
+                .collect();
+            assert!(!counted.is_empty(), "no {call} in keeper.rs");
+            for outcome in counted {
+                assert!(listed.contains(&outcome), "{family}: {outcome} not listed");
+            }
+        }
+    }
+
+    /// `KNOWN_METRICS` of scripts/validate_k8s.py (the metrics alert rules may name) is
+    /// exactly what the sidecar exports: its families, counters with `_total`.
+    #[test]
+    fn known_metrics_of_the_k8s_check_are_the_exported_ones() {
+        let mut registry = Registry::default();
+        WorkerMetrics::default().register(&mut registry);
+        crate::http::register_build_info(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let exported: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| match l.split_once(' ') {
+                Some((name, "counter")) => format!("{name}_total"),
+                Some((name, _)) => name.to_string(),
+                None => panic!("{l}"),
+            })
+            .collect();
+        let script = include_str!("../../scripts/validate_k8s.py");
+        let start = script.find("KNOWN_METRICS = {").expect("KNOWN_METRICS");
+        let set = &script[start..start + script[start..].find('}').unwrap()];
+        let known: std::collections::BTreeSet<String> = set
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        assert_eq!(known, exported);
     }
 }

@@ -388,6 +388,14 @@ async fn router_metrics_have_gauges_and_no_tokens() {
     assert_eq!(value("snowlease_pool_leases_valid{pool=\"p\"}"), 2.0);
     assert_eq!(value("snowlease_pool_leases_expired{pool=\"p\"}"), 0.0);
     assert_eq!(value("snowlease_pool_disabled{pool=\"p\"}"), 0.0);
+    // Redis time of those counts in Unix seconds (Prometheus' base unit); the local Redis
+    // shares this machine's clock.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let at = value("snowlease_pool_status_timestamp_seconds{pool=\"p\"}");
+    assert!((now - at).abs() < 60.0, "status time {at} s, now {now} s");
     assert_eq!(
         value("snowlease_pool_acquires_total{pool=\"p\",outcome=\"leased\"}"),
         3.0
