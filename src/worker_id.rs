@@ -8,6 +8,7 @@
 //! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
 //! - [`state`]: [`WorkerState`](state::WorkerState), the one value the keeper writes and every publisher reads.
 //! - [`keeper`]: the claim / renew / loss loop, the only writer of the state.
+//! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
 //! - [`files`]: the ID file, the state file format (read by `exec` too), the lock file.
 //! - [`publisher`]: keeps the files in step with the state.
@@ -25,6 +26,7 @@ pub mod publisher;
 pub mod routes;
 pub mod state;
 pub mod status;
+mod timing;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -22,7 +22,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::limits::{COOLDOWN_MS, REAP_LIMIT, Range, TTL_MS, WAIT_MS};
+use super::limits::{REAP_LIMIT, Range, TTL_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
 use crate::connection::RedisTarget;
@@ -31,7 +31,7 @@ use crate::http;
 
 mod body;
 
-use body::{ApiError, Body, lease_id};
+use body::{AcquireBody, ApiError, ExtendBody, ReleaseBody, lease_id};
 
 /// Most reap calls (of 1000 leases each) per pool and reaper round, so a
 /// huge backlog cannot hold off the status refresh for long.
@@ -344,16 +344,16 @@ async fn acquire(
 ) -> Result<Response, ApiError> {
     let served = state.pool(&pool)?;
     state.refuse_if_evicting()?;
-    let mut body = Body::parse(&body)?;
     let max_ttl = Range {
         max: TTL_MS.max.min(served.pool.max_lease_ms),
         ..TTL_MS
     };
-    let ttl = body.int(max_ttl, None)?;
-    let cooldown = body.int(COOLDOWN_MS, Some(0))?;
-    let wait = body.int(WAIT_MS, Some(0))?;
-    let request_id = body.name("request_id")?;
-    body.finish()?;
+    let AcquireBody {
+        ttl,
+        cooldown,
+        wait,
+        request_id,
+    } = AcquireBody::parse(&body, max_ttl)?;
     let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
     if let Some(request_id) = request_id {
         req = req.request_id(request_id);
@@ -412,10 +412,7 @@ async fn extend(
     let served = state.pool(&pool)?;
     state.refuse_if_evicting()?;
     lease_id(&id)?;
-    let mut body = Body::parse(&body)?;
-    let token = body.token()?;
-    let ttl = body.int(TTL_MS, None)?;
-    body.finish()?;
+    let ExtendBody { token, ttl } = ExtendBody::parse(&body)?;
     let result = served.pool.extend_lease(&id, &token, ttl).await;
     state.note(&result);
     let metrics = &state.inner.metrics;
@@ -449,11 +446,11 @@ async fn release(
 ) -> Result<Response, ApiError> {
     let served = state.pool(&pool)?;
     lease_id(&id)?;
-    let mut body = Body::parse(&body)?;
-    let token = body.token()?;
-    let cooldown = body.int(COOLDOWN_MS, Some(0))?;
-    let quarantine = body.quarantine()?;
-    body.finish()?;
+    let ReleaseBody {
+        token,
+        cooldown,
+        quarantine,
+    } = ReleaseBody::parse(&body)?;
     let result = match &quarantine {
         Some(q) => served.pool.quarantine_lease(&id, &token, q).await,
         None => served.pool.release_lease(&id, &token, cooldown).await,

@@ -19,6 +19,7 @@ use super::claim::{self, ClaimOutcome, GuardFound, LeaseKeys};
 use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
+use super::timing::{self, ClaimBackoff};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Failure, Reconnects, classify};
 use crate::eviction::{self, EvictingRedis};
@@ -244,12 +245,7 @@ impl<C: Reconnects + Send> Worker<C> {
         let keys = self.keys();
         let (ids, guard) = (keys.ids(self.params.settings.max_worker_id), keys.guard());
         let deadline = Instant::now() + self.params.claim_timeout;
-        let cap = self
-            .params
-            .settings
-            .renew_interval
-            .min(Duration::from_secs(5));
-        let mut backoff = Duration::from_millis(100).min(cap);
+        let mut backoff = ClaimBackoff::new(self.params.settings.renew_interval);
         let mut warned = HashSet::new();
         let mut last_log: Option<Instant> = None;
         let mut last_evicting_log: Option<Instant> = None;
@@ -265,7 +261,7 @@ impl<C: Reconnects + Send> Worker<C> {
                 }
                 self.claim_round(recorded, &ids, &guard, &mut warned).await
             };
-            let mut pause = jitter(backoff);
+            let mut pause = backoff.pause();
             match timeout_at(deadline, round).await {
                 // Sentinel: a claim on a demoted primary that still takes
                 // writes is lost at its conversion; never publish it.
@@ -287,7 +283,7 @@ impl<C: Reconnects + Send> Worker<C> {
                         warn!(count, holders = %holders, "all worker IDs are held; waiting for one to be freed");
                         last_log = Some(Instant::now());
                     }
-                    backoff = (backoff * 2).min(cap);
+                    backoff.grow();
                 }
                 Ok(Ok(Round::Paused(wait, guard))) => {
                     detail = format!(
@@ -304,7 +300,7 @@ impl<C: Reconnects + Send> Worker<C> {
                         .claim_guard_opens
                         .set(i64::try_from(opens_s).unwrap_or(i64::MAX));
                     self.set_state(WorkerState::GuardClosed(BootInstant::now() + wait));
-                    pause = wait + jitter(Duration::from_millis(50));
+                    pause = wait + timing::jitter(Duration::from_millis(50));
                 }
                 Ok(Ok(Round::Evicting(evicting))) => {
                     WorkerMetrics::count(&self.metrics.claim_attempts, "evicting");
@@ -315,24 +311,24 @@ impl<C: Reconnects + Send> Worker<C> {
                     }
                     // A record kept for re-adoption is no proof on such a Redis.
                     self.set_state(WorkerState::Claiming);
-                    backoff = (backoff * 2).min(cap);
+                    backoff.grow();
                 }
                 Ok(Err(err)) if classify(&err) == Failure::Transient => {
                     warn!(error = %err, retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
                     detail = format!("redis unavailable: {err}");
-                    backoff = (backoff * 2).min(cap);
+                    backoff.grow();
                 }
                 Ok(Err(err)) => return Err(WorkerError::Redis(err)),
                 Err(_) => {}
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(pause) = timing::claim_pause(pause, left) else {
                 return Err(WorkerError::ClaimTimeout {
                     timeout: self.params.claim_timeout,
                     detail,
                 });
-            }
-            sleep(pause.min(deadline - now)).await;
+            };
+            sleep(pause).await;
         }
     }
 
@@ -490,8 +486,9 @@ impl<C: Reconnects + Send> Worker<C> {
     async fn hold(&mut self, mut held: HeldLease, shutdown: &CancellationToken) -> HoldEnd {
         let interval = self.params.settings.renew_interval;
         let ttl = self.params.settings.ttl;
-        // valid_until = sent + validity, so this is sent + interval.
-        let mut next_renew = held.valid_until - lease::validity(ttl) + interval;
+        // valid_until = sent + validity, so this is timed from the send.
+        let sent = held.valid_until - lease::validity(ttl);
+        let mut next_renew = timing::renew_after_confirmed(sent, interval);
         self.set_state(WorkerState::Held(held.clone()));
         // A new connection (reconnect, new primary) may have lost the key or
         // met another owner: renew at once, not at the interval (issue 10).
@@ -501,7 +498,7 @@ impl<C: Reconnects + Send> Worker<C> {
             tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(held),
                 // A wake-up only: the renew round judges validity itself.
-                _ = boot_clock::sleep_until(next_renew.min(held.valid_until)) => {}
+                _ = boot_clock::sleep_until(timing::wake_at(next_renew, held.valid_until)) => {}
                 _ = reconnects.changed() => debug!("new redis connection; renewing at once"),
             }
             let round = tokio::select! {
@@ -518,7 +515,7 @@ impl<C: Reconnects + Send> Worker<C> {
             match round {
                 RenewRound::Renewed(sent, expires_ms) => {
                     held = self.held(held.worker_id, sent, expires_ms);
-                    next_renew = sent + interval;
+                    next_renew = timing::renew_after_confirmed(sent, interval);
                     self.set_state(WorkerState::Held(held.clone()));
                 }
                 RenewRound::Lost(reason) => {
@@ -537,8 +534,10 @@ impl<C: Reconnects + Send> Worker<C> {
                     error!(worker_id = held.worker_id, policy = %evicting.policy, error = %evicting, "stopped publishing the worker ID: redis may evict lease keys");
                     return HoldEnd::GaveUp;
                 }
-                // Keep trying, 4x the base backoff apart, until the deadline.
-                RenewRound::Failed => next_renew = BootInstant::now() + self.retry_base() * 4,
+                // Keep trying until the deadline.
+                RenewRound::Failed => {
+                    next_renew = timing::renew_after_failed(BootInstant::now(), interval);
+                }
             }
         }
     }
@@ -557,16 +556,13 @@ impl<C: Reconnects + Send> Worker<C> {
         }
     }
 
-    fn retry_base(&self) -> Duration {
-        (self.params.settings.renew_interval / 4).min(Duration::from_secs(1))
-    }
-
     /// One renew round: the script, retried `retries` times with doubling
     /// backoff, never sent after the validity deadline.
     async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
         let key = self.keys().id(held.worker_id);
-        let mut backoff = self.retry_base();
-        for attempt in 0..=self.params.settings.retries {
+        let settings = &self.params.settings;
+        let mut pauses = timing::renew_retries(settings.renew_interval, settings.retries);
+        for attempt in 0u32.. {
             if !held.is_valid() {
                 return RenewRound::Lost("validity deadline passed without a confirmed renewal");
             }
@@ -624,10 +620,8 @@ impl<C: Reconnects + Send> Worker<C> {
                     warn!(worker_id = held.worker_id, attempt, error = %err, "renew failed");
                 }
             }
-            if attempt < self.params.settings.retries {
-                sleep(backoff.min(held.remaining())).await;
-                backoff *= 2;
-            }
+            let Some(pause) = pauses.next() else { break };
+            sleep(timing::retry_pause(pause, held.remaining())).await;
         }
         RenewRound::Failed
     }
@@ -706,9 +700,4 @@ fn log_paused(wait: Duration, guard: GuardFound) {
             "claim guard closed (set after a Redis reset by an earlier claim); waiting until it opens"
         ),
     }
-}
-
-/// Spreads retries of many sidecars: 75-125% of `base`.
-fn jitter(base: Duration) -> Duration {
-    base.mul_f64(rand::random_range(0.75..1.25))
 }

@@ -37,8 +37,7 @@ mod pool_http;
 mod pool_limits;
 /// Pool quarantine and strikes: the end to the ms, strikes, the state table, bad input.
 mod pool_quarantine;
-/// Pool lease rules found broken (issue 8): idempotency after extend, the fixed cap,
-/// the next-due hint, cooldowns across disable/enable, ids still leased.
+/// Pool lease rules broken once (issue 8): replay after extend, cap, next-due hint, cooldowns.
 mod pool_rules;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;

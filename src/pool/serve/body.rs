@@ -1,15 +1,19 @@
-//! The request bodies and error answers of `pool serve`: a JSON object
-//! taken apart field by field, and errors as JSON with an `error` field.
+//! The request bodies and error answers of `pool serve`: each body a serde
+//! struct that refuses unknown fields, then checked against the ranges of
+//! [`limits`]; errors as JSON with an `error` field, and for bad input the
+//! `field` and what it accepts (`expected`).
 
 use std::time::Duration;
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
-use crate::pool::limits::{self, Range};
+use crate::pool::limits::{self, COOLDOWN_MS, QUARANTINE_MS, Range, TTL_MS, WAIT_MS};
 use crate::pool::{LostReason, PoolError, Quarantine};
 
 /// An HTTP error answer, as JSON with an `error` field.
@@ -85,97 +89,209 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A JSON object request body, taken apart field by field so every error
-/// names its field; unknown fields are refused (a typo is not a default).
-pub(super) struct Body(Map<String, Value>);
+/// The body of `POST /pools/{pool}/leases`, checked.
+#[derive(Debug)]
+pub(super) struct AcquireBody {
+    /// `ttl_ms` (required), within the pool's `max_lease_ms`.
+    pub(super) ttl: Duration,
+    /// `cooldown_ms`, default 0.
+    pub(super) cooldown: Duration,
+    /// `wait_ms`, default 0.
+    pub(super) wait: Duration,
+    /// `request_id`, a name ([`limits::name_rule`]).
+    pub(super) request_id: Option<String>,
+}
 
-impl Body {
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireFields {
+    ttl_ms: Option<u64>,
+    cooldown_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    request_id: Option<String>,
+}
+
+impl AcquireBody {
+    /// Errors: [`ApiError::BadInput`] naming the first bad field.
+    pub(super) fn parse(bytes: &[u8], ttl_ms: Range) -> Result<Self, ApiError> {
+        let kinds = [
+            int(ttl_ms),
+            int(COOLDOWN_MS),
+            int(WAIT_MS),
+            string("request_id"),
+        ];
+        let f: AcquireFields = fields(bytes, &kinds, &[required_int(ttl_ms)])?;
+        Ok(Self {
+            ttl: millis(ttl_ms, f.ttl_ms.unwrap_or_default())?,
+            cooldown: millis(COOLDOWN_MS, f.cooldown_ms.unwrap_or(0))?,
+            wait: millis(WAIT_MS, f.wait_ms.unwrap_or(0))?,
+            request_id: name("request_id", f.request_id)?,
+        })
+    }
+}
+
+/// The body of `POST /pools/{pool}/leases/{id}/extend`, checked.
+#[derive(Debug)]
+pub(super) struct ExtendBody {
+    /// `token` (required).
+    pub(super) token: String,
+    /// `ttl_ms` (required).
+    pub(super) ttl: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendFields {
+    token: Option<String>,
+    ttl_ms: Option<u64>,
+}
+
+impl ExtendBody {
+    /// Errors: [`ApiError::BadInput`] naming the first bad field.
     pub(super) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Self(Map::new()));
-        }
-        match serde_json::from_slice(bytes) {
-            Ok(Value::Object(map)) => Ok(Self(map)),
-            _ => Err(ApiError::bad("body", "a JSON object")),
-        }
+        let kinds = [string("token"), int(TTL_MS)];
+        let f: ExtendFields = fields(bytes, &kinds, &[required_token(), required_int(TTL_MS)])?;
+        Ok(Self {
+            token: token(f.token)?,
+            ttl: millis(TTL_MS, f.ttl_ms.unwrap_or_default())?,
+        })
     }
+}
 
-    /// The integer field `range.field` (ms) within `range`; absent or null
-    /// means `default`.
-    pub(super) fn int(&mut self, range: Range, default: Option<u64>) -> Result<Duration, ApiError> {
-        let field = range.field;
-        let expected = || range.expected();
-        let ms = match self.0.remove(field) {
-            None | Some(Value::Null) => {
-                default.ok_or_else(|| ApiError::bad(field, format!("{} (required)", expected())))?
-            }
-            Some(value) => value
-                .as_u64()
-                .filter(|n| range.allows(*n))
-                .ok_or_else(|| ApiError::bad(field, expected()))?,
-        };
-        Ok(Duration::from_millis(ms))
-    }
+/// The body of `POST /pools/{pool}/leases/{id}/release`, checked.
+#[derive(Debug)]
+pub(super) struct ReleaseBody {
+    /// `token` (required).
+    pub(super) token: String,
+    /// `cooldown_ms`, default 0.
+    pub(super) cooldown: Duration,
+    /// `quarantine_ms` and `reason` (which needs `quarantine_ms`).
+    pub(super) quarantine: Option<Quarantine>,
+}
 
-    /// A string field; absent or null is `None`.
-    pub(super) fn string(&mut self, field: &str) -> Result<Option<String>, ApiError> {
-        match self.0.remove(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(ApiError::bad(field, "a string")),
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseFields {
+    token: Option<String>,
+    cooldown_ms: Option<u64>,
+    quarantine_ms: Option<u64>,
+    reason: Option<String>,
+}
+
+impl ReleaseBody {
+    /// Errors: [`ApiError::BadInput`] naming the first bad field.
+    pub(super) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        let kinds = [
+            string("token"),
+            int(COOLDOWN_MS),
+            int(QUARANTINE_MS),
+            string("reason"),
+        ];
+        let f: ReleaseFields = fields(bytes, &kinds, &[required_token()])?;
+        let token = token(f.token)?;
+        let cooldown = millis(COOLDOWN_MS, f.cooldown_ms.unwrap_or(0))?;
+        let duration = f
+            .quarantine_ms
+            .map(|ms| millis(QUARANTINE_MS, ms))
+            .transpose()?;
+        if f.reason.as_deref().is_some_and(|r| !limits::is_reason(r)) {
+            return Err(ApiError::bad("reason", limits::reason_rule()));
         }
-    }
-
-    pub(super) fn token(&mut self) -> Result<String, ApiError> {
-        match self.string("token")? {
-            Some(token) if limits::is_token(&token) => Ok(token),
-            _ => Err(ApiError::bad(
-                "token",
-                format!("a string of {} (required)", limits::token_rule()),
-            )),
-        }
-    }
-
-    /// `quarantine_ms` and `reason` of a release: `None` without
-    /// `quarantine_ms`; a reason needs it.
-    pub(super) fn quarantine(&mut self) -> Result<Option<Quarantine>, ApiError> {
-        let field = limits::QUARANTINE_MS.field;
-        let duration = match self.0.get(field) {
-            None | Some(Value::Null) => {
-                self.0.remove(field);
-                None
-            }
-            Some(_) => Some(self.int(limits::QUARANTINE_MS, None)?),
-        };
-        let reason = match self.string("reason")? {
-            Some(r) if !limits::is_reason(&r) => {
-                return Err(ApiError::bad("reason", limits::reason_rule()));
-            }
-            other => other,
-        };
-        match (duration, reason) {
-            (Some(duration), reason) => Ok(Some(Quarantine {
+        let quarantine = match (duration, f.reason) {
+            (Some(duration), reason) => Some(Quarantine {
                 duration,
                 reason: reason.unwrap_or_default(),
-            })),
-            (None, Some(_)) => Err(ApiError::bad("reason", "only with quarantine_ms")),
-            (None, None) => Ok(None),
-        }
+            }),
+            (None, Some(_)) => return Err(ApiError::bad("reason", "only with quarantine_ms")),
+            (None, None) => None,
+        };
+        Ok(Self {
+            token,
+            cooldown,
+            quarantine,
+        })
     }
+}
 
-    /// An optional name field (a request id).
-    pub(super) fn name(&mut self, field: &str) -> Result<Option<String>, ApiError> {
-        match self.string(field)? {
-            Some(s) if !limits::is_name(&s) => Err(ApiError::bad(field, limits::name_rule())),
-            other => Ok(other),
+/// A field of a body and what it accepts, for the error of a value of the
+/// wrong type.
+type Kind = (&'static str, String);
+
+fn int(range: Range) -> Kind {
+    (range.field, range.expected())
+}
+
+fn string(field: &'static str) -> Kind {
+    (field, "a string".to_owned())
+}
+
+fn required_int(range: Range) -> Kind {
+    (range.field, format!("{} (required)", range.expected()))
+}
+
+fn required_token() -> Kind {
+    (
+        "token",
+        format!("a string of {} (required)", limits::token_rule()),
+    )
+}
+
+/// Reads a JSON object (an empty body is `{}`; null is an absent field)
+/// into `T`. A missing `required` field is named first, before a field `T`
+/// does not have (`{"ttl": 5}` answers that `ttl_ms` is required, the
+/// field the typo meant); then the first field of the wrong type or
+/// unknown to `T`, in the body's order. `kinds` lists `T`'s fields.
+fn fields<T: DeserializeOwned>(
+    bytes: &[u8],
+    kinds: &[Kind],
+    required: &[Kind],
+) -> Result<T, ApiError> {
+    let map = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Map::new()
+    } else {
+        match serde_json::from_slice(bytes) {
+            Ok(Value::Object(map)) => map,
+            _ => return Err(ApiError::bad("body", "a JSON object")),
         }
+    };
+    if let Some((field, expected)) = required
+        .iter()
+        .find(|(field, _)| map.get(*field).is_none_or(Value::is_null))
+    {
+        return Err(ApiError::bad(field, expected.clone()));
     }
-
-    pub(super) fn finish(self) -> Result<(), ApiError> {
-        match self.0.keys().next() {
-            Some(field) => Err(ApiError::bad(field, "no such field")),
-            None => Ok(()),
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|err| {
+        // The path is the field whose key or value failed.
+        let field = err.path().to_string();
+        match kinds.iter().find(|(known, _)| *known == field) {
+            Some((_, expected)) => ApiError::bad(&field, expected.clone()),
+            None => ApiError::bad(&field, "no such field"),
         }
+    })
+}
+
+/// `ms` of `range.field` as a duration, within `range`.
+fn millis(range: Range, ms: u64) -> Result<Duration, ApiError> {
+    if range.allows(ms) {
+        Ok(Duration::from_millis(ms))
+    } else {
+        Err(ApiError::bad(range.field, range.expected()))
+    }
+}
+
+/// A name field (a request id), when given.
+fn name(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(s) if !limits::is_name(&s) => Err(ApiError::bad(field, limits::name_rule())),
+        other => Ok(other),
+    }
+}
+
+/// The lease token ([`limits::token_rule`]).
+fn token(value: Option<String>) -> Result<String, ApiError> {
+    match value {
+        Some(token) if limits::is_token(&token) => Ok(token),
+        _ => Err(ApiError::bad("token", required_token().1)),
     }
 }
 
@@ -187,28 +303,109 @@ pub(super) fn lease_id(id: &str) -> Result<(), ApiError> {
 mod tests {
     use super::*;
 
+    const TTL: Range = TTL_MS;
+
+    /// The field and expected text of a refused body.
+    fn refused<T: std::fmt::Debug>(result: Result<T, ApiError>) -> (String, String) {
+        match result {
+            Err(ApiError::BadInput { field, expected }) => (field, expected),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn acquire(text: &str) -> (String, String) {
+        refused(AcquireBody::parse(text.as_bytes(), TTL))
+    }
+
     #[test]
-    fn bodies_name_the_bad_field() {
-        let field = |text: &str, f: fn(&mut Body) -> Result<(), ApiError>| {
-            let mut body = match Body::parse(text.as_bytes()) {
-                Ok(body) => body,
-                Err(ApiError::BadInput { field, .. }) => return field,
-                Err(other) => panic!("{other:?}"),
-            };
-            match f(&mut body).and_then(|()| body.finish()) {
-                Err(ApiError::BadInput { field, .. }) => field,
-                other => panic!("{text}: {other:?}"),
-            }
-        };
-        let ttl = |b: &mut Body| b.int(limits::TTL_MS, None).map(drop);
-        assert_eq!(field("[1]", ttl), "body");
-        assert_eq!(field("{}", ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": 0}"#, ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": 1.5}"#, ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": "5"}"#, ttl), "ttl_ms");
-        assert_eq!(field(r#"{"ttl_ms": 5, "ttl": 5}"#, ttl), "ttl");
-        let token = |b: &mut Body| b.token().map(drop);
-        assert_eq!(field(r#"{"token": ""}"#, token), "token");
-        assert_eq!(field(r#"{"token": 7}"#, token), "token");
+    fn an_unknown_field_is_named() {
+        let (field, expected) = acquire(r#"{"ttl_ms": 5, "ttl": 5}"#);
+        assert_eq!(
+            (field.as_str(), expected.as_str()),
+            ("ttl", "no such field")
+        );
+        let body = br#"{"token": "t", "ttl_ms": 5, "reason": "x"}"#;
+        assert_eq!(refused(ExtendBody::parse(body)).0, "reason");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_field_and_range() {
+        for text in [
+            r#"{"ttl_ms": 1.5}"#,
+            r#"{"ttl_ms": "5"}"#,
+            r#"{"ttl_ms": -1}"#,
+        ] {
+            let (field, expected) = acquire(text);
+            assert_eq!(
+                (field.as_str(), expected.as_str()),
+                ("ttl_ms", "an integer 1-600000"),
+                "{text}"
+            );
+        }
+        let (field, expected) = acquire(r#"{"ttl_ms": 5, "request_id": 7}"#);
+        assert_eq!(
+            (field.as_str(), expected.as_str()),
+            ("request_id", "a string")
+        );
+        let (field, _) = refused(ReleaseBody::parse(br#"{"token": 7}"#));
+        assert_eq!(field, "token");
+        // Not an object at all: the body is named.
+        assert_eq!(acquire("[1]").0, "body");
+        assert_eq!(acquire("{").0, "body");
+    }
+
+    #[test]
+    fn a_value_out_of_range_names_its_field_and_range() {
+        assert_eq!(
+            acquire(r#"{"ttl_ms": 0}"#),
+            ("ttl_ms".into(), "an integer 1-600000".into())
+        );
+        let pool_max = Range { max: 1000, ..TTL };
+        let (field, expected) = refused(AcquireBody::parse(br#"{"ttl_ms": 1001}"#, pool_max));
+        assert_eq!(
+            (field.as_str(), expected.as_str()),
+            ("ttl_ms", "an integer 1-1000")
+        );
+        let (field, expected) = acquire(r#"{"ttl_ms": 5, "wait_ms": 60001}"#);
+        assert_eq!(
+            (field.as_str(), expected.as_str()),
+            ("wait_ms", "an integer 0-60000")
+        );
+        let body = br#"{"token": "t", "quarantine_ms": 2592000001}"#;
+        assert_eq!(refused(ReleaseBody::parse(body)).0, "quarantine_ms");
+        assert_eq!(refused(ReleaseBody::parse(br#"{"token": ""}"#)).0, "token");
+        let body = br#"{"token": "t", "reason": "no quarantine"}"#;
+        assert_eq!(
+            refused(ReleaseBody::parse(body)),
+            ("reason".into(), "only with quarantine_ms".into())
+        );
+    }
+
+    #[test]
+    fn a_missing_required_field_is_named_before_an_unknown_one() {
+        for text in ["", "{}", r#"{"ttl_ms": null}"#, r#"{"ttl": 5}"#] {
+            let (field, expected) = acquire(text);
+            assert_eq!(field, "ttl_ms", "{text}");
+            assert!(expected.ends_with("(required)"), "{text}: {expected}");
+        }
+        assert_eq!(refused(ExtendBody::parse(br#"{"token": "t"}"#)).0, "ttl_ms");
+        assert_eq!(refused(ReleaseBody::parse(b"{}")).0, "token");
+    }
+
+    #[test]
+    fn good_bodies_take_defaults_for_absent_and_null_fields() {
+        let body = AcquireBody::parse(br#"{"ttl_ms": 5, "cooldown_ms": null}"#, TTL).unwrap();
+        assert_eq!(
+            (body.ttl, body.cooldown, body.wait),
+            (Duration::from_millis(5), Duration::ZERO, Duration::ZERO)
+        );
+        let body =
+            ReleaseBody::parse(br#"{"token": "t", "quarantine_ms": 60000, "reason": "banned"}"#)
+                .unwrap();
+        let quarantine = body.quarantine.unwrap();
+        assert_eq!(
+            (quarantine.duration, quarantine.reason.as_str()),
+            (Duration::from_secs(60), "banned")
+        );
     }
 }
