@@ -39,7 +39,6 @@ async fn claim_latency(url: &str, taken: &[u16]) -> (Duration, Vec<Duration>) {
         pings.push(start.elapsed());
     }
     let keys = LeaseKeys::new("snowflake:worker:", "bench");
-    let (ids, guard) = (keys.ids(31), keys.guard());
     let owner = Owner::generate("bench");
     let ttl = Duration::from_secs(120);
     let mut claim_conn = conn.clone();
@@ -65,7 +64,7 @@ async fn claim_latency(url: &str, taken: &[u16]) -> (Duration, Vec<Duration>) {
         let mut samples = Vec::with_capacity(TRIALS);
         for _ in 0..TRIALS {
             let start = Instant::now();
-            let reply = claim_lowest(&mut claim_conn, &ids, &guard, &owner, ttl)
+            let reply = claim_lowest(&mut claim_conn, &keys, 31, &owner, ttl, false)
                 .await
                 .unwrap();
             samples.push(start.elapsed());

@@ -249,6 +249,21 @@ impl Redis {
         self.ran_on
     }
 
+    /// Whether this handle talks to a Redis Cluster (decided at the first
+    /// connect, which this waits for, bounded by the call timeout). Key
+    /// layouts that differ by topology (the worker's claim guards) ask this.
+    ///
+    /// Errors: the first connect failed or timed out.
+    pub async fn is_cluster(&self) -> RedisResult<bool> {
+        if let Some(mode) = self.shared.mode.get() {
+            return Ok(*mode == Mode::Cluster);
+        }
+        match timeout(self.shared.timeout * 5, self.shared.live()).await {
+            Ok(live) => live.map(|_| self.shared.mode.get() == Some(&Mode::Cluster)),
+            Err(_) => Err(timed_out(self.shared.timeout * 5)),
+        }
+    }
+
     /// Sentinel: true when this clone's last call ran on the connection that
     /// is still current and to the node the Sentinels name as primary now
     /// (asked within the call timeout); a Sentinel that names another node
@@ -327,6 +342,8 @@ pub trait Reconnects: ConnectionLike {
     fn reconnects(&self) -> watch::Receiver<u64>;
     /// See [`Redis::confirm_primary`].
     fn confirm_primary(&mut self) -> impl Future<Output = bool> + Send;
+    /// See [`Redis::is_cluster`].
+    fn is_cluster(&self) -> impl Future<Output = RedisResult<bool>> + Send;
 }
 
 impl Reconnects for Redis {
@@ -336,6 +353,10 @@ impl Reconnects for Redis {
 
     fn confirm_primary(&mut self) -> impl Future<Output = bool> + Send {
         Redis::confirm_primary(self)
+    }
+
+    fn is_cluster(&self) -> impl Future<Output = RedisResult<bool>> + Send {
+        Redis::is_cluster(self)
     }
 }
 

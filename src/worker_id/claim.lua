@@ -1,76 +1,109 @@
--- Claim the lowest free worker ID in one round trip (docs/worker.md, "Claim").
+-- Claim the lowest free worker ID of a batch (docs/worker.md, "Claim").
 --
--- KEYS[1..n]  lease keys of IDs 0..n-1, in ID order
--- KEYS[n+1]   claim guard of the app, e.g. snowflake:worker:<app>:guard: a
---             string without expiry holding the Redis time (ms) from which
---             new claims are allowed
+-- KEYS        pairs, in ID order: KEYS[2i-1] the lease key of the i-th ID of
+--             the batch, KEYS[2i] its claim guard. Several pairs may name
+--             one guard: on one server every pair names the app's guard
+--             <prefix><app>:guard; on Cluster each ID key has its own guard
+--             <prefix><app>:guard:{<ID key>} in its slot, and the caller
+--             sends one pair per call. A guard is a string without expiry
+--             holding the Redis time (ms) from which new claims are allowed
 -- ARGV[1]     owner string "<identity>#<nonce>"
 -- ARGV[2]     TTL in milliseconds (integer >= 1)
 --
 -- Returns {index, how, wrong, wait_ms, expires_ms}:
---   index       0-based position of the key now held by us, -1 when every
---               key is held, -2 when claims are paused (see wait_ms)
+--   index       0-based pair of the key now held by us, -1 when no key could
+--               be taken and no guard is closed, -2 when no key could be
+--               taken and at least one candidate's guard is closed
 --   how         with index >= 0: 1 = claimed now with SET NX PX; 2 = already
 --               ours (an earlier claim whose reply was lost ran after all;
---               TTL reset). With index -2: 1 = the guard was missing and is
---               set now (fresh Redis, or it lost its data); 2 = the guard was
---               more than one TTL ahead and is pulled in; 0 = the guard is
---               closed as set before. Else 0
---   wrong       0-based positions of keys of another type (never touched)
---   wait_ms     with index -2: ms until claims are allowed; else 0
+--               TTL reset). With index -2, what the closed guards were: 1 =
+--               a guard was missing and is set now (first use, or its data
+--               was lost); 2 = a guard was more than one TTL ahead and is
+--               pulled in; 0 = closed as set before. Else 0
+--   wrong       0-based pairs whose key has another type (never touched)
+--   wait_ms     with index -2: ms until the soonest closed guard opens
 --   expires_ms  TIME + ttl: when a key written now expires (see renew.lua);
 --               the first renew derives its ARGV[3] from it
 --
--- The guard: a Redis without it is fresh or lost its data (restart without
--- persistence, FLUSHALL). Holders from before may still publish their IDs
+-- The guard: a guard missing where lease keys may have been (a fresh Redis,
+-- a restart without persistence, FLUSHALL, a Cluster shard failed over to an
+-- empty replica) means holders from before may still publish their IDs
 -- until their own validity deadline, at most one TTL away, and re-create
 -- their keys at their next renew. So the first claimant sets the guard to
--- now + TTL and nobody claims a new ID before then. Time is Redis' TIME.
+-- now + TTL and nobody claims an ID behind it before then. Time is Redis'
+-- TIME. A guard lives in the same failure domain as the keys it guards.
 local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR claim: ttl must be an integer >= 1 ms')
 end
+if #KEYS == 0 or #KEYS % 2 ~= 0 then
+  return redis.error_reply('ERR claim: KEYS must be (lease key, guard) pairs')
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local expires = now + ttl
-local guard_key = KEYS[#KEYS]
-local guard_type = redis.call('TYPE', guard_key).ok
-if guard_type ~= 'none' and guard_type ~= 'string' then
-  return redis.error_reply('ERR claim: ' .. guard_key .. ' has type ' .. guard_type .. ', expected string')
-end
-local first_free = -1
-local wrong = {}
-for i = 1, #KEYS - 1 do
-  local key = KEYS[i]
-  local kind = redis.call('TYPE', key).ok
-  if kind == 'string' then
-    if redis.call('GET', key) == ARGV[1] then
-      -- Reset the TTL: validity is counted from this call's send time.
-      redis.call('PEXPIRE', key, ttl)
-      return {i - 1, 2, wrong, 0, expires}
-    end
-  elseif kind == 'none' then
-    if first_free < 0 then first_free = i - 1 end
-  else
-    wrong[#wrong + 1] = i - 1
+local pairs_n = #KEYS / 2
+
+-- One read of every lease key: nil for a missing key and for a key of
+-- another type alike (SET NX below tells them apart).
+local ids = {}
+for i = 1, pairs_n do ids[i] = KEYS[2 * i - 1] end
+local values = redis.call('MGET', unpack(ids))
+for i = 1, pairs_n do
+  if values[i] == ARGV[1] then
+    -- Reset the TTL: validity is counted from this call's send time.
+    redis.call('PEXPIRE', ids[i], ttl)
+    return {i - 1, 2, {}, 0, expires}
   end
 end
-local guard = redis.call('GET', guard_key)
-local open_at = tonumber(guard)
+
+-- When claims behind `key` open (Redis ms), and how this call found it.
 -- Missing: set it. Unreadable, or further away than one TTL (written by
--- hand, or Redis' clock went back): no holder of this app (one TTL for all
--- its sidecars, see docs/worker.md) needs more, so start one TTL from now instead.
-local guard_how = 0
-if open_at == nil or open_at > now + ttl then
-  if guard == false then guard_how = 1 else guard_how = 2 end
+-- hand, or Redis' clock went back): no holder (one TTL for all sidecars of
+-- an app, see docs/worker.md) needs more, so start one TTL from now instead.
+local function read_guard(key)
+  local guard = redis.pcall('GET', key)
+  if type(guard) == 'table' and guard.err then
+    return nil, 'ERR claim: ' .. key .. ' is not a string: ' .. guard.err
+  end
+  local open_at = tonumber(guard)
+  if open_at ~= nil and open_at <= now + ttl then
+    return {open_at = open_at, how = 0}
+  end
   open_at = now + ttl
-  redis.call('SET', guard_key, open_at)
+  redis.call('SET', key, open_at)
+  if guard == false then return {open_at = open_at, how = 1} end
+  return {open_at = open_at, how = 2}
 end
-if now < open_at then
-  return {-2, guard_how, wrong, open_at - now, 0}
+
+-- Paused replies name the most telling guard: missing, then too far.
+local rank = {[0] = 0, [1] = 2, [2] = 1}
+local guards = {}
+local wrong = {}
+local wait = nil
+local paused_how = 0
+for i = 1, pairs_n do
+  if not values[i] then
+    local key = KEYS[2 * i]
+    local guard = guards[key]
+    if guard == nil then
+      local err
+      guard, err = read_guard(key)
+      if guard == nil then return redis.error_reply(err) end
+      guards[key] = guard
+    end
+    if now < guard.open_at then
+      if wait == nil or guard.open_at - now < wait then wait = guard.open_at - now end
+      if rank[guard.how] > rank[paused_how] then paused_how = guard.how end
+    elseif redis.call('SET', ids[i], ARGV[1], 'NX', 'PX', ttl) then
+      return {i - 1, 1, wrong, 0, expires}
+    else
+      -- MGET said nil, yet the key exists: another type.
+      wrong[#wrong + 1] = i - 1
+    end
+  end
 end
-if first_free < 0 then
-  return {-1, 0, wrong, 0, 0}
+if wait ~= nil then
+  return {-2, paused_how, wrong, wait, 0}
 end
-redis.call('SET', KEYS[first_free + 1], ARGV[1], 'NX', 'PX', ttl)
-return {first_free, 1, wrong, 0, expires}
+return {-1, 0, wrong, 0, 0}

@@ -1,6 +1,8 @@
 //! Worker-ID claims: the names of an app's keys and `claim.lua`, which
-//! re-adopts our own key or takes the lowest free worker ID in one round
-//! trip, behind the app's claim guard.
+//! re-adopts our own key or takes the lowest free worker ID behind its
+//! claim guard: on one server in one round trip with one guard per app, on
+//! Cluster with one guard per ID key in that key's slot (docs/worker.md, "Claim
+//! guard").
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -14,15 +16,17 @@ use crate::lease::{step, ttl_ms};
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
 
 /// Names of one app's keys, all under `<prefix><app>:` (snowlease never
-/// touches other keys): lease keys `<id>`, the claim guard `guard`, and
-/// start-up probe keys `probe:<nonce>`.
+/// touches other keys): lease keys `<id>`, the claim guard `guard` (one
+/// server) or `guard:{<lease key>}` (Cluster, one per ID), and start-up
+/// probe keys `probe:<nonce>`.
 #[derive(Debug, Clone)]
 pub struct LeaseKeys {
     base: String,
 }
 
 impl LeaseKeys {
-    /// Keys of `app` under `prefix` (both validated by the caller).
+    /// Keys of `app` under `prefix` (both validated by the caller: no
+    /// braces, so a lease key has no hash tag of its own).
     pub fn new(prefix: &str, app: &str) -> Self {
         Self {
             base: format!("{prefix}{app}:"),
@@ -39,9 +43,28 @@ impl LeaseKeys {
         (0..=max_worker_id).map(|id| self.id(id)).collect()
     }
 
-    /// The app's claim guard (see `claim.lua`).
+    /// The app's claim guard on one server (standalone, Sentinel): the
+    /// whole dataset is one failure domain (see `claim.lua`).
     pub fn guard(&self) -> String {
         format!("{}guard", self.base)
+    }
+
+    /// The claim guard of one worker ID on Cluster: its hash tag is the
+    /// lease key itself, so it lives in the lease key's slot and is lost
+    /// with it when that shard loses its data.
+    pub fn id_guard(&self, worker_id: u16) -> String {
+        format!("{}guard:{{{}}}", self.base, self.id(worker_id))
+    }
+
+    /// The guard of each ID, in ID order: the app guard for every ID on
+    /// one server, the per-ID guards on Cluster.
+    pub fn guards(&self, max_worker_id: u16, cluster: bool) -> Vec<String> {
+        (0..=max_worker_id)
+            .map(|id| match cluster {
+                true => self.id_guard(id),
+                false => self.guard(),
+            })
+            .collect()
     }
 
     /// The start-up probe key of one process.
@@ -53,27 +76,29 @@ impl LeaseKeys {
 /// What [`claim_lowest`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
-    /// The key at this index is ours now (`SET NX PX`).
+    /// The key of this worker ID is ours now (`SET NX PX`).
     Claimed(usize),
-    /// The key at this index already held our owner string (an earlier
+    /// The key of this worker ID already held our owner string (an earlier
     /// claim whose reply was lost had run); its TTL was reset.
     Adopted(usize),
     /// Every key is held (by others, or by keys of another type).
     AllHeld,
-    /// The claim guard is closed for `wait`: Redis is fresh or lost its
-    /// data, and holders from before may still publish their IDs.
+    /// No key could be taken and at least one free ID's claim guard is
+    /// closed: holders from before a data loss may still publish those IDs.
     Paused {
-        /// Time until claims are allowed.
+        /// Time until the soonest closed guard opens.
         wait: Duration,
-        /// What this call found the guard to be.
+        /// What this call found the guards to be.
         guard: GuardFound,
     },
 }
 
-/// The claim guard as a paused claim found it.
+/// The claim guards as a paused claim found them (the most telling one:
+/// missing before too far before closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuardFound {
-    /// Missing, and set now: Redis is fresh or lost its data.
+    /// Missing, and set now: first use, or Redis (on Cluster: the shard)
+    /// lost its data.
     Missing,
     /// More than one TTL ahead (set by hand, or Redis' clock went back);
     /// pulled in to one TTL.
@@ -87,34 +112,35 @@ pub enum GuardFound {
 pub struct ClaimReply {
     /// What happened.
     pub outcome: ClaimOutcome,
-    /// Indexes of keys of another type; they are never touched.
+    /// Worker IDs whose key has another type; they are never touched.
     pub wrong_type: Vec<usize>,
     /// With `Claimed` or `Adopted`: Redis time (ms) before which the key
     /// cannot have expired (see `claim.lua`); the first renew passes it on.
     pub expires_ms: u64,
+    /// Cluster, with a missing guard: guards of other IDs or lease keys of
+    /// the app exist, so only some shards lost their data. Always false on
+    /// one server.
+    pub other_shards_kept_data: bool,
+    /// Redis calls this claim made (a Cluster MGET counts once).
+    pub calls: u32,
 }
 
-/// Runs `claim.lua`: in one round trip, adopts a key that already holds our
-/// owner string, else, when the app's claim guard is open, takes the lowest
-/// missing key with `SET NX PX`. A missing guard is set to Redis time + TTL
-/// (see the script header for why).
+/// Runs `claim.lua` once on `pairs` of (lease key, its guard) in ID order:
+/// adopts a key that holds our owner string, else takes the first free key
+/// whose guard is open. Indexes in the reply are positions in `pairs`. On
+/// Cluster every key of one call must share a slot (one pair per call).
 ///
-/// All keys go to one script, so on Redis Cluster they would have to share
-/// a slot; Cluster is not supported yet.
-/// A transient error may hide a claim that ran; calling this again finds and
-/// adopts that key instead of taking a second one (docs/worker.md, "Claim").
-pub async fn claim_lowest<C: ConnectionLike>(
+/// Errors: Redis errors; a guard of another type than string.
+pub async fn claim_pairs<C: ConnectionLike>(
     conn: &mut C,
-    keys: &[String],
-    guard_key: &str,
+    pairs: &[(String, String)],
     owner: &Owner,
     ttl: Duration,
 ) -> redis::RedisResult<ClaimReply> {
     let mut invocation = CLAIM.prepare_invoke();
-    for key in keys {
-        invocation.key(key);
+    for (key, guard) in pairs {
+        invocation.key(key).key(guard);
     }
-    invocation.key(guard_key);
     let (index, how, wrong_type, wait_ms, expires_ms): (i64, i64, Vec<usize>, u64, u64) =
         invocation
             .arg(owner.as_str())
@@ -138,16 +164,163 @@ pub async fn claim_lowest<C: ConnectionLike>(
         outcome,
         wrong_type,
         expires_ms,
+        other_shards_kept_data: false,
+        calls: 1,
     })
 }
 
+/// Claims the lowest free worker ID of `0..=max_worker_id`, or adopts a key
+/// that already holds our owner string (docs/worker.md, "Claim").
+///
+/// One server (`cluster` false): one `claim.lua` call with every pair, all
+/// naming the app guard: one round trip. Cluster: one `MGET` of every lease
+/// key (redis-rs splits it by slot) finds our own key and the free ones;
+/// then `claim.lua` runs on one (lease key, per-ID guard) pair per call,
+/// free IDs in ID order, until one is taken. A free ID behind a closed
+/// guard (its shard lost data) does not stop the walk: IDs on shards that
+/// kept their data can still be claimed. The `MGET` is only a hint: each
+/// script call decides on its own slot.
+///
+/// A transient error may hide a claim that ran; calling this again finds and
+/// adopts that key instead of taking a second one.
+pub async fn claim_lowest<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &LeaseKeys,
+    max_worker_id: u16,
+    owner: &Owner,
+    ttl: Duration,
+    cluster: bool,
+) -> redis::RedisResult<ClaimReply> {
+    let ids = keys.ids(max_worker_id);
+    let guards = keys.guards(max_worker_id, cluster);
+    let pairs: Vec<(String, String)> = ids.into_iter().zip(guards).collect();
+    if !cluster {
+        return claim_pairs(conn, &pairs, owner, ttl).await;
+    }
+    let values: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(pairs.iter().map(|(k, _)| k).collect::<Vec<_>>())
+        .query_async(conn)
+        .await?;
+    let mut calls = 1;
+    let ours = values
+        .iter()
+        .position(|v| v.as_deref() == Some(owner.as_str()));
+    let candidates: Vec<usize> = match ours {
+        Some(index) => vec![index],
+        None => (0..pairs.len()).filter(|i| values[*i].is_none()).collect(),
+    };
+    let held = values.iter().any(Option::is_some);
+    let (mut wrong_type, mut paused) = (Vec::new(), None::<(Duration, GuardFound)>);
+    let mut guard_existed = false;
+    for index in candidates {
+        let reply = claim_pairs(conn, std::slice::from_ref(&pairs[index]), owner, ttl).await?;
+        calls += 1;
+        wrong_type.extend(reply.wrong_type.iter().map(|_| index));
+        match reply.outcome {
+            ClaimOutcome::Claimed(_) | ClaimOutcome::Adopted(_) => {
+                let outcome = match reply.outcome {
+                    ClaimOutcome::Adopted(_) => ClaimOutcome::Adopted(index),
+                    _ => ClaimOutcome::Claimed(index),
+                };
+                return Ok(ClaimReply {
+                    outcome,
+                    wrong_type,
+                    expires_ms: reply.expires_ms,
+                    other_shards_kept_data: false,
+                    calls,
+                });
+            }
+            ClaimOutcome::Paused { wait, guard } => {
+                guard_existed |= guard != GuardFound::Missing;
+                paused = Some(match paused {
+                    None => (wait, guard),
+                    Some((w, g)) => (w.min(wait), telling(g, guard)),
+                });
+            }
+            // Taken meanwhile, or another type; an open guard existed.
+            ClaimOutcome::AllHeld => guard_existed = true,
+        }
+    }
+    let outcome = match paused {
+        Some((wait, guard)) => ClaimOutcome::Paused { wait, guard },
+        None => ClaimOutcome::AllHeld,
+    };
+    let missing = matches!(
+        outcome,
+        ClaimOutcome::Paused {
+            guard: GuardFound::Missing,
+            ..
+        }
+    );
+    Ok(ClaimReply {
+        outcome,
+        wrong_type,
+        expires_ms: 0,
+        other_shards_kept_data: missing && (held || guard_existed),
+        calls,
+    })
+}
+
+/// The more telling of two guard findings (as `claim.lua` ranks them).
+fn telling(a: GuardFound, b: GuardFound) -> GuardFound {
+    let rank = |g| match g {
+        GuardFound::Missing => 2,
+        GuardFound::TooFar => 1,
+        GuardFound::Closed => 0,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
 /// Loads `claim.lua` into the script cache at start, so a missing
-/// `+script|load` shows before the first claim; its `TYPE` and `TIME` are
-/// checked by the first claim itself.
+/// `+script|load` shows before the first claim; its `MGET`, `SET` and
+/// `TIME` are checked by the first claim itself.
 pub(crate) async fn load<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
     CLAIM
         .load_async(conn)
         .await
         .map(drop)
         .map_err(step("SCRIPT LOAD failed (needs +script|load +evalsha)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::cluster_routing::Slot;
+
+    /// Each per-ID guard hashes to its lease key's slot (so one script sees
+    /// both on Cluster), and the app guard of one server keeps its name.
+    #[test]
+    fn per_id_guard_shares_the_lease_key_slot() {
+        for (prefix, app) in [
+            ("snowflake:worker:", "orders"),
+            ("custom:ids:", "billing"),
+            ("p", "a-b_c.d"),
+        ] {
+            let keys = LeaseKeys::new(prefix, app);
+            assert_eq!(keys.guard(), format!("{prefix}{app}:guard"));
+            let mut slots = std::collections::HashSet::new();
+            for id in [0u16, 1, 7, 31, 512, 1023] {
+                let (key, guard) = (keys.id(id), keys.id_guard(id));
+                assert_eq!(guard, format!("{prefix}{app}:guard:{{{key}}}"));
+                assert_eq!(
+                    Slot::for_key(&key),
+                    Slot::for_key(&guard),
+                    "{key} / {guard}"
+                );
+                slots.insert(Slot::for_key(&key));
+            }
+            // The lease keys themselves spread over slots (no hash tag).
+            assert!(slots.len() > 1, "{prefix}{app}: {slots:?}");
+        }
+    }
+
+    #[test]
+    fn guards_follow_the_topology() {
+        let keys = LeaseKeys::new("p:", "a");
+        assert_eq!(keys.guards(1, false), vec!["p:a:guard", "p:a:guard"]);
+        assert_eq!(
+            keys.guards(1, true),
+            vec!["p:a:guard:{p:a:0}", "p:a:guard:{p:a:1}"]
+        );
+    }
 }

@@ -1,4 +1,5 @@
-//! `snowlease guard open`: opens an app's claim guard at once on a Redis
+//! `snowlease guard open`: opens an app's claim guard (on Cluster: its
+//! per-ID guards) at once on a Redis
 //! that holds none of the app's lease keys, so the first sidecars of a new
 //! app (or on a fresh Redis) claim without waiting one TTL. Refuses, writing
 //! nothing, while any lease key of the app exists: then the guard is what
@@ -18,7 +19,7 @@ use crate::connection::RedisTarget;
 
 static OPEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("guard_open.lua")));
 
-/// Timeout of the one Redis call.
+/// Timeout of each Redis call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `snowlease guard ...`.
@@ -91,37 +92,83 @@ pub struct GuardRefused {
     pub held: i64,
 }
 
-/// Runs `guard open`: one script, Redis time; prints one JSON line.
+/// Runs `guard open` and prints one JSON line. One server: one script on
+/// every (lease key, app guard) pair. Cluster: one `EXISTS` of every lease
+/// key first (refused, nothing written, when any exists), then the script
+/// once per ID on (lease key, per-ID guard), each re-checking its key in
+/// its slot; an ID whose key appeared meanwhile is refused alone.
 ///
 /// Errors: [`GuardRefused`] when lease keys exist without `--force`; a
 /// Redis error (unreachable, refused, guard key of another type).
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
-    let mut invocation = OPEN.prepare_invoke();
-    for key in config.keys.ids(config.max_worker_id) {
-        invocation.key(key);
+    let context = || format!("redis {}", config.redis);
+    let cluster = conn.is_cluster().await.with_context(context)?;
+    let ids = config.keys.ids(config.max_worker_id);
+    let pairs: Vec<(String, String)> = ids
+        .into_iter()
+        .zip(config.keys.guards(config.max_worker_id, cluster))
+        .collect();
+    let batches: Vec<&[(String, String)]> = match cluster {
+        false => vec![&pairs[..]],
+        true => {
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(pairs.iter().map(|(k, _)| k).collect::<Vec<_>>());
+            let held = bounded(config, exists.query_async::<i64>(&mut conn))
+                .await
+                .with_context(context)?;
+            if held > 0 && !config.force {
+                return Err(GuardRefused {
+                    app: config.app.clone(),
+                    held,
+                }
+                .into());
+            }
+            pairs.chunks(1).collect()
+        }
+    };
+    let (mut refused, mut held_total, mut at_ms) = (false, 0, 0);
+    for batch in &batches {
+        let mut invocation = OPEN.prepare_invoke();
+        for (key, guard) in *batch {
+            invocation.key(key).key(guard);
+        }
+        invocation.arg(if config.force { "1" } else { "0" });
+        let call = invocation.invoke_async::<(i64, u64, i64)>(&mut conn);
+        let (opened, at, held) = bounded(config, call).await.with_context(context)?;
+        if held < 0 {
+            anyhow::bail!(
+                "the claim guard {} has another type than string; remove it by hand",
+                batch[0].1
+            );
+        }
+        refused |= opened == 0;
+        held_total += held;
+        at_ms = at_ms.max(at);
     }
-    invocation
-        .key(config.keys.guard())
-        .arg(if config.force { "1" } else { "0" });
-    let call = invocation.invoke_async::<(i64, u64, i64)>(&mut conn);
-    let (opened, at_ms, held) = tokio::time::timeout(CALL_TIMEOUT, call)
-        .await
-        .map_err(|_| anyhow::anyhow!("redis {} did not answer within 5s", config.redis))?
-        .with_context(|| format!("redis {}", config.redis))?;
-    if held < 0 {
-        anyhow::bail!(
-            "the claim guard {} has another type than string; remove it by hand",
-            config.keys.guard()
-        );
-    }
-    if opened == 0 {
+    if refused {
         return Err(GuardRefused {
             app: config.app.clone(),
-            held,
+            held: held_total,
         }
         .into());
     }
-    let line = serde_json::json!({ "app": config.app, "opened_at_ms": at_ms, "lease_keys": held });
+    let line = serde_json::json!({
+        "app": config.app,
+        "opened_at_ms": at_ms,
+        "lease_keys": held_total,
+        "guards": if cluster { batches.len() } else { 1 },
+    });
     stdout_line(&line.to_string())
+}
+
+/// One Redis call under [`CALL_TIMEOUT`].
+async fn bounded<T>(
+    config: &OpenConfig,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> anyhow::Result<T> {
+    let reply = tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("redis {} did not answer within 5s", config.redis))?;
+    Ok(reply?)
 }

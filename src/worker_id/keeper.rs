@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::ConnectionLike;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -125,7 +124,9 @@ enum RenewRound {
 enum Round {
     Held(HeldLease),
     AllHeld(String),
-    Paused(Duration, GuardFound),
+    /// Wait, what the guards were, and (Cluster, a missing guard) whether
+    /// other shards kept their data.
+    Paused(Duration, GuardFound, bool),
     Evicting(EvictingRedis),
 }
 
@@ -242,8 +243,6 @@ impl<C: Reconnects + Send> Worker<C> {
         recorded: &mut Option<RecordedLease>,
         probed: &mut bool,
     ) -> Result<HeldLease, WorkerError> {
-        let keys = self.keys();
-        let (ids, guard) = (keys.ids(self.params.settings.max_worker_id), keys.guard());
         let deadline = Instant::now() + self.params.claim_timeout;
         let mut backoff = ClaimBackoff::new(self.params.settings.renew_interval);
         let mut warned = HashSet::new();
@@ -259,7 +258,8 @@ impl<C: Reconnects + Send> Worker<C> {
                     self.probe().await?;
                     *probed = true;
                 }
-                self.claim_round(recorded, &ids, &guard, &mut warned).await
+                let cluster = self.conn.is_cluster().await?;
+                self.claim_round(recorded, cluster, &mut warned).await
             };
             let mut pause = backoff.pause();
             match timeout_at(deadline, round).await {
@@ -285,13 +285,17 @@ impl<C: Reconnects + Send> Worker<C> {
                     }
                     backoff.grow();
                 }
-                Ok(Ok(Round::Paused(wait, guard))) => {
+                Ok(Ok(Round::Paused(wait, guard, others_kept))) => {
                     detail = format!(
-                        "claims paused for {} ms after a Redis reset",
+                        "claims paused for {} ms: the claim guard is closed",
                         wait.as_millis()
                     );
                     if last_log.is_none() {
-                        log_paused(wait, guard);
+                        let found = match guard {
+                            GuardFound::Missing => Some(self.missing_guard(others_kept).await),
+                            _ => None,
+                        };
+                        log_paused(&self.params.app, wait, guard, found);
                         last_log = Some(Instant::now());
                     }
                     let opens = SystemTime::now() + wait;
@@ -376,12 +380,12 @@ impl<C: Reconnects + Send> Worker<C> {
         }
     }
 
-    /// One pass: re-adopt the recorded lease, else run `claim.lua`.
+    /// One pass: re-adopt the recorded lease, else claim
+    /// ([`claim::claim_lowest`]; `cluster` picks the guard layout).
     async fn claim_round(
         &mut self,
         recorded: &mut Option<RecordedLease>,
-        keys: &[String],
-        guard: &str,
+        cluster: bool,
         warned: &mut HashSet<usize>,
     ) -> redis::RedisResult<Round> {
         if let Some(rec) = recorded.as_ref() {
@@ -391,22 +395,27 @@ impl<C: Reconnects + Send> Worker<C> {
             *recorded = None;
             self.set_state(WorkerState::Claiming);
         }
+        let keys = self.keys();
         let sent = BootInstant::now();
         let reply = bounded(
             self.params.settings.call_timeout(),
             claim::claim_lowest(
                 &mut self.conn,
-                keys,
-                guard,
+                &keys,
+                self.params.settings.max_worker_id,
                 &self.owner,
                 self.params.settings.ttl,
+                cluster,
             ),
         )
         .await
         .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;
         for index in reply.wrong_type {
             if warned.insert(index) {
-                warn!(key = %keys[index], "lease key has the wrong type; skipping it, not deleting it");
+                let key = self
+                    .keys()
+                    .id(u16::try_from(index).expect("at most 1024 keys"));
+                warn!(key = %key, "lease key has the wrong type; skipping it, not deleting it");
             }
         }
         let (index, outcome) = match reply.outcome {
@@ -418,7 +427,8 @@ impl<C: Reconnects + Send> Worker<C> {
             }
             ClaimOutcome::Paused { wait, guard } => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "paused");
-                return Ok(Round::Paused(wait, guard));
+                let others_kept = reply.other_shards_kept_data;
+                return Ok(Round::Paused(wait, guard, others_kept));
             }
         };
         WorkerMetrics::count(&self.metrics.claim_attempts, outcome);
@@ -456,14 +466,72 @@ impl<C: Reconnects + Send> Worker<C> {
         Ok(None)
     }
 
+    /// Why a claim guard was missing, as far as Redis can tell: on Cluster
+    /// from the claim itself (`others_kept`); on one server by up to
+    /// [`SCAN_ROUNDS`] `SCAN MATCH <prefix>*` rounds (best effort: without
+    /// `+scan`, or on no answer, [`MissingGuard::Unknown`]).
+    async fn missing_guard(&mut self, others_kept: bool) -> MissingGuard {
+        if self.conn.is_cluster().await.unwrap_or(false) {
+            return match others_kept {
+                true => MissingGuard::ShardLost,
+                false => MissingGuard::NoGuardOnAnyShard,
+            };
+        }
+        let prefix = &self.params.settings.key_prefix;
+        let app_base = format!("{prefix}{}:", self.params.app);
+        let guard = self.keys().guard();
+        let pattern = format!("{}*", glob_escape(prefix));
+        let scan = async {
+            let (mut cursor, mut found) = (0u64, MissingGuard::NoKeyUnderPrefix);
+            for _ in 0..SCAN_ROUNDS {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(100)
+                    .query_async(&mut self.conn)
+                    .await?;
+                for key in keys.iter().filter(|k| **k != guard) {
+                    match key.starts_with(&app_base) {
+                        true => found = MissingGuard::AppKeysWithoutGuard,
+                        false if found == MissingGuard::NoKeyUnderPrefix => {
+                            found = MissingGuard::OtherAppsKept;
+                        }
+                        false => {}
+                    }
+                }
+                if next == 0 || found == MissingGuard::AppKeysWithoutGuard {
+                    return Ok::<_, redis::RedisError>(found);
+                }
+                cursor = next;
+            }
+            Ok(match found {
+                MissingGuard::NoKeyUnderPrefix => MissingGuard::Unknown,
+                other => other,
+            })
+        };
+        let limit = self.params.settings.call_timeout() * SCAN_ROUNDS;
+        match timeout(limit, scan).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(err)) => {
+                debug!(error = %err, "SCAN for keys under the prefix failed");
+                MissingGuard::Unknown
+            }
+            Err(_) => MissingGuard::Unknown,
+        }
+    }
+
     /// Who holds the IDs, by identity only (nonces stay out of logs), read
     /// the way `snowlease status` reads them, under the call timeout.
     async fn holders(&mut self) -> String {
+        let cluster = self.conn.is_cluster().await.unwrap_or(false);
         let read = status::read(
             &mut self.conn,
             &self.params.app,
             &self.params.settings.key_prefix,
             self.params.settings.max_worker_id,
+            cluster,
         );
         let Ok(Ok(report)) = timeout(self.params.settings.call_timeout(), read).await else {
             return "holders unknown: redis unavailable".to_owned();
@@ -600,7 +668,7 @@ impl<C: Reconnects + Send> Worker<C> {
                     self.metrics.reacquisitions.inc();
                     warn!(
                         worker_id = held.worker_id,
-                        "lease re-created after key loss (Redis lost its data?)"
+                        "lease re-created after key loss (Redis, or on Cluster the key's shard, lost its data?)"
                     );
                     return RenewRound::Renewed(sent, expires_ms);
                 }
@@ -645,20 +713,28 @@ async fn bounded<T>(
     }
 }
 
-/// Removes every key in `keys` that holds `owner` in one call bounded by
-/// `limit`: the lease held at the stop (`held`), and a claim that ran while
+/// Removes every key in `keys` that holds `owner`, bounded by `limit`: one
+/// call on one server, one per hash slot on Cluster. The lease held at the stop (`held`), and a claim that ran while
 /// its reply was lost. The logs say only what is known: a reply that did
 /// not come in time may hide a release that ran. Each key becomes a
 /// tombstone for `handover` (see [`lease::release_keys`]).
-pub(crate) async fn release<C: ConnectionLike>(
+pub(crate) async fn release<C>(
     conn: &mut C,
     keys: &[String],
     owner: &Owner,
     held: Option<u16>,
     handover: Duration,
     limit: Duration,
-) {
-    let outcome = timeout(limit, lease::release_keys(conn, keys, owner, handover)).await;
+) where
+    C: Reconnects + Clone + Send + Sync + 'static,
+{
+    let outcome = timeout(limit, async {
+        match conn.is_cluster().await? {
+            true => lease::release_keys_by_slot(conn, keys, owner, handover).await,
+            false => lease::release_keys(conn, keys, owner, handover).await,
+        }
+    })
+    .await;
     match (outcome, held) {
         (Ok(Ok(0)), Some(worker_id)) => warn!(
             worker_id,
@@ -682,22 +758,83 @@ pub(crate) async fn release<C: ConnectionLike>(
     }
 }
 
-/// Says why claims wait: a missing guard means Redis is fresh or lost its
-/// data; a guard that exists was set by an earlier claim (or pulled in).
-fn log_paused(wait: Duration, guard: GuardFound) {
+/// `SCAN` rounds (`COUNT 100` each) [`Worker::missing_guard`] spends at most.
+const SCAN_ROUNDS: u32 = 10;
+
+/// What Redis can tell about a missing claim guard (issue 12 item 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MissingGuard {
+    /// One server: keys of other apps exist under the prefix, none of this
+    /// app: first use of the app; Redis kept its data.
+    OtherAppsKept,
+    /// One server: no key under the prefix: a fresh Redis or one that lost
+    /// its data.
+    NoKeyUnderPrefix,
+    /// One server: lease keys of this app exist without its guard: Redis
+    /// lost its data and holders re-created their keys, or the guard was
+    /// deleted by hand.
+    AppKeysWithoutGuard,
+    /// Cluster: guards of other IDs or lease keys of the app exist: the
+    /// shard(s) of the paused IDs lost their data.
+    ShardLost,
+    /// Cluster: no guard of the app on any shard met: first use of the app,
+    /// or every shard lost its data.
+    NoGuardOnAnyShard,
+    /// `SCAN` refused, not answered, or found nothing in its rounds.
+    Unknown,
+}
+
+/// Says why claims wait. A missing guard: what Redis can tell about why
+/// (`found`), and how to skip the wait on first use. A guard that exists
+/// and is closed was set by an earlier claim: INFO, nothing lost here.
+fn log_paused(app: &str, wait: Duration, guard: GuardFound, found: Option<MissingGuard>) {
     let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
     match guard {
-        GuardFound::Missing => warn!(
-            wait_ms,
-            "no claim guard in Redis (first use of this app or a fresh Redis, or Redis lost its data): waiting one TTL so that earlier holders can renew or give up; on first use, `snowlease guard open --app <app>` skips the wait"
-        ),
+        GuardFound::Missing => {
+            let why = match found.unwrap_or(MissingGuard::Unknown) {
+                MissingGuard::OtherAppsKept => format!(
+                    "first use of app {app} on this Redis (keys of other apps exist, so Redis kept its data)"
+                ),
+                MissingGuard::NoKeyUnderPrefix => {
+                    "no key under the prefix: a fresh Redis or one that lost its data".to_owned()
+                }
+                MissingGuard::AppKeysWithoutGuard => format!(
+                    "lease keys of app {app} exist without its guard: Redis lost its data and holders re-created their keys, or the guard was deleted"
+                ),
+                MissingGuard::ShardLost => format!(
+                    "guards of other IDs of app {app} exist: the Cluster shard holding these IDs lost its data"
+                ),
+                MissingGuard::NoGuardOnAnyShard => format!(
+                    "no guard of app {app} on any shard: first use of the app on this Cluster, or every shard lost its data"
+                ),
+                MissingGuard::Unknown => {
+                    format!("first use of app {app}, a fresh Redis, or one that lost its data")
+                }
+            };
+            warn!(
+                wait_ms,
+                "no claim guard in Redis ({why}): waiting one TTL so that earlier holders can renew or give up; on first use, `snowlease guard open --app {app}` skips the wait"
+            );
+        }
         GuardFound::TooFar => warn!(
             wait_ms,
             "claim guard was more than one TTL ahead (set by hand, or Redis' clock went back); pulled in to one TTL"
         ),
         GuardFound::Closed => info!(
             wait_ms,
-            "claim guard closed (set after a Redis reset by an earlier claim); waiting until it opens"
+            "claim guard closed (set by an earlier claim); waiting until it opens (`snowlease status --app {app}` shows when)"
         ),
     }
+}
+
+/// A `SCAN MATCH` glob that matches `text` literally.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }

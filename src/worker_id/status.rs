@@ -82,7 +82,8 @@ pub struct Report {
     pub free: u32,
     /// Every ID that is not free, lowest first.
     pub leases: Vec<Entry>,
-    /// The app's claim guard (`<prefix><app>:guard`).
+    /// The app's claim guard (`<prefix><app>:guard`) on one server; on
+    /// Cluster a summary of the per-ID guards (`<prefix><app>:guard:{<key>}`).
     pub claim_guard: ClaimGuard,
 }
 
@@ -104,6 +105,25 @@ pub enum ClaimGuard {
     Unreadable,
     /// The guard key has another type: claims fail until it is removed.
     WrongType,
+    /// Cluster: one guard per ID, in the ID key's slot, summarised.
+    PerId(GuardSummary),
+}
+
+/// The per-ID claim guards of an app on Cluster, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GuardSummary {
+    /// Guards that let claims in now.
+    pub open: u32,
+    /// Guards that hold claims back.
+    pub closed: u32,
+    /// ms until the soonest closed guard opens (Redis time); `None` when
+    /// none is closed.
+    pub soonest_opens_in_ms: Option<u64>,
+    /// IDs without a guard: a claim of such an ID sets it and waits one
+    /// TTL (first use, or the shard lost its data).
+    pub missing: u32,
+    /// Guards holding something that is not a number, or of another type.
+    pub unreadable: u32,
 }
 
 /// One ID that is not free.
@@ -128,8 +148,9 @@ impl Entry {
 }
 
 /// Reads every lease key of `app`: one pipeline of TYPE + PTTL for all
-/// keys, then one of GET for the string keys. A key that expires between
-/// the two counts as free.
+/// keys and GET of the claim guard (`cluster`: of every per-ID guard), then
+/// one of GET for the string keys. A key that expires between the two
+/// counts as free.
 ///
 /// Errors: the first Redis error (NOPERM, connection, timeout).
 pub async fn read<C: ConnectionLike>(
@@ -137,20 +158,39 @@ pub async fn read<C: ConnectionLike>(
     app: &str,
     key_prefix: &str,
     max_worker_id: u16,
+    cluster: bool,
 ) -> RedisResult<Report> {
     let names = LeaseKeys::new(key_prefix, app);
     let keys = names.ids(max_worker_id);
+    let guards = match cluster {
+        true => names.guards(max_worker_id, true),
+        false => vec![names.guard()],
+    };
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for key in &keys {
         pipe.cmd("TYPE").arg(key).cmd("PTTL").arg(key);
     }
-    pipe.cmd("GET").arg(names.guard()).cmd("TIME");
+    for guard in &guards {
+        pipe.cmd("GET").arg(guard);
+    }
+    pipe.cmd("TIME");
     let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
-    let (Some(time), Some(guard)) = (replies.pop(), replies.pop()) else {
+    let Some(time) = replies.pop() else {
         return Err(short_reply());
     };
-    let claim_guard = claim_guard(guard, time?)?;
+    let now_ms = redis_ms(time?)?;
+    let Some(first_guard) = replies.len().checked_sub(guards.len()) else {
+        return Err(short_reply());
+    };
+    let mut found = replies
+        .drain(first_guard..)
+        .map(|guard| claim_guard(guard, now_ms))
+        .collect::<RedisResult<Vec<_>>>()?;
+    let claim_guard = match cluster {
+        true => ClaimGuard::PerId(summarise(&found)),
+        false => found.pop().ok_or_else(short_reply)?,
+    };
     let mut entries = Vec::new();
     for ((worker_id, key), pair) in (0u16..).zip(&keys).zip(replies.chunks(2)) {
         let [key_type, pttl] = pair else {
@@ -218,10 +258,32 @@ pub async fn read<C: ConnectionLike>(
     })
 }
 
-/// Reads the guard's value against Redis' `TIME`.
-fn claim_guard(guard: RedisResult<Value>, time: Value) -> RedisResult<ClaimGuard> {
+/// Redis' `TIME` reply in ms.
+fn redis_ms(time: Value) -> RedisResult<u64> {
     let (secs, micros): (u64, u64) = redis::from_redis_value(time)?;
-    let now_ms = secs * 1000 + micros / 1000;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Counts per-ID guards by state.
+fn summarise(guards: &[ClaimGuard]) -> GuardSummary {
+    let mut summary = GuardSummary::default();
+    for guard in guards {
+        match guard {
+            ClaimGuard::Open => summary.open += 1,
+            ClaimGuard::Closed { opens_in_ms } => {
+                summary.closed += 1;
+                let soonest = summary.soonest_opens_in_ms.get_or_insert(*opens_in_ms);
+                *soonest = (*soonest).min(*opens_in_ms);
+            }
+            ClaimGuard::Missing => summary.missing += 1,
+            _ => summary.unreadable += 1,
+        }
+    }
+    summary
+}
+
+/// Reads one guard's value against Redis' time `now_ms`.
+fn claim_guard(guard: RedisResult<Value>, now_ms: u64) -> RedisResult<ClaimGuard> {
     let value: Option<String> = match guard {
         Ok(value) => redis::from_redis_value(value)?,
         Err(err) if err.code() == Some("WRONGTYPE") => return Ok(ClaimGuard::WrongType),
@@ -247,6 +309,12 @@ fn short_reply() -> redis::RedisError {
 /// (password redacted).
 pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
+    let cluster = conn.is_cluster().await.with_context(|| {
+        format!(
+            "cannot read the leases of {} from {}",
+            config.app, config.redis
+        )
+    })?;
     let report = tokio::time::timeout(
         CALL_TIMEOUT * 2,
         read(
@@ -254,6 +322,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
             &config.app,
             &config.key_prefix,
             config.max_worker_id,
+            cluster,
         ),
     )
     .await
@@ -274,6 +343,33 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The per-ID guards of a Cluster, one line; nothing while all are open.
+fn render_summary(out: &mut String, s: &GuardSummary) {
+    if s.closed == 0 && s.missing == 0 && s.unreadable == 0 {
+        return;
+    }
+    let _ = write!(out, "claim guards (one per ID): {} open", s.open);
+    if let Some(ms) = s.soonest_opens_in_ms {
+        let _ = write!(
+            out,
+            ", {} closed (new claims of those IDs wait; the soonest opens in {:.1}s)",
+            s.closed,
+            ms as f64 / 1000.0
+        );
+    }
+    if s.missing > 0 {
+        let _ = write!(
+            out,
+            ", {} missing (a claim of such an ID sets its guard and waits one TTL: first use, or the shard lost its data)",
+            s.missing
+        );
+    }
+    if s.unreadable > 0 {
+        let _ = write!(out, ", {} unreadable or of another type", s.unreadable);
+    }
+    out.push('\n');
+}
+
 /// The report as a table, one line per ID that is not free.
 pub fn render(report: &Report) -> String {
     let mut out = format!(
@@ -287,18 +383,19 @@ pub fn render(report: &Report) -> String {
         report.app,
         report.ids - 1
     );
-    match report.claim_guard {
+    match &report.claim_guard {
         ClaimGuard::Open => {}
         ClaimGuard::Missing => out.push_str(
-            "claim guard missing (fresh Redis or data lost): the next claim waits one TTL\n",
+            "claim guard missing (first use of the app, a fresh Redis, or one that lost its data): the next claim sets it and waits one TTL; on first use `snowlease guard open` skips the wait\n",
         ),
         ClaimGuard::Closed { opens_in_ms } => {
             let _ = writeln!(
                 out,
-                "claim guard closed: new claims wait another {:.1}s (Redis reset)",
-                opens_in_ms as f64 / 1000.0
+                "claim guard closed: new claims wait another {:.1}s",
+                *opens_in_ms as f64 / 1000.0
             );
         }
+        ClaimGuard::PerId(summary) => render_summary(&mut out, summary),
         ClaimGuard::Unreadable => {
             out.push_str("claim guard unreadable: the next claim resets it\n");
         }

@@ -3,6 +3,8 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
+mod claim_script;
 /// `--version`, `--help`, completions and the man page.
 mod cli;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
@@ -49,6 +51,8 @@ mod status;
 mod topologies;
 /// Worker mode: claim, publish, release, re-adoption, bad input.
 mod worker;
+/// Worker mode on Redis Cluster: per-ID guards, a killed primary, a migration, an empty shard.
+mod worker_cluster;
 /// Worker mode under faults: SIGKILL, SIGSTOP, Redis restart, overwrites.
 mod worker_faults;
 /// Worker stop: every key of ours removed; logs that say what is true; renew-interval floor.

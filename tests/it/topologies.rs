@@ -9,7 +9,7 @@ use crate::connection::{acquire_over_http, pool_serve};
 use crate::harness::*;
 
 /// `/id` of each sidecar: the published worker ID, None when it answers anything but 200.
-fn published(addrs: &[SocketAddr]) -> Vec<Option<u32>> {
+pub(crate) fn published(addrs: &[SocketAddr]) -> Vec<Option<u32>> {
     addrs
         .iter()
         .map(|addr| {
@@ -27,7 +27,10 @@ fn published(addrs: &[SocketAddr]) -> Vec<Option<u32>> {
 /// Samples `/id` of every sidecar every 20 ms while `during` runs. Panics when two
 /// sidecars publish one ID in the same sample; returns each sidecar's longest stretch
 /// without a published ID.
-fn sample_through<T>(addrs: &[SocketAddr], during: impl FnOnce() -> T) -> (T, Vec<Duration>) {
+pub(crate) fn sample_through<T>(
+    addrs: &[SocketAddr],
+    during: impl FnOnce() -> T,
+) -> (T, Vec<Duration>) {
     let stop = AtomicBool::new(false);
     let (out, samples) = thread::scope(|s| {
         let sampler = s.spawn(|| {
