@@ -173,8 +173,9 @@ pub async fn claim_pairs<C: ConnectionLike>(
 /// that already holds our owner string (docs/worker.md, "Claim").
 ///
 /// One server (`cluster` false): one `claim.lua` call with every pair, all
-/// naming the app guard: one round trip. Cluster: one `MGET` of every lease
-/// key (redis-rs splits it by slot) finds our own key and the free ones;
+/// naming the app guard: one round trip. Cluster: one pipeline of a
+/// single-key `MGET` per lease key (`conn` must send each to its slot's
+/// node, as `connection::Redis` does) finds our own key and the free ones;
 /// then `claim.lua` runs on one (lease key, per-ID guard) pair per call,
 /// free IDs in ID order, until one is taken. A free ID behind a closed
 /// guard (its shard lost data) does not stop the walk: IDs on shards that
@@ -197,10 +198,20 @@ pub async fn claim_lowest<C: ConnectionLike>(
     if !cluster {
         return claim_pairs(conn, &pairs, owner, ttl).await;
     }
-    let values: Vec<Option<String>> = redis::cmd("MGET")
-        .arg(pairs.iter().map(|(k, _)| k).collect::<Vec<_>>())
-        .query_async(conn)
-        .await?;
+    // One single-key MGET per ID, pipelined: `connection::Redis` sends them
+    // all at once, each to its slot's node (a multi-slot MGET, split by
+    // redis-rs, failed with a result-count mismatch during a failover).
+    // MGET, unlike GET, answers nil for a key of another type.
+    let mut pipe = redis::pipe();
+    for (key, _) in &pairs {
+        pipe.cmd("MGET").arg(key);
+    }
+    let values: Vec<Option<String>> = pipe
+        .query_async::<Vec<(Option<String>,)>>(conn)
+        .await?
+        .into_iter()
+        .map(|(v,)| v)
+        .collect();
     let mut calls = 1;
     let ours = values
         .iter()

@@ -38,7 +38,7 @@ pub struct WorkerMetrics {
     /// Keys re-created by the renew script after Redis lost them.
     pub reacquisitions: Counter,
     /// Claim attempts by outcome: claimed, adopted, full (every ID held),
-    /// paused (claim guard closed after a Redis reset), evicting (Redis may
+    /// paused (the claim guard of every free ID is closed), evicting (Redis may
     /// evict keys, see [`crate::eviction`]), error.
     pub claim_attempts: Family<Outcome, Counter>,
 }
@@ -64,7 +64,7 @@ impl WorkerMetrics {
         );
         r.register(
             "claim_guard_opens_timestamp_seconds",
-            "Unix time when the app's closed claim guard lets claims in; 0 while not waiting on it",
+            "Unix time when the closed claim guard (on Cluster: the soonest of the free IDs' guards) lets claims in; 0 while not waiting on it",
             self.claim_guard_opens.clone(),
         );
         r.register(

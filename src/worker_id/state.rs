@@ -20,8 +20,9 @@ pub enum WorkerState {
     /// re-adopted. Not published over HTTP, but the ID file may stay until
     /// that instant so a sidecar restart does not stop the app.
     Readopting(BootInstant),
-    /// Claims are held back by the app's claim guard (fresh Redis, or one
-    /// that lost its data) until about this instant.
+    /// Claims are held back by the claim guard (on Cluster: the guards of
+    /// every free ID) until about this instant: first use, or Redis (a
+    /// shard) lost its data.
     GuardClosed(BootInstant),
     /// A lease confirmed by Redis, valid until `valid_until`.
     Held(HeldLease),

@@ -103,7 +103,7 @@ fn slow_release_reply_is_not_reported_as_not_released() {
     assert_eq!(sidecar.count_log("lease not released"), 0);
 }
 
-/// A claim guard that exists and is closed (set by an earlier claim after a reset) is not
+/// A claim guard that exists and is closed (set by an earlier claim) is not
 /// reported as missing; the log says it is closed.
 #[test]
 fn closed_claim_guard_is_not_reported_missing() {
@@ -119,6 +119,48 @@ fn closed_claim_guard_is_not_reported_missing() {
     assert!(sidecar.wait_for_log("claim guard closed", secs(5)));
     sidecar.wait_for_lease(secs(5));
     assert_eq!(sidecar.count_log("no claim guard"), 0);
+}
+
+/// A missing claim guard is explained as far as Redis can tell (issue 12 item 1): keys of
+/// another app under the prefix mean first use of this app on a Redis that kept its data; no
+/// key under the prefix means a fresh Redis or one that lost its data. Both name `guard open`;
+/// a second sidecar that finds the guard closed waits at INFO without either wording.
+#[test]
+fn missing_guard_log_tells_first_use_from_data_loss() {
+    let redis = RedisServer::start();
+    let fresh = Sidecar::worker(&redis, "orders").spawn();
+    let warning = fresh
+        .wait_for_event("no claim guard", secs(5))
+        .expect("missing guard logged");
+    let text = warning["message"].as_str().unwrap();
+    assert!(
+        text.contains("no key under the prefix: a fresh Redis or one that lost its data"),
+        "{text}"
+    );
+    assert!(text.contains("snowlease guard open --app orders"), "{text}");
+    assert_eq!(warning["level"], "WARN");
+
+    let second = Sidecar::worker(&redis, "orders").spawn();
+    let info = second
+        .wait_for_event("claim guard closed", secs(5))
+        .expect("closed guard logged");
+    assert_eq!(info["level"], "INFO", "{info}");
+    assert_eq!(second.count_log("lost its data"), 0);
+    assert_eq!(second.count_log("no claim guard"), 0);
+
+    let billing = Sidecar::worker(&redis, "billing").spawn();
+    let warning = billing
+        .wait_for_event("no claim guard", secs(5))
+        .expect("missing guard logged");
+    let text = warning["message"].as_str().unwrap();
+    assert!(
+        text.contains("first use of app billing on this Redis (keys of other apps exist, so Redis kept its data)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("snowlease guard open --app billing"),
+        "{text}"
+    );
 }
 
 /// `--renew-interval` below 100 ms exits 2 naming the flag and its range; Redis is not touched.
