@@ -28,6 +28,9 @@
 //!   ~2.3 s (Sentinel) / ~2.0-2.4 s (Cluster). At most 2 topologies run at once
 //!   ([`TopologyPermit`], env `SNOWLEASE_MAX_TOPOLOGIES`) so 8 test threads on 2 cores do not
 //!   starve nodes into false failovers; a test holds one topology at a time.
+//! - `harness/sampling.rs`: [`published`] (`/id` of many sidecars at once) and
+//!   [`sample_through`] (sample them every 20 ms through a fault; no ID twice at once; the
+//!   longest stretch each went without an ID).
 //! - `harness/process.rs`: [`stop_process`] (SIGSTOP that waits until stopped), `/proc`
 //!   readers, [`run_snowlease`] (run the binary to completion, with a deadline),
 //!   [`pid1_tests_can_run`] (PID 1 tests fail without `unshare --pid`, unless
@@ -47,6 +50,7 @@
 mod process;
 mod proxy;
 mod redis_server;
+mod sampling;
 mod sidecar;
 mod topology;
 
@@ -60,6 +64,7 @@ pub use nix::sys::signal::Signal;
 pub use process::*;
 pub use proxy::*;
 pub use redis_server::*;
+pub use sampling::*;
 pub use sidecar::*;
 pub use topology::*;
 

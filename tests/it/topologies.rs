@@ -1,79 +1,9 @@
 //! Every mode on Sentinel and Cluster, on real topologies from the harness (issue 10).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread;
-use std::time::{Duration, Instant};
 
 use crate::connection::{acquire_over_http, pool_serve};
 use crate::harness::*;
-
-/// `/id` of each sidecar: the published worker ID, None when it answers anything but 200.
-pub(crate) fn published(addrs: &[SocketAddr]) -> Vec<Option<u32>> {
-    addrs
-        .iter()
-        .map(|addr| {
-            let reply = ureq::get(&format!("http://{addr}/id"))
-                .set("Accept", "application/json")
-                .timeout(ms(300))
-                .call()
-                .ok()?;
-            let body: serde_json::Value = reply.into_json().ok()?;
-            body["worker_id"].as_u64().map(|id| id as u32)
-        })
-        .collect()
-}
-
-/// Samples `/id` of every sidecar every 20 ms while `during` runs. Panics when two
-/// sidecars publish one ID in the same sample; returns each sidecar's longest stretch
-/// without a published ID.
-pub(crate) fn sample_through<T>(
-    addrs: &[SocketAddr],
-    during: impl FnOnce() -> T,
-) -> (T, Vec<Duration>) {
-    let stop = AtomicBool::new(false);
-    let (out, samples) = thread::scope(|s| {
-        let sampler = s.spawn(|| {
-            let mut samples = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                samples.push((Instant::now(), published(addrs)));
-                thread::sleep(POLL_INTERVAL);
-            }
-            samples
-        });
-        let out = during();
-        // Go on until every sidecar publishes again (bounded), so the gaps are whole.
-        poll_until(secs(30), || published(addrs).iter().all(Option::is_some));
-        stop.store(true, Ordering::Relaxed);
-        (out, sampler.join().unwrap())
-    });
-    let mut gaps = vec![Duration::ZERO; addrs.len()];
-    let mut since: Vec<Option<Instant>> = vec![None; addrs.len()];
-    for (at, ids) in &samples {
-        let mut seen: Vec<u32> = ids.iter().flatten().copied().collect();
-        seen.sort_unstable();
-        assert!(
-            seen.windows(2).all(|w| w[0] != w[1]),
-            "one ID published twice at once: {ids:?}"
-        );
-        for (i, id) in ids.iter().enumerate() {
-            match (id, since[i]) {
-                (None, None) => since[i] = Some(*at),
-                (Some(_), Some(start)) => {
-                    gaps[i] = gaps[i].max(*at - start);
-                    since[i] = None;
-                }
-                _ => {}
-            }
-        }
-    }
-    for (i, start) in since.iter().enumerate() {
-        if let Some(start) = start {
-            gaps[i] = gaps[i].max(samples.last().unwrap().0 - *start);
-        }
-    }
-    (out, gaps)
-}
 
 /// Issue 10: 8 sidecars claim, renew and release through `redis+sentinel://`; through a
 /// planned failover and a killed primary every sidecar keeps or re-gets an ID within a

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use crate::harness::*;
-use crate::topologies::{published, sample_through};
 
 /// GET `key` on the primary that serves it.
 fn cluster_get(topo: &ClusterTopology, key: &str) -> Option<String> {
