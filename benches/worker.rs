@@ -1,70 +1,101 @@
-//! `cargo bench --bench worker`: claim latency against a PING round trip,
-//! start-up of 32 sidecars against one, idle RSS, binary size. Starts its
-//! own redis-server on a free loopback port; prints a table with the goals.
+//! `cargo bench --bench worker`: claim latency against a PING round trip
+//! (standalone and Cluster), start-up of 32 sidecars against one (with their
+//! claim-round counters), the time a Sentinel failover leaves sidecars
+//! without an ID, idle RSS, binary size. Starts its own Redis processes on
+//! free loopback ports through the test harness (`tests/it/harness`);
+//! prints a table with the goals (issues 7 and 10).
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use snowlease::connection::RedisTarget;
 use snowlease::identity::Owner;
 use snowlease::worker_id::claim::{ClaimOutcome, LeaseKeys, claim_lowest};
 
-const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
-const TRIALS: usize = 300;
+// The test harness, shared with the integration tests: its modules sit
+// under tests/it/harness/, which an inline module with this path finds.
+#[path = "../tests/it"]
+#[allow(dead_code, unused_imports)]
+mod it {
+    pub mod harness;
+}
+use it::harness::{
+    ClusterTopology, RedisServer, SentinelTopology, Sidecar, free_port, run_snowlease,
+    sample_through, secs,
+};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-use redis_server::Redis;
+const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
+/// The statically linked build (`scripts/build-static.sh --release`), the
+/// one the image ships and `install` copies; measured when present.
+const STATIC_BIN: &str = "target/static/x86_64-unknown-linux-gnu/release/snowlease";
+const TRIALS: usize = 300;
+const SIDECARS: usize = 32;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
 }
 
-/// Median PING round trip and median claim with `taken` of 32 IDs held.
-async fn claim_latency(url: &str, taken: &[u16]) -> (Duration, Vec<Duration>) {
-    let conn = redis::Client::open(url)
+/// Median PING round trip to the node at `port` (a plain multiplexed
+/// connection, the transport snowlease's handle uses).
+async fn ping_latency(port: u16) -> Duration {
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .unwrap()
-        .get_connection_manager()
+        .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let mut ping_conn = conn.clone();
     let mut pings = Vec::with_capacity(TRIALS);
     for _ in 0..TRIALS {
         let start = Instant::now();
-        let _: String = redis::cmd("PING")
-            .query_async(&mut ping_conn)
-            .await
-            .unwrap();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
         pings.push(start.elapsed());
     }
+    median(pings)
+}
+
+/// Median claim through snowlease's own connection handle with `n` of 32
+/// IDs taken, for each `n` in `taken`; guards open as in an established
+/// deployment.
+async fn claim_latency(url: &str, cluster: bool, taken: &[u16]) -> Vec<Duration> {
+    let mut conn = RedisTarget::parse(url)
+        .unwrap()
+        .connect(Duration::from_secs(5))
+        .unwrap();
     let keys = LeaseKeys::new("snowflake:worker:", "bench");
-    let owner = Owner::generate("bench");
-    let ttl = Duration::from_secs(120);
-    let mut claim_conn = conn.clone();
-    let mut admin = conn;
-    let mut results = Vec::new();
-    for &n in taken {
-        let _: () = redis::cmd("FLUSHDB").query_async(&mut admin).await.unwrap();
-        // An established deployment: the claim guard is open.
+    for guard in keys.guards(31, cluster) {
         let _: () = redis::cmd("SET")
-            .arg("snowflake:worker:bench:guard")
+            .arg(guard)
             .arg(0)
-            .query_async(&mut admin)
+            .query_async(&mut conn)
             .await
             .unwrap();
+    }
+    let owner = Owner::generate("bench");
+    let ttl = Duration::from_secs(120);
+    let mut results = Vec::new();
+    for &n in taken {
+        for id in 0..32u16 {
+            let _: () = redis::cmd("DEL")
+                .arg(keys.id(id))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
         for id in 0..n {
             let _: () = redis::cmd("SET")
-                .arg(format!("snowflake:worker:bench:{id}"))
+                .arg(keys.id(id))
                 .arg("other#0")
-                .query_async(&mut admin)
+                .query_async(&mut conn)
                 .await
                 .unwrap();
         }
         let mut samples = Vec::with_capacity(TRIALS);
         for _ in 0..TRIALS {
             let start = Instant::now();
-            let reply = claim_lowest(&mut claim_conn, &keys, 31, &owner, ttl, false)
+            let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl, cluster)
                 .await
                 .unwrap();
             samples.push(start.elapsed());
@@ -74,33 +105,40 @@ async fn claim_latency(url: &str, taken: &[u16]) -> (Duration, Vec<Duration>) {
                 "lowest free ID"
             );
             let _: () = redis::cmd("DEL")
-                .arg(format!("snowflake:worker:bench:{n}"))
-                .query_async(&mut admin)
+                .arg(keys.id(n))
+                .query_async(&mut conn)
                 .await
                 .unwrap();
         }
         results.push(median(samples));
     }
-    (median(pings), results)
+    results
 }
 
-struct Sidecar {
+/// The Cluster node that holds most of the 32 ID keys of app `bench`.
+fn busiest_node(topo: &ClusterTopology) -> u16 {
+    let keys = LeaseKeys::new("snowflake:worker:", "bench");
+    let mut count: BTreeMap<u16, usize> = BTreeMap::new();
+    for id in 0..32 {
+        *count
+            .entry(topo.owner_of_key(&keys.id(id)).port)
+            .or_default() += 1;
+    }
+    count.into_iter().max_by_key(|(_, n)| *n).unwrap().0
+}
+
+struct Spawned {
     child: Child,
     file: PathBuf,
+    listen: SocketAddr,
 }
 
-fn spawn_sidecar(url: &str, app: &str, dir: &Path, n: usize) -> Sidecar {
+fn spawn_sidecar(bin: &str, url: &str, app: &str, dir: &Path, n: usize) -> Spawned {
     let file = dir.join(format!("worker-id-{n}"));
-    let child = Command::new(BIN)
-        .args([
-            "worker",
-            "--app",
-            app,
-            "--redis-url",
-            url,
-            "--listen",
-            "127.0.0.1:0",
-        ])
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(bin)
+        .args(["worker", "--app", app, "--redis-url", url])
+        .args(["--listen", &listen.to_string()])
         .args(["--ttl", "4s", "--renew-interval", "200ms"])
         .arg("--output-file")
         .arg(&file)
@@ -110,10 +148,14 @@ fn spawn_sidecar(url: &str, app: &str, dir: &Path, n: usize) -> Sidecar {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn snowlease");
-    Sidecar { child, file }
+    Spawned {
+        child,
+        file,
+        listen,
+    }
 }
 
-fn stop(sidecars: Vec<Sidecar>) {
+fn stop(sidecars: Vec<Spawned>) {
     for mut s in sidecars {
         let _ = Command::new("kill")
             .args(["-TERM", &s.child.id().to_string()])
@@ -122,144 +164,273 @@ fn stop(sidecars: Vec<Sidecar>) {
     }
 }
 
-/// Time from spawning `count` sidecars at once until every ID file exists,
-/// and how much of it the bench itself spent spawning them.
-fn startup(url: &str, app: &str, count: usize) -> (Duration, Duration) {
+/// `snowlease_claim_attempts_total` of one sidecar, by outcome.
+fn claim_attempts(listen: SocketAddr) -> BTreeMap<String, u64> {
+    let text = ureq::get(&format!("http://{listen}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("snowlease_claim_attempts_total{outcome=\""))
+        .filter_map(|l| {
+            let (outcome, rest) = l.split_once("\"}")?;
+            Some((outcome.to_owned(), rest.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// One start-up run of `count` sidecars spawned at once.
+struct Startup {
+    /// Spawn of the first to every ID file written.
+    all: Duration,
+    /// Of which the bench spent spawning them.
+    spawning: Duration,
+    /// Claim attempts of all of them, by outcome.
+    attempts: BTreeMap<String, u64>,
+}
+
+fn startup(bin: &str, url: &str, app: &str, count: usize) -> Startup {
     open_claim_guard(url, app);
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let sidecars: Vec<Sidecar> = (0..count)
-        .map(|n| spawn_sidecar(url, app, dir.path(), n))
+    let sidecars: Vec<Spawned> = (0..count)
+        .map(|n| spawn_sidecar(bin, url, app, dir.path(), n))
         .collect();
-    let spawned = start.elapsed();
+    let spawning = start.elapsed();
     let deadline = start + Duration::from_secs(30);
     while !sidecars.iter().all(|s| s.file.exists()) {
         assert!(Instant::now() < deadline, "sidecars did not publish");
         std::thread::sleep(Duration::from_micros(500));
     }
-    let elapsed = start.elapsed();
+    let all = start.elapsed();
+    let mut attempts = BTreeMap::new();
+    for s in &sidecars {
+        for (outcome, n) in claim_attempts(s.listen) {
+            *attempts.entry(outcome).or_default() += n;
+        }
+    }
     stop(sidecars);
-    (elapsed, spawned)
+    Startup {
+        all,
+        spawning,
+        attempts,
+    }
 }
 
-/// Opens the app's claim guard as an established deployment has it, so the
-/// first claim does not wait one TTL.
+/// Opens the app's claim guard(s) with the binary, as a new deployment does.
 fn open_claim_guard(url: &str, app: &str) {
-    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(format!("snowflake:worker:{app}:guard"))
-        .arg(0)
-        .query(&mut conn)
-        .unwrap();
+    let run = run_snowlease(
+        &["guard", "open", "--app", app, "--redis-url", url],
+        &[],
+        secs(20),
+    );
+    assert_eq!(run.code, Some(0), "guard open: {run:?}");
 }
 
-/// VmRSS of a holding sidecar after at least 10 renewals, in KiB.
-fn idle_rss(url: &str) -> u64 {
-    open_claim_guard(url, "rss");
+/// Memory of a holding sidecar after >= 10 renewals: (VmRSS, RssAnon) in KiB.
+fn idle_rss(bin: &str, url: &str, app: &str) -> (u64, u64) {
+    open_claim_guard(url, app);
     let dir = tempfile::tempdir().unwrap();
-    let sidecar = spawn_sidecar(url, "rss", dir.path(), 0);
-    // 10 renewals at 200 ms: wait 2.5 s after the ID is published.
+    let sidecar = spawn_sidecar(bin, url, app, dir.path(), 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !sidecar.file.exists() {
         assert!(Instant::now() < deadline, "no ID published");
         std::thread::sleep(Duration::from_millis(10));
     }
+    // 10 renewals at 200 ms.
     std::thread::sleep(Duration::from_millis(2500));
     let status = std::fs::read_to_string(format!("/proc/{}/status", sidecar.child.id())).unwrap();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let rss = (field("VmRSS:"), field("RssAnon:"));
     stop(vec![sidecar]);
     rss
 }
 
+/// Longest time any of 8 sidecars went without a published ID through a
+/// planned Sentinel failover and through a killed primary.
+fn sentinel_failover_gaps() -> (Duration, Duration) {
+    let mut topo = SentinelTopology::start();
+    let url = topo.url();
+    open_claim_guard(&url, "failover");
+    let sidecars: Vec<Sidecar> = (0..8)
+        .map(|i| {
+            Sidecar::worker_at(&url, "failover")
+                .name(format!("worker {i}"))
+                .flag("--ttl", "4s")
+                .flag("--renew-interval", "1s")
+                .spawn()
+        })
+        .collect();
+    for s in &sidecars {
+        s.wait_for_lease(secs(20));
+    }
+    let addrs: Vec<SocketAddr> = sidecars.iter().map(Sidecar::http_addr).collect();
+    let ((), planned) = sample_through(&addrs, || {
+        topo.failover();
+    });
+    let ((), killed) = sample_through(&addrs, || {
+        topo.kill_primary();
+    });
+    let longest = |gaps: Vec<Duration>| gaps.into_iter().max().unwrap_or_default();
+    (longest(planned), longest(killed))
+}
+
+fn row(measure: &str, value: String, ratio: String, goal: &str) {
+    println!("{measure:<52} {value:>12} {ratio:>10} {goal:>8}");
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
+}
+
 fn main() {
-    let redis = Redis::start();
-    let url = redis.url();
+    let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let (ping, claims) = runtime.block_on(claim_latency(&url, &[0, 16, 31]));
+    let taken = [0, 16, 31];
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let ping = runtime.block_on(ping_latency(redis.port()));
+    let claims = runtime.block_on(claim_latency(&url, false, &taken));
 
-    // Median of 5 runs each, apps apart so runs never see each other's keys.
-    let one = median(
-        (0..5)
-            .map(|r| startup(&url, &format!("one{r}"), 1).0)
-            .collect(),
-    );
-    let runs: Vec<(Duration, Duration)> = (0..5)
-        .map(|r| startup(&url, &format!("all{r}"), 32))
+    let (cluster_ping, cluster_claims) = {
+        let topo = ClusterTopology::start_primaries_only();
+        let ping = runtime.block_on(ping_latency(busiest_node(&topo)));
+        (
+            ping,
+            runtime.block_on(claim_latency(&topo.url(), true, &taken)),
+        )
+    };
+
+    let bins: Vec<(&str, &str)> = [("dynamic", BIN), ("static", STATIC_BIN)]
+        .into_iter()
+        .filter(|(_, bin)| Path::new(bin).exists())
         .collect();
-    let all = median(runs.iter().map(|r| r.0).collect());
-    let spawning = median(runs.iter().map(|r| r.1).collect());
-    let rss_kib = idle_rss(&url);
-    let size = std::fs::metadata(BIN).map(|m| m.len()).unwrap_or(0);
+    let mut startups = Vec::new();
+    for (name, bin) in &bins {
+        // Medians of 5 runs each, apps apart so runs never see each other's keys.
+        let one = median(
+            (0..5)
+                .map(|r| startup(bin, &url, &format!("one{name}{r}"), 1).all)
+                .collect(),
+        );
+        let runs: Vec<Startup> = (0..5)
+            .map(|r| startup(bin, &url, &format!("all{name}{r}"), SIDECARS))
+            .collect();
+        let rss = idle_rss(bin, &url, &format!("rss{name}"));
+        let size = std::fs::metadata(bin).map(|m| m.len()).unwrap_or(0);
+        startups.push((name, one, runs, rss, size));
+    }
+    let (planned, killed) = sentinel_failover_gaps();
 
     println!("snowlease worker benchmark (medians; redis-server on loopback)");
-    println!(
-        "{:<44} {:>12} {:>10} {:>8}",
-        "measure", "value", "ratio", "goal"
-    );
-    println!(
-        "{:<44} {:>10.1}us {:>10} {:>8}",
-        "PING round trip",
-        us(ping),
-        "1.00x",
-        "-"
-    );
-    for (taken, claim) in [0, 16, 31].iter().zip(&claims) {
-        println!(
-            "{:<44} {:>10.1}us {:>9.2}x {:>8}",
-            format!("claim with {taken} of 32 IDs taken"),
+    row("measure", "value".into(), "ratio".into(), "goal");
+    let us = |d: Duration| format!("{:.1}us", d.as_secs_f64() * 1e6);
+    let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1e3);
+    row("standalone: PING round trip", us(ping), "1.00x".into(), "-");
+    for (n, claim) in taken.iter().zip(&claims) {
+        let goal = if *n == 31 { "<= 2x" } else { "-" };
+        row(
+            &format!("standalone: claim with {n} of 32 IDs taken (1 call)"),
             us(*claim),
-            claim.as_secs_f64() / ping.as_secs_f64(),
-            "<= 3x"
+            ratio(*claim, ping),
+            goal,
         );
     }
-    println!(
-        "{:<44} {:>10.1}ms {:>10} {:>8}",
-        "1 sidecar: spawn to published",
-        ms(one),
-        "1.00x",
-        "-"
-    );
-    println!(
-        "{:<44} {:>10.1}ms {:>9.2}x {:>8}",
-        "32 sidecars at once: spawn to all published",
-        ms(all),
-        all.as_secs_f64() / one.as_secs_f64(),
-        "<= 3x"
-    );
-    println!(
-        "{:<44} {:>10.1}ms {:>10} {:>8}",
-        "  of which the bench spent spawning them",
-        ms(spawning),
+    row(
+        "cluster 3 primaries: PING to the busiest node",
+        us(cluster_ping),
+        "1.00x".into(),
         "-",
-        "-"
     );
-    println!(
-        "{:<44} {:>10.2}MiB {:>10} {:>8}",
-        "idle RSS after >= 10 renewals",
-        rss_kib as f64 / 1024.0,
+    for (n, claim) in taken.iter().zip(&cluster_claims) {
+        let goal = if *n == 31 { "<= 3x" } else { "-" };
+        row(
+            &format!("cluster: claim with {n} of 32 IDs taken (read + 1 call)"),
+            us(*claim),
+            ratio(*claim, cluster_ping),
+            goal,
+        );
+    }
+    for (name, one, runs, (rss, anon), size) in &startups {
+        let all = median(runs.iter().map(|r| r.all).collect());
+        let spawning = median(runs.iter().map(|r| r.spawning).collect());
+        let after_spawn = median(runs.iter().map(|r| r.all - r.spawning).collect());
+        row(
+            &format!("{name}: 1 sidecar, spawn to published"),
+            ms(*one),
+            "1.00x".into(),
+            "-",
+        );
+        row(
+            &format!("{name}: {SIDECARS} sidecars at once, spawn to all published"),
+            ms(all),
+            ratio(all, *one),
+            "-",
+        );
+        row(
+            &format!("{name}:   last spawn to all published"),
+            ms(after_spawn),
+            ratio(after_spawn, *one),
+            "<= 3x",
+        );
+        row(
+            &format!("{name}:   of which the bench spent spawning"),
+            ms(spawning),
+            "-".into(),
+            "-",
+        );
+        for (r, run) in runs.iter().enumerate() {
+            let counts: Vec<String> = run
+                .attempts
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(o, n)| format!("{o}={n}"))
+                .collect();
+            println!(
+                "  {name} run {r}: claim rounds of {SIDECARS} sidecars: {}",
+                counts.join(" ")
+            );
+        }
+        row(
+            &format!("{name}: idle RSS after >= 10 renewals"),
+            format!("{:.2}MiB", *rss as f64 / 1024.0),
+            "-".into(),
+            "<= 4MiB",
+        );
+        row(
+            &format!("{name}:   of which anonymous (heap, stacks)"),
+            format!("{:.2}MiB", *anon as f64 / 1024.0),
+            "-".into(),
+            "-",
+        );
+        row(
+            &format!("{name}: binary size"),
+            format!("{:.2}MiB", *size as f64 / 1048576.0),
+            "-".into(),
+            "-",
+        );
+    }
+    row(
+        "sentinel: 8 sidecars, longest without ID, planned failover",
+        ms(planned),
+        "-".into(),
         "-",
-        "<= 8MiB"
     );
-    println!(
-        "{:<44} {:>10.2}MiB {:>10} {:>8}",
-        "binary size (bench profile = release)",
-        size as f64 / 1048576.0,
+    row(
+        "sentinel: 8 sidecars, longest without ID, killed primary",
+        ms(killed),
+        "-".into(),
         "-",
-        "-"
     );
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    println!("total bench time {:.1}s", started.elapsed().as_secs_f64());
 }
