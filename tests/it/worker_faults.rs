@@ -173,7 +173,9 @@ fn freeze_holder_past_ttl(old_max_id: &str) -> Freeze {
         .name("new")
         .flag("--identity", "10.0.0.1")
         .flag("--max-worker-id", "0")
-        .flag("--ttl", "3s")
+        // Long enough that its key outlives the freeze below even on a loaded machine
+        // (with 3 s it expired once while frozen for 4.9 s, and the test blamed the old one).
+        .flag("--ttl", "10s")
         .spawn();
     let stop = AtomicBool::new(false);
     let samples = thread::scope(|scope| {
