@@ -71,3 +71,41 @@ fn unacknowledged_renewals_unpublish_by_the_deadline() {
     let again = sidecar.wait_for_lease(secs(15));
     assert_eq!(again.worker_id, lease.worker_id);
 }
+
+/// On a Cluster `WAIT` names no key; the handle routes it to the primary of the key's slot.
+/// With that shard's replica stopped, `WAIT 1` after a write to the key answers 0 (another
+/// shard's primary, whose replica runs, would answer 1), for keys on every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wait_goes_to_the_primary_of_the_key() {
+    let cluster = ClusterTopology::start();
+    let target = snowlease::connection::RedisTarget::parse(&cluster.url()).unwrap();
+    let mut conn = target.connect(secs(2)).unwrap();
+    // One key per shard.
+    let mut keys: Vec<(String, ClusterNode)> = Vec::new();
+    for id in 0..64 {
+        let key = worker_key(APP, id);
+        let owner = cluster.owner_of_key(&key);
+        if !keys.iter().any(|(_, n)| n.port == owner.port) {
+            keys.push((key, owner));
+        }
+    }
+    assert_eq!(keys.len(), 3, "a key on each of the 3 shards");
+    for (key, owner) in &keys {
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg("x");
+        set.query_async::<()>(&mut conn).await.unwrap();
+        let acked = conn.wait_replicas(key, 1, ms(1000)).await.unwrap();
+        assert_eq!(acked, 1, "{key}: its replica runs");
+        let replica = cluster.replicas_of(&owner.id)[0].port;
+        cluster.server(replica).pause();
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg("y");
+        set.query_async::<()>(&mut conn).await.unwrap();
+        let acked = conn.wait_replicas(key, 1, ms(300)).await.unwrap();
+        cluster.server(replica).resume();
+        assert_eq!(
+            acked, 0,
+            "{key}: WAIT ran on the primary whose replica is stopped"
+        );
+    }
+}
