@@ -391,7 +391,11 @@ fn apply(
             return None;
         }
         Kind::Failover => {
-            redis.topology().failover();
+            let topo = redis.topology();
+            topo.failover();
+            // The old primary turns replica some 8 s later; a failover asked for before that
+            // finds the Sentinels mid-reconfiguration. Let the topology settle first.
+            topo.wait_replicas_in_sync();
             return None;
         }
         Kind::KillPrimary => {
