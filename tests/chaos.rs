@@ -396,6 +396,7 @@ fn apply(
             // The old primary turns replica some 8 s later; a failover asked for before that
             // finds the Sentinels mid-reconfiguration. Let the topology settle first.
             topo.wait_replicas_in_sync();
+            settle(topo);
             return None;
         }
         Kind::KillPrimary => {
@@ -403,6 +404,7 @@ fn apply(
             let (old, _) = topo.kill_primary();
             thread::sleep(ms(rng.random_range(0..1500)));
             topo.restart_as_replica(old);
+            settle(topo);
             return None;
         }
         Kind::Blackhole => hold(slot, Mode::Blackhole, rng.random_range(300..4000)),
@@ -429,6 +431,15 @@ fn apply(
         }
     }
     Some(target)
+}
+
+/// After a failover: every Sentinel sees the nodes again, and the Sentinels' own pause
+/// between failovers of one master (twice `failover-timeout`, 4 s) has passed, so the next
+/// failover fault starts on a settled topology (the long run once timed out in the harness
+/// when a primary was killed 6 s after the previous failover).
+fn settle(topo: &SentinelTopology) {
+    topo.wait_sentinels_ready();
+    thread::sleep(ms(4000));
 }
 
 fn hold(slot: &Slot, mode: Mode, for_ms: u64) {
