@@ -318,12 +318,29 @@ fn run(setup: Setup, run_secs: u64) {
 
     let mut faults = Vec::new();
     let deadline = start + secs(run_secs);
+    let mut harness_failure = None;
     while Instant::now() < deadline {
         let kinds = setup.kinds();
         let kind = kinds[rng.random_range(0..kinds.len())];
         let target = rng.random_range(0..SIDECARS);
         let start_us = elapsed_us(start);
-        let target = apply(kind, target, &mut slots, &mut redis, &mut rng);
+        // A harness wait that times out (e.g. Sentinels that never agree) ends the faults but
+        // not the run: the history so far is still checked and printed, then the run fails.
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            apply(kind, target, &mut slots, &mut redis, &mut rng)
+        }));
+        let target = match applied {
+            Ok(target) => target,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                harness_failure = Some(format!("{kind} fault #{}: {why}", faults.len()));
+                break;
+            }
+        };
         faults.push(Fault {
             kind,
             target,
@@ -342,6 +359,11 @@ fn run(setup: Setup, run_secs: u64) {
     let verdict = report(seed, min_acks, &samples, &faults, elapsed_us(start));
     drop(slots);
     verdict.unwrap_or_else(|why| panic!("chaos (seed {seed}): {why}"));
+    if let Some(failure) = harness_failure {
+        panic!(
+            "chaos (seed {seed}): the harness failed during the {failure}; history up to it checked above"
+        );
+    }
 }
 
 fn elapsed_us(start: Instant) -> u64 {
