@@ -294,7 +294,7 @@ impl<C: Reconnects + Send> Worker<C> {
                         self.skew_ms
                     );
                     self.set_state(WorkerState::ClockSkewed(self.skew_ms));
-                    backoff = (backoff * 2).min(cap);
+                    backoff.grow();
                 }
                 Ok(Ok(Round::Held(held))) if !self.acknowledged(&held).await => {
                     WorkerMetrics::count(&self.metrics.claim_attempts, "unacknowledged");
@@ -307,7 +307,7 @@ impl<C: Reconnects + Send> Worker<C> {
                         "claim not acknowledged by {} replica(s)",
                         self.params.min_replicas_ack
                     );
-                    backoff = (backoff * 2).min(cap);
+                    backoff.grow();
                 }
                 Ok(Ok(Round::Held(held))) => {
                     info!(worker_id = held.worker_id, owner = %held.owner.redacted(), "lease acquired");
