@@ -17,9 +17,25 @@ pub struct Outcome {
 
 /// Every `outcome` of `snowlease_renewals_total` (`unconfirmed`: the node that ran it is no
 /// longer the Sentinel primary).
-pub const RENEW_OUTCOMES: [&str; 5] = ["renewed", "recreated", "lost", "failed", "unconfirmed"];
+pub const RENEW_OUTCOMES: [&str; 6] = [
+    "renewed",
+    "recreated",
+    "lost",
+    "failed",
+    "unconfirmed",
+    "unacknowledged",
+];
 /// Every `outcome` of `snowlease_claim_attempts_total`.
-pub const CLAIM_OUTCOMES: [&str; 6] = ["claimed", "adopted", "full", "paused", "evicting", "error"];
+pub const CLAIM_OUTCOMES: [&str; 8] = [
+    "claimed",
+    "adopted",
+    "full",
+    "paused",
+    "evicting",
+    "error",
+    "unacknowledged",
+    "clock_skew",
+];
 
 /// Counters and gauges of one worker sidecar.
 #[derive(Debug, Default)]
