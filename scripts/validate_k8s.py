@@ -59,6 +59,7 @@ KNOWN_METRICS = {
     "snowlease_reacquisitions_total",
     "snowlease_claim_attempts_total",
     "snowlease_claim_guard_opens_timestamp_seconds",
+    "snowlease_clock_skew_seconds",
 }
 RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
 GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset", "labels"}

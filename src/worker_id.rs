@@ -93,6 +93,8 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         on_loss: config.on_loss,
         claim_timeout: config.claim_timeout,
         allow_evicting_redis: config.allow_evicting_redis,
+        min_replicas_ack: config.min_replicas_ack,
+        max_clock_skew: config.max_clock_skew,
     };
     if config.allow_evicting_redis {
         warn!(

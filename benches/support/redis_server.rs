@@ -12,11 +12,23 @@ pub struct Redis {
 
 impl Redis {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A replica of the server on `primary_port` (`--replicaof`); the caller
+    /// waits until it is linked.
+    #[allow(dead_code)]
+    pub fn start_replica_of(primary_port: u16) -> Self {
+        Self::start_with(&["--replicaof", "127.0.0.1", &primary_port.to_string()])
+    }
+
+    fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())

@@ -23,6 +23,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::{TcpSettings, socket2};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
@@ -102,6 +103,9 @@ enum Conn {
 enum Req<'a> {
     One(&'a Cmd),
     Many(&'a Pipeline, usize, usize),
+    /// A command without keys that must run on the primary of `key`'s
+    /// slot (Cluster); elsewhere the same as `One`.
+    OnKeyNode(&'a Cmd, &'a str),
 }
 
 enum Reply {
@@ -290,6 +294,34 @@ impl Redis {
         }
     }
 
+    /// `WAIT replicas timeout` on the node that holds `key` (on a Cluster
+    /// the primary of its slot; `WAIT` names no key, so it is routed by
+    /// hand): how many replicas acknowledged every write this connection
+    /// made before. `timeout` is Redis' own limit, at least 1 ms (0 would
+    /// block forever); keep it below the call timeout. A `WAIT` that ran on
+    /// another connection than this clone's last call (a reconnect in
+    /// between) proves nothing about that call's write: it counts 0.
+    ///
+    /// Errors: as any call (e.g. `NOPERM` without `+wait`).
+    pub async fn wait_replicas(
+        &mut self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<u32> {
+        let wrote_on = self.ran_on;
+        let timeout_ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(timeout_ms);
+        let Reply::One(value) = self.call(Req::OnKeyNode(&wait, key)).await? else {
+            unreachable!("one command, one reply")
+        };
+        let acked: u32 = redis::from_redis_value(value.extract_error()?)?;
+        Ok(if self.ran_on == wrote_on { acked } else { 0 })
+    }
+
     /// One request: wait for a live connection (its own timeout), then the
     /// command (its own timeout).
     async fn call(&mut self, req: Req<'_>) -> RedisResult<Reply> {
@@ -344,6 +376,13 @@ pub trait Reconnects: ConnectionLike {
     fn confirm_primary(&mut self) -> impl Future<Output = bool> + Send;
     /// See [`Redis::is_cluster`].
     fn is_cluster(&self) -> impl Future<Output = RedisResult<bool>> + Send;
+    /// See [`Redis::wait_replicas`].
+    fn wait_replicas(
+        &mut self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> impl Future<Output = RedisResult<u32>> + Send;
 }
 
 impl Reconnects for Redis {
@@ -357,6 +396,15 @@ impl Reconnects for Redis {
 
     fn is_cluster(&self) -> impl Future<Output = RedisResult<bool>> + Send {
         Redis::is_cluster(self)
+    }
+
+    fn wait_replicas(
+        &mut self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> impl Future<Output = RedisResult<u32>> + Send {
+        Redis::wait_replicas(self, key, replicas, timeout)
     }
 }
 
@@ -662,8 +710,13 @@ type Sending<'a> = Pin<Box<dyn Future<Output = RedisResult<Reply>> + Send + 'a>>
 impl Conn {
     fn send<'a>(&'a mut self, req: Req<'a>) -> Sending<'a> {
         match (self, req) {
-            (Conn::Node(c), Req::One(cmd)) => {
+            (Conn::Node(c), Req::One(cmd) | Req::OnKeyNode(cmd, _)) => {
                 Box::pin(async move { c.req_packed_command(cmd).await.map(Reply::One) })
+            }
+            (Conn::Cluster(c), Req::OnKeyNode(cmd, key)) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                Box::pin(async move { c.route_command(cmd.clone(), routing).await.map(Reply::One) })
             }
             (Conn::Cluster(c), Req::One(cmd)) => {
                 Box::pin(async move { c.req_packed_command(cmd).await.map(Reply::One) })

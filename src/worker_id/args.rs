@@ -133,6 +133,14 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_HANDOVER_DELAY", default_value = "1s", value_parser = parse_duration)]
     pub handover_delay: Duration,
 
+    /// Publish a claimed or renewed ID only once this many replicas acknowledged the write (`WAIT`), 0-16; 0: do not wait. Needs `+wait` in the ACL when >= 1.
+    #[arg(long, env = "SNOWLEASE_MIN_REPLICAS_ACK", default_value_t = 0)]
+    pub min_replicas_ack: u32,
+
+    /// Largest difference between this node's wall clock and Redis' TIME (10ms-60s) at which a newly claimed ID is published.
+    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = "500ms", value_parser = parse_duration)]
+    pub max_clock_skew: Duration,
+
     /// `--allow-evicting-redis`.
     #[command(flatten)]
     pub eviction: EvictionArgs,
@@ -167,7 +175,17 @@ pub struct WorkerConfig {
     /// (docs/worker.md, "ID handover": a generator that gets the ID next must not
     /// mint in a millisecond the previous holder may have used).
     pub handover_delay: Duration,
+    /// Replicas that must acknowledge each claim and renew before the ID
+    /// is published or stays published (`WAIT`), 0-16 (README
+    /// "Guarantees": a failover to an acknowledging replica keeps the key).
+    pub min_replicas_ack: u32,
+    /// Largest |wall clock - Redis TIME| at which a newly claimed ID is
+    /// published, 10 ms-60 s (README "ID handover").
+    pub max_clock_skew: Duration,
 }
+
+/// Largest `--min-replicas-ack`: more replicas than any sane deployment.
+pub const MIN_REPLICAS_ACK_LIMIT: u32 = 16;
 
 /// The lease parameters the worker loop needs, nothing else.
 #[derive(Debug, Clone)]
@@ -248,6 +266,21 @@ impl WorkerArgs {
             Duration::from_millis(100),
             Duration::from_secs(60),
         )?;
+        if self.min_replicas_ack > MIN_REPLICAS_ACK_LIMIT {
+            return Err(ConfigError::new(
+                "--min-replicas-ack",
+                format!(
+                    "{} is outside 0-{MIN_REPLICAS_ACK_LIMIT}",
+                    self.min_replicas_ack
+                ),
+            ));
+        }
+        check_range(
+            "--max-clock-skew",
+            self.max_clock_skew,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+        )?;
         if self.output_file.file_name().is_none() {
             return Err(ConfigError::new("--output-file", "must name a file"));
         }
@@ -268,6 +301,8 @@ impl WorkerArgs {
             claim_timeout: self.claim_timeout,
             allow_evicting_redis: self.eviction.allow_evicting_redis,
             handover_delay: self.handover_delay,
+            min_replicas_ack: self.min_replicas_ack,
+            max_clock_skew: self.max_clock_skew,
         })
     }
 }
@@ -393,7 +428,11 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_their_flag() {
-        let cases: [(&[&str], &str); 5] = [
+        let cases: [(&[&str], &str); 9] = [
+            (&["--min-replicas-ack", "17"], "--min-replicas-ack"),
+            (&["--max-clock-skew", "9ms"], "--max-clock-skew"),
+            (&["--max-clock-skew", "61s"], "--max-clock-skew"),
+            (&["--handover-delay", "99ms"], "--handover-delay"),
             (&["--ttl", "0s"], "--ttl"),
             (&["--max-worker-id", "1024"], "--max-worker-id"),
             (&["--app", "a:b"], "--app"),

@@ -61,6 +61,12 @@ pub struct WorkerParams {
     pub claim_timeout: Duration,
     /// Hold leases even on a Redis that may evict keys (`--allow-evicting-redis`).
     pub allow_evicting_redis: bool,
+    /// Replicas that must acknowledge a claim or renew (`WAIT`) before it
+    /// counts, 0-16 (`--min-replicas-ack`); 0: none.
+    pub min_replicas_ack: u32,
+    /// Largest |wall clock - Redis TIME| at which a newly claimed ID is
+    /// published (`--max-clock-skew`).
+    pub max_clock_skew: Duration,
 }
 
 impl Default for WorkerParams {
@@ -71,6 +77,8 @@ impl Default for WorkerParams {
             on_loss: OnLoss::Reclaim,
             claim_timeout: Duration::from_secs(300),
             allow_evicting_redis: false,
+            min_replicas_ack: 0,
+            max_clock_skew: Duration::from_millis(500),
         }
     }
 }
@@ -103,6 +111,10 @@ pub struct Worker<C> {
     state: watch::Sender<WorkerState>,
     /// The last eviction check found Redis safe.
     found_safe: bool,
+    /// Clock skew (ms, local - Redis) seen at the last claim or renew reply.
+    skew_ms: i64,
+    /// When a skew beyond the bound was last logged (rate limit).
+    skew_logged: Option<Instant>,
 }
 
 enum HoldEnd {
@@ -157,6 +169,8 @@ impl<C: Reconnects + Send> Worker<C> {
             metrics,
             state,
             found_safe: false,
+            skew_ms: 0,
+            skew_logged: None,
         };
         (worker, receiver)
     }
@@ -272,6 +286,29 @@ impl<C: Reconnects + Send> Worker<C> {
                     );
                     detail = "claim not confirmed on the primary the Sentinels name".into();
                 }
+                // The key stays ours: the next round re-adopts it.
+                Ok(Ok(Round::Held(_))) if self.skew_exceeded() => {
+                    WorkerMetrics::count(&self.metrics.claim_attempts, "clock_skew");
+                    detail = format!(
+                        "clock skew {} ms to Redis' TIME is beyond --max-clock-skew",
+                        self.skew_ms
+                    );
+                    self.set_state(WorkerState::ClockSkewed(self.skew_ms));
+                    backoff.grow();
+                }
+                Ok(Ok(Round::Held(held))) if !self.acknowledged(&held).await => {
+                    WorkerMetrics::count(&self.metrics.claim_attempts, "unacknowledged");
+                    warn!(
+                        worker_id = held.worker_id,
+                        replicas = self.params.min_replicas_ack,
+                        "claim not acknowledged by enough replicas in time; claiming again"
+                    );
+                    detail = format!(
+                        "claim not acknowledged by {} replica(s)",
+                        self.params.min_replicas_ack
+                    );
+                    backoff.grow();
+                }
                 Ok(Ok(Round::Held(held))) => {
                     info!(worker_id = held.worker_id, owner = %held.owner.redacted(), "lease acquired");
                     return Ok(held);
@@ -341,9 +378,19 @@ impl<C: Reconnects + Send> Worker<C> {
     async fn probe(&mut self) -> redis::RedisResult<()> {
         let key = self.keys().probe(self.owner.nonce());
         let conn = &mut self.conn;
+        let wait = self.params.min_replicas_ack > 0;
         let steps = async {
             claim::load(conn).await?;
-            lease::probe(conn, &key, &self.owner).await
+            lease::probe(conn, &key, &self.owner).await?;
+            if wait {
+                // WAIT 0: answers at once; only the ACL is checked.
+                conn.wait_replicas(&key, 0, Duration::from_millis(1))
+                    .await
+                    .map_err(lease::step(
+                        "WAIT refused (needs +wait for --min-replicas-ack)",
+                    ))?;
+            }
+            Ok(())
         };
         // Each round trip has its own call timeout (the connection's); this
         // only bounds the whole (issue 8.4: 7 round trips never fit one).
@@ -410,6 +457,7 @@ impl<C: Reconnects + Send> Worker<C> {
         )
         .await
         .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;
+        self.observe_skew(sent, reply.expires_ms);
         for index in reply.wrong_type {
             if warned.insert(index) {
                 let key = self
@@ -450,6 +498,7 @@ impl<C: Reconnects + Send> Worker<C> {
             lease::renew(&mut self.conn, &key, &owner, self.params.settings.ttl, 0),
         )
         .await?;
+        self.observe_skew(sent, reply.expires_ms);
         if reply.outcome == RenewOutcome::Extended {
             WorkerMetrics::count(&self.metrics.claim_attempts, "adopted");
             info!(
@@ -624,6 +673,68 @@ impl<C: Reconnects + Send> Worker<C> {
         }
     }
 
+    /// Whether `--min-replicas-ack` replicas acknowledged the last write
+    /// on the key of `lease` (`WAIT`, README "Guarantees"); true when none
+    /// are asked for. Redis waits at most half the call timeout (the
+    /// client's own limit must not cut it off) and never past `lease`'s
+    /// validity deadline: a lease about to end is not worth waiting for.
+    async fn acknowledged(&mut self, lease: &HeldLease) -> bool {
+        let replicas = self.params.min_replicas_ack;
+        if replicas == 0 {
+            return true;
+        }
+        let limit = (self.params.settings.call_timeout() / 2).min(lease.remaining());
+        if limit < Duration::from_millis(1) {
+            return false;
+        }
+        let key = self.keys().id(lease.worker_id);
+        let call = self.conn.wait_replicas(&key, replicas, limit);
+        match bounded(self.params.settings.call_timeout(), call).await {
+            Ok(acked) => acked >= replicas,
+            Err(err) => {
+                warn!(error = %err, "WAIT for replica acknowledgement failed");
+                false
+            }
+        }
+    }
+
+    /// Records the skew between this node's wall clock and Redis' TIME from
+    /// a claim or renew sent at `sent` whose script answered `expires_ms`
+    /// (TIME + TTL; 0: no TIME in the reply): local time at the middle of
+    /// the round trip minus Redis time. Sets the gauge; logs a skew beyond
+    /// `--max-clock-skew` at most every 30 s.
+    fn observe_skew(&mut self, sent: BootInstant, expires_ms: u64) {
+        if expires_ms == 0 {
+            return;
+        }
+        let round_trip = sent.elapsed();
+        let mid = SystemTime::now() - round_trip / 2;
+        let redis_ms = expires_ms.saturating_sub(lease::ttl_ms(self.params.settings.ttl));
+        let skew_ms = i64::try_from(lease::unix_ms(mid)).unwrap_or(i64::MAX)
+            - i64::try_from(redis_ms).unwrap_or(i64::MAX);
+        self.skew_ms = skew_ms;
+        self.metrics.clock_skew.set(skew_ms as f64 / 1000.0);
+        if self.skew_exceeded()
+            && self
+                .skew_logged
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(30))
+        {
+            self.skew_logged = Some(Instant::now());
+            warn!(
+                skew_ms,
+                max_ms = u64::try_from(self.params.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
+                round_trip_ms = u64::try_from(round_trip.as_millis()).unwrap_or(u64::MAX),
+                "wall clock differs from Redis' TIME beyond --max-clock-skew; a held ID stays published, a new one is not"
+            );
+        }
+    }
+
+    /// The last skew seen is beyond `--max-clock-skew`.
+    fn skew_exceeded(&self) -> bool {
+        self.skew_ms.unsigned_abs()
+            > u64::try_from(self.params.max_clock_skew.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// One renew round: the script, retried `retries` times with doubling
     /// backoff, never sent after the validity deadline.
     async fn renew_round(&mut self, held: &HeldLease) -> RenewRound {
@@ -646,6 +757,9 @@ impl<C: Reconnects + Send> Worker<C> {
                 ),
             )
             .await;
+            if let Ok(reply) = &reply {
+                self.observe_skew(sent, reply.expires_ms);
+            }
             match reply.map(|r| (r.outcome, r.expires_ms)) {
                 // Sentinel: only a renewal on the primary they name counts.
                 Ok((RenewOutcome::Extended | RenewOutcome::Recreated, _))
@@ -656,6 +770,18 @@ impl<C: Reconnects + Send> Worker<C> {
                         worker_id = held.worker_id,
                         attempt,
                         "renewal not confirmed on the primary the Sentinels name; retrying"
+                    );
+                }
+                // Never extend validity from a write a failover may lose.
+                Ok((RenewOutcome::Extended | RenewOutcome::Recreated, _))
+                    if !self.acknowledged(held).await =>
+                {
+                    WorkerMetrics::count(&self.metrics.renewals, "unacknowledged");
+                    warn!(
+                        worker_id = held.worker_id,
+                        attempt,
+                        replicas = self.params.min_replicas_ack,
+                        "renewal not acknowledged by enough replicas in time; retrying"
                     );
                 }
                 Ok((RenewOutcome::Extended, expires_ms)) => {

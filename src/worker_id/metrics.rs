@@ -6,6 +6,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// The `outcome` label of the counters below; a closed set of values.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -16,9 +17,25 @@ pub struct Outcome {
 
 /// Every `outcome` of `snowlease_renewals_total` (`unconfirmed`: the node that ran it is no
 /// longer the Sentinel primary).
-pub const RENEW_OUTCOMES: [&str; 5] = ["renewed", "recreated", "lost", "failed", "unconfirmed"];
+pub const RENEW_OUTCOMES: [&str; 6] = [
+    "renewed",
+    "recreated",
+    "lost",
+    "failed",
+    "unconfirmed",
+    "unacknowledged",
+];
 /// Every `outcome` of `snowlease_claim_attempts_total`.
-pub const CLAIM_OUTCOMES: [&str; 6] = ["claimed", "adopted", "full", "paused", "evicting", "error"];
+pub const CLAIM_OUTCOMES: [&str; 8] = [
+    "claimed",
+    "adopted",
+    "full",
+    "paused",
+    "evicting",
+    "error",
+    "unacknowledged",
+    "clock_skew",
+];
 
 /// Counters and gauges of one worker sidecar.
 #[derive(Debug, Default)]
@@ -31,7 +48,11 @@ pub struct WorkerMetrics {
     pub worker_ids: Gauge,
     /// Unix time (s) at which the closed claim guard opens; 0 otherwise.
     pub claim_guard_opens: Gauge,
-    /// Renew attempts by outcome: renewed, recreated, lost, failed.
+    /// This node's wall clock minus Redis' TIME (s, signed), from the last
+    /// claim or renew reply, half the round trip allowed for; 0 before one.
+    pub clock_skew: Gauge<f64, AtomicU64>,
+    /// Renew attempts by outcome: renewed, recreated, lost, failed,
+    /// unconfirmed (Sentinel), unacknowledged (`--min-replicas-ack`).
     pub renewals: Family<Outcome, Counter>,
     /// Leases lost (other owner, or validity deadline passed unconfirmed).
     pub leases_lost: Counter,
@@ -39,7 +60,8 @@ pub struct WorkerMetrics {
     pub reacquisitions: Counter,
     /// Claim attempts by outcome: claimed, adopted, full (every ID held),
     /// paused (the claim guard of every free ID is closed), evicting (Redis may
-    /// evict keys, see [`crate::eviction`]), error.
+    /// evict keys, see [`crate::eviction`]), error, unacknowledged (too few
+    /// replicas, `--min-replicas-ack`), clock_skew (`--max-clock-skew`).
     pub claim_attempts: Family<Outcome, Counter>,
 }
 
@@ -66,6 +88,11 @@ impl WorkerMetrics {
             "claim_guard_opens_timestamp_seconds",
             "Unix time when the closed claim guard (on Cluster: the soonest of the free IDs' guards) lets claims in; 0 while not waiting on it",
             self.claim_guard_opens.clone(),
+        );
+        r.register(
+            "clock_skew_seconds",
+            "This node's wall clock minus Redis' TIME at the last claim or renew, half the round trip allowed for",
+            self.clock_skew.clone(),
         );
         r.register(
             "renewals",

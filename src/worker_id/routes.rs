@@ -71,12 +71,17 @@ fn wants_text(headers: &HeaderMap) -> bool {
 }
 
 /// `{"state": ...}` of an unpublished ID, with `opens_in_ms` while the
-/// claim guard holds claims back.
+/// claim guard holds claims back, `clock_skew_ms` while the clock check
+/// does.
 fn unpublished(state: &WorkerState) -> serde_json::Value {
     match state {
         WorkerState::GuardClosed(opens_at) => json!({
             "state": state_name(state),
             "opens_in_ms": u64::try_from(opens_at.remaining().as_millis()).unwrap_or(u64::MAX),
+        }),
+        WorkerState::ClockSkewed(skew_ms) => json!({
+            "state": state_name(state),
+            "clock_skew_ms": skew_ms,
         }),
         _ => json!({ "state": state_name(state) }),
     }
@@ -86,6 +91,7 @@ fn state_name(state: &WorkerState) -> &'static str {
     match state {
         WorkerState::Claiming => "claiming",
         WorkerState::GuardClosed(_) => "guard_closed",
+        WorkerState::ClockSkewed(_) => "clock_skew",
         WorkerState::Readopting(_) => "readopting",
         WorkerState::Held(_) => "expired",
         WorkerState::Lost => "lost",

@@ -24,6 +24,10 @@ pub enum WorkerState {
     /// every free ID) until about this instant: first use, or Redis (a
     /// shard) lost its data.
     GuardClosed(BootInstant),
+    /// An ID was claimed (the key is ours) but is not published: this
+    /// node's wall clock differs from Redis' TIME by this many ms (local -
+    /// Redis), beyond `--max-clock-skew`. Claims go on until it is back.
+    ClockSkewed(i64),
     /// A lease confirmed by Redis, valid until `valid_until`.
     Held(HeldLease),
     /// The lease was lost; about to reclaim or exit.

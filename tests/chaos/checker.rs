@@ -74,6 +74,15 @@ pub struct Overlap {
     pub b: Interval,
 }
 
+/// Whether `overlap` began (the later of its two intervals started) during a failover or
+/// within `window_us` after one ended; `failovers` are (start, end) in µs.
+pub fn follows_failover(overlap: &Overlap, failovers: &[(u64, u64)], window_us: u64) -> bool {
+    let began = overlap.a.start_us.max(overlap.b.start_us);
+    failovers
+        .iter()
+        .any(|&(start, end)| start <= began && began <= end + window_us)
+}
+
 /// A sidecar whose ID file named an ID while `/id` said "none" for two samples or more in a
 /// row (one sample is the allowed lag between the answer and the file being removed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

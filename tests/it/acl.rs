@@ -5,7 +5,7 @@ use crate::harness::*;
 
 /// Worker mode, as documented: scripts by SHA (loaded at start), the commands the scripts
 /// call, only the app's lease keys.
-const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +mget +set +pexpire +del +time +info +scan";
+const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +mget +set +pexpire +del +time +info +scan +wait";
 
 /// `status`, as documented: read-only key access, three read commands.
 const STATUS_RULES: &str =
@@ -130,6 +130,65 @@ fn worker_without_info_fails_at_start() {
     let log = sidecar.log_lines().join("\n");
     assert!(log.contains("needs +info"), "names the command: {log}");
     assert_eq!(redis.dbsize(), 0, "nothing written");
+}
+
+/// `--min-replicas-ack 1` on a primary with one replica: the documented rule (with `+wait`)
+/// covers the WAIT after the claim and each renew; Redis denies nothing and the ID is published.
+#[test]
+fn worker_with_min_replicas_ack_runs_with_the_minimal_acl() {
+    let redis = RedisServer::start();
+    let _replica = RedisServer::start_with(RedisOptions {
+        args: vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            redis.port().to_string(),
+        ],
+        name: "replica".into(),
+        ..RedisOptions::default()
+    });
+    assert!(
+        poll_until(secs(10), || redis
+            .info_field("replication", "connected_slaves")
+            == Some("1".into())),
+        "replica linked"
+    );
+    let url = acl_user(&redis, "snowlease", WORKER_RULES);
+    let sidecar = Sidecar::worker_at(&url, "orders")
+        .flag("--min-replicas-ack", "1")
+        .spawn();
+    sidecar.wait_for_lease(secs(10));
+    assert!(poll_until(secs(5), || sidecar
+        .metric("snowlease_renewals_total{outcome=\"renewed\"}")
+        .unwrap_or(0.0)
+        >= 2.0));
+    assert!(
+        redis.command_calls("wait") >= 3,
+        "WAIT after claim and renews"
+    );
+    assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
+}
+
+/// A user without `+wait` and `--min-replicas-ack 1`: the start-up probe's WAIT is refused,
+/// exit 1 naming `+wait`, before any ID is claimed. Without the flag the same user runs.
+#[test]
+fn worker_without_wait_fails_at_start_with_min_replicas_ack() {
+    let redis = RedisServer::start();
+    let rules = WORKER_RULES.replace(" +wait", "");
+    let url = acl_user(&redis, "nowait", &rules);
+    let mut sidecar = Sidecar::worker_at(&url, "orders")
+        .flag("--min-replicas-ack", "1")
+        .spawn();
+    let status = sidecar.wait_exit(secs(5)).expect("exits at start");
+    assert_eq!(status.code(), Some(1));
+    let log = sidecar.log_lines().join("\n");
+    assert!(log.contains("needs +wait"), "names the command: {log}");
+    assert_eq!(
+        redis.keys("snowflake:worker:orders:[0-9]*"),
+        Vec::<String>::new()
+    );
+    Sidecar::worker_at(&url, "orders")
+        .spawn()
+        .wait_for_lease(secs(10));
 }
 
 /// `status` works with read-only key access (`%R~`), and that user cannot write a lease key.

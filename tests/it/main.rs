@@ -7,6 +7,8 @@ mod acl;
 mod claim_script;
 /// `--version`, `--help`, completions and the man page.
 mod cli;
+/// `--max-clock-skew` under libfaketime: a new ID waits for the clock, a held one stays.
+mod clock_skew;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
 /// Links in README.md and docs/, and the alerts' runbook_url, name files and headings that exist.
@@ -43,6 +45,8 @@ mod pool_quarantine;
 mod pool_rules;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;
+/// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.
+mod replica_ack;
 /// The statically linked binary runs `exec` and `id` in a bare root folder.
 mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.

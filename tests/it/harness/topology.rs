@@ -342,19 +342,29 @@ impl SentinelTopology {
     /// The old primary still runs as a primary then (see [`Self::wait_replicas_in_sync`]).
     pub fn failover(&self) -> usize {
         let old = self.primary_index();
+        let old_port = self.addr_port(old);
         let cmd = self.sentinel_cmd("FAILOVER");
-        let mut last_err = String::new();
-        let asked = poll_until(TOPOLOGY_TIMEOUT, || {
-            let s = self.running_sentinels().next().expect("a running sentinel");
-            match try_query::<String>(s.port(), &cmd) {
-                Ok(_) => true,
-                Err(e) => {
-                    last_err = e.to_string();
-                    false
+        // A failover the Sentinels abort (a replica slow to report its promotion on a loaded
+        // machine: `-failover-abort-slave-timeout`) is not retried by them: ask again.
+        for _ in 0..3 {
+            let mut last_err = String::new();
+            let asked = poll_until(TOPOLOGY_TIMEOUT, || {
+                let s = self.running_sentinels().next().expect("a running sentinel");
+                match try_query::<String>(s.port(), &cmd) {
+                    Ok(_) => true,
+                    Err(e) => {
+                        last_err = e.to_string();
+                        false
+                    }
                 }
+            });
+            assert!(asked, "SENTINEL FAILOVER refused: {last_err}");
+            if poll_until(secs(10), || {
+                self.primary_addr().is_some_and(|a| a.port() != old_port)
+            }) {
+                break;
             }
-        });
-        assert!(asked, "SENTINEL FAILOVER refused: {last_err}");
+        }
         self.wait_new_primary(old)
     }
 
