@@ -134,6 +134,35 @@ impl Jobs {
     }
 }
 
+/// A holder dropped by its test is SIGKILLed, and a SIGKILLed `lock` leaves its command
+/// running (docs/lock.md): end every job that wrote its PID, so none outlives the test.
+impl Drop for Jobs {
+    fn drop(&mut self) {
+        let Ok(entries) = fs::read_dir(self.0.path()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let pid = fs::read_to_string(entry.path())
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok());
+            // Only a job of this test: its PID may have gone to another process since.
+            let ours = pid.is_some_and(|pid| {
+                fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                    let dir = format!("DIR={}", self.0.path().display());
+                    env.split(|b| *b == 0).any(|var| var == dir.as_bytes())
+                })
+            });
+            if let (true, true, Some(pid)) = (
+                entry.path().extension().is_some_and(|e| e == "pid"),
+                ours,
+                pid,
+            ) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
 fn process_exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
