@@ -28,9 +28,15 @@
 //!   ~2.3 s (Sentinel) / ~2.0-2.4 s (Cluster). At most 2 topologies run at once
 //!   ([`TopologyPermit`], env `SNOWLEASE_MAX_TOPOLOGIES`) so 8 test threads on 2 cores do not
 //!   starve nodes into false failovers; a test holds one topology at a time.
+//! - `harness/deployment.rs`: [`Topo`] and [`Deployment`], one Redis of any topology for the
+//!   worker scenarios written once (`scenarios.rs`): the sidecar's URL, `guard open`, keys
+//!   read and overwritten on the node that serves them ([`Keyspace`], also implemented by
+//!   [`RedisServer`]), `SCRIPT FLUSH` on every node. Sentinel and Cluster are shared by the
+//!   tests running at the same time (one start, killed after the last).
 //! - `harness/sampling.rs`: [`published`] (`/id` of many sidecars at once) and
 //!   [`sample_through`] (sample them every 20 ms through a fault; no ID twice at once; the
-//!   longest stretch each went without an ID).
+//!   longest stretch each went without an ID); [`sample_ids`] (one thread per sidecar, send
+//!   and receive times, for paused sidecars) and [`assert_never_published_together`].
 //! - `harness/process.rs`: [`stop_process`] (SIGSTOP that waits until stopped), `/proc`
 //!   readers, [`run_snowlease`] (run the binary to completion, with a deadline),
 //!   [`pid1_tests_can_run`] (PID 1 tests fail without `unshare --pid`, unless
@@ -47,6 +53,7 @@
 // Each test module uses a different part of this API.
 #![allow(dead_code)]
 
+mod deployment;
 mod process;
 mod proxy;
 mod redis_server;
@@ -60,6 +67,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use deployment::*;
 pub use nix::sys::signal::Signal;
 pub use process::*;
 pub use proxy::*;

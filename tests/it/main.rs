@@ -23,7 +23,7 @@ mod examples;
 mod exec;
 /// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
 mod first_use;
-/// ID handover (tombstone at release) and a claim whose reply was lost.
+/// A claim whose reply was lost is adopted (the handover tombstone: `scenarios`).
 mod handover;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
 mod harness;
@@ -47,17 +47,19 @@ mod pool_rules;
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.
 mod replica_ack;
+/// Worker scenarios written once, run on standalone, Sentinel and Cluster (33 on 32 IDs, signals).
+mod scenarios;
 /// The statically linked binary runs `exec` and `id` in a bare root folder.
 mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
 /// Every mode on Sentinel and Cluster topologies: failovers, bad topology input.
 mod topologies;
-/// Worker mode: claim, publish, release, re-adoption, bad input.
+/// Worker mode on standalone: publishing, files, logs, guard open, bad input.
 mod worker;
 /// Worker mode on Redis Cluster: per-ID guards, a killed primary, a migration, an empty shard.
 mod worker_cluster;
-/// Worker mode under faults: SIGKILL, SIGSTOP, Redis restart, overwrites.
+/// Worker mode under Redis faults: restart empty, paused, down at SIGTERM; --on-loss exit.
 mod worker_faults;
 /// Worker stop: every key of ours removed; logs that say what is true; renew-interval floor.
 mod worker_stop;

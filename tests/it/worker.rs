@@ -1,6 +1,7 @@
-//! Worker mode on a healthy Redis: claim, publish, release, re-adoption, bad input.
+//! Worker mode on a healthy standalone Redis: what a holder publishes, files, logs, `guard
+//! open`, bad input. Scenarios that run on every topology (33 sidecars on 32 IDs, SIGTERM,
+//! SIGKILL, SIGSTOP, overwritten key, SCRIPT FLUSH, restart re-adoption) are in `scenarios`.
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use crate::harness::*;
 
 /// Checks everything a holding sidecar publishes against Redis: `/id`, the ID file, the state
 /// file and the lease key agree. Returns the `/id` reply.
-pub fn assert_published(redis: &RedisServer, sidecar: &Sidecar, app: &str) -> IdReply {
+pub fn assert_published(redis: &impl Keyspace, sidecar: &Sidecar, app: &str) -> IdReply {
     let lease = sidecar.wait_for_lease(secs(15));
     assert_eq!(lease.app, app);
     let key = worker_key(app, lease.worker_id);
@@ -38,7 +39,7 @@ pub fn assert_published(redis: &RedisServer, sidecar: &Sidecar, app: &str) -> Id
 }
 
 /// Asserts the owner string is `<identity>#<16 hex digits>`.
-fn assert_owner_format(owner: &str, identity: &str) {
+pub fn assert_owner_format(owner: &str, identity: &str) {
     let nonce = owner
         .strip_prefix(identity)
         .and_then(|r| r.strip_prefix('#'))
@@ -149,139 +150,12 @@ fn key_prefix_and_env_twins() {
     );
 }
 
-/// 33 sidecars on 32 IDs: 32 distinct IDs agreeing with Redis; the 33rd stays unready and
-/// unpublished, says all 32 are held, and takes the ID freed by a SIGTERM.
-#[test]
-fn thirty_three_sidecars_share_thirty_two_ids() {
-    let app = "crowd";
-    let redis = RedisServer::start();
-    let spawn = |i: usize| {
-        Sidecar::worker(&redis, app)
-            .name(format!("sidecar {i}"))
-            .flag("--identity", format!("10.1.0.{i}"))
-            .flag("--ttl", "3s")
-            .flag("--renew-interval", "1s")
-            .flag("--max-worker-id", "31")
-            .spawn()
-    };
-    let mut holders: Vec<Sidecar> = (0..32).map(spawn).collect();
-    let mut ids = BTreeSet::new();
-    let mut leases = Vec::new();
-    for (i, s) in holders.iter().enumerate() {
-        let lease = assert_published(&redis, s, app);
-        assert_owner_format(&lease.owner, &format!("10.1.0.{i}"));
-        assert!(ids.insert(lease.worker_id), "ID {} twice", lease.worker_id);
-        leases.push(lease);
-    }
-    assert_eq!(ids, (0..=31).collect::<BTreeSet<u32>>());
-    assert_eq!(
-        redis.keys(&format!("{PREFIX}{app}:*")).len(),
-        32 + 1,
-        "32 leases and the guard"
-    );
-
-    let mut last = spawn(32);
-    let full = last
-        .wait_for_event("all worker IDs are held", secs(15))
-        .expect("the 33rd sidecar logs that all IDs are held");
-    assert_eq!(full["count"], 32, "count field of {full}: 32 IDs exist");
-    assert!(
-        !full["holders"].as_str().unwrap_or_default().is_empty(),
-        "holders named in {full}"
-    );
-    // It stays unpublished for a while (several claim rounds).
-    let started = Instant::now();
-    while started.elapsed() < secs(2) {
-        assert_eq!(last.readyz(), 503);
-        assert_eq!(last.get_id().0, 503);
-        assert!(!last.output_file().exists(), "33rd must publish no file");
-        thread::sleep(ms(100));
-    }
-
-    // SIGTERM the holder of ID 17; the 33rd takes exactly that ID.
-    let idx = leases.iter().position(|l| l.worker_id == 17).unwrap();
-    holders[idx].signal(Signal::SIGTERM);
-    let status = holders[idx].wait_exit(secs(2)).expect("exit within 2 s");
-    assert_eq!(status.code(), Some(0));
-    let lease = last.wait_for_lease(secs(20));
-    assert_eq!(lease.worker_id, 17);
-    let lease = assert_published(&redis, &last, app);
-    assert_eq!(lease.worker_id, 17);
-    // Everybody else still holds their own ID.
-    for (s, l) in holders
-        .iter()
-        .zip(&leases)
-        .filter(|(_, l)| l.worker_id != 17)
-    {
-        assert_eq!(
-            s.id().map(|r| r.worker_id),
-            Some(l.worker_id),
-            "{}",
-            s.name()
-        );
-    }
-    assert!(last.is_running());
-}
-
-/// Shared body of the clean-stop tests: `sig` turns our key into a tombstone (expiring after
-/// the default 1 s handover delay), removes both files, exits 0 within 2 s.
-fn clean_stop(sig: Signal) {
-    let redis = RedisServer::start();
-    let mut sidecar = Sidecar::worker(&redis, "orders").spawn();
-    let lease = assert_published(&redis, &sidecar, "orders");
-    let key = worker_key("orders", lease.worker_id);
-
-    sidecar.signal(sig);
-    let t = Instant::now();
-    let status = sidecar.wait_exit(secs(2)).expect("exit within 2 s");
-    assert_eq!(status.code(), Some(0), "clean stop after {:?}", t.elapsed());
-    let (value, pttl) = redis.get_with_pttl(&key);
-    assert_eq!(
-        value,
-        Some(format!("released:{}", lease.owner)),
-        "key {key} must be a tombstone after {sig}"
-    );
-    assert!((1..=1000).contains(&pttl), "tombstone PTTL {pttl}");
-    assert!(!sidecar.output_file().exists(), "ID file must be removed");
-    assert!(!sidecar.state_file().exists(), "state file must be removed");
-    assert!(sidecar.count_log("released") > 0, "release is logged");
-}
-
-/// SIGTERM: key left as a tombstone, files removed, exit 0 within 2 s.
-#[test]
-fn sigterm_releases_key_and_files() {
-    clean_stop(Signal::SIGTERM);
-}
-
-/// SIGINT: key left as a tombstone, files removed, exit 0 within 2 s.
+/// SIGINT: key left as a tombstone, files removed, exit 0 within 2 s (SIGTERM, the same on
+/// every topology: `scenarios::*::sigterm_releases_key_and_files`).
 #[test]
 fn sigint_releases_key_and_files() {
-    clean_stop(Signal::SIGINT);
-}
-
-/// SIGTERM after someone else overwrote the key: the key is left alone (compare-and-delete),
-/// the file is removed, exit 0 within 2 s.
-#[test]
-fn sigterm_leaves_a_key_that_is_no_longer_ours() {
-    let redis = RedisServer::start();
-    let mut sidecar = Sidecar::worker(&redis, "orders")
-        .flag("--max-worker-id", "0")
-        .flag("--ttl", "3s")
-        .flag("--renew-interval", "1s")
-        .spawn();
-    let lease = assert_published(&redis, &sidecar, "orders");
-    let key = worker_key("orders", lease.worker_id);
-    let _: () = redis.query(redis::cmd("SET").arg(&key).arg("other").arg("KEEPTTL"));
-    sidecar.signal(Signal::SIGTERM);
-    let status = sidecar.wait_exit(secs(2)).expect("exit within 2 s");
-    assert_eq!(status.code(), Some(0));
-    assert_eq!(
-        redis.get(&key).as_deref(),
-        Some("other"),
-        "someone else's key must survive our release"
-    );
-    assert!(!sidecar.output_file().exists());
-    assert!(!sidecar.state_file().exists());
+    let redis = Deployment::start(Topo::Standalone);
+    crate::scenarios::clean_stop(&redis, "sigint", Signal::SIGINT);
 }
 
 /// SIGTERM to the sidecar running as PID 1 of its own PID namespace: clean release, exit 0
@@ -320,82 +194,6 @@ fn sigterm_as_pid_1_releases() {
         "released as a tombstone"
     );
     assert!(!sidecar.output_file().exists());
-}
-
-/// A worker of the restart tests: identity 10.0.0.9, IDs 0-3, and a long TTL (re-adoption must
-/// not depend on the old key expiring).
-fn restart_worker(redis: &RedisServer, pod: &PodDir, name: &str) -> Sidecar {
-    Sidecar::worker(redis, "orders")
-        .name(name)
-        .pod(pod)
-        .flag("--identity", "10.0.0.9")
-        .flag("--max-worker-id", "3")
-        .flag("--ttl", "10s")
-        .flag("--renew-interval", "1s")
-        .spawn()
-}
-
-/// Sidecar restarted in the same pod re-adopts its ID and owner string; a process with the same
-/// identity in another pod folder does not take over that key.
-#[test]
-fn restart_in_same_pod_readopts_other_pod_does_not() {
-    let redis = RedisServer::start();
-    let pod = PodDir::new();
-    let worker = |pod: &PodDir, name: &str| restart_worker(&redis, pod, name);
-    let mut first = worker(&pod, "first");
-    let lease = assert_published(&redis, &first, "orders");
-    first.signal(Signal::SIGKILL);
-    first.wait_exit(secs(2)).expect("SIGKILL ends it");
-    let key = worker_key("orders", lease.worker_id);
-    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
-
-    // Same identity, other pod folder: a new nonce, so the orphaned key is someone else's.
-    let stranger = worker(&PodDir::new(), "stranger");
-    let other = assert_published(&redis, &stranger, "orders");
-    assert_ne!(other.worker_id, lease.worker_id);
-    assert_ne!(other.owner, lease.owner);
-    assert_owner_format(&other.owner, "10.0.0.9");
-    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
-
-    // Same pod folder: the state file leads back to the same ID and owner string.
-    let second = worker(&pod, "second");
-    let again = assert_published(&redis, &second, "orders");
-    assert_eq!(again.worker_id, lease.worker_id, "same ID after restart");
-    assert_eq!(again.owner, lease.owner, "same owner string after restart");
-    assert!(
-        second.wait_for_log("re-adopt", secs(2)),
-        "re-adoption is logged"
-    );
-    assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
-    assert_eq!(
-        redis.keys("*").len(),
-        2 + 1,
-        "no third lease key (plus the guard)"
-    );
-}
-
-/// A state file is no proof: when the recorded key holds another value, the restarted sidecar
-/// claims another ID and leaves that key alone.
-#[test]
-fn restart_does_not_readopt_a_key_taken_by_someone_else() {
-    let redis = RedisServer::start();
-    let pod = PodDir::new();
-    let worker = |name: &str| restart_worker(&redis, &pod, name);
-    let mut first = worker("first");
-    let lease = assert_published(&redis, &first, "orders");
-    first.signal(Signal::SIGKILL);
-    first.wait_exit(secs(2)).expect("SIGKILL ends it");
-    let key = worker_key("orders", lease.worker_id);
-    let _: () = redis.query(redis::cmd("SET").arg(&key).arg("other").arg("KEEPTTL"));
-
-    let second = worker("second");
-    let again = assert_published(&redis, &second, "orders");
-    assert_ne!(again.worker_id, lease.worker_id);
-    assert_ne!(
-        again.owner, lease.owner,
-        "the recorded owner string is dropped"
-    );
-    assert_eq!(redis.get(&key).as_deref(), Some("other"));
 }
 
 /// `publish::write_atomic`: a reader in a tight loop during 1000 rewrites never sees a

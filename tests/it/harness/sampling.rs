@@ -1,13 +1,17 @@
-//! Sampling `/id` of many sidecars through a fault: each sample names the ID every sidecar
-//! publishes at that instant; two sidecars publishing one ID in one sample fail the test.
-//! Used by the topology tests and by `benches/worker.rs` (failover gap).
+//! Sampling `/id` of sidecars through a fault.
+//! - [`published`] / [`sample_through`]: one sampler for many sidecars; each sample names the
+//!   ID every sidecar publishes at that instant; two sidecars publishing one ID in one sample
+//!   fail the test (topology tests).
+//! - [`sample_ids`] / [`assert_never_published_together`]: one sampler thread per sidecar,
+//!   each answer with its send and receive time; two answers with one ID whose request
+//!   intervals overlap fail the test (a paused sidecar answers late, after it resumes).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{POLL_INTERVAL, ms, poll_until, secs};
+use super::{HTTP_TIMEOUT, IdReply, POLL_INTERVAL, Sidecar, ms, poll_until, secs};
 
 /// `/id` of each sidecar: the published worker ID, None when it answers anything but 200.
 pub fn published(addrs: &[SocketAddr]) -> Vec<Option<u32>> {
@@ -71,4 +75,76 @@ pub fn sample_through<T>(addrs: &[SocketAddr], during: impl FnOnce() -> T) -> (T
         }
     }
     (out, gaps)
+}
+
+/// One `GET /id` answer of sidecar number `who`.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub who: usize,
+    pub sent: Instant,
+    pub recv: Instant,
+    pub status: u16,
+    pub worker_id: Option<u32>,
+}
+
+/// Sets the flag on drop, so sampler threads stop even when the test body panics.
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One `GET /id` of `sidecar` (number `who`) with `timeout`.
+pub fn sample_id(who: usize, sidecar: &Sidecar, timeout: Duration) -> Sample {
+    let sent = Instant::now();
+    let (status, body) = sidecar.http_get_within("/id", None, timeout);
+    let recv = Instant::now();
+    let worker_id = (status == 200).then(|| {
+        serde_json::from_str::<IdReply>(&body)
+            .unwrap_or_else(|e| panic!("bad /id body {body:?}: {e}"))
+            .worker_id
+    });
+    Sample {
+        who,
+        sent,
+        recv,
+        status,
+        worker_id,
+    }
+}
+
+/// Samples `GET /id` of `sidecar` every 20 ms until `stop` (or 60 s).
+pub fn sample_ids(who: usize, sidecar: &Sidecar, stop: &AtomicBool) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    let end = Instant::now() + secs(60);
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        let sample = sample_id(who, sidecar, HTTP_TIMEOUT);
+        let sent = sample.sent;
+        samples.push(sample);
+        if let Some(rest) = ms(20).checked_sub(sent.elapsed()) {
+            thread::sleep(rest);
+        }
+    }
+    samples
+}
+
+/// No two sidecars answered 200 with the same ID in overlapping request intervals.
+pub fn assert_never_published_together(samples: &[Sample]) {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.status == 200).collect();
+    for a in &ok {
+        for b in ok
+            .iter()
+            .filter(|b| b.who != a.who && b.worker_id == a.worker_id)
+        {
+            assert!(
+                a.recv < b.sent || b.recv < a.sent,
+                "sidecars {} and {} both answered 200 with ID {:?} at the same time: {a:?} {b:?}",
+                a.who,
+                b.who,
+                a.worker_id
+            );
+        }
+    }
 }
