@@ -429,6 +429,23 @@ fn in_failover(what: &str) -> RedisError {
     std::io::Error::other(format!("{what} (failover in progress?)")).into()
 }
 
+/// A transient error (I/O kind): none of the Sentinels in the URL answers
+/// (`hosts` as `host:port`, never credentials).
+fn no_sentinel_answers(hosts: &[(String, u16)], last: &RedisError) -> RedisError {
+    let hosts: Vec<String> = hosts
+        .iter()
+        .map(|(h, p)| match h.contains(':') {
+            true => format!("[{h}]:{p}"),
+            false => format!("{h}:{p}"),
+        })
+        .collect();
+    std::io::Error::other(format!(
+        "no Sentinel answers ({}): {last}",
+        hosts.join(", ")
+    ))
+    .into()
+}
+
 fn timed_out(limit: Duration) -> RedisError {
     std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -626,6 +643,16 @@ impl Shared {
                 return Err(match self.named_primary(sentinels).await {
                     Err(err) if err.kind() == ErrorKind::MasterNameNotFoundBySentinel => err,
                     _ => in_failover("no node answers as the primary the Sentinels name"),
+                });
+            }
+            // Also when the named primary does not answer: ask the Sentinels
+            // themselves, so that a total outage names them.
+            Err(err) if err.kind() == ErrorKind::Io => {
+                return Err(match self.named_primary(sentinels).await {
+                    Err(asked) if asked.kind() == ErrorKind::Io || asked.is_timeout() => {
+                        no_sentinel_answers(&self.target.hosts, &asked)
+                    }
+                    _ => err,
                 });
             }
             Err(err) => return Err(err),

@@ -306,6 +306,76 @@ fn topology_mismatch_is_named() {
     assert_eq!(redis.dbsize(), 0, "something was written");
 }
 
+/// Issue 10 test 5 for `worker` (which writes keys and files) and `status`: a Sentinel URL
+/// naming a master no Sentinel knows, a Sentinel URL at a plain server and a cluster URL at a
+/// plain server exit 1 (docs/operations.md: a topology that does not match the URL); Sentinels
+/// that are all down exit 3 at `--claim-timeout` (`status`: 1). Each message names the cause,
+/// readiness stays off while the worker runs, and nothing is written: no key, no ID file, no
+/// state file.
+#[test]
+fn worker_refuses_a_topology_that_does_not_match() {
+    let redis = RedisServer::start();
+    let sentinel = Deployment::start(Topo::Sentinel);
+    let (sentinels, _master) = sentinel
+        .url()
+        .rsplit_once('/')
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .unwrap();
+    let plain = format!("127.0.0.1:{}", redis.port());
+    let nobody = format!("127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
+    let cases = [
+        (
+            format!("{sentinels}/nosuchmaster"),
+            1,
+            "no Sentinel knows the master",
+        ),
+        (
+            format!("redis+sentinel://{plain}/mymaster"),
+            1,
+            "does not point to a sentinel",
+        ),
+        (format!("redis+cluster://{plain}"), 1, "not a Cluster node"),
+        (
+            format!("redis+sentinel://{nobody}/mymaster"),
+            3,
+            "no Sentinel answers",
+        ),
+    ];
+    for (url, code, cause) in cases {
+        let mut worker = Sidecar::worker_at(&url, "mismatch")
+            .flag("--claim-timeout", "2s")
+            .spawn();
+        while worker.is_running() {
+            if worker.count_log("http listening") > 0 {
+                assert_ne!(worker.readyz(), 200, "{url}: ready");
+            }
+            std::thread::sleep(ms(50));
+        }
+        let exit = worker.wait_exit(secs(15)).expect("exits");
+        let log = worker.log_lines().join("\n");
+        assert_eq!(exit.code(), Some(code), "{url}: {log}");
+        assert!(
+            log.contains(cause),
+            "{url}: the error names the cause ({cause}): {log}"
+        );
+        assert!(!worker.output_file().exists(), "{url}: ID file written");
+        assert!(!worker.state_file().exists(), "{url}: state file written");
+
+        let status = run_snowlease(
+            &["status", "--app", "mismatch", "--redis-url", &url],
+            &[],
+            secs(20),
+        );
+        assert_eq!(status.code, Some(1), "{url}: {status:?}");
+        assert!(status.stderr.contains(cause), "{url}: {status:?}");
+    }
+    assert_eq!(redis.dbsize(), 0, "a key on the plain server");
+    assert_eq!(
+        sentinel.keys(&format!("{PREFIX}mismatch*")),
+        Vec::<String>::new()
+    );
+}
+
 fn init_pool_fails(url: &str) {
     let init = run_snowlease(
         &["pool", "init", "--pool", "proxies", "--ids", "a"],
