@@ -180,20 +180,25 @@ pub fn clean_stop(redis: &Deployment, app: &str, sig: Signal) {
     );
 }
 
-/// SIGTERM after someone else overwrote the key: the key is left alone (compare-and-delete),
-/// the files are removed, exit 0 within 2 s.
-fn sigterm_leaves_a_key_that_is_no_longer_ours(redis: &Deployment) {
-    let app = "overwritten-then-sigterm";
+/// A holder of the only ID of `app` (TTL 3 s, renewed every 500 ms) whose key someone else
+/// has just overwritten (`SET key other KEEPTTL`): the sidecar, its lease, the key.
+fn holder_of_an_overwritten_key(redis: &Deployment, app: &str) -> (Sidecar, IdReply, String) {
     redis.open_guard(app, 0);
-    let mut sidecar = redis
+    let sidecar = redis
         .worker(app)
         .flag("--max-worker-id", "0")
         .flag("--ttl", "3s")
-        .flag("--renew-interval", "1s")
         .spawn();
     let lease = assert_published(redis, &sidecar, app);
     let key = worker_key(app, lease.worker_id);
     redis.overwrite(&key, "other");
+    (sidecar, lease, key)
+}
+
+/// SIGTERM after someone else overwrote the key: the key is left alone (compare-and-delete),
+/// the files are removed, exit 0 within 2 s.
+fn sigterm_leaves_a_key_that_is_no_longer_ours(redis: &Deployment) {
+    let (mut sidecar, _, key) = holder_of_an_overwritten_key(redis, "overwritten-then-sigterm");
     sidecar.signal(Signal::SIGTERM);
     let status = sidecar.wait_exit(secs(2)).expect("exit within 2 s");
     assert_eq!(status.code(), Some(0));
@@ -441,16 +446,7 @@ fn stopped_holder_reclaims_another_id_after_resume(redis: &Deployment) {
 /// Someone else overwrites the key (`SET key other KEEPTTL`): the sidecar unpublishes at its
 /// next renew and never extends that key.
 fn overwritten_key_is_unpublished_and_never_extended(redis: &Deployment) {
-    let app = "overwritten";
-    redis.open_guard(app, 0);
-    let sidecar = redis
-        .worker(app)
-        .flag("--max-worker-id", "0")
-        .flag("--ttl", "3s")
-        .spawn();
-    let lease = assert_published(redis, &sidecar, app);
-    let key = worker_key(app, lease.worker_id);
-    redis.overwrite(&key, "other");
+    let (sidecar, lease, key) = holder_of_an_overwritten_key(redis, "overwritten");
     let overwritten = Instant::now();
 
     assert!(
