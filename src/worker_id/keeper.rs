@@ -93,6 +93,8 @@ pub struct Stopped {
     pub held: Option<u16>,
     /// Every lease key of the app: a claim that ran while its reply was
     /// lost (SIGTERM or the claim timeout arrived) may hold any of them.
+    /// Empty when no claim round started (Redis never answered, or the URL
+    /// named the wrong topology): then no key can hold our owner string.
     pub keys: Vec<String>,
     /// `Err` for claim timeout, loss with `--on-loss exit`, or a permanent
     /// Redis refusal.
@@ -115,6 +117,9 @@ pub struct Worker<C> {
     skew_ms: i64,
     /// When a skew beyond the bound was last logged (rate limit).
     skew_logged: Option<Instant>,
+    /// A claim round started (a claim, or a re-adopted lease's renewals,
+    /// may have written keys holding our owner string).
+    claim_started: bool,
 }
 
 enum HoldEnd {
@@ -171,6 +176,7 @@ impl<C: Reconnects + Send> Worker<C> {
             found_safe: false,
             skew_ms: 0,
             skew_logged: None,
+            claim_started: false,
         };
         (worker, receiver)
     }
@@ -185,7 +191,10 @@ impl<C: Reconnects + Send> Worker<C> {
         Stopped {
             owner: self.owner.clone(),
             held: result.as_ref().ok().copied().flatten(),
-            keys: self.keys().ids(max),
+            keys: match self.claim_started {
+                true => self.keys().ids(max),
+                false => Vec::new(),
+            },
             result: result.map(drop),
         }
     }
@@ -435,6 +444,7 @@ impl<C: Reconnects + Send> Worker<C> {
         cluster: bool,
         warned: &mut HashSet<usize>,
     ) -> redis::RedisResult<Round> {
+        self.claim_started = true;
         if let Some(rec) = recorded.as_ref() {
             if let Some(held) = self.adopt(rec).await? {
                 return Ok(Round::Held(held));
@@ -843,7 +853,8 @@ async fn bounded<T>(
 /// call on one server, one per hash slot on Cluster. The lease held at the stop (`held`), and a claim that ran while
 /// its reply was lost. The logs say only what is known: a reply that did
 /// not come in time may hide a release that ran. Each key becomes a
-/// tombstone for `handover` (see [`lease::release_keys`]).
+/// tombstone for `handover` (see [`lease::release_keys`]). No keys (no
+/// claim round started): nothing sent, nothing logged.
 pub(crate) async fn release<C>(
     conn: &mut C,
     keys: &[String],
@@ -854,6 +865,9 @@ pub(crate) async fn release<C>(
 ) where
     C: Reconnects + Clone + Send + Sync + 'static,
 {
+    if keys.is_empty() {
+        return;
+    }
     let outcome = timeout(limit, async {
         match conn.is_cluster().await? {
             true => lease::release_keys_by_slot(conn, keys, owner, handover).await,

@@ -310,6 +310,11 @@ fn a_topology_that_does_not_match_is_named() {
             log.contains(cause),
             "{url}: the error names the cause ({cause}): {log}"
         );
+        assert_eq!(
+            worker.count_log("release"),
+            0,
+            "{url}: no claim ran, so no release is tried or logged: {log}"
+        );
         assert!(!worker.output_file().exists(), "{url}: ID file written");
         assert!(!worker.state_file().exists(), "{url}: state file written");
 
