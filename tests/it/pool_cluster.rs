@@ -8,10 +8,11 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
+use serde_json::json;
 use snowlease::pool::PoolKeys;
 
 use crate::harness::*;
-use crate::pool::{self, PoolRedis, dump};
+use crate::pool::{self, PoolRedis, check_invariants, dump, hash, zset};
 
 static SHARED: Mutex<Weak<ClusterTopology>> = Mutex::new(Weak::new());
 
@@ -102,4 +103,120 @@ async fn concurrent_clients_never_share_an_id() {
     let topo = shared_cluster();
     pool::concurrent_clients_never_share_an_id_at(PoolOn::new(&topo, "busy")).await;
     assert_used(&topo, "busy");
+}
+
+/// Two pool names whose slots are served by different primaries.
+fn pools_on_two_primaries(topo: &ClusterTopology) -> (&'static str, &'static str) {
+    let names = [
+        "west", "east", "north", "south", "alpha", "beta", "gamma", "delta",
+    ];
+    let owner = |name: &str| PoolOn::new(topo, name).owner_port();
+    let first = names[0];
+    let second = names[1..]
+        .iter()
+        .find(|n| owner(n) != owner(first))
+        .expect("eight pool names on one primary of three");
+    (first, second)
+}
+
+/// A file of `n` ids `<prefix>-0000`..., one per line.
+fn ids_file(dir: &std::path::Path, prefix: &str, n: usize) -> String {
+    let path = dir.join(format!("{prefix}.txt"));
+    let text: String = (0..n).map(|i| format!("{prefix}-{i:04}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// POSTs `body` to `pool serve`; (status, JSON answer).
+fn post(serve: &Sidecar, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let url = format!("http://{}{path}", serve.http_addr());
+    let (status, reply) = match ureq::post(&url).timeout(secs(5)).send_json(body) {
+        Ok(reply) => (reply.status(), reply),
+        Err(ureq::Error::Status(code, reply)) => (code, reply),
+        Err(e) => panic!("POST {path}: {e}"),
+    };
+    (status, reply.into_json().unwrap_or_default())
+}
+
+/// Issue 10 "Pool mode on Cluster": `pool init` and `pool add` of more ids
+/// than one script call takes (calls of at most 1000, every call on the
+/// pool's one slot) and `pool serve` with two pools on different primaries:
+/// each lease is written on its pool's primary, released over HTTP.
+#[test]
+fn pool_add_batches_and_serve_two_pools_on_different_primaries() {
+    let topo = shared_cluster();
+    let (a, b) = pools_on_two_primaries(&topo);
+    let (on_a, on_b) = (PoolOn::new(&topo, a), PoolOn::new(&topo, b));
+    assert_ne!(on_a.owner_port(), on_b.owner_port());
+    let dir = tempfile::tempdir().unwrap();
+    let url = topo.url();
+    let env = [("REDIS_URL", url.as_str())];
+    let cli = |args: &[&str]| {
+        let run = run_snowlease(args, &env, secs(30));
+        assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
+        serde_json::from_str::<serde_json::Value>(&run.stdout).unwrap()
+    };
+
+    // 1500 ids at init (one init call, one add call), 2500 more by add (three calls).
+    let init = cli(&[
+        "pool",
+        "init",
+        "--pool",
+        a,
+        "--ids-file",
+        &ids_file(dir.path(), "i", 1500),
+    ]);
+    assert_eq!(init["added"], 1500);
+    let added = cli(&[
+        "pool",
+        "add",
+        "--pool",
+        a,
+        "--ids-file",
+        &ids_file(dir.path(), "j", 2500),
+    ]);
+    assert_eq!(added["added"], 2500);
+    assert_eq!(zset(&on_a, &PoolKeys::new(a).ready).len(), 4000);
+    cli(&["pool", "init", "--pool", b, "--ids", "x,y"]);
+
+    let serve = SidecarBuilder::new("pool")
+        .without("--listen")
+        .without("--log-format")
+        .switch("serve")
+        .flag("--listen", "127.0.0.1:0")
+        .flag("--log-format", "json")
+        .flag("--redis-url", &url)
+        .flag("--reap-interval", "200ms")
+        .flag("--pool", format!("{a},{b}"))
+        .name("pool serve")
+        .spawn();
+    assert!(poll_until(secs(15), || serve.readyz() == 200));
+    for (name, on) in [(a, &on_a), (b, &on_b)] {
+        let keys = PoolKeys::new(name);
+        let (status, lease) = post(
+            &serve,
+            &format!("/pools/{name}/leases"),
+            json!({"ttl_ms": 30000}),
+        );
+        assert_eq!(status, 201, "{name}: {lease}");
+        let (id, token) = (
+            lease["id"].as_str().unwrap(),
+            lease["token"].as_str().unwrap(),
+        );
+        assert_eq!(
+            hash(on, &keys.owners).get(id).map(String::as_str),
+            Some(token)
+        );
+        check_invariants(on, &keys);
+        let (status, reply) = post(
+            &serve,
+            &format!("/pools/{name}/leases/{id}/release"),
+            json!({"token": token}),
+        );
+        assert_eq!(status, 200, "{name}: {reply}");
+        assert!(hash(on, &keys.owners).is_empty());
+        check_invariants(on, &keys);
+    }
+    let (status, _) = serve.http_get(&format!("/pools/{b}"), None);
+    assert_eq!(status, 200);
 }
