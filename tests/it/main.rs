@@ -35,6 +35,8 @@ mod lock;
 mod pool;
 /// `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.
 mod pool_cli;
+/// Pool mode on a Redis Cluster: the pool tests there, `pool add`/`pool serve`, a failover.
+mod pool_cluster;
 /// `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
 mod pool_http;
 /// The pool limits table against the scripts: both refuse the same at every boundary.

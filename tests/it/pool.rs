@@ -16,13 +16,50 @@ use tokio::time::Instant;
 
 use crate::harness::{RedisServer, ms, secs};
 
+/// Where a test reads a pool's keys directly, and the URL pool clients
+/// connect through: a private standalone [`RedisServer`] here, or the
+/// Cluster node that owns the pool's slot (`pool_cluster.rs`). The helpers
+/// below take `&impl PoolRedis`, so one test body runs on both.
+pub(crate) trait PoolRedis: Sync {
+    /// A new synchronous connection to the node that holds the pool's keys
+    /// (2 s timeouts).
+    fn node_conn(&self) -> redis::Connection;
+
+    /// The URL given to snowlease's own handle ([`manager`]).
+    fn client_url(&self) -> String;
+
+    /// The `KEYS` pattern [`dump`] compares: every key on a private server.
+    fn dump_pattern(&self) -> String {
+        "*".to_owned()
+    }
+
+    /// Runs one command on [`Self::node_conn`]; panics on an error.
+    fn run<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
+        cmd.query(&mut self.node_conn())
+            .unwrap_or_else(|e| panic!("redis command failed: {e}"))
+    }
+}
+
+impl PoolRedis for RedisServer {
+    fn node_conn(&self) -> redis::Connection {
+        self.conn()
+    }
+
+    fn client_url(&self) -> String {
+        self.url()
+    }
+}
+
 /// Every key: type, whether it expires, full contents. Compared before and
 /// after calls that must change nothing.
 pub(crate) type Dump = BTreeMap<String, String>;
 
-pub(crate) fn dump(redis: &RedisServer) -> Dump {
-    let mut conn = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+pub(crate) fn dump(redis: &impl PoolRedis) -> Dump {
+    let mut conn = redis.node_conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(redis.dump_pattern())
+        .query(&mut conn)
+        .unwrap();
     let mut out = Dump::new();
     for key in keys {
         let ty: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
@@ -47,13 +84,13 @@ pub(crate) fn dump(redis: &RedisServer) -> Dump {
 }
 
 /// Redis TIME in ms.
-pub(crate) fn redis_ms(redis: &RedisServer) -> u64 {
-    let (s, us): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
+pub(crate) fn redis_ms(redis: &impl PoolRedis) -> u64 {
+    let (s, us): (u64, u64) = redis.run(&mut redis::cmd("TIME"));
     s * 1000 + us / 1000
 }
 
 /// Waits (at most 10 s) until Redis time is past `t_ms`.
-pub(crate) async fn until_redis_after(redis: &RedisServer, t_ms: u64) {
+pub(crate) async fn until_redis_after(redis: &impl PoolRedis, t_ms: u64) {
     let give_up = Instant::now() + secs(10);
     while redis_ms(redis) <= t_ms {
         assert!(Instant::now() < give_up, "Redis time never passed {t_ms}");
@@ -62,22 +99,22 @@ pub(crate) async fn until_redis_after(redis: &RedisServer, t_ms: u64) {
 }
 
 /// The connection handle every mode uses, with a 2 s call timeout.
-pub(crate) async fn manager(redis: &RedisServer) -> Redis {
-    RedisTarget::parse(&redis.url())
+pub(crate) async fn manager(redis: &impl PoolRedis) -> Redis {
+    RedisTarget::parse(&redis.client_url())
         .unwrap()
         .connect(secs(2))
         .unwrap()
 }
 
-pub(crate) async fn pool_with(redis: &RedisServer, name: &str, options: PoolOptions) -> Pool {
+pub(crate) async fn pool_with(redis: &impl PoolRedis, name: &str, options: PoolOptions) -> Pool {
     Pool::new(manager(redis).await, name, options).unwrap()
 }
 
-pub(crate) async fn pool(redis: &RedisServer, name: &str) -> Pool {
+pub(crate) async fn pool(redis: &impl PoolRedis, name: &str) -> Pool {
     pool_with(redis, name, PoolOptions::default()).await
 }
 
-pub(crate) async fn new_pool(redis: &RedisServer, name: &str, ids: &[&str]) -> Pool {
+pub(crate) async fn new_pool(redis: &impl PoolRedis, name: &str, ids: &[&str]) -> Pool {
     let pool = pool(redis, name).await;
     assert_eq!(pool.init(ids).await.unwrap(), ids.len() as u64);
     pool
@@ -98,8 +135,8 @@ pub(crate) fn empty(acquired: Acquired) -> (Option<Duration>, u64) {
     }
 }
 
-pub(crate) fn zset(redis: &RedisServer, key: &str) -> BTreeMap<String, u64> {
-    let pairs: Vec<(String, u64)> = redis.query(
+pub(crate) fn zset(redis: &impl PoolRedis, key: &str) -> BTreeMap<String, u64> {
+    let pairs: Vec<(String, u64)> = redis.run(
         redis::cmd("ZRANGE")
             .arg(key)
             .arg(0)
@@ -109,17 +146,17 @@ pub(crate) fn zset(redis: &RedisServer, key: &str) -> BTreeMap<String, u64> {
     pairs.into_iter().collect()
 }
 
-pub(crate) fn hash(redis: &RedisServer, key: &str) -> BTreeMap<String, String> {
-    redis.query(redis::cmd("HGETALL").arg(key))
+pub(crate) fn hash(redis: &impl PoolRedis, key: &str) -> BTreeMap<String, String> {
+    redis.run(redis::cmd("HGETALL").arg(key))
 }
 
-pub(crate) fn set(redis: &RedisServer, key: &str) -> BTreeSet<String> {
-    redis.query(redis::cmd("SMEMBERS").arg(key))
+pub(crate) fn set(redis: &impl PoolRedis, key: &str) -> BTreeSet<String> {
+    redis.run(redis::cmd("SMEMBERS").arg(key))
 }
 
 /// The invariants of the pool layout (docs/pool.md, "Keys and compatibility"): no id in both ready and leases; leases
 /// and owners hold the same ids.
-pub(crate) fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
+pub(crate) fn check_invariants(redis: &impl PoolRedis, keys: &PoolKeys) {
     let ready = zset(redis, &keys.ready);
     let leases = zset(redis, &keys.leases);
     let owners = hash(redis, &keys.owners);
@@ -132,7 +169,7 @@ pub(crate) fn check_invariants(redis: &RedisServer, keys: &PoolKeys) {
 
 /// Calls a script directly, bypassing the Rust checks.
 pub(crate) fn raw(
-    redis: &RedisServer,
+    redis: &impl PoolRedis,
     script: PoolScript,
     keys: &[String],
     args: &[&str],
@@ -144,7 +181,7 @@ pub(crate) fn raw(
     for arg in args {
         inv.arg(*arg);
     }
-    inv.invoke::<Value>(&mut redis.conn())
+    inv.invoke::<Value>(&mut redis.node_conn())
         .map_err(PoolError::from)
 }
 
@@ -164,7 +201,12 @@ pub(crate) fn assert_bad<T: std::fmt::Debug>(result: Result<T, PoolError>, field
 /// Redis ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_release_and_cooldown() {
-    let redis = RedisServer::start();
+    acquire_release_and_cooldown_at(RedisServer::start()).await;
+}
+
+/// The body of [`acquire_release_and_cooldown`] on any [`PoolRedis`]; `pool_cluster.rs` runs it
+/// on a Cluster too.
+pub(crate) async fn acquire_release_and_cooldown_at(redis: impl PoolRedis) {
     let pool = new_pool(&redis, "basic", &["a"]).await;
     let keys = pool.keys().clone();
     let req = AcquireRequest::new(secs(5));
@@ -241,7 +283,12 @@ async fn acquire_release_and_cooldown() {
 /// release both fail and leave B's lease exactly as B left it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_holder_cannot_touch_the_next_lease() {
-    let redis = RedisServer::start();
+    expired_holder_cannot_touch_the_next_lease_at(RedisServer::start()).await;
+}
+
+/// The body of [`expired_holder_cannot_touch_the_next_lease`] on any [`PoolRedis`]; `pool_cluster.rs` runs it
+/// on a Cluster too.
+pub(crate) async fn expired_holder_cannot_touch_the_next_lease_at(redis: impl PoolRedis) {
     let pool = new_pool(&redis, "ab", &["x"]).await;
     let keys = pool.keys().clone();
 
@@ -298,7 +345,12 @@ async fn expired_holder_cannot_touch_the_next_lease() {
 /// most 100 each; none lost or duplicated, invariants after every step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_expired_leases_are_all_reclaimed() {
-    let redis = RedisServer::start();
+    many_expired_leases_are_all_reclaimed_at(RedisServer::start()).await;
+}
+
+/// The body of [`many_expired_leases_are_all_reclaimed`] on any [`PoolRedis`]; `pool_cluster.rs` runs it
+/// on a Cluster too.
+pub(crate) async fn many_expired_leases_are_all_reclaimed_at(redis: impl PoolRedis) {
     let ids: Vec<String> = (0..250).map(|i| format!("id-{i:03}")).collect();
     let pool = pool(&redis, "many").await;
     assert_eq!(pool.init(&ids).await.unwrap(), 250);
@@ -656,9 +708,14 @@ struct Interval {
 /// grow with lease start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_never_share_an_id() {
+    concurrent_clients_never_share_an_id_at(RedisServer::start()).await;
+}
+
+/// The body of [`concurrent_clients_never_share_an_id`] on any [`PoolRedis`]; `pool_cluster.rs` runs it
+/// on a Cluster too.
+pub(crate) async fn concurrent_clients_never_share_an_id_at(redis: impl PoolRedis) {
     const TASKS: usize = 32;
     const CYCLES: usize = 500;
-    let redis = RedisServer::start();
     let ids: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();
     let pool = pool(&redis, "busy").await;
     pool.init(&ids).await.unwrap();
