@@ -12,6 +12,9 @@
 //!   counted apart (async replication can lose a claim or renew) and only the others fail.
 //!   `cargo test --test chaos sentinel` runs its short run without acks (`SNOWLEASE_CHAOS_SENTINEL_SECS`,
 //!   default 30 s); the ignored long runs are `chaos_sentinel_long_run_*`.
+//!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` sets `--min-replicas-ack` of
+//!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default 1; 2 = all
+//!   replicas). Each overlap is printed with the last fault and the last failover before it.
 //! - `SNOWLEASE_CHAOS_SEED=<u64>` replays a run's fault schedule (kinds, targets, durations,
 //!   pauses between faults). The timing of the processes is not replayed: the same seed gives
 //!   the same faults, not the same interleavings.
@@ -76,12 +79,15 @@ fn chaos_sentinel_short_run_never_publishes_one_id_twice_outside_failovers() {
     run(Setup::Sentinel { min_acks: 0 }, secs);
 }
 
-/// The long Sentinel run with `--min-replicas-ack 1`; its figures are in the README.
+/// The long Sentinel run with `--min-replicas-ack` from `SNOWLEASE_CHAOS_MIN_ACKS` (default 1;
+/// the topology has 2 replicas); its figures are in docs/worker.md ("Guarantees").
 #[test]
 #[ignore]
 fn chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice() {
     let secs = env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200);
-    run(Setup::Sentinel { min_acks: 1 }, secs);
+    let min_acks = env_u64("SNOWLEASE_CHAOS_MIN_ACKS").unwrap_or(1);
+    let min_acks = u32::try_from(min_acks).expect("SNOWLEASE_CHAOS_MIN_ACKS fits in a u32");
+    run(Setup::Sentinel { min_acks }, secs);
 }
 
 /// The long Sentinel run without `--min-replicas-ack`: overlaps after failovers are counted
@@ -606,11 +612,13 @@ fn report(
         );
         for o in &explained {
             eprintln!("chaos: overlap after a failover {o:?}");
+            eprintln!("chaos:   {}", before_overlap(o, faults));
         }
     }
     eprintln!("chaos: stale ID files {} (must be 0)", stale.len());
     for o in &overlaps {
         eprintln!("chaos: OVERLAP {o:?}");
+        eprintln!("chaos:   {}", before_overlap(o, faults));
     }
     for s in &stale {
         eprintln!("chaos: STALE FILE {s:?}");
@@ -630,4 +638,40 @@ fn report(
             stale.len()
         ))
     }
+}
+
+/// One line on an overlap: its ID, the two sidecars, when it began, the last fault that
+/// started before it and the last failover (`Failover` or `KillPrimary`) before it.
+fn before_overlap(o: &checker::Overlap, faults: &[Fault]) -> String {
+    let began = o.began_us();
+    let starts: Vec<u64> = faults.iter().map(|f| f.start_us).collect();
+    let describe = |f: Option<&Fault>| match f {
+        None => "none".to_string(),
+        Some(f) => format!(
+            "{} on {} at {:.3}-{:.3} s ({:.3} s before)",
+            f.kind,
+            f.target
+                .map_or("Redis".to_string(), |t| format!("sidecar {t}")),
+            f.start_us as f64 / 1e6,
+            f.end_us as f64 / 1e6,
+            began.saturating_sub(f.start_us) as f64 / 1e6
+        ),
+    };
+    let last = checker::last_at_or_before(&starts, began).map(|i| &faults[i]);
+    let failover = faults
+        .iter()
+        .rev()
+        .find(|f| f.start_us <= began && f.kind.is_failover());
+    format!(
+        "ID {} held by sidecar {} (gen {}) and sidecar {} (gen {}) from {:.3} s for {:.3} s; last fault before: {}; last failover before: {}",
+        o.id,
+        o.a.sidecar,
+        o.a.generation,
+        o.b.sidecar,
+        o.b.generation,
+        began as f64 / 1e6,
+        o.a.end_us.min(o.b.end_us).saturating_sub(began) as f64 / 1e6,
+        describe(last),
+        describe(failover)
+    )
 }

@@ -74,10 +74,22 @@ pub struct Overlap {
     pub b: Interval,
 }
 
+impl Overlap {
+    /// When the overlap began: the later start of its two intervals, µs.
+    pub fn began_us(&self) -> u64 {
+        self.a.start_us.max(self.b.start_us)
+    }
+}
+
+/// Index of the last of `starts` (ascending, µs) at or before `at_us`; None if all are later.
+pub fn last_at_or_before(starts: &[u64], at_us: u64) -> Option<usize> {
+    starts.partition_point(|&s| s <= at_us).checked_sub(1)
+}
+
 /// Whether `overlap` began (the later of its two intervals started) during a failover or
 /// within `window_us` after one ended; `failovers` are (start, end) in µs.
 pub fn follows_failover(overlap: &Overlap, failovers: &[(u64, u64)], window_us: u64) -> bool {
-    let began = overlap.a.start_us.max(overlap.b.start_us);
+    let began = overlap.began_us();
     failovers
         .iter()
         .any(|&(start, end)| start <= began && began <= end + window_us)
@@ -329,6 +341,16 @@ mod tests {
         let found = stale_files(&h);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].samples, 2);
+    }
+
+    /// The fault named before an overlap is the last one that started at or before it.
+    #[test]
+    fn last_fault_before_an_instant() {
+        let starts = [10, 20, 30];
+        assert_eq!(last_at_or_before(&starts, 5), None);
+        assert_eq!(last_at_or_before(&starts, 20), Some(1));
+        assert_eq!(last_at_or_before(&starts, 29), Some(1));
+        assert_eq!(last_at_or_before(&starts, 99), Some(2));
     }
 
     /// The gap after a fault runs from the last sample with an ID to the next one with an ID.
