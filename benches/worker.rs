@@ -23,7 +23,7 @@ mod it {
     pub mod harness;
 }
 use it::harness::{
-    ClusterTopology, RedisServer, SentinelTopology, Sidecar, free_port, run_snowlease,
+    ClusterTopology, RedisServer, SentinelTopology, free_port, holding_sidecars, run_snowlease,
     sample_through, secs,
 };
 
@@ -259,19 +259,7 @@ fn sentinel_failover_gaps() -> (Duration, Duration) {
     let mut topo = SentinelTopology::start();
     let url = topo.url();
     open_claim_guard(&url, "failover");
-    let sidecars: Vec<Sidecar> = (0..8)
-        .map(|i| {
-            Sidecar::worker_at(&url, "failover")
-                .name(format!("worker {i}"))
-                .flag("--ttl", "4s")
-                .flag("--renew-interval", "1s")
-                .spawn()
-        })
-        .collect();
-    for s in &sidecars {
-        s.wait_for_lease(secs(20));
-    }
-    let addrs: Vec<SocketAddr> = sidecars.iter().map(Sidecar::http_addr).collect();
+    let (_sidecars, addrs) = holding_sidecars(&url, "failover", 8);
     let ((), planned) = sample_through(&addrs, || {
         topo.failover();
     });

@@ -1,7 +1,5 @@
 //! Every mode on Sentinel and Cluster, on real topologies from the harness (issue 10).
 
-use std::net::SocketAddr;
-
 use crate::connection::{acquire_over_http, pool_serve};
 use crate::harness::*;
 
@@ -13,19 +11,7 @@ use crate::harness::*;
 fn sentinel_failovers_keep_ids_unique() {
     let mut topo = SentinelTopology::start();
     let url = topo.url();
-    let mut sidecars: Vec<Sidecar> = (0..8)
-        .map(|i| {
-            Sidecar::worker_at(&url, "orders")
-                .name(format!("worker {i}"))
-                .flag("--ttl", "4s")
-                .flag("--renew-interval", "1s")
-                .spawn()
-        })
-        .collect();
-    for s in &sidecars {
-        s.wait_for_lease(secs(20));
-    }
-    let addrs: Vec<SocketAddr> = sidecars.iter().map(Sidecar::http_addr).collect();
+    let (mut sidecars, addrs) = holding_sidecars(&url, "orders", 8);
 
     let ((), planned) = sample_through(&addrs, || {
         topo.failover();

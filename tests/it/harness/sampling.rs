@@ -1,4 +1,6 @@
 //! Sampling `/id` of sidecars through a fault.
+//! - [`holding_sidecars`]: `n` worker sidecars of one app, each holding an ID, and their
+//!   HTTP addresses, for the samplers.
 //! - [`published`] / [`sample_through`]: one sampler for many sidecars; each sample names the
 //!   ID every sidecar publishes at that instant; two sidecars publishing one ID in one sample
 //!   fail the test (topology tests).
@@ -12,6 +14,26 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{HTTP_TIMEOUT, IdReply, POLL_INTERVAL, Sidecar, ms, poll_until, secs};
+
+/// `n` worker sidecars of `app` at `url` (`--ttl 4s --renew-interval 1s`), each holding an
+/// ID (waits up to 20 s each: a fresh Redis closes the claim guard for one TTL), and their
+/// HTTP addresses.
+pub fn holding_sidecars(url: &str, app: &str, n: usize) -> (Vec<Sidecar>, Vec<SocketAddr>) {
+    let sidecars: Vec<Sidecar> = (0..n)
+        .map(|i| {
+            Sidecar::worker_at(url, app)
+                .name(format!("worker {i}"))
+                .flag("--ttl", "4s")
+                .flag("--renew-interval", "1s")
+                .spawn()
+        })
+        .collect();
+    for s in &sidecars {
+        s.wait_for_lease(secs(20));
+    }
+    let addrs = sidecars.iter().map(Sidecar::http_addr).collect();
+    (sidecars, addrs)
+}
 
 /// `/id` of each sidecar: the published worker ID, None when it answers anything but 200.
 pub fn published(addrs: &[SocketAddr]) -> Vec<Option<u32>> {
