@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::harness::*;
 
@@ -601,7 +601,10 @@ fn files_are_readable_by_other_users_whatever_the_umask() {
 }
 
 /// First use: `guard open` on a Redis without any lease key of the app opens claims at once, so
-/// a sidecar with a 30 s TTL publishes within seconds instead of after one TTL.
+/// a sidecar with a 30 s TTL publishes its ID in its first claim round (no round paused behind
+/// the guard) and under 1 s after it was spawned (issue 12), not after one TTL. The 1 s bound is
+/// 30x below the TTL it replaces; `cargo bench --bench worker` measures the real figure
+/// ("1 sidecar, spawn to published", a few ms).
 #[test]
 fn guard_open_lets_the_first_sidecar_claim_at_once() {
     let redis = RedisServer::start();
@@ -618,7 +621,25 @@ fn guard_open_lets_the_first_sidecar_claim_at_once() {
         .flag("--ttl", "30s")
         .flag("--renew-interval", "10s")
         .spawn();
+    let spawned = Instant::now();
     sidecar.wait_for_lease(secs(5));
+    let published = spawned.elapsed();
+    let rounds = sidecar.metric_samples("snowlease_claim_attempts_total");
+    let count = |outcome: &str| {
+        rounds
+            .iter()
+            .find(|(labels, _)| labels.contains(&format!("\"{outcome}\"")))
+            .map_or(0.0, |(_, n)| *n)
+    };
+    assert_eq!(
+        (count("claimed"), count("paused")),
+        (1.0, 0.0),
+        "one claim round, none behind the guard: {rounds:?}"
+    );
+    assert!(
+        published < Duration::from_secs(1),
+        "published {published:?} after spawn; guard open must spare the wait"
+    );
 }
 
 /// `guard open` refuses while any lease key of the app exists (exit 5) and writes nothing: the
