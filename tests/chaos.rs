@@ -12,9 +12,10 @@
 //!   counted apart (async replication can lose a claim or renew) and only the others fail.
 //!   `cargo test --test chaos sentinel` runs its short run without acks (`SNOWLEASE_CHAOS_SENTINEL_SECS`,
 //!   default 30 s); the ignored long runs are `chaos_sentinel_long_run_*`.
-//!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` sets `--min-replicas-ack` of
-//!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default 1; 2 = all
-//!   replicas). Each overlap is printed with the last fault and the last failover before it.
+//!   `SNOWLEASE_CHAOS_REPLICAS=<n>` (1-4, default 2) sets the long runs' replicas and
+//!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` the `--min-replicas-ack` of
+//!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default: every
+//!   replica). Each overlap is printed with the last fault and the last failover before it.
 //! - `SNOWLEASE_CHAOS_SEED=<u64>` replays a run's fault schedule (kinds, targets, durations,
 //!   pauses between faults). The timing of the processes is not replayed: the same seed gives
 //!   the same faults, not the same interleavings.
@@ -71,23 +72,35 @@ fn chaos_long_run_never_publishes_one_id_twice() {
 }
 
 /// The short Sentinel run, without `--min-replicas-ack`: overlaps after a failover are
-/// counted apart, any other fails. (With `--min-replicas-ack 1` the long run still found
-/// overlaps after failovers, see docs/worker.md "Guarantees"; that run is ignored for now.)
+/// counted apart, any other fails.
 #[test]
 fn chaos_sentinel_short_run_never_publishes_one_id_twice_outside_failovers() {
     let secs = env_u64("SNOWLEASE_CHAOS_SENTINEL_SECS").unwrap_or(30);
-    run(Setup::Sentinel { min_acks: 0 }, secs);
+    let (min_acks, replicas) = (0, 2);
+    run(Setup::Sentinel { min_acks, replicas }, secs);
 }
 
-/// The long Sentinel run with `--min-replicas-ack` from `SNOWLEASE_CHAOS_MIN_ACKS` (default 1;
-/// the topology has 2 replicas); its figures are in docs/worker.md ("Guarantees").
+/// The long Sentinel run with `--min-replicas-ack` from `SNOWLEASE_CHAOS_MIN_ACKS` (default:
+/// every replica, the setting docs/worker.md asks for) over `SNOWLEASE_CHAOS_REPLICAS` replicas
+/// (default 2); its figures are in docs/worker.md ("Guarantees").
 #[test]
 #[ignore]
 fn chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice() {
     let secs = env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200);
-    let min_acks = env_u64("SNOWLEASE_CHAOS_MIN_ACKS").unwrap_or(1);
+    let replicas = replicas();
+    let min_acks = env_u64("SNOWLEASE_CHAOS_MIN_ACKS").unwrap_or(replicas as u64);
     let min_acks = u32::try_from(min_acks).expect("SNOWLEASE_CHAOS_MIN_ACKS fits in a u32");
-    run(Setup::Sentinel { min_acks }, secs);
+    run(Setup::Sentinel { min_acks, replicas }, secs);
+}
+
+/// Replicas of the Sentinel runs: `SNOWLEASE_CHAOS_REPLICAS`, default 2 (1 to 4).
+fn replicas() -> usize {
+    let replicas = env_u64("SNOWLEASE_CHAOS_REPLICAS").unwrap_or(2);
+    assert!(
+        (1..=4).contains(&replicas),
+        "SNOWLEASE_CHAOS_REPLICAS: 1 to 4, not {replicas}"
+    );
+    replicas as usize
 }
 
 /// The long Sentinel run without `--min-replicas-ack`: overlaps after failovers are counted
@@ -95,8 +108,14 @@ fn chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice() {
 #[test]
 #[ignore]
 fn chaos_sentinel_long_run_without_replica_acks() {
-    let secs = env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200);
-    run(Setup::Sentinel { min_acks: 0 }, secs);
+    let (secs, replicas) = (env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200), replicas());
+    run(
+        Setup::Sentinel {
+            min_acks: 0,
+            replicas,
+        },
+        secs,
+    );
 }
 
 /// Which Redis the sidecars use.
@@ -104,8 +123,9 @@ fn chaos_sentinel_long_run_without_replica_acks() {
 enum Setup {
     /// One server; each sidecar behind its own [`FaultProxy`].
     Standalone,
-    /// [`SentinelTopology::start`]; sidecars with `--min-replicas-ack min_acks`.
-    Sentinel { min_acks: u32 },
+    /// [`SentinelTopology`] with `replicas` replicas and 3 sentinels; sidecars with
+    /// `--min-replicas-ack min_acks`.
+    Sentinel { min_acks: u32, replicas: usize },
 }
 
 impl Setup {
@@ -282,7 +302,13 @@ fn run(setup: Setup, run_secs: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut redis, min_acks) = match setup {
         Setup::Standalone => (Backend::Standalone(RedisServer::start()), 0),
-        Setup::Sentinel { min_acks } => (Backend::Sentinel(SentinelTopology::start()), min_acks),
+        Setup::Sentinel { min_acks, replicas } => (
+            Backend::Sentinel(SentinelTopology::start_with(SentinelOptions {
+                replicas,
+                ..SentinelOptions::default()
+            })),
+            min_acks,
+        ),
     };
     redis.primary().open_claim_guard(APP);
     let mut slots: Vec<Slot> = (0..SIDECARS)
