@@ -7,7 +7,7 @@
 //! - `cargo test --test chaos -- --ignored --nocapture` runs the long run (default 1200 s).
 //! - The Sentinel variant (1 primary, 2 replicas, 3 sentinels; sidecars use the Sentinel URL)
 //!   adds planned failovers (`SENTINEL FAILOVER`) and killed primaries (brought back empty as
-//!   a replica) and drops the per-connection proxy faults. With `--min-replicas-ack 1` every
+//!   a replica) and drops the per-connection proxy faults. With `--min-replicas-ack` every
 //!   overlap fails the run; without it, overlaps that begin within 3 TTLs of a failover are
 //!   counted apart (async replication can lose a claim or renew) and only the others fail.
 //!   `cargo test --test chaos sentinel` runs its short run without acks (`SNOWLEASE_CHAOS_SENTINEL_SECS`,
