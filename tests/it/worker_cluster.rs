@@ -29,8 +29,8 @@ fn shards(topo: &ClusterTopology, app: &str, ids: u32) -> BTreeMap<u32, u16> {
 /// 33 sidecars over 32 IDs on 3 primaries + 3 replicas: `guard open` opens every per-ID guard
 /// (claims at once); the 32 IDs are unique and each key on its shard holds its sidecar's owner;
 /// the 33rd waits. A primary holding IDs is killed (replica promoted): no ID published twice
-/// in any 20 ms sample, every sidecar publishes again, none exits. SIGTERM leaves a tombstone
-/// that the 33rd takes after it; a sidecar restarted in its pod re-adopts its ID.
+/// in any 20 ms sample, every sidecar publishes again, none exits. (Handover to the 33rd and
+/// re-adoption after a restart run on Cluster in `scenarios`.)
 #[test]
 fn worker_on_cluster_shares_ids_and_survives_a_killed_primary() {
     let mut topo = ClusterTopology::start();
@@ -105,34 +105,6 @@ fn worker_on_cluster_shares_ids_and_survives_a_killed_primary() {
         seen.iter().collect::<BTreeSet<_>>().len(),
         "{now:?}"
     );
-
-    // SIGTERM a holder: tombstone on its shard, then the 33rd takes that ID.
-    let idx = 17;
-    let id = holders[idx].id().expect("still publishes").worker_id;
-    let key = worker_key(app, id);
-    holders[idx].signal(Signal::SIGTERM);
-    let status = holders[idx].wait_exit(secs(5)).expect("exit");
-    assert_eq!(status.code(), Some(0));
-    let left = cluster_get(&topo, &key);
-    assert!(
-        left.as_deref().is_none_or(|v| v.starts_with("released:")),
-        "{key}: {left:?}"
-    );
-    assert_eq!(last.wait_for_lease(secs(20)).worker_id, id);
-
-    // Restart in the same pod: the state file leads back to the same ID and owner string.
-    let idx = 3;
-    let before = holders[idx].id().expect("still publishes");
-    holders[idx].signal(Signal::SIGKILL);
-    holders[idx].wait_exit(secs(2)).expect("SIGKILL ends it");
-    let pod = holders[idx].pod().clone();
-    let second = spawn(40, Some(&pod));
-    let again = second.wait_for_lease(secs(20));
-    assert_eq!(
-        (again.worker_id, &again.owner),
-        (before.worker_id, &before.owner)
-    );
-    assert!(second.wait_for_log("re-adopt", secs(2)));
 }
 
 /// On 3 primaries: (1) a slot holding a held ID key is migrated to another primary
