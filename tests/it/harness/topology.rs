@@ -439,23 +439,40 @@ impl SentinelTopology {
     }
 
     /// Waits until every running sentinel sees the primary, all replicas and all other
-    /// sentinels (so quorum and failovers work).
+    /// sentinels (so quorum and failovers work), and has seen every running replica report
+    /// itself as a replica. The last matters for back-to-back failovers: a Sentinel polls a
+    /// replica's `INFO` only every 10 s, so one that has not yet seen a demoted primary turn
+    /// replica still counts it as "reporting master" since long ago, and converts it straight
+    /// back to a replica when the next failover promotes it (`-failover-abort-slave-timeout`,
+    /// then again at every retry).
     pub fn wait_sentinels_ready(&self) {
         let replicas = self.nodes.iter().filter(|n| n.is_running()).count() - 1;
         let others = self.sentinels.len() - 1;
-        let cmd = self.sentinel_cmd("MASTER");
-        wait_for("sentinels see every replica and sentinel", || {
-            self.running_sentinels().all(|s| {
-                let Ok(fields) = try_query::<Vec<String>>(s.port(), &cmd) else {
-                    return false;
-                };
-                let get = |name: &str| {
-                    let i = fields.iter().position(|f| f == name)?;
-                    fields.get(i + 1).and_then(|v| v.parse::<usize>().ok())
-                };
-                get("num-slaves") == Some(replicas) && get("num-other-sentinels") == Some(others)
-            })
-        });
+        let (master, listed) = (self.sentinel_cmd("MASTER"), self.sentinel_cmd("REPLICAS"));
+        wait_for(
+            "sentinels see every replica (as a replica) and sentinel",
+            || {
+                self.running_sentinels().all(|s| {
+                    let Ok(fields) = try_query::<Vec<String>>(s.port(), &master) else {
+                        return false;
+                    };
+                    let Ok(seen) = try_query::<Vec<Vec<String>>>(s.port(), &listed) else {
+                        return false;
+                    };
+                    let up_as_replicas = seen
+                        .iter()
+                        .filter(|r| {
+                            field(r, "role-reported") == Some("slave")
+                                && field(r, "flags").is_some_and(|f| !f.contains("down"))
+                        })
+                        .count();
+                    let count = |name: &str| field(&fields, name).and_then(|v| v.parse().ok());
+                    count("num-slaves") == Some(replicas)
+                        && count("num-other-sentinels") == Some(others)
+                        && up_as_replicas == replicas
+                })
+            },
+        );
     }
 
     fn running_sentinels(&self) -> impl Iterator<Item = &RedisServer> {
@@ -467,6 +484,12 @@ impl SentinelTopology {
         cmd.arg(sub).arg(&self.opts.master_name);
         cmd
     }
+}
+
+/// The value after `name` in a Sentinel reply of alternating names and values.
+fn field<'a>(fields: &'a [String], name: &str) -> Option<&'a str> {
+    let i = fields.iter().position(|f| f == name)?;
+    fields.get(i + 1).map(String::as_str)
 }
 
 impl Drop for SentinelTopology {
