@@ -6,14 +6,17 @@
 # Not built in CI (the CI machine has no container engine); see
 # docs/kubernetes.md, "Container image".
 #
-#   docker build -t registry.example.com/snowlease:0.1.0 .
+#   docker build --build-arg SNOWLEASE_COMMIT=$(git rev-parse --short=12 HEAD) \
+#     -t registry.example.com/snowlease:0.1.0 .
 #
 # The same binary serves the sidecar (`worker`), the app's wrapper (`exec`,
 # copied into a shared volume by `install`) and the operator tools.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+# build.rs reads the commit from this (the context has no .git); "unknown" when unset.
+ARG SNOWLEASE_COMMIT
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY benches ./benches
 COPY scripts/build-static.sh ./scripts/
