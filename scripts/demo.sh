@@ -31,7 +31,16 @@ cleanup() {
   trap '' PIPE
   trap - INT TERM EXIT
   if [ -n "${sidecar_pid:-}" ]; then kill -INT "$sidecar_pid" 2>/dev/null || true; wait "$sidecar_pid" || true; fi
-  echo "lease keys left in Redis: $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:[0-9]*' 2>/dev/null | grep -c .)" 2>/dev/null || true
+  # A stopped sidecar leaves a tombstone ("released:<owner>") for its
+  # --handover-delay (1 s): not a lease. Count the keys that still hold one.
+  left=0
+  for key in $(redis-cli -p "$redis_port" --raw keys 'snowflake:worker:demo:[0-9]*' 2>/dev/null); do
+    case "$(redis-cli -p "$redis_port" --raw get "$key" 2>/dev/null)" in
+      released:*) ;;
+      *) left=$((left + 1)) ;;
+    esac
+  done
+  echo "leases left in Redis: $left (a released ID keeps a tombstone for the 1 s handover delay)" 2>/dev/null || true
   kill "$redis_pid" 2>/dev/null || true
   wait "$redis_pid" 2>/dev/null || true
   rm -rf "$dir"

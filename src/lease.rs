@@ -127,6 +127,10 @@ pub async fn release<C: ConnectionLike>(
     Ok(release_keys(conn, &[key.to_owned()], owner, Duration::ZERO).await? == 1)
 }
 
+/// How a released key's value starts (`release.lua` writes
+/// `released:<owner>`): claims treat it as held until it expires.
+pub const TOMBSTONE_PREFIX: &str = "released:";
+
 /// Runs `release.lua` on `keys` in one call: each that still holds `owner`
 /// is deleted (`handover` zero) or becomes the tombstone
 /// `released:<owner>` expiring after `handover` (ms precision, docs/worker.md

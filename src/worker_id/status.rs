@@ -15,6 +15,7 @@ use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::RedisTarget;
+use crate::lease::TOMBSTONE_PREFIX;
 
 /// Timeout of each Redis round trip of `status`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -76,6 +77,9 @@ pub struct Report {
     pub ids: u32,
     /// IDs whose key holds an owner string.
     pub held: u32,
+    /// IDs whose key is a release tombstone (`released:<owner>`, for
+    /// `--handover-delay`): not claimable until it expires.
+    pub released: u32,
     /// IDs whose key has another type (skipped by sidecars, never deleted).
     pub wrong_type: u32,
     /// IDs without a key: claimable now.
@@ -144,6 +148,16 @@ impl Entry {
     /// True for a lease key (string), false for a key of the wrong type.
     pub fn is_lease(&self) -> bool {
         self.key_type == "string"
+    }
+
+    /// True for a release tombstone: the holder stopped, the handover
+    /// delay still runs.
+    pub fn is_tombstone(&self) -> bool {
+        self.is_lease()
+            && self
+                .owner
+                .as_deref()
+                .is_some_and(|o| o.starts_with(TOMBSTONE_PREFIX))
     }
 }
 
@@ -243,16 +257,18 @@ pub async fn read<C: ConnectionLike>(
         .map(|(_, e)| e)
         .filter(|e| !e.is_lease() || e.owner.is_some())
         .collect();
-    let held = leases.iter().filter(|e| e.is_lease()).count() as u32;
-    let wrong_type = leases.len() as u32 - held;
+    let released = leases.iter().filter(|e| e.is_tombstone()).count() as u32;
+    let held = leases.iter().filter(|e| e.is_lease()).count() as u32 - released;
+    let wrong_type = leases.len() as u32 - held - released;
     let ids = u32::from(max_worker_id) + 1;
     Ok(Report {
         app: app.to_owned(),
         key_prefix: key_prefix.to_owned(),
         ids,
         held,
+        released,
         wrong_type,
-        free: ids - held - wrong_type,
+        free: ids - held - released - wrong_type,
         leases,
         claim_guard,
     })
@@ -373,11 +389,15 @@ fn render_summary(out: &mut String, s: &GuardSummary) {
 /// The report as a table, one line per ID that is not free.
 pub fn render(report: &Report) -> String {
     let mut out = format!(
-        "app {}: {} of {} worker IDs free, {} held, {} wrong type (keys {}{}:0-{})\n",
+        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:0-{})\n",
         report.app,
         report.free,
         report.ids,
         report.held,
+        match report.released {
+            0 => String::new(),
+            n => format!(", {n} released (handover delay running)"),
+        },
         report.wrong_type,
         report.key_prefix,
         report.app,
@@ -408,10 +428,10 @@ pub fn render(report: &Report) -> String {
     }
     let _ = writeln!(out, "{:>4}  {:<10}  {:>10}  OWNER", "ID", "STATE", "TTL");
     for entry in &report.leases {
-        let state = if entry.is_lease() {
-            "held"
-        } else {
-            "wrong-type"
+        let state = match (entry.is_lease(), entry.is_tombstone()) {
+            (_, true) => "released",
+            (true, false) => "held",
+            (false, _) => "wrong-type",
         };
         let ttl = entry.ttl_ms.map_or("no expiry".to_owned(), |ms| {
             format!("{:.1}s", ms as f64 / 1000.0)
@@ -438,8 +458,9 @@ mod tests {
         let report = Report {
             app: "orders".into(),
             key_prefix: "snowflake:worker:".into(),
-            ids: 4,
+            ids: 5,
             held: 2,
+            released: 1,
             wrong_type: 1,
             free: 1,
             leases: vec![
@@ -456,6 +477,12 @@ mod tests {
                     ttl_ms: None,
                 },
                 Entry {
+                    worker_id: 2,
+                    key_type: "string".into(),
+                    owner: Some("released:10.0.0.8#00bb".into()),
+                    ttl_ms: Some(800),
+                },
+                Entry {
                     worker_id: 3,
                     key_type: "hash".into(),
                     owner: None,
@@ -466,7 +493,9 @@ mod tests {
         };
         let text = render(&report);
         assert!(
-            text.starts_with("app orders: 1 of 4 worker IDs free, 2 held, 1 wrong type"),
+            text.starts_with(
+                "app orders: 1 of 5 worker IDs free, 2 held, 1 released (handover delay running), 1 wrong type"
+            ),
             "{text}"
         );
         assert!(text.contains("new claims wait another 1.5s"), "{text}");
@@ -475,6 +504,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("no expiry  legacy"), "{text}");
+        assert!(
+            text.contains("2  released          0.8s  released:10.0.0.8#00bb"),
+            "{text}"
+        );
         assert!(
             text.contains("wrong-type") && text.contains("(hash key, not touched)"),
             "{text}"

@@ -164,3 +164,38 @@ fn status_bad_input_and_unreachable_redis() {
     assert!(run.stderr.contains("127.0.0.1"), "{run:?}");
     assert!(!run.stderr.contains("s3cret"), "{run:?}");
 }
+
+/// A sidecar stopped with SIGTERM leaves a tombstone for `--handover-delay`: `status` counts
+/// and shows that ID as released, not held and not free.
+#[test]
+fn status_shows_a_released_id_apart_from_held_ones() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let mut sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--handover-delay", "30s")
+        .spawn();
+    let id = sidecar.wait_for_lease(secs(10)).worker_id;
+    sidecar.signal(Signal::SIGTERM);
+    assert_eq!(sidecar.wait_exit(secs(5)).and_then(|s| s.code()), Some(0));
+    let run = status(&redis.url(), &["--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+    assert_eq!(
+        (
+            report["held"].as_u64(),
+            report["released"].as_u64(),
+            report["free"].as_u64()
+        ),
+        (Some(0), Some(1), Some(7)),
+        "{report}"
+    );
+    let text = status(&redis.url(), &[]).stdout;
+    assert!(
+        text.contains("0 held, 1 released (handover delay running)"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with(&format!("{id}  released"))),
+        "{text}"
+    );
+}
