@@ -881,7 +881,8 @@ pub(crate) async fn release<C>(
             "lease not released: the key no longer holds our owner string"
         ),
         (Ok(Ok(0)), None) => debug!("no lease key holds our owner string"),
-        (Ok(Ok(count)), _) => info!(?held, count, "lease released"),
+        (Ok(Ok(count)), Some(worker_id)) => info!(worker_id, count, "lease released"),
+        (Ok(Ok(count)), None) => info!(count, "lease keys a lost claim reply left released"),
         (Ok(Err(err)), Some(worker_id)) => warn!(
             worker_id,
             error = %err,

@@ -682,7 +682,7 @@ fn guard_open_refuses_while_a_lease_key_exists() {
 fn json_logs_are_flat_objects() {
     let redis = RedisServer::start();
     redis.open_claim_guard("orders");
-    let sidecar = Sidecar::worker(&redis, "orders").spawn();
+    let mut sidecar = Sidecar::worker(&redis, "orders").spawn();
     let lease = sidecar.wait_for_lease(secs(10));
     let event = sidecar
         .wait_for_event("lease acquired", secs(5))
@@ -692,6 +692,23 @@ fn json_logs_are_flat_objects() {
     }
     assert_eq!(event["worker_id"], lease.worker_id, "{event}");
     assert!(event.get("fields").is_none(), "nested fields: {event}");
+    sidecar.signal(Signal::SIGTERM);
+    sidecar.wait_exit(secs(5)).expect("SIGTERM ends it");
+    let released = sidecar
+        .wait_for_event("lease released", secs(1))
+        .expect("lease released logged");
+    assert_eq!(released["worker_id"], lease.worker_id, "{released}");
+    // Field values are JSON values, never Rust debug text such as `Some(0)`.
+    for event in sidecar.events() {
+        let fields = event.as_object().expect("an object");
+        for (key, value) in fields {
+            let text = value.as_str().unwrap_or_default();
+            assert!(
+                !text.starts_with("Some(") && text != "None",
+                "{key} is Rust debug text: {event}"
+            );
+        }
+    }
 }
 
 /// While the claim guard holds claims back (a fresh Redis), `/id` and `/readyz` say
