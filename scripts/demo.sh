@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-redis.sh
-echo "building the release binary (cargo build --release)..."
-cargo build --release --locked --quiet
+echo "building the release binary (cargo build --release; 3-15 min on a cold cache, depending on cores)..."
+cargo build --release --locked
 
 free_port() {
   local p

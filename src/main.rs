@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use snowlease::cli::{check_range, parse_duration, stdout_line};
+use snowlease::cli::{ConfigError, check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard};
 use snowlease::{exec, exit, lock, pool, shutdown, worker_id};
 
@@ -55,8 +55,12 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff, from the same flag definitions) to stdout: `snowlease man | man -l -`.
-    Man,
+    /// Print a man page (roff, from the same flag definitions) to stdout: `snowlease man worker | man -l -`.
+    Man {
+        /// The subcommand whose page (with its flags) to print, e.g. `worker` or `pool acquire`;
+        /// none: the top-level page.
+        subcommand: Vec<String>,
+    },
     /// Wait DURATION, then exit 0: a preStop hook for images without a shell (k8s/plain-sidecar/).
     Sleep(SleepArgs),
 }
@@ -139,9 +143,9 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             clap_complete::generate(shell, &mut Cli::command(), "snowlease", &mut out);
             stdout_line(String::from_utf8_lossy(&out).trim_end())?;
         }
-        Command::Man => {
+        Command::Man { subcommand } => {
             let mut out = Vec::new();
-            clap_mangen::Man::new(Cli::command()).render(&mut out)?;
+            clap_mangen::Man::new(man_page_of(&subcommand)?).render(&mut out)?;
             stdout_line(String::from_utf8_lossy(&out).trim_end())?;
         }
         Command::Guard(args) => {
@@ -175,6 +179,28 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// The command whose man page `man NAMES...` prints: built, so a
+/// subcommand's page is titled `snowlease-<name>` like the top page's
+/// "SEE ALSO" names it. Errors: a name that is no subcommand (exit 2).
+fn man_page_of(names: &[String]) -> Result<clap::Command, ConfigError> {
+    let mut page = Cli::command();
+    page.build();
+    for name in names {
+        let known: Vec<String> = page
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        page = page
+            .find_subcommand(name)
+            .cloned()
+            .ok_or_else(|| ConfigError {
+                flag: "SUBCOMMAND",
+                reason: format!("no subcommand {name:?} (one of: {})", known.join(", ")),
+            })?;
+    }
+    Ok(page)
 }
 
 /// Which tokio runtime a command runs on.

@@ -48,6 +48,29 @@ fn completions_and_man_page_come_from_the_flags() {
         man.stdout.contains(".TH snowlease 1") && man.stdout.contains("worker"),
         "{man:?}"
     );
+    // Each page the top page's SEE ALSO names, with its flags.
+    for (names, title, flag) in [
+        (&["worker"][..], ".TH snowlease-worker 1", "\\-\\-ttl"),
+        (
+            &["pool", "acquire"][..],
+            ".TH snowlease-pool-acquire 1",
+            "\\-\\-pool",
+        ),
+    ] {
+        let page = run_snowlease(&[&["man"][..], names].concat(), &[], secs(5));
+        assert_eq!(page.code, Some(0), "{page:?}");
+        assert!(
+            page.stdout.contains(title) && page.stdout.contains(flag),
+            "{names:?}: {}",
+            page.stdout
+        );
+    }
+    let unknown = run_snowlease(&["man", "wroker"], &[], secs(5));
+    assert_eq!(unknown.code, Some(2), "{unknown:?}");
+    assert!(
+        unknown.stderr.contains("\"wroker\"") && unknown.stderr.contains("worker"),
+        "{unknown:?}"
+    );
 }
 
 /// An unreadable `SNOWLEASE_LOG` is bad input: exit 2, the variable named, nothing written.
