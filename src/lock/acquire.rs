@@ -104,7 +104,10 @@ pub(crate) fn wait(
             Ok(Acquired::Ours { fence }) => return (Ok(Waited::Acquired { fence, sent }), true),
             Ok(Acquired::Held(expires_in)) => (
                 match expires_in {
-                    Some(t) => format!("held by another owner for up to {} ms", t.as_millis()),
+                    Some(t) => format!(
+                        "held by another owner (its lease runs {} ms more unless its holder renews it)",
+                        t.as_millis()
+                    ),
                     None => "held by a key without expiry (set by hand?)".to_owned(),
                 },
                 expires_in,

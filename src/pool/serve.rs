@@ -235,6 +235,9 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
         .iter()
         .map(|name| Pool::new(conn.clone(), name, options))
         .collect::<Result<Vec<_>, _>>()?;
+    for pool in &pools {
+        tokio::spawn(warn_if_missing(pool.clone()));
+    }
     let state = ServeState::new(pools, shutdown.clone());
     let checker = if config.allow_evicting_redis {
         warn!(
@@ -321,6 +324,18 @@ async fn eviction_loop(state: ServeState, mut conn: Redis, every: Duration) {
 
 /// Reaps `name` every `every` until shutdown; a round in flight is dropped
 /// at shutdown (a reap is safe to cut: it runs whole in Redis or not).
+/// Logs a warning when `pool` has no key in Redis (never created, or a typo
+/// in `--pool`): it is served anyway, acquires answer 503 until it has ids.
+/// Other errors (Redis down) are left to the requests and readiness.
+async fn warn_if_missing(pool: Pool) {
+    if let Err(PoolError::NoPool { pool }) = pool.strikes().await {
+        warn!(
+            pool,
+            "pool does not exist in Redis (a typo in --pool? create it with `snowlease pool init`); acquires answer 503 until it has ids"
+        );
+    }
+}
+
 async fn reap_loop(state: ServeState, name: String, every: Duration, cooldown: Duration) {
     let shutdown = state.inner.shutdown.clone();
     let mut tick = tokio::time::interval(every);

@@ -593,6 +593,16 @@ fn serve_process_end_to_end_and_sigterm() {
     );
     let (status, body, _) = serve.call("GET", "/pools/accounts", None);
     assert_eq!((status, &body["ready_due"]), (200, &json!(0)));
+    // `accounts` was never created: served, and a warning names it (a typo in --pool shows).
+    let missing: Vec<Value> = serve
+        .events()
+        .into_iter()
+        .filter(|e| message(e).starts_with("pool does not exist"))
+        .collect();
+    assert!(
+        missing.len() == 1 && missing[0]["pool"] == "accounts",
+        "{missing:?}"
+    );
     let metrics = serve.metrics();
     assert!(
         metric_value(&metrics, "snowlease_pool_leases_valid{pool=\"proxies\"}").is_some(),
