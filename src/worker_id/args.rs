@@ -28,6 +28,12 @@ pub const DEFAULT_LISTEN: &str = "[::]:7391";
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
 pub const WORKER_ID_LIMIT: u16 = 1023;
 
+/// `--key-prefix` by default: lease keys are `snowflake:worker:<app>:<id>`.
+pub const DEFAULT_KEY_PREFIX: &str = "snowflake:worker:";
+
+/// `--max-worker-id` by default: 32 IDs, 0-31 (5 bits of a Snowflake ID).
+pub const DEFAULT_MAX_WORKER_ID: u16 = 31;
+
 /// What the worker does after it lost its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnLoss {
@@ -46,15 +52,11 @@ pub struct AppKeysArgs {
     pub app: String,
 
     /// Prefix of lease keys: the key is <prefix><app>:<id>.
-    #[arg(
-        long,
-        env = "SNOWLEASE_KEY_PREFIX",
-        default_value = "snowflake:worker:"
-    )]
+    #[arg(long, env = "SNOWLEASE_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
 
     /// Highest worker ID handed out (0-1023); IDs run from 0 to this value.
-    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = 31)]
+    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = DEFAULT_MAX_WORKER_ID.into())]
     pub max_worker_id: u32,
 }
 
@@ -207,8 +209,8 @@ impl Default for LeaseSettings {
     /// renew every 60 s, 3 retries.
     fn default() -> Self {
         Self {
-            key_prefix: "snowflake:worker:".into(),
-            max_worker_id: 31,
+            key_prefix: DEFAULT_KEY_PREFIX.into(),
+            max_worker_id: DEFAULT_MAX_WORKER_ID,
             ttl: Duration::from_secs(120),
             renew_interval: Duration::from_secs(60),
             retries: 3,

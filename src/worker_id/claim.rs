@@ -38,6 +38,21 @@ impl LeaseKeys {
         format!("{}{worker_id}", self.base)
     }
 
+    /// A `SCAN MATCH` pattern for every key of the app (lease keys, guards,
+    /// probes; [`Self::worker_id_of`] picks the lease keys).
+    pub fn pattern(&self) -> String {
+        format!("{}*", glob_escape(&self.base))
+    }
+
+    /// The worker ID a key of this app is the lease key of (`<base><digits>`,
+    /// as [`Self::id`] writes it), or None for any other key.
+    pub fn worker_id_of(&self, key: &str) -> Option<u32> {
+        let digits = key.strip_prefix(&self.base)?;
+        let canonical = digits == "0" || !digits.starts_with('0');
+        let id = digits.parse::<u32>().ok()?;
+        (canonical && digits.bytes().all(|b| b.is_ascii_digit())).then_some(id)
+    }
+
     /// The lease keys of IDs `0..=max_worker_id`, in ID order.
     pub fn ids(&self, max_worker_id: u16) -> Vec<String> {
         (0..=max_worker_id).map(|id| self.id(id)).collect()
@@ -71,6 +86,19 @@ impl LeaseKeys {
     pub fn probe(&self, nonce: &str) -> String {
         format!("{}probe:{nonce}", self.base)
     }
+}
+
+/// A `SCAN MATCH` glob that matches `text` literally (glob characters in a
+/// prefix or app name match only themselves).
+pub(crate) fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// What [`claim_lowest`] did.
@@ -322,6 +350,25 @@ mod tests {
             }
             // The lease keys themselves spread over slots (no hash tag).
             assert!(slots.len() > 1, "{prefix}{app}: {slots:?}");
+        }
+    }
+
+    #[test]
+    fn lease_keys_are_told_from_other_keys_of_the_app() {
+        let keys = LeaseKeys::new("p:", "a*b");
+        assert_eq!(keys.pattern(), "p:a\\*b:*");
+        assert_eq!(keys.worker_id_of("p:a*b:7"), Some(7));
+        assert_eq!(keys.worker_id_of("p:a*b:0"), Some(0));
+        assert_eq!(keys.worker_id_of("p:a*b:1023"), Some(1023));
+        for other in [
+            "p:a*b:guard",
+            "p:a*b:07",
+            "p:a*b:",
+            "p:a*b:+7",
+            "p:a*b:7x",
+            "p:ab:7",
+        ] {
+            assert_eq!(keys.worker_id_of(other), None, "{other}");
         }
     }
 

@@ -2,8 +2,9 @@
 //! per-ID guards) at once on a Redis
 //! that holds none of the app's lease keys, so the first sidecars of a new
 //! app (or on a fresh Redis) claim without waiting one TTL. Refuses, writing
-//! nothing, while any lease key of the app exists: then the guard is what
-//! keeps a newcomer from taking an ID a holder still publishes.
+//! nothing, while any lease key of the app exists or a sidecar has closed
+//! the guard (it found none: a data loss looks like that): then the guard is
+//! what keeps a newcomer from taking an ID a holder still publishes.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -33,7 +34,7 @@ pub struct GuardArgs {
 /// Subcommands of `snowlease guard`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum GuardCommand {
-    /// Open the claim guard now; refused (exit 5, nothing written) while any lease key of the app exists.
+    /// Open the claim guard now (before the app's first sidecars); refused (exit 5, nothing written) while a lease key of the app exists or a sidecar has closed the guard.
     Open(OpenArgs),
 }
 
@@ -48,7 +49,7 @@ pub struct OpenArgs {
     #[command(flatten)]
     pub redis: RedisUrlArg,
 
-    /// Open even while lease keys exist. Dangerous after a Redis data loss: a newcomer may take an ID that a holder still publishes until its next renew.
+    /// Open even while lease keys exist or the guard is closed. Dangerous after a Redis data loss: a newcomer may take an ID that a holder still publishes until its next renew; use it only if no sidecar of the app held an ID on this Redis in the last TTL.
     #[arg(long)]
     pub force: bool,
 }
@@ -78,28 +79,71 @@ impl GuardArgs {
     }
 }
 
-/// `guard open` found lease keys and was not forced (exit 5).
+/// `guard open` found what makes opening unsafe and was not forced (exit 5).
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "claim guard of app {app} not opened: {held} lease key(s) of the app exist, so a holder may \
-     still publish its ID (this is not a first use); let the guard run out, or use --force if you \
-     know every holder is gone"
-)]
-pub struct GuardRefused {
-    /// The app.
-    pub app: String,
-    /// How many lease keys exist.
-    pub held: i64,
+pub enum GuardRefused {
+    /// Lease keys of the app exist: a holder may still publish its ID.
+    #[error(
+        "claim guard of app {app} not opened: {held} lease key(s) of the app exist, so a holder \
+         may still publish its ID (this is not a first use); let the guard run out, or use \
+         --force if you know every holder is gone"
+    )]
+    LeaseKeys {
+        /// The app.
+        app: String,
+        /// How many lease keys (strings) exist.
+        held: i64,
+    },
+    /// A guard is closed: a sidecar's claim found it missing within the
+    /// last TTL (a data loss, or sidecars that started first on a fresh
+    /// Redis), and holders from before a loss may still publish their IDs.
+    #[error(
+        "claim guard of app {app} not opened: a sidecar closed it {opens_in_ms} ms before it \
+         opens, because it found no guard (a Redis that lost its data, or sidecars that started \
+         before this command); holders from before a data loss may still publish their IDs \
+         until then. Wait, or use --force only if no sidecar of this app held an ID on this \
+         Redis in the last TTL"
+    )]
+    Closed {
+        /// The app.
+        app: String,
+        /// ms until the latest closed guard opens (Redis time).
+        opens_in_ms: u64,
+    },
 }
 
-/// Runs `guard open` and prints one JSON line. One server: one script on
-/// every (lease key, app guard) pair. Cluster: one `EXISTS` of every lease
-/// key first (refused, nothing written, when any exists), then the script
-/// once per ID on (lease key, per-ID guard), each re-checking its key in
-/// its slot; an ID whose key appeared meanwhile is refused alone.
+/// What a pre-read or the script found: lease keys (strings) and the ms
+/// until the latest closed guard opens.
+#[derive(Debug, Default, Clone, Copy)]
+struct Found {
+    held: i64,
+    closed_ms: u64,
+}
+
+impl Found {
+    /// The refusal these findings call for without `--force`.
+    fn refusal(self, config: &OpenConfig) -> Option<GuardRefused> {
+        let app = config.app.clone();
+        match (self.held, self.closed_ms) {
+            _ if config.force => None,
+            (held, _) if held > 0 => Some(GuardRefused::LeaseKeys { app, held }),
+            (_, opens_in_ms) if opens_in_ms > 0 => Some(GuardRefused::Closed { app, opens_in_ms }),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `guard open` and prints one JSON line. One server: a `SCAN` for
+/// lease keys of IDs above `--max-worker-id` (the app guard covers every
+/// ID, whatever range the sidecars use), then one script on every (lease
+/// key, app guard) pair. Cluster: a pre-read of every lease key's type and
+/// per-ID guard (refused, nothing written, on a lease key or a closed
+/// guard), then the script once per ID on (lease key, per-ID guard), each
+/// re-checking in its slot; an ID whose key appeared meanwhile is refused
+/// alone.
 ///
-/// Errors: [`GuardRefused`] when lease keys exist without `--force`; a
-/// Redis error (unreachable, refused, guard key of another type).
+/// Errors: [`GuardRefused`] without `--force`; a Redis error (unreachable,
+/// refused, guard key of another type).
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
@@ -109,33 +153,27 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         .into_iter()
         .zip(config.keys.guards(config.max_worker_id, cluster))
         .collect();
+    let found = match cluster {
+        false => beyond_range(config, &mut conn).await,
+        true => pre_read(config, &mut conn, &pairs).await,
+    }
+    .with_context(context)?;
+    if let Some(refused) = found.refusal(config) {
+        return Err(refused.into());
+    }
     let batches: Vec<&[(String, String)]> = match cluster {
         false => vec![&pairs[..]],
-        true => {
-            let mut exists = redis::cmd("EXISTS");
-            exists.arg(pairs.iter().map(|(k, _)| k).collect::<Vec<_>>());
-            let held = bounded(config, exists.query_async::<i64>(&mut conn))
-                .await
-                .with_context(context)?;
-            if held > 0 && !config.force {
-                return Err(GuardRefused {
-                    app: config.app.clone(),
-                    held,
-                }
-                .into());
-            }
-            pairs.chunks(1).collect()
-        }
+        true => pairs.chunks(1).collect(),
     };
-    let (mut refused, mut held_total, mut at_ms) = (false, 0, 0);
+    let (mut refused, mut total, mut at_ms) = (false, found, 0);
     for batch in &batches {
         let mut invocation = OPEN.prepare_invoke();
         for (key, guard) in *batch {
             invocation.key(key).key(guard);
         }
         invocation.arg(if config.force { "1" } else { "0" });
-        let call = invocation.invoke_async::<(i64, u64, i64)>(&mut conn);
-        let (opened, at, held) = bounded(config, call).await.with_context(context)?;
+        let call = invocation.invoke_async::<(i64, u64, i64, u64)>(&mut conn);
+        let (opened, at, held, closed_ms) = bounded(config, call).await.with_context(context)?;
         if held < 0 {
             anyhow::bail!(
                 "the claim guard {} has another type than string; remove it by hand",
@@ -143,23 +181,75 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
             );
         }
         refused |= opened == 0;
-        held_total += held;
+        total.held += held;
+        total.closed_ms = total.closed_ms.max(closed_ms);
         at_ms = at_ms.max(at);
     }
     if refused {
-        return Err(GuardRefused {
-            app: config.app.clone(),
-            held: held_total,
-        }
-        .into());
+        return Err(total.refusal(config).expect("the script refused").into());
     }
     let line = serde_json::json!({
         "app": config.app,
         "opened_at_ms": at_ms,
-        "lease_keys": held_total,
+        "lease_keys": total.held,
         "guards": if cluster { batches.len() } else { 1 },
     });
     stdout_line(&line.to_string())
+}
+
+/// One server: lease keys (strings) of the app's IDs above
+/// `--max-worker-id`, found with a full `SCAN` of `<prefix><app>:*`.
+async fn beyond_range(
+    config: &OpenConfig,
+    conn: &mut crate::connection::Redis,
+) -> anyhow::Result<Found> {
+    let (mut cursor, mut held) = (0u64, 0);
+    loop {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor).arg("MATCH").arg(config.keys.pattern());
+        scan.arg("COUNT").arg(1000).arg("TYPE").arg("string");
+        let (next, keys) = bounded(config, scan.query_async::<(u64, Vec<String>)>(conn)).await?;
+        held += keys
+            .iter()
+            .filter_map(|k| config.keys.worker_id_of(k))
+            .filter(|id| *id > u32::from(config.max_worker_id))
+            .count() as i64;
+        if next == 0 {
+            return Ok(Found { held, closed_ms: 0 });
+        }
+        cursor = next;
+    }
+}
+
+/// Cluster: the type of every lease key and the value of its per-ID guard
+/// (each command to its slot's node), against one node's `TIME`.
+async fn pre_read(
+    config: &OpenConfig,
+    conn: &mut crate::connection::Redis,
+    pairs: &[(String, String)],
+) -> anyhow::Result<Found> {
+    let mut pipe = redis::pipe();
+    for (key, guard) in pairs {
+        pipe.cmd("TYPE").arg(key).cmd("MGET").arg(guard);
+    }
+    let replies: Vec<redis::Value> = bounded(config, pipe.query_async(conn)).await?;
+    let (secs, micros): (u64, u64) = bounded(config, redis::cmd("TIME").query_async(conn)).await?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let mut found = Found::default();
+    for pair in replies.chunks(2) {
+        let kind: String = redis::from_redis_value(pair[0].clone())?;
+        let guard: Vec<Option<String>> = redis::from_redis_value(pair[1].clone())?;
+        found.held += i64::from(kind == "string");
+        let open_at = guard
+            .first()
+            .cloned()
+            .flatten()
+            .and_then(|g| g.parse().ok());
+        if let Some(open_at) = open_at.filter(|at: &u64| *at > now_ms) {
+            found.closed_ms = found.closed_ms.max(open_at - now_ms);
+        }
+    }
+    Ok(found)
 }
 
 /// One Redis call under [`CALL_TIMEOUT`].

@@ -6,14 +6,20 @@
 --             claim.lua takes them: on one server every pair names the
 --             app's guard; on Cluster one pair per call, both in one slot,
 --             so the check of the lease key and the write are atomic)
--- ARGV[1]     "1": open even when lease keys exist (--force); "0": refuse
+-- ARGV[1]     "1": open even when lease keys exist or a guard is closed
+--             (--force); "0": refuse then
 --
--- Returns {opened, at_ms, held}:
---   opened  1 = every guard named now holds Redis' TIME (ms): claims are
---           open; 0 = refused, nothing written (lease keys exist, or a
---           guard key has another type: held = -1)
---   at_ms   Redis time in ms when the script ran
---   held    how many of the lease keys exist (any type)
+-- Returns {opened, at_ms, held, closed_ms}:
+--   opened     1 = every guard named now holds Redis' TIME (ms): claims are
+--              open; 0 = refused, nothing written (lease keys exist, a guard
+--              is closed, or a guard key has another type: held = -1)
+--   at_ms      Redis time in ms when the script ran
+--   held       how many of the lease keys exist as strings (a key of
+--              another type is no lease: sidecars never touch it)
+--   closed_ms  ms until the latest closed guard opens, 0 when none is
+--              closed. A closed guard was set by a claim that found it
+--              missing: after a data loss, holders from before may still
+--              publish their IDs until it opens, so only --force opens it
 if #KEYS == 0 or #KEYS % 2 ~= 0 then
   return redis.error_reply('ERR guard open: KEYS must be (lease key, guard) pairs')
 end
@@ -21,21 +27,26 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local guards = {}
 local held = 0
+local closed = 0
 for i = 1, #KEYS, 2 do
-  held = held + redis.call('EXISTS', KEYS[i])
+  if redis.call('TYPE', KEYS[i]).ok == 'string' then held = held + 1 end
   local guard = KEYS[i + 1]
   if not guards[guard] then
     local kind = redis.call('TYPE', guard).ok
     if kind ~= 'none' and kind ~= 'string' then
-      return {0, now, -1}
+      return {0, now, -1, 0}
+    end
+    local open_at = tonumber(redis.call('GET', guard))
+    if open_at ~= nil and open_at > now and open_at - now > closed then
+      closed = open_at - now
     end
     guards[guard] = true
   end
 end
-if held > 0 and ARGV[1] ~= '1' then
-  return {0, now, held}
+if (held > 0 or closed > 0) and ARGV[1] ~= '1' then
+  return {0, now, held, closed}
 end
 for guard in pairs(guards) do
   redis.call('SET', guard, now)
 end
-return {1, now, held}
+return {1, now, held, closed}

@@ -13,8 +13,8 @@ use tokio::time::{Instant, sleep, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::args::{LeaseSettings, OnLoss};
-use super::claim::{self, ClaimOutcome, GuardFound, LeaseKeys};
+use super::args::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID, LeaseSettings, OnLoss};
+use super::claim::{self, ClaimOutcome, GuardFound, LeaseKeys, glob_escape};
 use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
@@ -227,6 +227,21 @@ impl<C: Reconnects + Send> Worker<C> {
         LeaseKeys::new(&self.params.settings.key_prefix, &self.params.app)
     }
 
+    /// The `guard open` command for this sidecar's keys, flags that differ
+    /// from their defaults included (else it would open another app's guard
+    /// or check too few IDs).
+    fn guard_open_command(&self) -> String {
+        let settings = &self.params.settings;
+        let mut cmd = format!("snowlease guard open --app {}", self.params.app);
+        if settings.key_prefix != DEFAULT_KEY_PREFIX {
+            cmd += &format!(" --key-prefix {}", settings.key_prefix);
+        }
+        if settings.max_worker_id != DEFAULT_MAX_WORKER_ID {
+            cmd += &format!(" --max-worker-id {}", settings.max_worker_id);
+        }
+        cmd
+    }
+
     fn set_state(&self, state: WorkerState) {
         if !matches!(state, WorkerState::GuardClosed(_)) {
             self.metrics.claim_guard_opens.set(0);
@@ -341,7 +356,13 @@ impl<C: Reconnects + Send> Worker<C> {
                             GuardFound::Missing => Some(self.missing_guard(others_kept).await),
                             _ => None,
                         };
-                        log_paused(&self.params.app, wait, guard, found);
+                        log_paused(
+                            &self.params.app,
+                            &self.guard_open_command(),
+                            wait,
+                            guard,
+                            found,
+                        );
                         last_log = Some(Instant::now());
                     }
                     let opens = SystemTime::now() + wait;
@@ -928,7 +949,13 @@ enum MissingGuard {
 /// Says why claims wait. A missing guard: what Redis can tell about why
 /// (`found`), and how to skip the wait on first use. A guard that exists
 /// and is closed was set by an earlier claim: INFO, nothing lost here.
-fn log_paused(app: &str, wait: Duration, guard: GuardFound, found: Option<MissingGuard>) {
+fn log_paused(
+    app: &str,
+    open_cmd: &str,
+    wait: Duration,
+    guard: GuardFound,
+    found: Option<MissingGuard>,
+) {
     let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
     match guard {
         GuardFound::Missing => {
@@ -954,7 +981,7 @@ fn log_paused(app: &str, wait: Duration, guard: GuardFound, found: Option<Missin
             };
             warn!(
                 wait_ms,
-                "no claim guard in Redis ({why}): waiting one TTL so that earlier holders can renew or give up; on first use, `snowlease guard open --app {app}` skips the wait"
+                "no claim guard in Redis ({why}): waiting one TTL so that earlier holders can renew or give up. For a new app, `{open_cmd}` before its first sidecars start spares this wait; now that a sidecar has closed the guard, only `--force` opens it, which is safe only if no sidecar of this app held an ID on this Redis in the last TTL"
             );
         }
         GuardFound::TooFar => warn!(
@@ -966,16 +993,4 @@ fn log_paused(app: &str, wait: Duration, guard: GuardFound, found: Option<Missin
             "claim guard closed (set by an earlier claim); waiting until it opens (`snowlease status --app {app}` shows when)"
         ),
     }
-}
-
-/// A `SCAN MATCH` glob that matches `text` literally.
-fn glob_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }

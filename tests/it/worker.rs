@@ -676,6 +676,64 @@ fn guard_open_refuses_while_a_lease_key_exists() {
     assert_eq!(bad.code, Some(2), "{bad:?}");
 }
 
+/// On one server the app guard covers every ID: `guard open` refuses for a lease key above its
+/// own `--max-worker-id` (sidecars may use a larger range), but not for a key of another type
+/// (no lease: sidecars never touch it, it never expires).
+#[test]
+fn guard_open_counts_every_lease_key_of_the_app_and_only_lease_keys() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let guard = format!("{PREFIX}orders:guard");
+    let open = |extra: &[&str]| {
+        let mut args = vec!["guard", "open", "--app", "orders", "--redis-url", &url];
+        args.extend_from_slice(extra);
+        run_snowlease(&args, &[], secs(10))
+    };
+    let _: () = redis.query(redis::cmd("RPUSH").arg(worker_key("orders", 1)).arg("x"));
+    let opened = open(&["--max-worker-id", "2"]);
+    assert_eq!(opened.code, Some(0), "{opened:?}");
+    let _: () = redis.query(redis::cmd("DEL").arg(&guard));
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(worker_key("orders", 700))
+            .arg("10.0.0.9#beef"),
+    );
+    let refused = open(&["--max-worker-id", "2"]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(!redis.exists(&guard), "nothing written");
+}
+
+/// A guard that a sidecar closed (it found none: first use with sidecars started first, or a
+/// data loss whose earlier holders may still publish) is opened only with `--force`; without it
+/// `guard open` exits 5, names the danger and writes nothing.
+#[test]
+fn guard_open_refuses_a_guard_a_sidecar_closed() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let guard = format!("{PREFIX}orders:guard");
+    let _sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "30s")
+        .flag("--renew-interval", "10s")
+        .spawn();
+    assert!(poll_until(secs(5), || redis.exists(&guard)));
+    let closed_at = redis.get(&guard);
+    let open = |extra: &[&str]| {
+        let mut args = vec!["guard", "open", "--app", "orders", "--redis-url", &url];
+        args.extend_from_slice(extra);
+        run_snowlease(&args, &[], secs(10))
+    };
+    let refused = open(&[]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(
+        refused.stderr.contains("closed") && refused.stderr.contains("--force"),
+        "{refused:?}"
+    );
+    assert_eq!(redis.get(&guard), closed_at, "nothing written");
+    let forced = open(&["--force"]);
+    assert_eq!(forced.code, Some(0), "{forced:?}");
+    assert_ne!(redis.get(&guard), closed_at);
+}
+
 /// `--log-format json` writes one flat object per line: `timestamp`, `level`, `message`,
 /// `target` and the event's fields at the top level (what log platforms ingest as they are).
 #[test]

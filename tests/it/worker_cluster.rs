@@ -242,4 +242,22 @@ fn worker_on_cluster_through_a_migration_and_an_empty_shard() {
     assert!(now.iter().all(Option::is_some), "{now:?}");
     let refused = guard_open(&url, app, &[]);
     assert_eq!(refused.code, Some(5), "{refused:?}");
+
+    // No lease key, but a per-ID guard closed (as a claim leaves it after a shard lost its
+    // data): refused too, and no other guard is written.
+    let fresh = "fresh";
+    let guard = |id: u32| format!("{PREFIX}{fresh}:guard:{{{}}}", worker_key(fresh, id));
+    let node = topo.server(topo.owner_of_key(&guard(2)).port);
+    let (secs_now, _): (u64, u64) = node.query(&mut redis::cmd("TIME"));
+    let _: () = node.query(redis::cmd("SET").arg(guard(2)).arg((secs_now + 60) * 1000));
+    let refused = guard_open(&url, fresh, &["--max-worker-id", "3"]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(refused.stderr.contains("closed"), "{refused:?}");
+    for id in [0, 1, 3] {
+        assert_eq!(
+            cluster_get(&topo, &guard(id)),
+            None,
+            "guard of {id} not written"
+        );
+    }
 }
