@@ -344,6 +344,9 @@ impl<C: Reconnects + Send> Worker<C> {
                         warn!(count, holders = %holders, "all worker IDs are held; waiting for one to be freed");
                         last_log = Some(Instant::now());
                     }
+                    // Not behind a guard (any more), and no key of ours: a
+                    // recorded lease is not ours either.
+                    self.set_state(WorkerState::Claiming);
                     backoff.grow();
                 }
                 Ok(Ok(Round::Paused(wait, guard, others_kept))) => {

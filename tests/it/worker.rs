@@ -769,6 +769,42 @@ fn json_logs_are_flat_objects() {
     }
 }
 
+/// A sidecar that waited behind the guard and then finds every ID held says `claiming` (and
+/// the guard gauge 0) while it waits for a free ID, not `guard_closed` with a past opening.
+#[test]
+fn waiting_for_a_held_id_is_claiming_not_guard_closed() {
+    let redis = RedisServer::start();
+    let spawn = |name: &str| {
+        Sidecar::worker(&redis, "orders")
+            .name(name)
+            .flag("--ttl", "2s")
+            .flag("--renew-interval", "500ms")
+            .flag("--max-worker-id", "1")
+            .spawn()
+    };
+    let sidecars: Vec<Sidecar> = ["a", "b", "c"].into_iter().map(spawn).collect();
+    assert!(poll_until(secs(5), || sidecars
+        .iter()
+        .any(|s| s.http_get("/id", None).1.contains("guard_closed"))));
+    assert!(poll_until(secs(10), || sidecars
+        .iter()
+        .filter(|s| s.id().is_some())
+        .count()
+        == 2));
+    let waiting = sidecars.iter().find(|s| s.id().is_none()).expect("a third");
+    let idle = || {
+        let (status, body) = waiting.http_get("/id", None);
+        let gauge = waiting.metric("snowlease_claim_guard_opens_timestamp_seconds");
+        status == 503 && body.contains("\"claiming\"") && gauge == Some(0.0)
+    };
+    assert!(
+        poll_until(secs(5), idle),
+        "{:?} {:?}",
+        waiting.http_get("/id", None),
+        waiting.metric("snowlease_claim_guard_opens_timestamp_seconds")
+    );
+}
+
 /// While the claim guard holds claims back (a fresh Redis), `/id` and `/readyz` say
 /// `"state":"guard_closed"` with `opens_in_ms`, and a gauge gives the Unix time it opens.
 #[test]
