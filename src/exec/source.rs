@@ -59,18 +59,29 @@ impl Source {
     /// Base URL checks for `--url`: `http://host[:port][/prefix]`.
     ///
     /// Errors: a message naming what is wrong.
+    /// The text is never echoed whole: it may carry a password.
     pub fn parse_url(text: &str) -> Result<url::Url, String> {
-        let url = url::Url::parse(text).map_err(|e| format!("cannot parse {text:?}: {e}"))?;
+        let url = url::Url::parse(text).map_err(|e| format!("cannot parse it: {e}"))?;
+        let mut shown = url.clone();
+        // Cannot fail for http(s) URLs with a host; the checks below refuse the rest.
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        let shown = shown.as_str();
         if url.scheme() != "http" {
             return Err(format!(
-                "{text:?}: only http:// is supported (the sidecar in the same pod)"
+                "{shown:?}: only http:// is supported (the sidecar in the same pod)"
             ));
         }
         if url.host_str().is_none_or(str::is_empty) {
-            return Err(format!("{text:?}: no host"));
+            return Err(format!("{shown:?}: no host"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "{shown:?} (user info left out here): no user or password allowed; the sidecar's /id needs none"
+            ));
         }
         if url.query().is_some() || url.fragment().is_some() {
-            return Err(format!("{text:?}: no query or fragment allowed"));
+            return Err(format!("{shown:?}: no query or fragment allowed"));
         }
         Ok(url)
     }
@@ -93,18 +104,42 @@ impl std::fmt::Display for Source {
     }
 }
 
-/// Parses the ID file's contents: a decimal ID and one newline.
+/// Parses the ID file's contents: a decimal ID as the sidecar writes it (no
+/// sign, no leading zero) and one newline.
 fn parse_id(text: &str) -> Option<u16> {
-    let digits = text.strip_suffix('\n').unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let digits = text.strip_suffix('\n')?;
+    let canonical = digits == "0" || !digits.starts_with('0');
+    if digits.is_empty() || !canonical || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     digits.parse().ok().filter(|id| *id <= WORKER_ID_LIMIT)
 }
 
+/// Largest ID or state file read: both are a few dozen bytes; a bigger one
+/// (or `/dev/zero`) is not the sidecar's.
+const FILE_LIMIT: u64 = 4096;
+
+/// The file's bytes, if it is a regular file of at most [`FILE_LIMIT`]
+/// bytes: a FIFO or a device would block or never end.
+fn read_small(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    // Checked before opening: opening a FIFO blocks until a writer comes.
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() || meta.len() > FILE_LIMIT {
+        return Err(std::io::Error::other(format!(
+            "not a regular file of at most {FILE_LIMIT} bytes"
+        )));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(FILE_LIMIT)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 fn read_file(path: &std::path::Path) -> Reading {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
+    let text = match read_small(path).map(String::from_utf8) {
+        Ok(Ok(text)) => text,
+        Ok(Err(_)) => return Reading::Absent("ID file is not UTF-8 text".into()),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             return Reading::Absent("no ID file".into());
         }
@@ -115,7 +150,7 @@ fn read_file(path: &std::path::Path) -> Reading {
     };
     // Read after the ID file: the sidecar writes the state file first, so a
     // state naming another ID means the ID in hand was lost meanwhile.
-    let state = match std::fs::read(state_path(path)) {
+    let state = match read_small(&state_path(path)) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             return Reading::Published(Published {
@@ -238,10 +273,47 @@ mod tests {
     #[test]
     fn id_file_contents_must_be_one_decimal_id() {
         assert_eq!(parse_id("7\n"), Some(7));
-        assert_eq!(parse_id("1023"), Some(1023));
-        for bad in ["", "\n", "7\n\n", " 7\n", "-1\n", "1024\n", "x\n"] {
+        assert_eq!(parse_id("0\n"), Some(0));
+        assert_eq!(parse_id("1023\n"), Some(1023));
+        let bad = [
+            "", "\n", "7", "1023", "01\n", "+7\n", "7\n\n", " 7\n", "-1\n", "1024\n",
+        ];
+        for bad in bad.into_iter().chain(["x\n"]) {
             assert_eq!(parse_id(bad), None, "{bad:?}");
         }
+    }
+
+    /// A FIFO (would block), a device (`/dev/zero` never ends) and a big file are refused at
+    /// once as no ID file.
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'7'; 5000]).unwrap();
+        for path in [
+            fifo.as_path(),
+            std::path::Path::new("/dev/zero"),
+            big.as_path(),
+        ] {
+            let Reading::Absent(why) = read_file(path) else {
+                panic!("{path:?} read as an ID")
+            };
+            assert!(why.contains("not a regular file"), "{path:?}: {why}");
+        }
+    }
+
+    /// A user or password in `--url` is refused, and the message leaves it out.
+    #[test]
+    fn url_user_info_is_refused_without_being_shown() {
+        let err = Source::parse_url("http://u:pw5ecret@127.0.0.1:7391/id").unwrap_err();
+        assert!(err.contains("no user or password"), "{err}");
+        assert!(!err.contains("pw5ecret") && !err.contains("u:"), "{err}");
+        let err = Source::parse_url("ftp://u:pw5ecret@host/").unwrap_err();
+        assert!(!err.contains("pw5ecret"), "{err}");
+        let err = Source::parse_url("http://u:pw5ecret@[::1/").unwrap_err();
+        assert!(!err.contains("pw5ecret"), "{err}");
     }
 
     #[test]
