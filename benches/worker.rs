@@ -3,7 +3,8 @@
 //! claim-round counters), the time a Sentinel failover leaves sidecars
 //! without an ID, idle RSS, binary size. Starts its own Redis processes on
 //! free loopback ports through the test harness (`tests/it/harness`);
-//! prints a table with the goals (issues 7 and 10).
+//! prints a table with the goals (issues 7 and 10). `-- claims` runs the
+//! claim rows only.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,31 +40,43 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// Median PING round trip to the node at `port` (a plain multiplexed
-/// connection, the transport snowlease's handle uses).
-async fn ping_latency(port: u16) -> Duration {
-    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let mut pings = Vec::with_capacity(TRIALS);
-    for _ in 0..TRIALS {
-        let start = Instant::now();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
-        pings.push(start.elapsed());
+/// A PING round trip to the node at `port` on a plain multiplexed
+/// connection (the transport snowlease's handle uses).
+struct Pinger(redis::aio::MultiplexedConnection);
+
+impl Pinger {
+    async fn connect(port: u16) -> Pinger {
+        let conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        Pinger(conn)
     }
-    median(pings)
+
+    async fn sample(&mut self) -> Duration {
+        let start = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut self.0).await.unwrap();
+        start.elapsed()
+    }
 }
 
-/// Median claim through snowlease's own connection handle with `n` of 32
-/// IDs taken, for each `n` in `taken`; guards open as in an established
-/// deployment.
-async fn claim_latency(url: &str, cluster: bool, taken: &[u16]) -> Vec<Duration> {
+/// Medians of a claim through snowlease's own connection handle and of a
+/// PING to `ping_port`, one sample of each in turn (so both see the same
+/// machine load), with `n` of 32 IDs taken, for each `n` in `taken`;
+/// guards open as in an established deployment. Returns (PING, claim) per
+/// `n`, and the median of all PING samples.
+async fn claim_latency(
+    url: &str,
+    cluster: bool,
+    ping_port: u16,
+    taken: &[u16],
+) -> (Vec<(Duration, Duration)>, Duration) {
     let mut conn = RedisTarget::parse(url)
         .unwrap()
         .connect(Duration::from_secs(5))
         .unwrap();
+    let mut pinger = Pinger::connect(ping_port).await;
     let keys = LeaseKeys::new("snowflake:worker:", "bench");
     for guard in keys.guards(31, cluster) {
         let _: () = redis::cmd("SET")
@@ -75,7 +88,7 @@ async fn claim_latency(url: &str, cluster: bool, taken: &[u16]) -> Vec<Duration>
     }
     let owner = Owner::generate("bench");
     let ttl = Duration::from_secs(120);
-    let mut results = Vec::new();
+    let (mut results, mut all_pings) = (Vec::new(), Vec::new());
     for &n in taken {
         for id in 0..32u16 {
             let _: () = redis::cmd("DEL")
@@ -92,13 +105,15 @@ async fn claim_latency(url: &str, cluster: bool, taken: &[u16]) -> Vec<Duration>
                 .await
                 .unwrap();
         }
-        let mut samples = Vec::with_capacity(TRIALS);
-        for _ in 0..TRIALS {
+        let (mut pings, mut claims) = (Vec::new(), Vec::new());
+        // Warm-up: connections, script cache, slot views.
+        for trial in 0..TRIALS + 20 {
+            let ping = pinger.sample().await;
             let start = Instant::now();
             let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl, cluster)
                 .await
                 .unwrap();
-            samples.push(start.elapsed());
+            let claim = start.elapsed();
             assert_eq!(
                 reply.outcome,
                 ClaimOutcome::Claimed(usize::from(n)),
@@ -109,10 +124,15 @@ async fn claim_latency(url: &str, cluster: bool, taken: &[u16]) -> Vec<Duration>
                 .query_async(&mut conn)
                 .await
                 .unwrap();
+            if trial >= 20 {
+                pings.push(ping);
+                claims.push(claim);
+            }
         }
-        results.push(median(samples));
+        all_pings.extend(pings.iter().copied());
+        results.push((median(pings), median(claims)));
     }
-    results
+    (results, median(all_pings))
 }
 
 /// The Cluster node that holds most of the 32 ID keys of app `bench`.
@@ -284,24 +304,22 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // `cargo bench --bench worker -- claims`: the claim rows only.
+    let claims_only = std::env::args().skip(1).any(|a| a == "claims");
     let taken = [0, 16, 31];
     let redis = RedisServer::start();
     let url = redis.url();
-    let ping = runtime.block_on(ping_latency(redis.port()));
-    let claims = runtime.block_on(claim_latency(&url, false, &taken));
+    let (claims, ping) = runtime.block_on(claim_latency(&url, false, redis.port(), &taken));
 
-    let (cluster_ping, cluster_claims) = {
+    let (cluster_claims, cluster_ping) = {
         let topo = ClusterTopology::start_primaries_only();
-        let ping = runtime.block_on(ping_latency(busiest_node(&topo)));
-        (
-            ping,
-            runtime.block_on(claim_latency(&topo.url(), true, &taken)),
-        )
+        let busiest = busiest_node(&topo);
+        runtime.block_on(claim_latency(&topo.url(), true, busiest, &taken))
     };
 
     let bins: Vec<(&str, &str)> = [("dynamic", BIN), ("static", STATIC_BIN)]
         .into_iter()
-        .filter(|(_, bin)| Path::new(bin).exists())
+        .filter(|(_, bin)| !claims_only && Path::new(bin).exists())
         .collect();
     let mut startups = Vec::new();
     for (name, bin) in &bins {
@@ -318,19 +336,20 @@ fn main() {
         let size = std::fs::metadata(bin).map(|m| m.len()).unwrap_or(0);
         startups.push((name, one, runs, rss, size));
     }
-    let (planned, killed) = sentinel_failover_gaps();
+    let gaps = (!claims_only).then(sentinel_failover_gaps);
 
     println!("snowlease worker benchmark (medians; redis-server on loopback)");
     row("measure", "value".into(), "ratio".into(), "goal");
     let us = |d: Duration| format!("{:.1}us", d.as_secs_f64() * 1e6);
     let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1e3);
+    println!("(claim ratios: to the PING samples taken in turn with that row's claims)");
     row("standalone: PING round trip", us(ping), "1.00x".into(), "-");
-    for (n, claim) in taken.iter().zip(&claims) {
+    for (n, (ping, claim)) in taken.iter().zip(&claims) {
         let goal = if *n == 31 { "<= 2x" } else { "-" };
         row(
             &format!("standalone: claim with {n} of 32 IDs taken (1 call)"),
             us(*claim),
-            ratio(*claim, ping),
+            ratio(*claim, *ping),
             goal,
         );
     }
@@ -340,12 +359,12 @@ fn main() {
         "1.00x".into(),
         "-",
     );
-    for (n, claim) in taken.iter().zip(&cluster_claims) {
+    for (n, (ping, claim)) in taken.iter().zip(&cluster_claims) {
         let goal = if *n == 31 { "<= 3x" } else { "-" };
         row(
             &format!("cluster: claim with {n} of 32 IDs taken (read + 1 call)"),
             us(*claim),
-            ratio(*claim, cluster_ping),
+            ratio(*claim, *ping),
             goal,
         );
     }
@@ -408,17 +427,19 @@ fn main() {
             "-",
         );
     }
-    row(
-        "sentinel: 8 sidecars, longest without ID, planned failover",
-        ms(planned),
-        "-".into(),
-        "-",
-    );
-    row(
-        "sentinel: 8 sidecars, longest without ID, killed primary",
-        ms(killed),
-        "-".into(),
-        "-",
-    );
+    if let Some((planned, killed)) = gaps {
+        row(
+            "sentinel: 8 sidecars, longest without ID, planned failover",
+            ms(planned),
+            "-".into(),
+            "-",
+        );
+        row(
+            "sentinel: 8 sidecars, longest without ID, killed primary",
+            ms(killed),
+            "-".into(),
+            "-",
+        );
+    }
     println!("total bench time {:.1}s", started.elapsed().as_secs_f64());
 }

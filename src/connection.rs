@@ -4,6 +4,7 @@
 //! worth retrying.
 
 mod handle;
+mod slots;
 mod target;
 
 use std::sync::Once;

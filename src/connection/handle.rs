@@ -34,6 +34,7 @@ use redis::{
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
+use super::slots::{self, SlotView};
 use super::target::{RedisTarget, Topology};
 
 /// Keepalive probes start after 10 s without traffic, every 5 s, 3 of them:
@@ -96,7 +97,8 @@ struct Live {
 #[derive(Clone)]
 enum Conn {
     Node(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    /// With our copy of the slot owners, which groups reads by node.
+    Cluster(ClusterConnection, Arc<SlotView>),
 }
 
 #[derive(Clone, Copy)]
@@ -106,6 +108,8 @@ enum Req<'a> {
     /// A command without keys that must run on the primary of `key`'s
     /// slot (Cluster); elsewhere the same as `One`.
     OnKeyNode(&'a Cmd, &'a str),
+    /// A single-key `MGET` of each key (see [`Redis::read_each`]).
+    ReadEach(&'a [String]),
 }
 
 enum Reply {
@@ -322,6 +326,27 @@ impl Redis {
         Ok(if self.ran_on == wrote_on { acked } else { 0 })
     }
 
+    /// The value of each of `keys` as a string, in key order: `None` for a
+    /// missing key and for a key of another type (a single-key `MGET` each).
+    /// One pipeline on one server; on a Cluster one pipeline per node that
+    /// serves some of the keys, all at once (grouped by the slot owners
+    /// `CLUSTER SLOTS` named at connect; a group that fails, e.g. during a
+    /// slot migration, is read again key by key as redis-rs routes each).
+    ///
+    /// Errors: as any call; one key's error fails the whole read.
+    pub async fn read_each(&mut self, keys: &[String]) -> RedisResult<Vec<Option<String>>> {
+        let Reply::Many(values) = self.call(Req::ReadEach(keys)).await? else {
+            unreachable!("one reply per key")
+        };
+        values
+            .into_iter()
+            .map(|value| {
+                let (value,): (Option<String>,) = redis::from_redis_value(value)?;
+                Ok(value)
+            })
+            .collect()
+    }
+
     /// One request: wait for a live connection (its own timeout), then the
     /// command (its own timeout).
     async fn call(&mut self, req: Req<'_>) -> RedisResult<Reply> {
@@ -383,6 +408,11 @@ pub trait Reconnects: ConnectionLike {
         replicas: u32,
         timeout: Duration,
     ) -> impl Future<Output = RedisResult<u32>> + Send;
+    /// See [`Redis::read_each`].
+    fn read_each(
+        &mut self,
+        keys: &[String],
+    ) -> impl Future<Output = RedisResult<Vec<Option<String>>>> + Send;
 }
 
 impl Reconnects for Redis {
@@ -405,6 +435,13 @@ impl Reconnects for Redis {
         timeout: Duration,
     ) -> impl Future<Output = RedisResult<u32>> + Send {
         Redis::wait_replicas(self, key, replicas, timeout)
+    }
+
+    fn read_each(
+        &mut self,
+        keys: &[String],
+    ) -> impl Future<Output = RedisResult<Vec<Option<String>>>> + Send {
+        Redis::read_each(self, keys)
     }
 }
 
@@ -626,7 +663,10 @@ impl Shared {
             }
         }
         let conn = builder.build()?.get_async_connection().await?;
-        Ok(Conn::Cluster(conn))
+        let view = Arc::new(SlotView::default());
+        // Bounded: without a view reads only go key by key.
+        let _ = timeout(self.timeout, view.fetch(&conn)).await;
+        Ok(Conn::Cluster(conn, view))
     }
 
     async fn open_sentinel(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
@@ -740,12 +780,24 @@ impl Conn {
             (Conn::Node(c), Req::One(cmd) | Req::OnKeyNode(cmd, _)) => {
                 Box::pin(async move { c.req_packed_command(cmd).await.map(Reply::One) })
             }
-            (Conn::Cluster(c), Req::OnKeyNode(cmd, key)) => {
+            (Conn::Node(c), Req::ReadEach(keys)) => Box::pin(async move {
+                let mut pipe = redis::pipe();
+                for key in keys {
+                    pipe.cmd("MGET").arg(key);
+                }
+                c.req_packed_commands(&pipe, 0, keys.len())
+                    .await
+                    .map(Reply::Many)
+            }),
+            (Conn::Cluster(c, view), Req::ReadEach(keys)) => {
+                Box::pin(async move { slots::read_each(c, view, keys).await.map(Reply::Many) })
+            }
+            (Conn::Cluster(c, _), Req::OnKeyNode(cmd, key)) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 Box::pin(async move { c.route_command(cmd.clone(), routing).await.map(Reply::One) })
             }
-            (Conn::Cluster(c), Req::One(cmd)) => {
+            (Conn::Cluster(c, _), Req::One(cmd)) => {
                 Box::pin(async move { c.req_packed_command(cmd).await.map(Reply::One) })
             }
             (Conn::Node(c), Req::Many(p, offset, count)) => Box::pin(async move {
@@ -753,10 +805,10 @@ impl Conn {
                     .await
                     .map(Reply::Many)
             }),
-            (Conn::Cluster(c), Req::Many(p, ..)) if !p.is_transaction() => {
+            (Conn::Cluster(c, _), Req::Many(p, ..)) if !p.is_transaction() => {
                 Box::pin(scatter(c.clone(), p))
             }
-            (Conn::Cluster(c), Req::Many(p, offset, count)) => Box::pin(async move {
+            (Conn::Cluster(c, _), Req::Many(p, offset, count)) => Box::pin(async move {
                 c.req_packed_commands(p, offset, count)
                     .await
                     .map(Reply::Many)

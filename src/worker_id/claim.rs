@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
+use crate::connection::Reconnects;
 use crate::identity::Owner;
 use crate::lease::{step, ttl_ms};
 
@@ -201,9 +202,9 @@ pub async fn claim_pairs<C: ConnectionLike>(
 /// that already holds our owner string (docs/worker.md, "Claim").
 ///
 /// One server (`cluster` false): one `claim.lua` call with every pair, all
-/// naming the app guard: one round trip. Cluster: one pipeline of a
-/// single-key `MGET` per lease key (`conn` must send each to its slot's
-/// node, as `connection::Redis` does) finds our own key and the free ones;
+/// naming the app guard: one round trip. Cluster: a single-key `MGET` of
+/// every lease key ([`Reconnects::read_each`]: one pipeline per node, at
+/// once) finds our own key and the free ones;
 /// then `claim.lua` runs on one (lease key, per-ID guard) pair per call,
 /// free IDs in ID order, until one is taken. A free ID behind a closed
 /// guard (its shard lost data) does not stop the walk: IDs on shards that
@@ -212,7 +213,7 @@ pub async fn claim_pairs<C: ConnectionLike>(
 ///
 /// A transient error may hide a claim that ran; calling this again finds and
 /// adopts that key instead of taking a second one.
-pub async fn claim_lowest<C: ConnectionLike>(
+pub async fn claim_lowest<C: Reconnects>(
     conn: &mut C,
     keys: &LeaseKeys,
     max_worker_id: u16,
@@ -222,24 +223,14 @@ pub async fn claim_lowest<C: ConnectionLike>(
 ) -> redis::RedisResult<ClaimReply> {
     let ids = keys.ids(max_worker_id);
     let guards = keys.guards(max_worker_id, cluster);
-    let pairs: Vec<(String, String)> = ids.into_iter().zip(guards).collect();
+    let pairs: Vec<(String, String)> = ids.iter().cloned().zip(guards).collect();
     if !cluster {
         return claim_pairs(conn, &pairs, owner, ttl).await;
     }
-    // One single-key MGET per ID, pipelined: `connection::Redis` sends them
-    // all at once, each to its slot's node (a multi-slot MGET, split by
-    // redis-rs, failed with a result-count mismatch during a failover).
-    // MGET, unlike GET, answers nil for a key of another type.
-    let mut pipe = redis::pipe();
-    for (key, _) in &pairs {
-        pipe.cmd("MGET").arg(key);
-    }
-    let values: Vec<Option<String>> = pipe
-        .query_async::<Vec<(Option<String>,)>>(conn)
-        .await?
-        .into_iter()
-        .map(|(v,)| v)
-        .collect();
+    // One single-key MGET per ID (nil for a key of another type too), one
+    // pipeline per node, all at once (a multi-slot MGET, split by redis-rs,
+    // failed with a result-count mismatch during a failover).
+    let values = conn.read_each(&ids).await?;
     let mut calls = 1;
     let ours = values
         .iter()

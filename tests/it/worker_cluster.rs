@@ -6,6 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use snowlease::connection::{Redis, RedisTarget};
+use snowlease::identity::Owner;
+use snowlease::worker_id::claim::{ClaimOutcome, LeaseKeys, claim_lowest};
+
 use crate::harness::*;
 
 /// GET `key` on the primary that serves it.
@@ -260,4 +264,96 @@ fn worker_on_cluster_through_a_migration_and_an_empty_shard() {
             "guard of {id} not written"
         );
     }
+}
+
+async fn set(conn: &mut Redis, key: &str, value: &str) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// `claim_lowest` on 3 primaries, its reads grouped into one pipeline per node: with every
+/// ID on one node taken, the lowest free ID (on another node) is claimed in 2 calls (the
+/// read, one script call); our own key is found and adopted wherever it lives, also while
+/// its slot is being migrated (the node answers ASK for it) and after the move (our slot
+/// view is stale: the group is read again key by key).
+#[tokio::test(flavor = "current_thread")]
+async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
+    let topo = ClusterTopology::start_primaries_only();
+    let mut conn = RedisTarget::parse(&topo.url())
+        .unwrap()
+        .connect(secs(5))
+        .unwrap();
+    let (ttl, owner) = (secs(30), Owner::generate("test"));
+    let keys = LeaseKeys::new(PREFIX, "spread");
+    for guard in keys.guards(31, true) {
+        set(&mut conn, &guard, "0").await;
+    }
+    let node: Vec<u16> = (0..32)
+        .map(|id| topo.owner_of_key(&keys.id(id)).port)
+        .collect();
+    assert!(node.iter().collect::<BTreeSet<_>>().len() == 3, "{node:?}");
+
+    // Every ID on the node of ID 0 is held by others.
+    for id in (0..32).filter(|id| node[*id] == node[0]) {
+        set(&mut conn, &keys.id(id as u16), "other#0").await;
+    }
+    let lowest_free = (0..32).find(|id| node[*id] != node[0]).unwrap();
+    let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.outcome,
+        ClaimOutcome::Claimed(lowest_free),
+        "{reply:?}"
+    );
+    assert_eq!(reply.calls, 2, "one read, one script call");
+    let key = keys.id(lowest_free as u16);
+    assert_eq!(
+        topo.server(node[lowest_free]).get(&key).as_deref(),
+        Some(owner.as_str())
+    );
+    let again = claim_lowest(&mut conn, &keys, 31, &owner, ttl, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.outcome, again.calls),
+        (ClaimOutcome::Adopted(lowest_free), 2)
+    );
+
+    // Our key alone, on ID 31: found and adopted, not a lower free ID claimed.
+    for id in 0..32u16 {
+        let _: () = redis::cmd("DEL")
+            .arg(keys.id(id))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let ours = keys.id(31);
+    set(&mut conn, &ours, owner.as_str()).await;
+    let adopt = async |conn: &mut Redis| {
+        let reply = claim_lowest(conn, &keys, 31, &owner, ttl, true)
+            .await
+            .unwrap();
+        assert_eq!(reply.outcome, ClaimOutcome::Adopted(31), "{reply:?}");
+    };
+    adopt(&mut conn).await;
+    let slot = topo.keyslot(&ours);
+    let to = topo
+        .primaries()
+        .into_iter()
+        .find(|p| p.port != node[31])
+        .unwrap()
+        .port;
+    let mut migration = topo.begin_migration(slot, to);
+    assert!(migration.move_keys(10) > 0, "key and guard moved");
+    adopt(&mut conn).await;
+    migration.finish();
+    adopt(&mut conn).await;
+    adopt(&mut conn).await;
+    assert_eq!(topo.server(to).get(&ours).as_deref(), Some(owner.as_str()));
+    assert_eq!(topo.owner_of_key(&ours).port, to, "the slot moved");
 }
