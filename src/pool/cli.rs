@@ -312,11 +312,6 @@ pub struct ServeArgs {
 }
 
 impl PoolArgs {
-    /// True for `pool serve` (a long-running server, not one call).
-    pub fn is_serve(&self) -> bool {
-        matches!(self.command, PoolCommand::Serve(_))
-    }
-
     /// The log format flag of the chosen command.
     pub fn log_format(&self) -> LogFormat {
         self.redis_args().log.log_format

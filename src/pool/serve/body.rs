@@ -214,26 +214,49 @@ impl ReleaseBody {
 }
 
 /// A field of a body and what it accepts, for the error of a value of the
-/// wrong type.
-type Kind = (&'static str, String);
+/// wrong type. The text is written only for an error answer: building it on
+/// every request cost allocations on the hot path of `pool serve`.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Int(Range),
+    RequiredInt(Range),
+    Str(&'static str),
+    RequiredToken,
+}
+
+impl Kind {
+    fn field(self) -> &'static str {
+        match self {
+            Self::Int(range) | Self::RequiredInt(range) => range.field,
+            Self::Str(field) => field,
+            Self::RequiredToken => "token",
+        }
+    }
+
+    fn expected(self) -> String {
+        match self {
+            Self::Int(range) => range.expected(),
+            Self::RequiredInt(range) => format!("{} (required)", range.expected()),
+            Self::Str(_) => "a string".to_owned(),
+            Self::RequiredToken => format!("a string of {} (required)", limits::token_rule()),
+        }
+    }
+}
 
 fn int(range: Range) -> Kind {
-    (range.field, range.expected())
+    Kind::Int(range)
 }
 
 fn string(field: &'static str) -> Kind {
-    (field, "a string".to_owned())
+    Kind::Str(field)
 }
 
 fn required_int(range: Range) -> Kind {
-    (range.field, format!("{} (required)", range.expected()))
+    Kind::RequiredInt(range)
 }
 
 fn required_token() -> Kind {
-    (
-        "token",
-        format!("a string of {} (required)", limits::token_rule()),
-    )
+    Kind::RequiredToken
 }
 
 /// Reads a JSON object (an empty body is `{}`; null is an absent field)
@@ -254,17 +277,17 @@ fn fields<T: DeserializeOwned>(
             _ => return Err(ApiError::bad("body", "a JSON object")),
         }
     };
-    if let Some((field, expected)) = required
+    if let Some(kind) = required
         .iter()
-        .find(|(field, _)| map.get(*field).is_none_or(Value::is_null))
+        .find(|kind| map.get(kind.field()).is_none_or(Value::is_null))
     {
-        return Err(ApiError::bad(field, expected.clone()));
+        return Err(ApiError::bad(kind.field(), kind.expected()));
     }
     serde_path_to_error::deserialize(Value::Object(map)).map_err(|err| {
         // The path is the field whose key or value failed.
         let field = err.path().to_string();
-        match kinds.iter().find(|(known, _)| *known == field) {
-            Some((_, expected)) => ApiError::bad(&field, expected.clone()),
+        match kinds.iter().find(|kind| kind.field() == field) {
+            Some(kind) => ApiError::bad(&field, kind.expected()),
             None => ApiError::bad(&field, "no such field"),
         }
     })
@@ -291,7 +314,7 @@ fn name(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> 
 fn token(value: Option<String>) -> Result<String, ApiError> {
     match value {
         Some(token) if limits::is_token(&token) => Ok(token),
-        _ => Err(ApiError::bad("token", required_token().1)),
+        _ => Err(ApiError::bad("token", required_token().expected())),
     }
 }
 
