@@ -14,6 +14,7 @@
 //! | 75 | `exec`: the ID was lost while the command ran; `lock`: the lock was lost or not renewed in time while the command ran; the command was stopped (EX_TEMPFAIL) |
 //! | 126, 127 | `exec`, `lock`: the command cannot be executed, or was not found (shell convention) |
 //! | 128+N | a signal N ended the wait or the command |
+//! | 130 | `worker`, `pool serve`: a second stop signal during the stop aborted it without cleanup ([`crate::shutdown`]) |
 
 use crate::cli::ConfigError;
 use crate::exec::ExecError;
@@ -37,7 +38,8 @@ Exit codes (the same meaning in every command):
   5   refused as unsafe: guard open found lease keys or a closed guard; nothing written
   69  lock: not acquired within --wait; the command never started
   75  exec, lock: the ID or lock was lost while the command ran; the command was stopped
-  126 exec, lock: the command cannot be executed; 127: not found; 128+N: signal N";
+  126 exec, lock: the command cannot be executed; 127: not found; 128+N: signal N
+  130 a second stop signal during the stop: aborted without cleanup";
 
 /// Anything not listed below.
 pub const FAILURE: u8 = 1;
