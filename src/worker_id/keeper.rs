@@ -25,6 +25,10 @@ use crate::eviction::{self, EvictingRedis};
 use crate::identity::{Owner, identity_of};
 use crate::lease::{self, RenewOutcome};
 
+/// Longest pause behind a closed claim guard before the next claim round
+/// reads it again (one cheap script call).
+const GUARD_RECHECK: Duration = Duration::from_secs(5);
+
 /// Why the worker loop stopped other than by shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -374,7 +378,9 @@ impl<C: Reconnects + Send> Worker<C> {
                         .claim_guard_opens
                         .set(i64::try_from(opens_s).unwrap_or(i64::MAX));
                     self.set_state(WorkerState::GuardClosed(BootInstant::now() + wait));
-                    pause = wait + timing::jitter(Duration::from_millis(50));
+                    // Look again at least every GUARD_RECHECK: `guard open
+                    // --force` may open it early.
+                    pause = wait.min(GUARD_RECHECK) + timing::jitter(Duration::from_millis(50));
                 }
                 Ok(Ok(Round::Evicting(evicting))) => {
                     WorkerMetrics::count(&self.metrics.claim_attempts, "evicting");

@@ -711,7 +711,7 @@ fn guard_open_refuses_a_guard_a_sidecar_closed() {
     let redis = RedisServer::start();
     let url = redis.url();
     let guard = format!("{PREFIX}orders:guard");
-    let _sidecar = Sidecar::worker(&redis, "orders")
+    let sidecar = Sidecar::worker(&redis, "orders")
         .flag("--ttl", "30s")
         .flag("--renew-interval", "10s")
         .spawn();
@@ -732,6 +732,8 @@ fn guard_open_refuses_a_guard_a_sidecar_closed() {
     let forced = open(&["--force"]);
     assert_eq!(forced.code, Some(0), "{forced:?}");
     assert_ne!(redis.get(&guard), closed_at);
+    // The waiting sidecar looks again within 5 s, not after its 30 s TTL.
+    sidecar.wait_for_lease(secs(8));
 }
 
 /// `--log-format json` writes one flat object per line: `timestamp`, `level`, `message`,
