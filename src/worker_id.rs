@@ -58,6 +58,14 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let (identity, source) = resolve_identity(config.identity.as_deref());
     let owner = Owner::generate(&identity);
     info!(identity = %identity, source = ?source, app = %config.app, redis = %config.redis, "starting worker-ID sidecar");
+    // Two nodes within the skew bound differ by up to twice it (docs/worker.md, "ID handover").
+    if config.handover_delay < 2 * config.max_clock_skew {
+        warn!(
+            handover_delay_ms = config.handover_delay.as_millis() as u64,
+            max_clock_skew_ms = config.max_clock_skew.as_millis() as u64,
+            "--handover-delay is below twice --max-clock-skew: the next holder of a released ID may mint in milliseconds the last one used"
+        );
+    }
 
     if let Some(dir) = config
         .output_file

@@ -841,3 +841,21 @@ fn closed_guard_is_visible_in_http_and_metrics() {
         "{opens_at} vs {now_s}"
     );
 }
+
+/// A handover delay below twice the clock-skew bound is allowed but warned about at start (two
+/// nodes within the bound differ by up to twice it); the defaults (1 s, 500 ms) are not.
+#[test]
+fn handover_delay_below_twice_the_skew_bound_is_warned_about() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let warning = "--handover-delay is below twice --max-clock-skew";
+    let short = Sidecar::worker(&redis, "orders")
+        .flag("--handover-delay", "100ms")
+        .flag("--max-clock-skew", "1s")
+        .spawn();
+    let default = Sidecar::worker(&redis, "orders").spawn();
+    short.wait_for_lease(secs(10));
+    default.wait_for_lease(secs(10));
+    assert_eq!(short.events_with(warning).len(), 1, "{:?}", short.events());
+    assert!(default.events_with(warning).is_empty());
+}
