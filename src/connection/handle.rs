@@ -585,6 +585,11 @@ impl Shared {
     /// between one server and a Cluster.
     async fn detect(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
         let (conn, cluster) = self.check_cluster(false).await?;
+        let topology = if cluster { "cluster" } else { "one server" };
+        tracing::info!(
+            topology,
+            "redis:// URL: topology detected with INFO cluster"
+        );
         if cluster {
             let conn = self.open_cluster().await?;
             let _ = self.mode.set(Mode::Cluster);

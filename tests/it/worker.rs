@@ -752,6 +752,10 @@ fn json_logs_are_flat_objects() {
     }
     assert_eq!(event["worker_id"], lease.worker_id, "{event}");
     assert!(event.get("fields").is_none(), "nested fields: {event}");
+    let detected = sidecar
+        .wait_for_event("topology detected", secs(1))
+        .expect("topology logged");
+    assert_eq!(detected["topology"], "one server", "{detected}");
     sidecar.signal(Signal::SIGTERM);
     sidecar.wait_exit(secs(5)).expect("SIGTERM ends it");
     let released = sidecar

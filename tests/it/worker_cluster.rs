@@ -67,6 +67,10 @@ fn worker_on_cluster_shares_ids_and_survives_a_killed_primary() {
     let started = Instant::now();
     let mut holders: Vec<Sidecar> = (0..32).map(|i| spawn(i, None)).collect();
     let leases: Vec<IdReply> = holders.iter().map(|s| s.wait_for_lease(secs(30))).collect();
+    let detected = holders[0]
+        .wait_for_event("topology detected", secs(1))
+        .expect("the plain redis:// URL's topology is logged");
+    assert_eq!(detected["topology"], "cluster", "{detected}");
     println!(
         "32 sidecars published on Cluster {:?} after spawn",
         started.elapsed()
