@@ -348,8 +348,7 @@ fn stopped_by_the_deadline_when(fault: impl FnOnce(&mut RedisServer)) {
     let pid: i32 = jobs.wait("a", "pid").expect("a runs");
     jobs.wait::<u128>("a", "start").expect("a started");
     // Wait for a confirmed renew (the TTL was reset), so this is the holding phase.
-    let pttl = redis.pttl(&lock_key("report"));
-    assert!(poll_until(secs(5), || redis.pttl(&lock_key("report")) > pttl));
+    assert!(renewed_within(&redis, secs(5)));
     let down_ns = unix_ns();
     let down = Instant::now();
     fault(&mut redis);
@@ -531,11 +530,7 @@ fn lock_runs_with_the_minimal_acl() {
     let jobs = Jobs::new();
     let mut holder = jobs.lock(&url, "report", "a", &[], JOB).spawn();
     jobs.wait::<u128>("a", "start").expect("a runs");
-    let pttl = redis.pttl(&lock_key("report"));
-    assert!(
-        poll_until(secs(5), || redis.pttl(&lock_key("report")) > pttl),
-        "renewed"
-    );
+    assert!(renewed_within(&redis, secs(5)), "renewed");
     let args = [
         "lock",
         "--name",
@@ -606,4 +601,16 @@ fn sigterm_while_waiting_exits_without_running_the_command() {
     );
     assert_eq!(jobs.read::<u128>("b", "start"), None, "b never ran");
     assert_eq!(redis.get(&lock_key("report")), Some(owner));
+}
+
+/// True once the lock key's PTTL went up between two polls: a renewal reset it. (Comparing
+/// with one first reading misses renewals when that reading came just after one.)
+fn renewed_within(redis: &RedisServer, timeout: Duration) -> bool {
+    let mut last = redis.pttl(&lock_key("report"));
+    poll_until(timeout, || {
+        let now = redis.pttl(&lock_key("report"));
+        let renewed = now > last;
+        last = now;
+        renewed
+    })
 }
