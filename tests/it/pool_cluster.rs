@@ -7,7 +7,7 @@
 //! primary that holds it is killed.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde_json::json;
@@ -254,7 +254,14 @@ struct WorkerLog {
 
 /// Acquires (ttl 200 ms-4 s), holds 20-300 ms, extends one lease in four,
 /// releases; until `stop`. Errors are counted, never fatal.
-async fn failover_worker(worker: usize, pool: Pool, stop: Arc<AtomicBool>) -> WorkerLog {
+/// Acquires, holds, extends and releases leases until `stop`; counts each acquire in
+/// `acquires` too, so the test can wait for progress instead of sleeping.
+async fn failover_worker(
+    worker: usize,
+    pool: Pool,
+    stop: Arc<AtomicBool>,
+    acquires: Arc<AtomicUsize>,
+) -> WorkerLog {
     let mut log = WorkerLog::default();
     while !stop.load(Ordering::Relaxed) {
         let (ttl, hold, extend) = {
@@ -278,6 +285,7 @@ async fn failover_worker(worker: usize, pool: Pool, stop: Arc<AtomicBool>) -> Wo
             }
         };
         log.acquired_at.push(std::time::Instant::now());
+        acquires.fetch_add(1, Ordering::Relaxed);
         let start = lease.deadline_ms() - ttl;
         let mut held = Confirmed {
             worker,
@@ -393,17 +401,24 @@ fn pool_invariants_hold_after_a_primary_failover() {
     let ids: Vec<String> = (0..20).map(|i| format!("id-{i:02}")).collect();
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let acquires = Arc::new(AtomicUsize::new(0));
+    // Every worker leased at least twice on average: the load runs.
+    let made_progress = |from: usize| {
+        poll_until(secs(30), || {
+            acquires.load(Ordering::Relaxed) >= from + 2 * WORKERS
+        })
+    };
     let workers: Vec<_> = {
         let on = PoolOn::new(&topo, name);
         rt.block_on(pool::new_pool(&on, name, &id_refs));
         (0..WORKERS)
             .map(|w| {
                 let pool = rt.block_on(pool::pool(&on, name));
-                rt.spawn(failover_worker(w, pool, stop.clone()))
+                rt.spawn(failover_worker(w, pool, stop.clone(), acquires.clone()))
             })
             .collect()
     };
-    std::thread::sleep(secs(1));
+    assert!(made_progress(0), "leases before the kill");
 
     let owner = PoolOn::new(&topo, name).owner_port();
     // SIGKILL first, then read Redis time on another node: every write the
@@ -416,7 +431,10 @@ fn pool_invariants_hold_after_a_primary_failover() {
     let killed_ms = pool::redis_ms(other);
     let boundary_ms = killed_ms;
     let (promoted, promotion) = timed(|| topo.kill_primary(owner));
-    std::thread::sleep(secs(2));
+    assert!(
+        made_progress(acquires.load(Ordering::Relaxed)),
+        "leases after the promotion"
+    );
     stop.store(true, Ordering::Relaxed);
     let logs: Vec<WorkerLog> = rt.block_on(async {
         let mut logs = Vec::new();
