@@ -90,14 +90,21 @@ fn thirty_three_sidecars_share_thirty_two_ids(redis: &Deployment) {
         !full["holders"].as_str().unwrap_or_default().is_empty(),
         "holders named in {full}"
     );
-    // It stays unpublished for a while (several claim rounds).
-    let started = Instant::now();
-    while started.elapsed() < secs(2) {
-        assert_eq!(last.readyz(), 503);
-        assert_eq!(last.get_id().0, 503);
-        assert!(!last.output_file().exists(), "33rd must publish no file");
-        thread::sleep(ms(100));
-    }
+    // It stays unpublished through several claim rounds (each counted as `full`).
+    let full_rounds = || {
+        last.metric(r#"snowlease_claim_attempts_total{outcome="full"}"#)
+            .unwrap_or(0.0)
+    };
+    let before = full_rounds();
+    assert!(
+        poll_until(secs(30), || {
+            assert_eq!(last.readyz(), 503);
+            assert_eq!(last.get_id().0, 503);
+            assert!(!last.output_file().exists(), "33rd must publish no file");
+            full_rounds() >= before + 3.0
+        }),
+        "three more claim rounds found every ID held"
+    );
 
     // SIGTERM the holder of ID 17: a tombstone for the handover delay, then the 33rd takes
     // exactly that ID.
