@@ -153,11 +153,19 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         .into_iter()
         .zip(config.keys.guards(config.max_worker_id, cluster))
         .collect();
-    let found = match cluster {
-        false => beyond_range(config, &mut conn).await,
-        true => pre_read(config, &mut conn, &pairs).await,
-    }
-    .with_context(context)?;
+    // What the scripts below do not count themselves: on one server the keys
+    // beyond the range; on Cluster nothing (the pre-read only gates).
+    let (found, unseen) = match cluster {
+        false => {
+            let beyond = beyond_range(config, &mut conn).await;
+            let beyond = beyond.with_context(context)?;
+            (beyond, beyond)
+        }
+        true => {
+            let read = pre_read(config, &mut conn, &pairs).await;
+            (read.with_context(context)?, Found::default())
+        }
+    };
     if let Some(refused) = found.refusal(config) {
         return Err(refused.into());
     }
@@ -165,7 +173,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         false => vec![&pairs[..]],
         true => pairs.chunks(1).collect(),
     };
-    let (mut refused, mut total, mut at_ms) = (false, found, 0);
+    let (mut refused, mut total, mut at_ms) = (false, unseen, 0);
     for batch in &batches {
         let mut invocation = OPEN.prepare_invoke();
         for (key, guard) in *batch {

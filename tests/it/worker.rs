@@ -671,6 +671,7 @@ fn guard_open_refuses_while_a_lease_key_exists() {
     assert_eq!(redis.get(&key).as_deref(), Some("10.0.0.9#beef"));
     let forced = open(&["--force"]);
     assert_eq!(forced.code, Some(0), "{forced:?}");
+    assert!(forced.stdout.contains(r#""lease_keys":1"#), "{forced:?}");
     assert!(redis.exists(&format!("{PREFIX}orders:guard")));
     let bad = open(&["--max-worker-id", "2000"]);
     assert_eq!(bad.code, Some(2), "{bad:?}");

@@ -268,6 +268,18 @@ fn worker_on_cluster_through_a_migration_and_an_empty_shard() {
             "guard of {id} not written"
         );
     }
+    // Forced, with one lease key: the reply counts it once.
+    let key = worker_key(fresh, 1);
+    let holder = topo.server(topo.owner_of_key(&key).port);
+    let _: () = holder.query(redis::cmd("SET").arg(&key).arg("10.0.0.9#beef"));
+    let forced = guard_open(&url, fresh, &["--max-worker-id", "3", "--force"]);
+    assert_eq!(forced.code, Some(0), "{forced:?}");
+    let line: serde_json::Value = serde_json::from_str(&forced.stdout).unwrap();
+    assert_eq!(
+        (line["lease_keys"].as_i64(), line["guards"].as_i64()),
+        (Some(1), Some(4)),
+        "{line}"
+    );
 }
 
 async fn set(conn: &mut Redis, key: &str, value: &str) {
