@@ -24,8 +24,8 @@ mod it {
     pub mod harness;
 }
 use it::harness::{
-    ClusterTopology, RedisServer, SentinelTopology, free_port, holding_sidecars, run_snowlease,
-    sample_through, secs,
+    ClusterTopology, RedisServer, SentinelTopology, free_port, guard_open, holding_sidecars,
+    sample_through,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
@@ -240,11 +240,7 @@ fn startup(bin: &str, url: &str, app: &str, count: usize) -> Startup {
 
 /// Opens the app's claim guard(s) with the binary, as a new deployment does.
 fn open_claim_guard(url: &str, app: &str) {
-    let run = run_snowlease(
-        &["guard", "open", "--app", app, "--redis-url", url],
-        &[],
-        secs(20),
-    );
+    let run = guard_open(url, app, &[]);
     assert_eq!(run.code, Some(0), "guard open: {run:?}");
 }
 

@@ -609,11 +609,7 @@ fn files_are_readable_by_other_users_whatever_the_umask() {
 fn guard_open_lets_the_first_sidecar_claim_at_once() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let run = run_snowlease(
-        &["guard", "open", "--app", "orders", "--redis-url", &url],
-        &[],
-        secs(10),
-    );
+    let run = guard_open(&url, "orders", &[]);
     assert_eq!(run.code, Some(0), "{run:?}");
     let reply: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(reply["lease_keys"], 0, "{reply}");
@@ -656,11 +652,7 @@ fn guard_open_refuses_while_a_lease_key_exists() {
             .arg("PX")
             .arg(60_000),
     );
-    let open = |extra: &[&str]| {
-        let mut args = vec!["guard", "open", "--app", "orders", "--redis-url", &url];
-        args.extend_from_slice(extra);
-        run_snowlease(&args, &[], secs(10))
-    };
+    let open = |extra: &[&str]| guard_open(&url, "orders", extra);
     let refused = open(&[]);
     assert_eq!(refused.code, Some(5), "{refused:?}");
     assert!(refused.stderr.contains("--force"), "{refused:?}");
@@ -685,11 +677,7 @@ fn guard_open_counts_every_lease_key_of_the_app_and_only_lease_keys() {
     let redis = RedisServer::start();
     let url = redis.url();
     let guard = format!("{PREFIX}orders:guard");
-    let open = |extra: &[&str]| {
-        let mut args = vec!["guard", "open", "--app", "orders", "--redis-url", &url];
-        args.extend_from_slice(extra);
-        run_snowlease(&args, &[], secs(10))
-    };
+    let open = |extra: &[&str]| guard_open(&url, "orders", extra);
     let _: () = redis.query(redis::cmd("RPUSH").arg(worker_key("orders", 1)).arg("x"));
     let opened = open(&["--max-worker-id", "2"]);
     assert_eq!(opened.code, Some(0), "{opened:?}");
@@ -718,11 +706,7 @@ fn guard_open_refuses_a_guard_a_sidecar_closed() {
         .spawn();
     assert!(poll_until(secs(5), || redis.exists(&guard)));
     let closed_at = redis.get(&guard);
-    let open = |extra: &[&str]| {
-        let mut args = vec!["guard", "open", "--app", "orders", "--redis-url", &url];
-        args.extend_from_slice(extra);
-        run_snowlease(&args, &[], secs(10))
-    };
+    let open = |extra: &[&str]| guard_open(&url, "orders", extra);
     let refused = open(&[]);
     assert_eq!(refused.code, Some(5), "{refused:?}");
     assert!(

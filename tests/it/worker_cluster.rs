@@ -17,12 +17,6 @@ fn cluster_get(topo: &ClusterTopology, key: &str) -> Option<String> {
     topo.server(topo.owner_of_key(key).port).get(key)
 }
 
-fn guard_open(url: &str, app: &str, extra: &[&str]) -> Run {
-    let mut args = vec!["guard", "open", "--app", app, "--redis-url", url];
-    args.extend_from_slice(extra);
-    run_snowlease(&args, &[], secs(30))
-}
-
 /// The primary port serving each worker ID's key.
 fn shards(topo: &ClusterTopology, app: &str, ids: u32) -> BTreeMap<u32, u16> {
     (0..ids)

@@ -131,6 +131,13 @@ pub fn run_snowlease(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> 
     run_command(cmd, timeout)
 }
 
+/// Runs `snowlease guard open --app app --redis-url url extra...` (30 s at most).
+pub fn guard_open(url: &str, app: &str, extra: &[&str]) -> Run {
+    let mut args = vec!["guard", "open", "--app", app, "--redis-url", url];
+    args.extend_from_slice(extra);
+    run_snowlease(&args, &[], Duration::from_secs(30))
+}
+
 /// Collects the lines of `pipe` into `sink` on a background thread.
 pub(super) fn read_lines(
     pipe: impl Read + Send + 'static,
