@@ -24,8 +24,9 @@ use super::{FaultProxy, RedisOptions, RedisServer, free_port, ms, poll_some, pol
 pub const MASTER_NAME: &str = "mymaster";
 /// Slots of a Redis Cluster.
 pub const CLUSTER_SLOTS: u16 = 16384;
-/// Deadline of each wait inside a topology operation (start, failover, promotion).
-const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Deadline of each wait inside a topology operation (start, failover, promotion): 60 s, as a
+/// long chaos run on 2 cores once needed more than 30 s for replicas to link to a new primary.
+const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
 // Permit
