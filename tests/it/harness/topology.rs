@@ -392,33 +392,42 @@ impl SentinelTopology {
     /// and the primary's `WAIT` counts all of them (the replication offsets agree). After a
     /// planned failover this includes the old primary, which the sentinels convert only some
     /// 8 s after the switch (4 x their 2 s publish period): until then it still takes writes.
+    /// The primary is asked of the sentinels again at each poll: under load they may fail over
+    /// a second time (a new primary busy with a full sync missed `down-after-milliseconds`).
     pub fn wait_replicas_in_sync(&self) {
-        let primary = if self.sentinels.is_empty() {
-            0
-        } else {
-            self.primary_index()
-        };
-        self.wait_in_sync(primary, None);
+        if self.sentinels.is_empty() {
+            return self.wait_in_sync(|| Some(0), None);
+        }
+        self.wait_in_sync(
+            || self.primary_addr().map(|a| self.index_of(a.port())),
+            None,
+        );
     }
 
-    /// Waits until the running nodes other than `primary` and `except` replicate `primary`.
-    fn wait_in_sync(&self, primary: usize, except: Option<usize>) {
+    /// Waits until the running nodes other than the primary (`primary()` at each poll; None:
+    /// not known yet) and `except` replicate it and its `WAIT` counts them all.
+    fn wait_in_sync(&self, primary: impl Fn() -> Option<usize>, except: Option<usize>) {
+        wait_for("replicas linked to the primary and in sync", || {
+            primary().is_some_and(|p| self.in_sync(p, except))
+        });
+    }
+
+    /// Whether the running nodes other than `primary` and `except` are its replicas, link up,
+    /// and its `WAIT` (500 ms) counts every one of them.
+    fn in_sync(&self, primary: usize, except: Option<usize>) -> bool {
         let replicas: Vec<u16> = (0..self.nodes.len())
             .filter(|&i| i != primary && Some(i) != except && self.nodes[i].is_running())
             .map(|i| self.nodes[i].port())
             .collect();
         let primary_addr = self.addr_port(primary).to_string();
-        let primary = self.nodes[primary].port();
-        wait_for("replicas linked to the primary", || {
-            replicas.iter().all(|&r| {
-                info_field(r, "replication", "master_port").as_deref() == Some(&primary_addr)
-                    && info_field(r, "replication", "master_link_status").as_deref() == Some("up")
-            })
+        let linked = replicas.iter().all(|&r| {
+            info_field(r, "replication", "master_port").as_deref() == Some(&primary_addr)
+                && info_field(r, "replication", "master_link_status").as_deref() == Some("up")
         });
         let want = replicas.len() as i64;
-        wait_for("WAIT counts every replica", || {
-            try_query::<i64>(primary, redis::cmd("WAIT").arg(want).arg(500)).ok() == Some(want)
-        });
+        let primary = self.nodes[primary].port();
+        linked
+            && try_query::<i64>(primary, redis::cmd("WAIT").arg(want).arg(500)).ok() == Some(want)
     }
 
     /// Waits until the sentinels name a primary other than node `old`, it has role master, and
@@ -435,7 +444,7 @@ impl SentinelTopology {
         wait_for("new primary has role master", || {
             info_field(new_port, "replication", "role").as_deref() == Some("master")
         });
-        self.wait_in_sync(new, Some(old));
+        self.wait_in_sync(|| Some(new), Some(old));
         new
     }
 
