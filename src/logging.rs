@@ -20,7 +20,17 @@ static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 
 /// Flushes queued lines when dropped, waiting about 1 s at most (a stuck
 /// stderr must not hold up the exit). Keep it until the process ends.
-pub struct LogGuard(#[allow(dead_code)] WorkerGuard);
+pub struct LogGuard {
+    _flush: WorkerGuard,
+    format: LogFormat,
+}
+
+impl LogGuard {
+    /// The format the subscriber writes.
+    pub fn format(&self) -> LogFormat {
+        self.format
+    }
+}
 
 /// Environment variable of the log filter.
 const FILTER_ENV: &str = "SNOWLEASE_LOG";
@@ -97,7 +107,10 @@ pub fn init(format: LogFormat) -> Result<LogGuard, ConfigError> {
             .init(),
         LogFormat::Text => registry.with(layer).init(),
     }
-    Ok(LogGuard(guard))
+    Ok(LogGuard {
+        _flush: guard,
+        format,
+    })
 }
 
 /// Log lines dropped so far because stderr did not keep up (0 before

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use snowlease::cli::{ConfigError, check_range, parse_duration, stdout_line};
+use snowlease::cli::{ConfigError, LogFormat, check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard};
 use snowlease::{exec, exit, lock, pool, shutdown, worker_id};
 
@@ -97,7 +97,9 @@ fn main() -> ExitCode {
         Err(err) => {
             let code = exit::code_of(&err);
             let text = describe(err.as_ref());
-            if code != exit::BAD_INPUT {
+            // JSON logs get the error as an event too, for log platforms; in
+            // text the plain line below says it once.
+            if log.as_ref().is_some_and(|l| l.format() == LogFormat::Json) {
                 tracing::error!(error = %text, "exiting");
             }
             report(format!("{prefix}: {text}"));

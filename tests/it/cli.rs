@@ -95,3 +95,29 @@ fn unreadable_log_filter_is_refused_before_anything_is_written() {
     assert!(run.stderr.contains("SNOWLEASE_LOG"), "{run:?}");
     assert!(!file.exists());
 }
+
+/// A command that fails after its logging started says why once on stderr in text logs (it
+/// was said twice: a log event and the plain last line), and in JSON logs also as an event.
+#[test]
+fn a_failing_command_states_its_error_once_in_text_logs() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let status = |format: &str| {
+        let args = ["pool", "status", "--pool", "p", "--redis-url", &url];
+        let args = [&args[..], &["--log-format", format]].concat();
+        run_snowlease(&args, &[], secs(20))
+    };
+    let text = status("text");
+    assert_eq!(text.code, Some(1), "{text:?}");
+    assert_eq!(
+        text.stderr.matches("Connection refused").count(),
+        1,
+        "{text:?}"
+    );
+    let json = status("json");
+    assert_eq!(json.code, Some(1), "{json:?}");
+    let events = json
+        .stderr
+        .lines()
+        .filter(|l| l.contains(r#""message":"exiting""#));
+    assert_eq!(events.count(), 1, "{json:?}");
+}
