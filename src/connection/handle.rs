@@ -326,6 +326,30 @@ impl Redis {
         Ok(if self.ran_on == wrote_on { acked } else { 0 })
     }
 
+    /// How many replicas the node that holds `key` has connected now
+    /// (`connected_slaves` of `INFO replication`; on a Cluster the primary of
+    /// the key's slot), for start-up advice on `--min-replicas-ack`.
+    ///
+    /// Errors: as any call (`NOPERM` without `+info`); a reply without the
+    /// field is a parse error.
+    pub async fn connected_replicas(&mut self, key: &str) -> RedisResult<u32> {
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let Reply::One(value) = self.call(Req::OnKeyNode(&info, key)).await? else {
+            unreachable!("one command, one reply")
+        };
+        let text: String = redis::from_redis_value(value.extract_error()?)?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("connected_slaves:"))
+            .and_then(|count| count.trim().parse().ok())
+            .ok_or_else(|| {
+                RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "INFO replication has no connected_slaves",
+                ))
+            })
+    }
+
     /// The value of each of `keys` as a string, in key order: `None` for a
     /// missing key and for a key of another type (a single-key `MGET` each).
     /// One pipeline on one server; on a Cluster one pipeline per node that
@@ -413,6 +437,8 @@ pub trait Reconnects: ConnectionLike {
         &mut self,
         keys: &[String],
     ) -> impl Future<Output = RedisResult<Vec<Option<String>>>> + Send;
+    /// See [`Redis::connected_replicas`].
+    fn connected_replicas(&mut self, key: &str) -> impl Future<Output = RedisResult<u32>> + Send;
 }
 
 impl Reconnects for Redis {
@@ -442,6 +468,10 @@ impl Reconnects for Redis {
         keys: &[String],
     ) -> impl Future<Output = RedisResult<Vec<Option<String>>>> + Send {
         Redis::read_each(self, keys)
+    }
+
+    fn connected_replicas(&mut self, key: &str) -> impl Future<Output = RedisResult<u32>> + Send {
+        Redis::connected_replicas(self, key)
     }
 }
 

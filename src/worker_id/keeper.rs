@@ -298,6 +298,7 @@ impl<C: Reconnects + Send> Worker<C> {
                 }
                 if !*probed {
                     self.probe().await?;
+                    self.advise_replica_count().await;
                     *probed = true;
                 }
                 let cluster = self.conn.is_cluster().await?;
@@ -710,6 +711,39 @@ impl<C: Reconnects + Send> Worker<C> {
                 Some(RenewRound::Lost("redis refused INFO memory"))
             }
             _ => None,
+        }
+    }
+
+    /// Warns at start when `--min-replicas-ack` (N >= 1) does not match the
+    /// replicas the primary has connected now: more than connected, nothing
+    /// is published until enough link; fewer, a failover to a replica that
+    /// missed a write (a planned `SENTINEL FAILOVER`, or a partition that
+    /// leaves the old primary with N replicas) can still lose a lease, so
+    /// the safe setting is every replica (docs/worker.md "Guarantees").
+    /// Advice only: replicas come and go, and an `INFO` refused says nothing.
+    async fn advise_replica_count(&mut self) {
+        let wanted = self.params.min_replicas_ack;
+        if wanted == 0 {
+            return;
+        }
+        let key = self.keys().probe(self.owner.nonce());
+        let call = self.conn.connected_replicas(&key);
+        let connected = match bounded(self.params.settings.call_timeout(), call).await {
+            Ok(connected) => connected,
+            Err(err) => return debug!(error = %err, "INFO replication failed"),
+        };
+        if connected < wanted {
+            warn!(
+                min_replicas_ack = wanted,
+                connected,
+                "--min-replicas-ack is more than the replicas connected to the primary: no ID is published until enough replicas link"
+            );
+        } else if connected > wanted {
+            warn!(
+                min_replicas_ack = wanted,
+                connected,
+                "--min-replicas-ack is below the replicas connected to the primary: a failover to a replica that did not acknowledge (planned, or across a partition) can lose a lease; set it to the number of replicas"
+            );
         }
     }
 

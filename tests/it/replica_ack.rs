@@ -109,3 +109,30 @@ async fn cluster_wait_goes_to_the_primary_of_the_key() {
         );
     }
 }
+
+/// Start-up advice on `--min-replicas-ack` against the 2 replicas the primary has: 1 warns
+/// that a failover can still lose a lease (and publishes), 2 says nothing, 3 warns that
+/// nothing is published until a third replica links (and publishes nothing).
+#[test]
+fn start_up_compares_min_replicas_ack_with_the_replicas_connected() {
+    let topo = SentinelTopology::start_with(SentinelOptions {
+        replicas: 2,
+        sentinels: 1,
+        quorum: 1,
+        ..SentinelOptions::default()
+    });
+    topo.primary().open_claim_guard(APP);
+    let with_acks = |n: &str| {
+        Sidecar::worker_at(&topo.url(), APP)
+            .flag("--min-replicas-ack", n)
+            .spawn()
+    };
+    let (below, all, above) = (with_acks("1"), with_acks("2"), with_acks("3"));
+    below.wait_for_lease(secs(10));
+    all.wait_for_lease(secs(10));
+    assert!(above.wait_for_log("is more than the replicas connected", secs(10)));
+    assert_eq!(below.count_log("is below the replicas connected"), 1);
+    assert_eq!(all.count_log("--min-replicas-ack is"), 0);
+    assert_eq!(above.count_log("is below"), 0);
+    assert_eq!(above.id(), None, "3 acknowledgements from 2 replicas");
+}
