@@ -286,4 +286,24 @@ mod tests {
         );
         assert!(deadline < sent + ttl);
     }
+
+    #[test]
+    fn unix_ms_counts_from_the_epoch_and_is_0_before_it() {
+        assert_eq!(unix_ms(UNIX_EPOCH + Duration::from_millis(1234)), 1234);
+        assert_eq!(unix_ms(UNIX_EPOCH - Duration::from_millis(5)), 0);
+    }
+
+    /// A published deadline counts down on the wall clock and is gone once
+    /// reached (the state file's `valid_until_ms`, read by `exec`).
+    #[test]
+    fn time_left_until_a_unix_ms_deadline() {
+        let now = unix_ms(SystemTime::now());
+        assert_eq!(until_unix_ms(now - 1), None, "passed");
+        assert_eq!(until_unix_ms(0), None);
+        let left = until_unix_ms(now + 10_000).expect("10 s ahead");
+        assert!(left <= Duration::from_secs(10), "{left:?}");
+        assert!(left > Duration::from_secs(9), "{left:?}");
+        // A deadline in this very ms (or one just passed) has nothing left.
+        assert_eq!(until_unix_ms(unix_ms(SystemTime::now())), None);
+    }
 }
