@@ -9,7 +9,7 @@
 //! | 2 | bad input: a flag, env var or argument outside its range; nothing was written |
 //! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
 //! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
-//! | 5 | refused as unsafe: `guard open` found lease keys of the app or a closed guard (without `--force`); nothing written |
+//! | 5 | refused as unsafe: `guard open` found lease keys of the app without a guard, or a closed guard (without `--force`); nothing written |
 //! | 69 | `lock`: not acquired within `--wait`; the command never started (EX_UNAVAILABLE; not 3, which a command's own code could be) |
 //! | 75 | `exec`: the ID was lost while the command ran; `lock`: the lock was lost or not renewed in time while the command ran; the command was stopped (EX_TEMPFAIL) |
 //! | 126, 127 | `exec`, `lock`: the command cannot be executed, or was not found (shell convention) |
@@ -35,7 +35,7 @@ Exit codes (the same meaning in every command):
   2   bad input; the message names the flag and its range; nothing written
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
-  5   refused as unsafe: guard open found lease keys or a closed guard; nothing written
+  5   refused as unsafe: guard open found lease keys without a guard, or a closed guard; nothing written
   69  lock: not acquired within --wait; the command never started
   75  exec, lock: the ID or lock was lost while the command ran; the command was stopped
   126 exec, lock: the command cannot be executed; 127: not found; 128+N: signal N

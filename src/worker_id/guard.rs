@@ -82,11 +82,13 @@ impl GuardArgs {
 /// `guard open` found what makes opening unsafe and was not forced (exit 5).
 #[derive(Debug, thiserror::Error)]
 pub enum GuardRefused {
-    /// Lease keys of the app exist: a holder may still publish its ID.
+    /// Lease keys of the app exist and a guard is missing: a holder may
+    /// still publish its ID (not a first use; the guard was lost).
     #[error(
-        "claim guard of app {app} not opened: {held} lease key(s) of the app exist, so a holder \
-         may still publish its ID (this is not a first use); let the guard run out, or use \
-         --force if you know every holder is gone"
+        "claim guard of app {app} not opened: {held} lease key(s) of the app exist but a claim \
+         guard is missing (lost with data, or removed), so a holder may still publish its ID; \
+         sidecars close the guard and claim one TTL later on their own, or use --force if you \
+         know every holder is gone"
     )]
     LeaseKeys {
         /// The app.
@@ -112,20 +114,22 @@ pub enum GuardRefused {
     },
 }
 
-/// What a pre-read or the script found: lease keys (strings) and the ms
-/// until the latest closed guard opens.
+/// What a pre-read or the script found: lease keys (strings), the ms
+/// until the latest closed guard opens, and whether every guard is open.
 #[derive(Debug, Default, Clone, Copy)]
 struct Found {
     held: i64,
     closed_ms: u64,
+    all_open: bool,
 }
 
 impl Found {
-    /// The refusal these findings call for without `--force`.
+    /// The refusal these findings call for without `--force`: none when
+    /// every guard is open already (opening is then a no-op).
     fn refusal(self, config: &OpenConfig) -> Option<GuardRefused> {
         let app = config.app.clone();
         match (self.held, self.closed_ms) {
-            _ if config.force => None,
+            _ if config.force || self.all_open => None,
             (held, _) if held > 0 => Some(GuardRefused::LeaseKeys { app, held }),
             (_, opens_in_ms) if opens_in_ms > 0 => Some(GuardRefused::Closed { app, opens_in_ms }),
             _ => None,
@@ -136,11 +140,14 @@ impl Found {
 /// Runs `guard open` and prints one JSON line. One server: a `SCAN` for
 /// lease keys of IDs above `--max-worker-id` (the app guard covers every
 /// ID, whatever range the sidecars use), then one script on every (lease
-/// key, app guard) pair. Cluster: a pre-read of every lease key's type and
-/// per-ID guard (refused, nothing written, on a lease key or a closed
-/// guard), then the script once per ID on (lease key, per-ID guard), each
-/// re-checking in its slot; an ID whose key appeared meanwhile is refused
-/// alone.
+/// key, app guard) pair, counting those too. Cluster: a pre-read of every
+/// lease key's type and per-ID guard (refused, nothing written, on a lease
+/// key or a closed guard unless every guard is open), then the script once
+/// per ID on (lease key, per-ID guard), each re-checking in its slot; an ID
+/// whose key appeared meanwhile is refused alone. Lease keys under guards
+/// that are all open already are no refusal: nothing is written and the
+/// line says `"already_open": true` (exit 0), so a deploy hook can run this
+/// on every deploy.
 ///
 /// Errors: [`GuardRefused`] without `--force`; a Redis error (unreachable,
 /// refused, guard key of another type).
@@ -153,33 +160,33 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         .into_iter()
         .zip(config.keys.guards(config.max_worker_id, cluster))
         .collect();
-    // What the scripts below do not count themselves: on one server the keys
-    // beyond the range; on Cluster nothing (the pre-read only gates).
-    let (found, unseen) = match cluster {
-        false => {
-            let beyond = beyond_range(config, &mut conn).await;
-            let beyond = beyond.with_context(context)?;
-            (beyond, beyond)
-        }
+    // One server: keys beyond the range, which the script counts with its
+    // own. Cluster: the pre-read only gates (the scripts count every key).
+    let beyond = match cluster {
+        false => beyond_range(config, &mut conn)
+            .await
+            .with_context(context)?,
         true => {
             let read = pre_read(config, &mut conn, &pairs).await;
-            (read.with_context(context)?, Found::default())
+            if let Some(refused) = read.with_context(context)?.refusal(config) {
+                return Err(refused.into());
+            }
+            0
         }
     };
-    if let Some(refused) = found.refusal(config) {
-        return Err(refused.into());
-    }
     let batches: Vec<&[(String, String)]> = match cluster {
         false => vec![&pairs[..]],
         true => pairs.chunks(1).collect(),
     };
-    let (mut refused, mut total, mut at_ms) = (false, unseen, 0);
+    let (mut refused, mut already_open, mut total, mut at_ms) = (false, true, Found::default(), 0);
     for batch in &batches {
         let mut invocation = OPEN.prepare_invoke();
         for (key, guard) in *batch {
             invocation.key(key).key(guard);
         }
-        invocation.arg(if config.force { "1" } else { "0" });
+        invocation
+            .arg(if config.force { "1" } else { "0" })
+            .arg(beyond);
         let call = invocation.invoke_async::<(i64, u64, i64, u64)>(&mut conn);
         let (opened, at, held, closed_ms) = bounded(config, call).await.with_context(context)?;
         if held < 0 {
@@ -189,6 +196,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
             );
         }
         refused |= opened == 0;
+        already_open &= opened == 2;
         total.held += held;
         total.closed_ms = total.closed_ms.max(closed_ms);
         at_ms = at_ms.max(at);
@@ -199,6 +207,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     let line = serde_json::json!({
         "app": config.app,
         "opened_at_ms": at_ms,
+        "already_open": already_open,
         "lease_keys": total.held,
         "guards": if cluster { batches.len() } else { 1 },
     });
@@ -210,7 +219,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
 async fn beyond_range(
     config: &OpenConfig,
     conn: &mut crate::connection::Redis,
-) -> anyhow::Result<Found> {
+) -> anyhow::Result<i64> {
     let (mut cursor, mut held) = (0u64, 0);
     loop {
         let mut scan = redis::cmd("SCAN");
@@ -223,7 +232,7 @@ async fn beyond_range(
             .filter(|id| *id > u32::from(config.max_worker_id))
             .count() as i64;
         if next == 0 {
-            return Ok(Found { held, closed_ms: 0 });
+            return Ok(held);
         }
         cursor = next;
     }
@@ -243,7 +252,10 @@ async fn pre_read(
     let replies: Vec<redis::Value> = bounded(config, pipe.query_async(conn)).await?;
     let (secs, micros): (u64, u64) = bounded(config, redis::cmd("TIME").query_async(conn)).await?;
     let now_ms = secs * 1000 + micros / 1000;
-    let mut found = Found::default();
+    let mut found = Found {
+        all_open: true,
+        ..Found::default()
+    };
     for pair in replies.chunks(2) {
         let kind: String = redis::from_redis_value(pair[0].clone())?;
         let guard: Vec<Option<String>> = redis::from_redis_value(pair[1].clone())?;
@@ -253,6 +265,7 @@ async fn pre_read(
             .cloned()
             .flatten()
             .and_then(|g| g.parse().ok());
+        found.all_open &= open_at.is_some_and(|at: u64| at <= now_ms);
         if let Some(open_at) = open_at.filter(|at: &u64| *at > now_ms) {
             found.closed_ms = found.closed_ms.max(open_at - now_ms);
         }

@@ -8,14 +8,22 @@
 --             so the check of the lease key and the write are atomic)
 -- ARGV[1]     "1": open even when lease keys exist or a guard is closed
 --             (--force); "0": refuse then
+-- ARGV[2]     lease keys the caller found outside KEYS (one server: IDs
+--             beyond --max-worker-id), counted with `held`; "0" if none
 --
 -- Returns {opened, at_ms, held, closed_ms}:
 --   opened     1 = every guard named now holds Redis' TIME (ms): claims are
---              open; 0 = refused, nothing written (lease keys exist, a guard
---              is closed, or a guard key has another type: held = -1)
---   at_ms      Redis time in ms when the script ran
+--              open; 2 = lease keys exist but every guard named is already
+--              open (holds a time not after now): nothing to do, nothing
+--              written (so a deploy hook may run this on every deploy);
+--              0 = refused, nothing written (lease keys exist and a guard
+--              is missing, a guard is closed, or a guard key has another
+--              type: held = -1)
+--   at_ms      Redis time in ms when the script ran; with opened = 2 the
+--              latest time a guard named opened
 --   held       how many of the lease keys exist as strings (a key of
---              another type is no lease: sidecars never touch it)
+--              another type is no lease: sidecars never touch it), plus
+--              ARGV[2]
 --   closed_ms  ms until the latest closed guard opens, 0 when none is
 --              closed. A closed guard was set by a claim that found it
 --              missing: after a data loss, holders from before may still
@@ -26,8 +34,10 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local guards = {}
-local held = 0
+local held = tonumber(ARGV[2]) or 0
 local closed = 0
+local open_since = 0
+local all_open = true
 for i = 1, #KEYS, 2 do
   if redis.call('TYPE', KEYS[i]).ok == 'string' then held = held + 1 end
   local guard = KEYS[i + 1]
@@ -37,11 +47,19 @@ for i = 1, #KEYS, 2 do
       return {0, now, -1, 0}
     end
     local open_at = tonumber(redis.call('GET', guard))
+    if open_at == nil or open_at > now then
+      all_open = false
+    elseif open_at > open_since then
+      open_since = open_at
+    end
     if open_at ~= nil and open_at > now and open_at - now > closed then
       closed = open_at - now
     end
     guards[guard] = true
   end
+end
+if ARGV[1] ~= '1' and held > 0 and all_open then
+  return {2, open_since, held, 0}
 end
 if (held > 0 or closed > 0) and ARGV[1] ~= '1' then
   return {0, now, held, closed}

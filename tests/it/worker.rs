@@ -638,6 +638,43 @@ fn guard_open_lets_the_first_sidecar_claim_at_once() {
     );
 }
 
+/// `guard open` run again (a deploy hook on every deploy) while sidecars hold IDs under the
+/// guard it opened: exit 0 with `"already_open": true`, the guard untouched (it was refused with
+/// exit 5, failing such hooks). Also beyond `--max-worker-id` on one server.
+#[test]
+fn guard_open_again_under_an_open_guard_succeeds_and_writes_nothing() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let guard = format!("{PREFIX}orders:guard");
+    let first = guard_open(&url, "orders", &[]);
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let sidecars: Vec<Sidecar> = (0..2)
+        .map(|_| Sidecar::worker(&redis, "orders").spawn())
+        .collect();
+    let mut ids: Vec<u32> = sidecars
+        .iter()
+        .map(|s| s.wait_for_lease(secs(10)).worker_id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, [0, 1]);
+    let opened_at = redis.get(&guard);
+    // With --max-worker-id 0 the key of ID 1 is one the SCAN finds beyond the range.
+    for extra in [&[][..], &["--max-worker-id", "0"][..]] {
+        let again = guard_open(&url, "orders", extra);
+        assert_eq!(again.code, Some(0), "{again:?}");
+        let reply: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+        assert_eq!(reply["already_open"], true, "{reply}");
+        assert_eq!(reply["lease_keys"], 2, "{reply}");
+        assert_eq!(redis.get(&guard), opened_at, "guard untouched");
+    }
+    // Without a guard, the same keys are refused (the guard was lost; holders may publish).
+    let _: () = redis.query(redis::cmd("DEL").arg(&guard));
+    let refused = guard_open(&url, "orders", &[]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(refused.stderr.contains("missing"), "{refused:?}");
+    assert!(!redis.exists(&guard), "nothing written");
+}
+
 /// `guard open` refuses while any lease key of the app exists (exit 5) and writes nothing: the
 /// guard stays missing and the keys untouched; `--force` opens it anyway.
 #[test]

@@ -71,6 +71,15 @@ fn worker_on_cluster_shares_ids_and_survives_a_killed_primary() {
     );
     let ids: BTreeSet<u32> = leases.iter().map(|l| l.worker_id).collect();
     assert_eq!(ids, (0..=31).collect::<BTreeSet<u32>>(), "unique IDs");
+    // Run again over 32 held keys under 32 open guards: a no-op, exit 0.
+    let again = guard_open(&url, app, &[]);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    let line: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+    assert_eq!(
+        (&line["already_open"], &line["lease_keys"]),
+        (&serde_json::json!(true), &serde_json::json!(32)),
+        "{line}"
+    );
     for lease in &leases {
         let key = worker_key(app, lease.worker_id);
         assert_eq!(cluster_get(&topo, &key), Some(lease.owner.clone()), "{key}");
