@@ -355,9 +355,11 @@ impl<C: Reconnects + Send> Worker<C> {
                     backoff.grow();
                 }
                 Ok(Ok(Round::Paused(wait, guard, others_kept))) => {
+                    // A time of day, not a duration: the line is read when
+                    // the claim timeout ends, later than this round.
                     detail = format!(
-                        "claims paused for {} ms: the claim guard is closed",
-                        wait.as_millis()
+                        "claims paused: the claim guard is closed until {}",
+                        humantime::format_rfc3339_seconds(SystemTime::now() + wait)
                     );
                     if last_log.is_none() {
                         let found = match guard {
@@ -1024,7 +1026,7 @@ fn log_paused(
             };
             warn!(
                 wait_ms,
-                "no claim guard in Redis ({why}): waiting one TTL so that earlier holders can renew or give up. For a new app, `{open_cmd}` before its first sidecars start spares this wait; now that a sidecar has closed the guard, only `--force` opens it, which is safe only if no sidecar of this app held an ID on this Redis in the last TTL"
+                "no claim guard in Redis: {why}; waiting one TTL so that earlier holders can renew or give up. For a new app, `{open_cmd}` before its first sidecars start spares this wait; now that a sidecar has closed the guard, only `--force` opens it, which is safe only if no sidecar of this app held an ID on this Redis in the last TTL"
             );
         }
         GuardFound::TooFar => warn!(

@@ -192,6 +192,21 @@ fn cli_acquire_wait_on_an_empty_pool_exits_3() {
     assert_eq!(run.code, Some(3), "{run:?}");
 }
 
+/// `pool status` of a pool with no keys (a typo in --pool) exits 2 saying it does not exist
+/// (it printed a table of zeros and exited 0); a pool whose ids are all leased still counts.
+#[test]
+fn status_of_a_pool_that_does_not_exist_exits_2() {
+    let redis = RedisServer::start();
+    let run = pool_cmd(&redis, &["status", "--pool", "nopool"], &[]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("nopool does not exist"), "{run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    pool_json(&redis, &["init", "--pool", "p", "--ids", "only"]);
+    pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "30s"]);
+    let status = pool_json(&redis, &["status", "--pool", "p", "--json"]);
+    assert_eq!(status["leases_valid"], 1, "{status}");
+}
+
 /// Bad flags, ids and tokens exit 2 with a message naming the flag (and
 /// never echoing a token); Redis refusals of the input (init on an existing
 /// pool, an id already present, an unknown id) exit 2 too; the keyspace is

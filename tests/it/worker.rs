@@ -425,7 +425,34 @@ fn unreachable_redis_exits_3_at_claim_timeout() {
         last.contains("2s") && !last.contains("retrying"),
         "the final line is the exit error naming --claim-timeout, not a retry warning: {last}"
     );
+    assert!(
+        last.contains(&url),
+        "the final line names the Redis: {last}"
+    );
     assert!(!sidecar.output_file().exists());
+}
+
+/// A fresh Redis without a claim guard and a claim timeout shorter than the TTL: the exit error
+/// says until when claims were paused as a time of day (it said "paused for 30000 ms", the
+/// full TTL, though 2 s of it had passed).
+#[test]
+fn claim_timeout_behind_a_closed_guard_says_when_it_opens() {
+    let redis = RedisServer::start();
+    let mut sidecar = Sidecar::worker(&redis, "fresh")
+        .flag("--ttl", "30s")
+        .flag("--renew-interval", "10s")
+        .flag("--claim-timeout", "2s")
+        .spawn();
+    let status = sidecar.wait_exit(secs(10)).expect("exit at claim timeout");
+    assert_eq!(status.code(), Some(3));
+    let last = sidecar.log_lines().last().cloned().unwrap_or_default();
+    let (_, until) = last
+        .split_once("closed until ")
+        .unwrap_or_else(|| panic!("no time of day in {last}"));
+    let opens = humantime::parse_rfc3339(until.trim()).expect("RFC 3339 time");
+    let left = opens.duration_since(std::time::SystemTime::now()).unwrap();
+    // One TTL (30 s) from the first claim round, 2 s before the exit.
+    assert!(left > secs(25) && left <= secs(30), "{left:?}: {last}");
 }
 
 /// All IDs held until --claim-timeout: exit 3 with an error saying how many IDs exist and that

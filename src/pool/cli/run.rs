@@ -222,7 +222,19 @@ async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
             })
         }
         Op::Status { pool, json } => {
-            let status = open(&pool, default)?.status().await?;
+            let handle = open(&pool, default)?;
+            let status = handle.status().await?;
+            // All zeros may be a typo in --pool: a pool that has no keys at
+            // all is an error (exit 2), as for `pool config` and `acquire`.
+            if status.ready_due
+                + status.ready_cooling
+                + status.leases_valid
+                + status.leases_expired
+                + status.disabled
+                == 0
+            {
+                handle.strikes().await?;
+            }
             if !json {
                 return Ok(Some(status_table(&pool, &status)));
             }
@@ -251,7 +263,7 @@ pub(crate) fn hint_words(next_due_in: Option<Duration>) -> String {
             "the next id is due in {} (sooner if a lease is released early)",
             human(Duration::from_millis(d.as_millis() as u64))
         ),
-        None => "no id will become due by itself (every id disabled, or the pool empty)".into(),
+        None => "no id will become due by itself (every id disabled, the pool empty, or no pool of that name: `pool status` tells)".into(),
     }
 }
 
