@@ -32,6 +32,15 @@ impl LogGuard {
     }
 }
 
+/// How long a command runs, which sets its default log filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// A sidecar or server: logs its start-up facts.
+    UntilStopped,
+    /// One action, then exit: start-up facts left out unless asked for.
+    Once,
+}
+
 /// Environment variable of the log filter.
 const FILTER_ENV: &str = "SNOWLEASE_LOG";
 
@@ -43,13 +52,19 @@ const FILTER_ENV: &str = "SNOWLEASE_LOG";
 ///
 /// Errors: a value `Targets` cannot read, naming the variable.
 pub fn filter_from_env() -> Result<Targets, ConfigError> {
-    parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default())
+    parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default(), "info")
 }
 
-/// Reads a `SNOWLEASE_LOG` value (see [`filter_from_env`]).
-fn parse_filter(value: &str) -> Result<Targets, ConfigError> {
+/// Target of start-up facts a long-running command logs (e.g. the Redis
+/// topology it detected) and a one-shot command keeps to itself unless
+/// `SNOWLEASE_LOG` asks.
+pub const START_TARGET: &str = "snowlease::start";
+
+/// Reads a `SNOWLEASE_LOG` value (see [`filter_from_env`]); `default`
+/// when it is empty.
+fn parse_filter(value: &str, default: &str) -> Result<Targets, ConfigError> {
     let value = if value.trim().is_empty() {
-        "info"
+        default
     } else {
         value.trim()
     };
@@ -78,8 +93,15 @@ fn parse_filter(value: &str) -> Result<Targets, ConfigError> {
 /// Installs the global subscriber: filter from `SNOWLEASE_LOG` (default
 /// `info`, see [`filter_from_env`]), `format` on stderr, colours only on a
 /// terminal. Errors: an unreadable `SNOWLEASE_LOG` (nothing is installed).
-pub fn init(format: LogFormat) -> Result<LogGuard, ConfigError> {
-    let filter = filter_from_env()?;
+///
+/// `Run::Once` (a command that does one thing and exits: pool commands
+/// but `serve`, `lock`) leaves out the [`START_TARGET`] events by default.
+pub fn init(format: LogFormat, run: Run) -> Result<LogGuard, ConfigError> {
+    let default = match run {
+        Run::UntilStopped => "info",
+        Run::Once => "info,snowlease::start=warn",
+    };
+    let filter = parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default(), default)?;
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(QUEUE_LINES)
@@ -128,10 +150,10 @@ mod tests {
 
     #[test]
     fn filter_reads_levels_and_targets() {
-        let empty = parse_filter("").unwrap();
+        let empty = parse_filter("", "info").unwrap();
         assert!(empty.would_enable("snowlease", &Level::INFO));
         assert!(!empty.would_enable("snowlease", &Level::DEBUG));
-        let pairs = parse_filter("snowlease=debug,warn").unwrap();
+        let pairs = parse_filter("snowlease=debug,warn", "info").unwrap();
         assert!(pairs.would_enable("snowlease::worker_id", &Level::DEBUG));
         assert!(!pairs.would_enable("redis", &Level::INFO));
         assert!(pairs.would_enable("redis", &Level::WARN));
@@ -140,7 +162,7 @@ mod tests {
     #[test]
     fn unreadable_filter_names_the_variable() {
         for bad in ["loud", "snowlease=loud", "snowlease=debug,,=x"] {
-            let err = parse_filter(bad).map(drop).unwrap_err().to_string();
+            let err = parse_filter(bad, "info").map(drop).unwrap_err().to_string();
             assert!(err.contains("SNOWLEASE_LOG"), "{bad}: {err}");
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use snowlease::cli::{ConfigError, LogFormat, check_range, parse_duration, stdout_line};
-use snowlease::logging::{self, LogGuard};
+use snowlease::logging::{self, LogGuard, Run};
 use snowlease::{exec, exit, lock, pool, shutdown, worker_id};
 
 /// `--version`: the crate version and the commit it was built from.
@@ -115,17 +115,17 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
     match command {
         Command::Worker(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format)?);
+            *log = Some(logging::init(args.log.log_format, Run::UntilStopped)?);
             block_on(async move { worker_id::run(config, shutdown::listen()?).await })?;
         }
         Command::Exec(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format)?);
+            *log = Some(logging::init(args.log.log_format, Run::UntilStopped)?);
             return Ok(exec::run_exec(&config)?);
         }
         Command::Lock(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format)?);
+            *log = Some(logging::init(args.log.log_format, Run::Once)?);
             return Ok(lock::run(&config)?);
         }
         Command::Id(args) => {
@@ -164,7 +164,12 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         }
         Command::Pool(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log_format())?);
+            let pool_run = if args.is_serve() {
+                Run::UntilStopped
+            } else {
+                Run::Once
+            };
+            *log = Some(logging::init(args.log_format(), pool_run)?);
             block_on(pool::cli::run(config))?;
         }
     }

@@ -617,6 +617,7 @@ impl Shared {
         let (conn, cluster) = self.check_cluster(false).await?;
         let topology = if cluster { "cluster" } else { "one server" };
         tracing::info!(
+            target: crate::logging::START_TARGET,
             topology,
             "redis:// URL: topology detected with INFO cluster"
         );

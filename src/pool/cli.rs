@@ -317,6 +317,11 @@ impl PoolArgs {
         self.redis_args().log.log_format
     }
 
+    /// Whether the command runs until stopped (`serve`), not once.
+    pub fn is_serve(&self) -> bool {
+        matches!(self.command, PoolCommand::Serve(_))
+    }
+
     fn redis_args(&self) -> &RedisArgs {
         match &self.command {
             PoolCommand::Add(a) | PoolCommand::Disable(a) => &a.target.redis,

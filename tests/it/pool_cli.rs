@@ -193,7 +193,8 @@ fn cli_acquire_wait_on_an_empty_pool_exits_3() {
 }
 
 /// `pool status` of a pool with no keys (a typo in --pool) exits 2 saying it does not exist
-/// (it printed a table of zeros and exited 0); a pool whose ids are all leased still counts.
+/// (it printed a table of zeros and exited 0); a pool whose ids are all leased still counts;
+/// no start-up log line on stderr (every one-shot pool command printed the topology).
 #[test]
 fn status_of_a_pool_that_does_not_exist_exits_2() {
     let redis = RedisServer::start();
@@ -205,6 +206,14 @@ fn status_of_a_pool_that_does_not_exist_exits_2() {
     pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "30s"]);
     let status = pool_json(&redis, &["status", "--pool", "p", "--json"]);
     assert_eq!(status["leases_valid"], 1, "{status}");
+    // A one-shot command keeps its start-up facts (the detected topology) to itself unless
+    // SNOWLEASE_LOG asks for them.
+    let quiet = pool_cmd(&redis, &["status", "--pool", "p"], &[]);
+    assert_eq!(quiet.code, Some(0), "{quiet:?}");
+    assert!(!quiet.stderr.contains("topology detected"), "{quiet:?}");
+    let asked = [("SNOWLEASE_LOG", "info,snowlease::start=info")];
+    let told = pool_cmd(&redis, &["status", "--pool", "p"], &asked);
+    assert!(told.stderr.contains("topology detected"), "{told:?}");
 }
 
 /// Bad flags, ids and tokens exit 2 with a message naming the flag (and
