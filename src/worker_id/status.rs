@@ -436,10 +436,11 @@ pub fn render(report: &Report) -> String {
         let ttl = entry.ttl_ms.map_or("no expiry".to_owned(), |ms| {
             format!("{:.1}s", ms as f64 / 1000.0)
         });
-        let owner = entry
-            .owner
-            .clone()
-            .unwrap_or_else(|| format!("({} key, not touched)", entry.key_type));
+        // A tombstone's STATE says released; OWNER names who released it.
+        let owner = entry.owner.as_deref().map_or_else(
+            || format!("({} key, not touched)", entry.key_type),
+            |o| o.strip_prefix(TOMBSTONE_PREFIX).unwrap_or(o).to_owned(),
+        );
         let _ = writeln!(
             out,
             "{:>4}  {state:<10}  {ttl:>10}  {owner}",
@@ -505,7 +506,7 @@ mod tests {
         );
         assert!(text.contains("no expiry  legacy"), "{text}");
         assert!(
-            text.contains("2  released          0.8s  released:10.0.0.8#00bb"),
+            text.contains("2  released          0.8s  10.0.0.8#00bb"),
             "{text}"
         );
         assert!(
