@@ -35,12 +35,46 @@ impl ConfigError {
 
 /// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
 ///
-/// Errors: a message with examples when `text` is not a duration.
+/// Errors: a message with examples in the docs' form (`10s`, `500ms`) when
+/// `text` is not a duration; a bare number is told to take a unit.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 2s, 1m)"))
+    humantime::parse_duration(text).map_err(|_| {
+        let number = text.trim();
+        if !number.is_empty() && number.chars().all(|c| c.is_ascii_digit()) {
+            format!("a duration needs a unit, e.g. {number}s or {number}ms (units: ms, s, m, h)")
+        } else {
+            "not a duration; write a number and a unit, e.g. 10s, 500ms, 2m, 1h".to_owned()
+        }
+    })
 }
 
-/// Checks `min <= value <= max`; the error names `flag` and the range.
+/// A duration in the docs' form: one number and the largest unit that
+/// divides it exactly (`25h`, `90m`, `1500ms`, `0s`); days only beyond one
+/// (`24h`, `30d`). A value typed with one unit is shown as typed.
+pub fn show_duration(d: Duration) -> String {
+    const UNITS: [(u128, &str); 7] = [
+        (86_400_000_000_000, "d"),
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+        (1, "ns"),
+    ];
+    let ns = d.as_nanos();
+    if ns == 0 {
+        return "0s".to_owned();
+    }
+    UNITS
+        .iter()
+        .filter(|(unit, name)| ns.is_multiple_of(*unit) && !(*name == "d" && ns == *unit))
+        .map(|(unit, name)| format!("{}{name}", ns / unit))
+        .next()
+        .unwrap_or_else(|| format!("{ns}ns"))
+}
+
+/// Checks `min <= value <= max`; the error names `flag` and the range, in
+/// the docs' form (`25h is outside 1s-24h`).
 pub fn check_range(
     flag: &'static str,
     value: Duration,
@@ -52,9 +86,9 @@ pub fn check_range(
             flag,
             format!(
                 "{} is outside {}-{}",
-                humantime::format_duration(value),
-                humantime::format_duration(min),
-                humantime::format_duration(max)
+                show_duration(value),
+                show_duration(min),
+                show_duration(max)
             ),
         ));
     }
@@ -162,6 +196,52 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    /// A bare number is told to take a unit, with the docs' spelling
+    /// (`10s`), not humantime's (`10sec`).
+    #[test]
+    fn a_bare_number_is_told_the_docs_units() {
+        let err = parse_duration("10").unwrap_err();
+        assert!(err.contains("10s") && err.contains("10ms"), "{err}");
+        assert!(
+            !err.contains("sec") && !err.contains("for example"),
+            "{err}"
+        );
+        let err = parse_duration("soon").unwrap_err();
+        assert!(err.contains("10s, 500ms"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_shown_as_the_docs_write_them() {
+        for (d, shown) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_micros(1500), "1500us"),
+            (Duration::from_secs(10), "10s"),
+            (Duration::from_secs(90 * 60), "90m"),
+            (Duration::from_secs(3600), "1h"),
+            (Duration::from_secs(86_400), "24h"),
+            (Duration::from_secs(25 * 3600), "25h"),
+            (Duration::from_secs(30 * 86_400), "30d"),
+        ] {
+            assert_eq!(show_duration(d), shown);
+        }
+    }
+
+    /// `--claim-timeout 25h`: the value as typed and the range as the docs
+    /// write it (humantime said "1day 1h is outside 1s-1day").
+    #[test]
+    fn out_of_range_values_are_shown_as_typed() {
+        let err = check_range(
+            "--claim-timeout",
+            parse_duration("25h").unwrap(),
+            Duration::from_secs(1),
+            Duration::from_secs(86_400),
+        )
+        .unwrap_err();
+        assert_eq!(err.reason, "25h is outside 1s-24h");
     }
 
     #[test]

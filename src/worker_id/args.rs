@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration};
+use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration, show_duration};
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
 
@@ -245,8 +245,8 @@ impl WorkerArgs {
                 "--renew-interval",
                 format!(
                     "{} is outside 100ms-ttl/2 ({})",
-                    humantime::format_duration(self.renew_interval),
-                    humantime::format_duration(self.ttl / 2)
+                    show_duration(self.renew_interval),
+                    show_duration(self.ttl / 2)
                 ),
             ));
         }

@@ -121,3 +121,45 @@ fn a_failing_command_states_its_error_once_in_text_logs() {
         .filter(|l| l.contains(r#""message":"exiting""#));
     assert_eq!(events.count(), 1, "{json:?}");
 }
+
+/// Bad input a new user typed exits 2 naming the flag and its allowed range in the docs' words:
+/// a duration without a unit suggests `10s` (humantime said "10sec"); an out-of-range duration
+/// is shown as typed with the range as the docs write it (was "1day 1h is outside 1s-1day");
+/// a pool ttl that is whole ms but too long says "outside" (was "not a whole number of
+/// milliseconds").
+#[test]
+fn bad_input_is_named_in_the_docs_words() {
+    let worker = ["worker", "--app", "a", "--output-file", "/nonexistent/x/id"];
+    let cases: [(Vec<&str>, &[&str], &[&str]); 4] = [
+        (
+            [&worker[..], &["--ttl", "10"]].concat(),
+            &["--ttl", "10s", "10ms"],
+            &["10sec", "for example"],
+        ),
+        (
+            [&worker[..], &["--claim-timeout", "25h"]].concat(),
+            &["--claim-timeout", "25h is outside 1s-24h"],
+            &["day"],
+        ),
+        (
+            vec!["pool", "acquire", "--pool", "p", "--ttl", "11m"],
+            &["--ttl", "11m is outside 1ms-10m"],
+            &["whole number"],
+        ),
+        (
+            vec!["pool", "acquire", "--pool", "p", "--ttl", "1500us"],
+            &["--ttl", "1500us is not a whole number of milliseconds"],
+            &["outside"],
+        ),
+    ];
+    for (argv, says, not) in cases {
+        let run = run_snowlease(&argv, &[], secs(10));
+        assert_eq!(run.code, Some(2), "{argv:?}: {run:?}");
+        for text in says {
+            assert!(run.stderr.contains(text), "{argv:?}: {text:?}: {run:?}");
+        }
+        for text in not {
+            assert!(!run.stderr.contains(text), "{argv:?}: {text:?}: {run:?}");
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs, StrikeArgs};
-use crate::cli::ConfigError;
+use crate::cli::{ConfigError, check_range, show_duration};
 use crate::connection::RedisTarget;
 use crate::pool::limits::{
     self, CLI_WAIT_MS, COOLDOWN_MS, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_INTERVAL_MS,
@@ -114,8 +114,8 @@ impl PoolArgs {
                         "--ttl",
                         format!(
                             "{} is longer than --max-lease {}",
-                            human(a.ttl),
-                            human(max_lease)
+                            show_duration(a.ttl),
+                            show_duration(max_lease)
                         ),
                     ));
                 }
@@ -226,28 +226,25 @@ fn range(flag: &'static str, d: Duration, range: Range) -> Result<(), ConfigErro
         Duration::from_millis(range.min),
         Duration::from_millis(range.max),
     );
-    if d < lo || d > hi {
-        return Err(ConfigError::new(
-            flag,
-            format!("{} is outside {}-{}", human(d), human(lo), human(hi)),
-        ));
-    }
-    Ok(())
+    check_range(flag, d, lo, hi)
 }
 
-/// A duration the scripts take in ms: whole ms within `range`.
+/// A duration the scripts take in ms: whole ms within `range`. The error
+/// says which of the two it is not.
 fn whole_ms(flag: &'static str, d: Duration, range: Range) -> Result<Duration, ConfigError> {
-    match limits::millis(flag, d, range) {
-        Ok(_) => Ok(d),
-        Err(_) => Err(ConfigError::new(
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(ConfigError::new(
             flag,
             format!(
-                "{} is not a whole number of milliseconds within {}-{}",
-                human(d),
-                human(Duration::from_millis(range.min)),
-                human(Duration::from_millis(range.max))
+                "{} is not a whole number of milliseconds (Redis counts in ms)",
+                show_duration(d)
             ),
-        )),
+        ));
+    }
+    self::range(flag, d, range)?;
+    match limits::millis(flag, d, range) {
+        Ok(_) => Ok(d),
+        Err(err) => Err(ConfigError::new(flag, err.to_string())),
     }
 }
 
@@ -439,6 +436,28 @@ mod tests {
         for (argv, flag) in cases {
             assert_eq!(flag_of(argv), flag, "{argv:?}");
         }
+    }
+
+    /// `--ttl 11m` is whole ms but too long; `--ttl 1500us` is in range but
+    /// not whole ms: each message says which (both said "not a whole number
+    /// of milliseconds within 1ms-10m").
+    #[test]
+    fn whole_ms_and_range_are_told_apart() {
+        let reason = |ttl: &str| match parse(&["acquire", "--pool", "p", "--ttl", ttl])
+            .unwrap()
+            .validate()
+        {
+            Err(err) => err.reason,
+            Ok(_) => panic!("--ttl {ttl} validated"),
+        };
+        assert_eq!(reason("11m"), "11m is outside 1ms-10m");
+        assert_eq!(reason("0s"), "0s is outside 1ms-10m");
+        let err = reason("1500us");
+        assert!(
+            err.starts_with("1500us is not a whole number of milliseconds"),
+            "{err}"
+        );
+        assert!(!err.contains("outside"), "{err}");
     }
 
     #[test]
