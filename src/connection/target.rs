@@ -97,10 +97,17 @@ impl RedisTarget {
             .map(split_userinfo)
             .transpose()?
             .unwrap_or_default();
+        // A '?' in the password cuts the URL before its '@': the user name
+        // and password then read as a host, and only then is the hint due.
+        let cut_userinfo = userinfo.is_none() && query.contains('@');
         let hosts = hostlist
             .split(',')
             .map(|h| parse_host(h, default_port))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|reason| match cut_userinfo {
+                true => format!("the URL has an '@' after a '?'; {ENCODE_HINT}"),
+                false => reason,
+            })?;
         let mut target = Parts {
             topology,
             tls,
@@ -198,15 +205,21 @@ impl Parts {
             first
         };
         if parts.next().is_some() {
-            return Err(format!("the URL's path has too many parts; {ENCODE_HINT}"));
+            return Err("the URL's path has too many parts (expected /<db>)".into());
         }
         if !db.is_empty() {
-            self.db = db
-                .parse::<u16>()
-                .map_err(|_| {
-                    format!("the db in the URL's path must be a number 0-65535; {ENCODE_HINT}")
-                })?
-                .into();
+            self.db = match db.parse::<u16>() {
+                Ok(n) => n.into(),
+                // Only digits are echoed: the path may hold a mistyped secret.
+                Err(_) if db.chars().all(|c| c.is_ascii_digit()) => {
+                    return Err(format!(
+                        "the db {db} in the URL's path (/<db>) is outside 0-65535"
+                    ));
+                }
+                Err(_) => {
+                    return Err("the db in the URL's path (/<db>) must be a number 0-65535".into());
+                }
+            };
         }
         if self.db != 0 && self.topology == Topology::Cluster {
             return Err("a Cluster has only db 0".into());
@@ -288,7 +301,7 @@ fn split_userinfo(userinfo: &str) -> Result<Credentials, String> {
 }
 
 fn parse_host(item: &str, default_port: u16) -> Result<(String, u16), String> {
-    let bad = || format!("each host must be host[:port] or [ipv6][:port]; {ENCODE_HINT}");
+    let bad = || "each host must be host[:port] or [ipv6][:port]".to_owned();
     let (host, port, v6) = if let Some(v6) = item.strip_prefix('[') {
         let (host, after) = v6.split_once(']').ok_or_else(bad)?;
         let port = match after {
@@ -311,7 +324,11 @@ fn parse_host(item: &str, default_port: u16) -> Result<(String, u16), String> {
     }
     let port = match port {
         None => default_port,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| "the port in the URL must be a number 1-65535".to_owned())?,
     };
     Ok((host.to_owned(), port))
 }
@@ -389,8 +406,7 @@ mod tests {
             "redis://:s3cr@t#frag@redis.example:6379",
             "redis://:s3cr@t@redis.example:6379",
             "redis://:s3cr/t@redis.example:6379",
-            "redis://u:s3cr@redis.example:6379/s3cr",
-            "redis://redis.example:s3cr",
+            "redis://u:s3cr?t@redis.example:6379",
             "redis://u:s3cr@h:1/0#s3cr",
         ] {
             let err = RedisTarget::parse(url)
@@ -398,6 +414,36 @@ mod tests {
                 .unwrap_or_else(|| panic!("{url} accepted"));
             assert!(!err.contains(SECRET) && !err.contains("example"), "{err}");
             assert!(err.contains("percent-encode"), "{url}: {err}");
+        }
+        // A bad db or port after the '@' is no password's fault: the
+        // message names the part and its range, without the encoding hint
+        // (it gave it for every URL error) and still without echo.
+        for (url, says) in [
+            (
+                "redis://u:s3cr@redis.example:6379/s3cr",
+                "the db in the URL's path (/<db>) must be a number 0-65535",
+            ),
+            (
+                "redis://redis.example:s3cr",
+                "the port in the URL must be a number 1-65535",
+            ),
+            (
+                "redis://u:s3cr@h:1/70000",
+                "the db 70000 in the URL's path (/<db>) is outside 0-65535",
+            ),
+            (
+                "redis://h:70000",
+                "the port in the URL must be a number 1-65535",
+            ),
+            (
+                "redis://u:s3cr@h:1/0/s3cr",
+                "the URL's path has too many parts (expected /<db>)",
+            ),
+        ] {
+            let err = RedisTarget::parse(url)
+                .err()
+                .unwrap_or_else(|| panic!("{url} accepted"));
+            assert_eq!(err, says, "{url}");
         }
     }
 

@@ -126,11 +126,12 @@ fn a_failing_command_states_its_error_once_in_text_logs() {
 /// a duration without a unit suggests `10s` (humantime said "10sec"); an out-of-range duration
 /// is shown as typed with the range as the docs write it (was "1day 1h is outside 1s-1day");
 /// a pool ttl that is whole ms but too long says "outside" (was "not a whole number of
-/// milliseconds").
+/// milliseconds"); a bad db or port in the URL names it without the percent-encoding hint for
+/// passwords, and echoes nothing of the URL.
 #[test]
 fn bad_input_is_named_in_the_docs_words() {
     let worker = ["worker", "--app", "a", "--output-file", "/nonexistent/x/id"];
-    let cases: [(Vec<&str>, &[&str], &[&str]); 4] = [
+    let cases: [(Vec<&str>, &[&str], &[&str]); 6] = [
         (
             [&worker[..], &["--ttl", "10"]].concat(),
             &["--ttl", "10s", "10ms"],
@@ -150,6 +151,34 @@ fn bad_input_is_named_in_the_docs_words() {
             vec!["pool", "acquire", "--pool", "p", "--ttl", "1500us"],
             &["--ttl", "1500us is not a whole number of milliseconds"],
             &["outside"],
+        ),
+        (
+            vec![
+                "status",
+                "--app",
+                "a",
+                "--redis-url",
+                "redis://:s3cr@127.0.0.1:18379/abc",
+            ],
+            &[
+                "--redis-url",
+                "the db in the URL's path (/<db>) must be a number 0-65535",
+            ],
+            &["percent-encode", "s3cr", "abc"],
+        ),
+        (
+            vec![
+                "status",
+                "--app",
+                "a",
+                "--redis-url",
+                "redis://:s3cr@127.0.0.1:99999/0",
+            ],
+            &[
+                "--redis-url",
+                "the port in the URL must be a number 1-65535",
+            ],
+            &["percent-encode", "s3cr", "99999"],
         ),
     ];
     for (argv, says, not) in cases {

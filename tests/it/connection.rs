@@ -135,7 +135,7 @@ fn unclean_url_exits_2_without_echo() {
     for url in [
         "redis://:s3cr@t#frag@redis.example:6379",
         "redis://:s3cr@t@redis.example:6379",
-        "redis://u:s3cr@redis.example:6379/s3cr",
+        "redis://u:s3cr?t@redis.example:6379",
     ] {
         let run = run_snowlease(&["status", "--app", "a", "--redis-url", url], &[], secs(10));
         assert_eq!(run.code, Some(2), "{run:?}");
