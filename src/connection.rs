@@ -7,6 +7,7 @@ mod handle;
 mod slots;
 mod target;
 
+use std::fmt;
 use std::sync::Once;
 
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
@@ -31,7 +32,7 @@ fn explain(target: &RedisTarget, err: RedisError) -> RedisError {
         return (
             ErrorKind::InvalidClientConfig,
             "TLS certificate error: trust the server's CA with --redis-ca-file (REDIS_CA_FILE) or the system store (SSL_CERT_FILE); a server that asks for a client certificate needs --redis-cert-file and --redis-key-file",
-            format!("{target}: {err}"),
+            format!("{target}: {}", Readable(&err)),
         )
             .into();
     }
@@ -47,11 +48,54 @@ fn explain(target: &RedisTarget, err: RedisError) -> RedisError {
         return (
             ErrorKind::InvalidClientConfig,
             "redis connection",
-            format!("{target}: {err}"),
+            format!("{target}: {}", Readable(&err)),
         )
             .into();
     }
     err
+}
+
+/// A redis-rs error for people, the one place that renders one: what
+/// redis-rs' `Display` says without the kind's debug name (`- InvalidClientConfig`,
+/// `NoPerm:`, `Server(NoPerm)`), a server's refusal as Redis wrote it
+/// (`NOPERM this user has no permissions to run the 'info' command`), a
+/// pipeline's failures by command. Errors this crate builds around another
+/// one render the inner one with it too, so no kind name leaks.
+pub struct Readable<'a>(pub &'a RedisError);
+
+impl fmt::Display for Readable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let err = self.0;
+        let text = err.to_string();
+        if let Some(items) = err.clone().into_server_errors() {
+            let several = text.starts_with("Pipeline failure") || items.len() > 1;
+            if text.starts_with("Transaction aborted") {
+                f.write_str("transaction aborted: ")?;
+            }
+            for (n, (index, item)) in items.iter().enumerate() {
+                if n > 0 {
+                    f.write_str("; ")?;
+                }
+                if several {
+                    write!(f, "command {} of the pipeline: ", index + 1)?;
+                }
+                match item.details() {
+                    Some(detail) => write!(f, "{} {detail}", item.code())?,
+                    None => f.write_str(item.code())?,
+                }
+            }
+            return Ok(());
+        }
+        // `General`: "<description> - <Kind:?>[: <detail>]".
+        let marker = format!(" - {:?}", err.kind());
+        match text.find(&marker) {
+            Some(at) => {
+                f.write_str(&text[..at])?;
+                f.write_str(&text[at + marker.len()..])
+            }
+            None => f.write_str(&text),
+        }
+    }
 }
 
 /// True for a TLS certificate the client or the server refused. rustls's
@@ -181,6 +225,75 @@ mod tests {
         )
             .into();
         assert!(is_auth_error(&auth) && !is_permission_error(&auth));
+    }
+
+    /// redis-rs' `Display` names its kinds ("Server(NoPerm): NoPerm: ...",
+    /// "Password authentication failed - AuthenticationFailed"); people get
+    /// the text without them.
+    #[test]
+    fn errors_read_without_kind_names() {
+        let noperm = server_error(
+            "NOPERM",
+            "this user has no permissions to run the 'info' command",
+        );
+        assert_eq!(
+            Readable(&noperm).to_string(),
+            "NOPERM this user has no permissions to run the 'info' command"
+        );
+        let auth: RedisError = (
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        )
+            .into();
+        assert_eq!(
+            Readable(&auth).to_string(),
+            "Password authentication failed"
+        );
+        let target =
+            RedisTarget::parse("redis+sentinel://u:s3cret@127.0.0.1:1/nomaster/0").unwrap();
+        let unknown: RedisError = (
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "the Sentinel does not know the master",
+        )
+            .into();
+        let shown = Readable(&explain(&target, unknown)).to_string();
+        assert_eq!(
+            shown,
+            "no Sentinel knows the master named in the URL: redis+sentinel://127.0.0.1:1/nomaster/0"
+        );
+        let mismatch: RedisError = (
+            ErrorKind::InvalidClientConfig,
+            "not a Cluster node",
+            "127.0.0.1:1".to_owned(),
+        )
+            .into();
+        let shown = Readable(&explain(&target, mismatch)).to_string();
+        assert_eq!(
+            shown,
+            "redis connection: redis+sentinel://127.0.0.1:1/nomaster/0: not a Cluster node: 127.0.0.1:1"
+        );
+        // A step named around a refusal (lease::step) renders the refusal too.
+        let stepped: RedisError = (
+            noperm.kind(),
+            "INFO failed (needs +info)",
+            Readable(&noperm).to_string(),
+        )
+            .into();
+        assert_eq!(
+            Readable(&stepped).to_string(),
+            "INFO failed (needs +info): NOPERM this user has no permissions to run the 'info' command"
+        );
+        for err in [&noperm, &auth, &stepped] {
+            let shown = Readable(err).to_string();
+            for kind in [
+                "NoPerm",
+                "Server(",
+                "AuthenticationFailed",
+                "InvalidClientConfig",
+            ] {
+                assert!(!shown.contains(kind), "{shown}");
+            }
+        }
     }
 
     /// A server error as redis-rs parses it from the reply `-CODE detail`.

@@ -16,7 +16,10 @@
 //! | 128+N | a signal N ended the wait or the command |
 //! | 130 | `worker`, `pool serve`: a second stop signal during the stop aborted it without cleanup ([`crate::shutdown`]) |
 
+use redis::RedisError;
+
 use crate::cli::ConfigError;
+use crate::connection::Readable;
 use crate::exec::ExecError;
 use crate::lock::LockError;
 use crate::pool::PoolError;
@@ -116,6 +119,32 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
     }
 }
 
+/// The last line of a failed command: `err` with its causes, each said
+/// once. A redis-rs error is rendered by [`Readable`] (no kind names) and
+/// ends the walk (its sources repeat it); a part of a cause (between `": "`)
+/// already in the line is not said again, e.g. the URL a context named.
+pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let shown = |e: &(dyn std::error::Error + 'static)| match e.downcast_ref::<RedisError>() {
+        Some(redis) => (Readable(redis).to_string(), true),
+        None => (e.to_string(), false),
+    };
+    let (mut text, mut last) = shown(err);
+    let mut source = err.source();
+    while let (false, Some(cause)) = (last, source) {
+        let cause_text;
+        (cause_text, last) = shown(cause);
+        let new: Vec<&str> = cause_text
+            .split(": ")
+            .filter(|part| part.len() < 4 || !text.contains(part))
+            .collect();
+        if !new.is_empty() {
+            text = format!("{text}: {}", new.join(": "));
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -191,5 +220,37 @@ mod tests {
         };
         assert_eq!(code(not_acquired.into()), NOT_ACQUIRED);
         assert_eq!(code(anyhow::anyhow!("redis down")), FAILURE);
+    }
+
+    /// The last line names no redis-rs kind and says the URL a context
+    /// gave once (it said "... from URL: no Sentinel knows the master named
+    /// in the URL - InvalidClientConfig: URL").
+    #[test]
+    fn describe_says_a_redis_error_once_without_kind_names() {
+        let url = "redis+sentinel://127.0.0.1:1/nomaster/0";
+        let unknown: redis::RedisError = (
+            redis::ErrorKind::InvalidClientConfig,
+            "no Sentinel knows the master named in the URL",
+            url.to_owned(),
+        )
+            .into();
+        let err =
+            anyhow::Error::new(unknown).context(format!("cannot read the leases of a from {url}"));
+        assert_eq!(
+            describe(err.as_ref()),
+            format!(
+                "cannot read the leases of a from {url}: no Sentinel knows the master named in the URL"
+            )
+        );
+        let reply = b"-NOPERM this user has no permissions to run the 'time' command\r\n";
+        let Ok(redis::Value::ServerError(noperm)) = redis::parse_redis_value(reply) else {
+            panic!("not a server error")
+        };
+        let err = anyhow::Error::new(PoolError::from(redis::RedisError::from(noperm)))
+            .context("redis redis://127.0.0.1:1/0");
+        assert_eq!(
+            describe(err.as_ref()),
+            "redis redis://127.0.0.1:1/0: NOPERM this user has no permissions to run the 'time' command"
+        );
     }
 }

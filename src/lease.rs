@@ -17,7 +17,7 @@ use redis::aio::ConnectionLike;
 use redis::cluster_routing::Slot;
 use redis::{RedisError, Script};
 
-use crate::connection::{is_auth_error, is_permission_error};
+use crate::connection::{Readable, is_auth_error, is_permission_error};
 use crate::identity::Owner;
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
@@ -243,7 +243,7 @@ pub(crate) fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError 
                 None => (err.kind(), hint).into(),
             }
         } else if is_permission_error(&err) {
-            (err.kind(), what, err.to_string()).into()
+            (err.kind(), what, Readable(&err).to_string()).into()
         } else {
             err
         }

@@ -96,7 +96,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             let code = exit::code_of(&err);
-            let text = describe(err.as_ref());
+            let text = exit::describe(err.as_ref());
             // JSON logs get the error as an event too, for log platforms; in
             // text the plain line below says it once.
             if log.as_ref().is_some_and(|l| l.format() == LogFormat::Json) {
@@ -211,21 +211,6 @@ fn block_on<F: Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()
         .enable_all()
         .build()?
         .block_on(fut)
-}
-
-/// An error with its causes, each said once: a redis-rs error repeats its
-/// own text as its source, which `{:#}` would print twice.
-fn describe(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// Prints the last words on stderr from a helper thread, waiting 500 ms at

@@ -507,8 +507,9 @@ fn no_sentinel_answers(hosts: &[(String, u16)], last: &RedisError) -> RedisError
         })
         .collect();
     std::io::Error::other(format!(
-        "no Sentinel answers ({}): {last}",
-        hosts.join(", ")
+        "no Sentinel answers ({}): {}",
+        hosts.join(", "),
+        super::Readable(last)
     ))
     .into()
 }

@@ -57,7 +57,7 @@ pub enum PoolError {
     },
     /// Redis or the connection failed; the operation may or may not have
     /// run.
-    #[error("redis: {0}")]
+    #[error("redis: {}", crate::connection::Readable(.0))]
     Redis(#[source] RedisError),
     /// A script answered something this version does not understand.
     #[error("unexpected reply from the pool {script} script: {detail}")]

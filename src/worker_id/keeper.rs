@@ -47,7 +47,7 @@ pub enum WorkerError {
         worker_id: u16,
     },
     /// Redis refused in a way retries cannot fix (e.g. NOPERM).
-    #[error("redis refused: {0}")]
+    #[error("redis refused: {}", crate::connection::Readable(.0))]
     Redis(redis::RedisError),
 }
 

@@ -91,6 +91,7 @@ fn worker_without_script_permissions_fails_at_start() {
     assert!(log.to_lowercase().contains("noperm"), "{log}");
     assert!(log.contains("script|load"), "names the command: {log}");
     assert!(!log.contains(":pw@"), "password hidden: {log}");
+    assert_no_kind_names(&log);
     assert_eq!(redis.dbsize(), 0);
     assert!(!sidecar.output_file().exists());
 }
@@ -235,6 +236,28 @@ fn status_without_permission_names_the_command() {
     );
     assert_eq!(run.code, Some(1), "{run:?}");
     assert!(run.stderr.contains("pttl"), "{run:?}");
+    // Redis' own words, once, without redis-rs' kind names (it said
+    // "NoPerm: this user has no permissions ...").
+    assert!(
+        run.stderr
+            .contains("NOPERM this user has no permissions to run the 'pttl' command"),
+        "{run:?}"
+    );
+    assert_no_kind_names(&run.stderr);
+}
+
+/// redis-rs' debug names of its error kinds never reach people: `Server(NoPerm)`,
+/// `NoPerm:`, `- AuthenticationFailed`, `- InvalidClientConfig`.
+pub(crate) fn assert_no_kind_names(text: &str) {
+    for kind in [
+        "Server(",
+        "NoPerm",
+        "AuthenticationFailed",
+        "InvalidClientConfig",
+        "MasterNameNotFoundBySentinel",
+    ] {
+        assert!(!text.contains(kind), "{kind} shown: {text}");
+    }
 }
 
 /// `snowlease pool <command> --pool <pool> --redis-url <url> <args>`; panics unless it exits 0.
@@ -314,6 +337,7 @@ fn pool_cli_runs_with_the_minimal_acl() {
         "another pool's keys are out of reach: {run:?}"
     );
     assert!(run.stderr.to_lowercase().contains("noperm"), "{run:?}");
+    assert_no_kind_names(&run.stderr);
 
     let noload = acl_user(&redis, "noload", &POOL_RULES.replace(" +script|load", ""));
     let _: () = redis.query(redis::cmd("SCRIPT").arg("FLUSH"));
