@@ -119,8 +119,11 @@ pub(crate) fn wait(
                 if classify(&err) == Failure::Permanent {
                     return (Err(err), maybe_held);
                 }
-                warn!(lock = session.keys().name(), attempt, error = %err, "acquire failed");
-                (format!("redis unavailable: {err}"), None)
+                warn!(lock = session.keys().name(), attempt, error = %crate::connection::Readable(&err), "acquire failed");
+                (
+                    format!("redis unavailable: {}", crate::connection::Readable(&err)),
+                    None,
+                )
             }
         };
         let now = Instant::now();

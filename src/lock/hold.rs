@@ -118,11 +118,14 @@ pub(crate) fn hold(
                         stopping = Some(stop(child, &rules, reason, Instant::now(), deadline));
                     }
                     (Err(err), _) if classify(&err) == Failure::Permanent => {
-                        let reason = format!("redis refused the renew script: {err}");
+                        let reason = format!(
+                            "redis refused the renew script: {}",
+                            crate::connection::Readable(&err)
+                        );
                         stopping = Some(stop(child, &rules, reason, Instant::now(), deadline));
                     }
                     (Err(err), _) => {
-                        warn!(lock = session.keys().name(), error = %err, "renew failed; retrying until the lease's deadline");
+                        warn!(lock = session.keys().name(), error = %crate::connection::Readable(&err), "renew failed; retrying until the lease's deadline");
                         next_renew = Instant::now() + retry;
                     }
                 }

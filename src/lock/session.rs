@@ -110,7 +110,9 @@ impl Session {
                 lock,
                 "lock not released: the key no longer holds our owner string"
             ),
-            Err(err) => warn!(lock, error = %err, "lock not released; it expires after its TTL"),
+            Err(err) => {
+                warn!(lock, error = %crate::connection::Readable(&err), "lock not released; it expires after its TTL")
+            }
         }
     }
 }

@@ -300,7 +300,7 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
 async fn check_eviction(state: &ServeState, conn: &mut Redis) {
     match eviction::check(conn).await {
         Ok(now) => state.note_eviction(now),
-        Err(err) => debug!(error = %err, "eviction check failed"),
+        Err(err) => debug!(error = %crate::connection::Readable(&err), "eviction check failed"),
     }
 }
 

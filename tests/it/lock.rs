@@ -553,6 +553,34 @@ fn lock_runs_with_the_minimal_acl() {
     );
 }
 
+/// Renewals refused mid-run (EVALSHA taken from the user after the start): `lock` stops the
+/// command and exits 75, its log naming Redis' refusal in Redis' words, without redis-rs' kind
+/// names (it logged "redis refused the renew script: NoPerm: this user has ...").
+#[test]
+fn a_refused_renewal_is_logged_in_redis_words() {
+    let redis = RedisServer::start();
+    let url = crate::acl::acl_user(&redis, "locker", LOCK_RULES);
+    let jobs = Jobs::new();
+    let mut holder = jobs.lock(&url, "report", "a", &[], JOB).spawn();
+    jobs.wait::<u128>("a", "start").expect("a runs");
+    let _: () = redis.query(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("locker")
+            .arg("-evalsha"),
+    );
+    let code = holder.wait_exit(secs(15)).and_then(|s| s.code());
+    let log = holder.log_lines().join("\n");
+    assert_eq!(code, Some(LOST), "{log}");
+    assert!(
+        log.contains(
+            "redis refused the renew script: NOPERM this user has no permissions to run the 'evalsha' command"
+        ),
+        "{log}"
+    );
+    crate::acl::assert_no_kind_names(&log);
+}
+
 /// A user without INCR: the acquire script's SET runs, its INCR is refused; `lock` exits 1
 /// naming the refusal, the command never starts, and the half-taken key is released.
 #[test]
