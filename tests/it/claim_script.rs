@@ -144,6 +144,22 @@ async fn per_id_guards_gate_only_their_own_id() {
         "g:3 pulled in to one TTL"
     );
     assert!(!redis.exists("k:0") && !redis.exists("k:2") && !redis.exists("k:3"));
+
+    // Alone, a guard too far ahead is named as such (the sidecar logs why it waits).
+    let _: () = redis.query(redis::cmd("SET").arg("g:5").arg(now + 60_000));
+    let reply = claim_pairs(&mut c, &pairs(&[("k:5", "g:5")]), &other, TTL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            reply.outcome,
+            ClaimOutcome::Paused {
+                guard: GuardFound::TooFar,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
 }
 
 /// Bad input is refused by name: no pairs, a guard of another type (nothing written).
