@@ -102,6 +102,8 @@ fn main() -> ExitCode {
             if log.as_ref().is_some_and(|l| l.format() == LogFormat::Json) {
                 tracing::error!(error = %text, "exiting");
             }
+            // Flush the queued log lines first: the plain line is the last.
+            drop(log.take());
             report(format!("{prefix}: {text}"));
             ExitCode::from(code)
         }

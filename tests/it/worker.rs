@@ -449,7 +449,9 @@ fn claim_timeout_behind_a_closed_guard_says_when_it_opens() {
     let (_, until) = last
         .split_once("closed until ")
         .unwrap_or_else(|| panic!("no time of day in {last}"));
-    let opens = humantime::parse_rfc3339(until.trim()).expect("RFC 3339 time");
+    // RFC 3339 to the second: 2026-12-01T10:40:11Z.
+    let until = until.get(..20).unwrap_or(until);
+    let opens = humantime::parse_rfc3339(until).expect("RFC 3339 time");
     let left = opens.duration_since(std::time::SystemTime::now()).unwrap();
     // One TTL (30 s) from the first claim round, 2 s before the exit.
     assert!(left > secs(25) && left <= secs(30), "{left:?}: {last}");
