@@ -47,12 +47,12 @@ const FILTER_ENV: &str = "SNOWLEASE_LOG";
 /// The log filter in `SNOWLEASE_LOG`: a default level and/or
 /// `target=level` pairs, comma-separated (`info`, `snowlease=debug,warn`;
 /// levels `trace`, `debug`, `info`, `warn`, `error`, `off`). Unset or
-/// empty: `info`. tracing-subscriber's `Targets` reads it (no regex engine
+/// empty: `default` (see [`init`]). tracing-subscriber's `Targets` reads it (no regex engine
 /// in the binary, unlike `EnvFilter`).
 ///
 /// Errors: a value `Targets` cannot read, naming the variable.
-pub fn filter_from_env() -> Result<Targets, ConfigError> {
-    parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default(), "info")
+fn filter_from_env(default: &str) -> Result<Targets, ConfigError> {
+    parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default(), default)
 }
 
 /// Target of start-up facts a long-running command logs (e.g. the Redis
@@ -98,10 +98,10 @@ fn parse_filter(value: &str, default: &str) -> Result<Targets, ConfigError> {
 /// but `serve`, `lock`) leaves out the [`START_TARGET`] events by default.
 pub fn init(format: LogFormat, run: Run) -> Result<LogGuard, ConfigError> {
     let default = match run {
-        Run::UntilStopped => "info",
-        Run::Once => "info,snowlease::start=warn",
+        Run::UntilStopped => "info".to_owned(),
+        Run::Once => format!("info,{START_TARGET}=warn"),
     };
-    let filter = parse_filter(&std::env::var(FILTER_ENV).unwrap_or_default(), default)?;
+    let filter = filter_from_env(&default)?;
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(QUEUE_LINES)
