@@ -229,23 +229,20 @@ fn range(flag: &'static str, d: Duration, range: Range) -> Result<(), ConfigErro
     check_range(flag, d, lo, hi)
 }
 
-/// A duration the scripts take in ms: whole ms within `range`. The error
-/// says which of the two it is not.
+/// A duration the scripts take in ms: whole ms within `range` (the rule is
+/// [`limits::millis`]). The error says which of the two it is not.
 fn whole_ms(flag: &'static str, d: Duration, range: Range) -> Result<Duration, ConfigError> {
-    if !d.subsec_nanos().is_multiple_of(1_000_000) {
-        return Err(ConfigError::new(
-            flag,
-            format!(
-                "{} is not a whole number of milliseconds (Redis counts in ms)",
-                show_duration(d)
-            ),
-        ));
+    if limits::millis(flag, d, range).is_ok() {
+        return Ok(d);
     }
     self::range(flag, d, range)?;
-    match limits::millis(flag, d, range) {
-        Ok(_) => Ok(d),
-        Err(err) => Err(ConfigError::new(flag, err.to_string())),
-    }
+    Err(ConfigError::new(
+        flag,
+        format!(
+            "{} is not a whole number of milliseconds (Redis counts in ms)",
+            show_duration(d)
+        ),
+    ))
 }
 
 /// The strike setting of `--max-strikes` and `--strike-window` (clap makes
