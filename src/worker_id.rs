@@ -146,16 +146,11 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     {
         warn!("http server did not stop within 1s");
     }
-    if let Err(err) = stopped.result {
-        // A claim timeout names the Redis it waited on (which Redis is the
-        // first question); the exit code still comes from the WorkerError.
-        let timed_out = matches!(err, keeper::WorkerError::ClaimTimeout { .. });
-        let err = anyhow::Error::new(err);
-        return Err(match timed_out {
-            true => err.context(format!("redis {}", config.redis)),
-            false => err,
-        });
-    }
+    // Every stop reason names the Redis it concerns (for a claim timeout the
+    // first question); the exit code still comes from the WorkerError.
+    stopped
+        .result
+        .with_context(|| format!("redis {}", config.redis))?;
     info!("stopped");
     Ok(())
 }
