@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::LockKeys;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
-use crate::connection::{Failure, classify};
+use crate::connection::{Failure, Readable, classify};
 use crate::exec::child::{self, Signals};
 use crate::identity::Owner;
 use crate::pool::backoff;
@@ -119,11 +119,8 @@ pub(crate) fn wait(
                 if classify(&err) == Failure::Permanent {
                     return (Err(err), maybe_held);
                 }
-                warn!(lock = session.keys().name(), attempt, error = %crate::connection::Readable(&err), "acquire failed");
-                (
-                    format!("redis unavailable: {}", crate::connection::Readable(&err)),
-                    None,
-                )
+                warn!(lock = session.keys().name(), attempt, error = %Readable(&err), "acquire failed");
+                (format!("redis unavailable: {}", Readable(&err)), None)
             }
         };
         let now = Instant::now();

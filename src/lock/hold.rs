@@ -18,7 +18,7 @@ use tracing::{debug, error, warn};
 use super::LockConfig;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
-use crate::connection::{Failure, classify};
+use crate::connection::{Failure, Readable, classify};
 use crate::exec::child::{self, Child, Exit, Signals};
 use crate::exec::deadline::Deadlines;
 use crate::lease::{self, RenewOutcome};
@@ -118,14 +118,11 @@ pub(crate) fn hold(
                         stopping = Some(stop(child, &rules, reason, Instant::now(), deadline));
                     }
                     (Err(err), _) if classify(&err) == Failure::Permanent => {
-                        let reason = format!(
-                            "redis refused the renew script: {}",
-                            crate::connection::Readable(&err)
-                        );
+                        let reason = format!("redis refused the renew script: {}", Readable(&err));
                         stopping = Some(stop(child, &rules, reason, Instant::now(), deadline));
                     }
                     (Err(err), _) => {
-                        warn!(lock = session.keys().name(), error = %crate::connection::Readable(&err), "renew failed; retrying until the lease's deadline");
+                        warn!(lock = session.keys().name(), error = %Readable(&err), "renew failed; retrying until the lease's deadline");
                         next_renew = Instant::now() + retry;
                     }
                 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::connection::Redis;
+use crate::connection::{Readable, Redis};
 use redis::RedisResult;
 use tokio::runtime::Runtime;
 use tracing::{info, warn};
@@ -111,7 +111,7 @@ impl Session {
                 "lock not released: the key no longer holds our owner string"
             ),
             Err(err) => {
-                warn!(lock, error = %crate::connection::Readable(&err), "lock not released; it expires after its TTL")
+                warn!(lock, error = %Readable(&err), "lock not released; it expires after its TTL")
             }
         }
     }

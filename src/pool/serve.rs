@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::connection::Redis;
+use crate::connection::{Readable, Redis};
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -300,7 +300,7 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
 async fn check_eviction(state: &ServeState, conn: &mut Redis) {
     match eviction::check(conn).await {
         Ok(now) => state.note_eviction(now),
-        Err(err) => debug!(error = %crate::connection::Readable(&err), "eviction check failed"),
+        Err(err) => debug!(error = %Readable(&err), "eviction check failed"),
     }
 }
 

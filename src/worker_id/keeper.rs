@@ -20,7 +20,7 @@ use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
 use super::timing::{self, ClaimBackoff};
 use crate::boot_clock::{self, BootInstant};
-use crate::connection::{Failure, Reconnects, classify};
+use crate::connection::{Failure, Readable, Reconnects, classify};
 use crate::eviction::{self, EvictingRedis};
 use crate::identity::{Owner, identity_of};
 use crate::lease::{self, RenewOutcome};
@@ -47,7 +47,7 @@ pub enum WorkerError {
         worker_id: u16,
     },
     /// Redis refused in a way retries cannot fix (e.g. NOPERM).
-    #[error("redis refused: {}", crate::connection::Readable(.0))]
+    #[error("redis refused: {}", Readable(.0))]
     Redis(redis::RedisError),
 }
 
@@ -397,8 +397,8 @@ impl<C: Reconnects + Send> Worker<C> {
                     backoff.grow();
                 }
                 Ok(Err(err)) if classify(&err) == Failure::Transient => {
-                    warn!(error = %crate::connection::Readable(&err), retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
-                    detail = format!("redis unavailable: {}", crate::connection::Readable(&err));
+                    warn!(error = %Readable(&err), retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
+                    detail = format!("redis unavailable: {}", Readable(&err));
                     backoff.grow();
                 }
                 Ok(Err(err)) => return Err(WorkerError::Redis(err)),
@@ -462,7 +462,7 @@ impl<C: Reconnects + Send> Worker<C> {
                 Ok(evicting)
             }
             Err(err) if self.found_safe && classify(&err) == Failure::Transient => {
-                debug!(error = %crate::connection::Readable(&err), "eviction check not answered; the last answer stands");
+                debug!(error = %Readable(&err), "eviction check not answered; the last answer stands");
                 Ok(None)
             }
             Err(err) => Err(err),
@@ -607,7 +607,7 @@ impl<C: Reconnects + Send> Worker<C> {
         match timeout(limit, scan).await {
             Ok(Ok(found)) => found,
             Ok(Err(err)) => {
-                debug!(error = %crate::connection::Readable(&err), "SCAN for keys under the prefix failed");
+                debug!(error = %Readable(&err), "SCAN for keys under the prefix failed");
                 MissingGuard::Unknown
             }
             Err(_) => MissingGuard::Unknown,
@@ -709,7 +709,7 @@ impl<C: Reconnects + Send> Worker<C> {
         match self.evicting().await {
             Ok(Some(evicting)) => Some(RenewRound::Evicting(evicting)),
             Err(err) if classify(&err) == Failure::Permanent => {
-                error!(error = %crate::connection::Readable(&err), "eviction check refused by redis");
+                error!(error = %Readable(&err), "eviction check refused by redis");
                 Some(RenewRound::Lost("redis refused INFO memory"))
             }
             _ => None,
@@ -733,7 +733,7 @@ impl<C: Reconnects + Send> Worker<C> {
         let connected = match bounded(self.params.settings.call_timeout(), call).await {
             Ok(connected) => connected,
             Err(err) => {
-                return debug!(error = %crate::connection::Readable(&err), "INFO replication failed");
+                return debug!(error = %Readable(&err), "INFO replication failed");
             }
         };
         if connected < wanted {
@@ -770,7 +770,7 @@ impl<C: Reconnects + Send> Worker<C> {
         match bounded(self.params.settings.call_timeout(), call).await {
             Ok(acked) => acked >= replicas,
             Err(err) => {
-                warn!(error = %crate::connection::Readable(&err), "WAIT for replica acknowledgement failed");
+                warn!(error = %Readable(&err), "WAIT for replica acknowledgement failed");
                 false
             }
         }
@@ -884,12 +884,12 @@ impl<C: Reconnects + Send> Worker<C> {
                 }
                 Err(err) if classify(&err) == Failure::Permanent => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
-                    error!(worker_id = held.worker_id, error = %crate::connection::Readable(&err), "renew refused by redis");
+                    error!(worker_id = held.worker_id, error = %Readable(&err), "renew refused by redis");
                     return RenewRound::Lost("redis refused the renew script");
                 }
                 Err(err) => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
-                    warn!(worker_id = held.worker_id, attempt, error = %crate::connection::Readable(&err), "renew failed");
+                    warn!(worker_id = held.worker_id, attempt, error = %Readable(&err), "renew failed");
                 }
             }
             let Some(pause) = pauses.next() else { break };
@@ -953,7 +953,7 @@ pub(crate) async fn release<C>(
         (Ok(Ok(count)), None) => info!(count, "lease keys a lost claim reply left released"),
         (Ok(Err(err)), Some(worker_id)) => warn!(
             worker_id,
-            error = %crate::connection::Readable(&err),
+            error = %Readable(&err),
             "lease release not confirmed; if it did not run, the key expires after its TTL"
         ),
         (Err(_), Some(worker_id)) => warn!(

@@ -225,7 +225,8 @@ async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
             let handle = open(&pool, default)?;
             let status = handle.status().await?;
             // All zeros may be a typo in --pool: a pool that has no keys at
-            // all is an error (exit 2), as for `pool config` and `acquire`.
+            // all is an error (exit 2), as for `pool config` (its script
+            // holds the rule; one more round trip, only then).
             if status.ready_due
                 + status.ready_cooling
                 + status.leases_valid
