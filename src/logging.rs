@@ -90,9 +90,9 @@ fn parse_filter(value: &str, default: &str) -> Result<Targets, ConfigError> {
     })
 }
 
-/// Installs the global subscriber: filter from `SNOWLEASE_LOG` (default
-/// `info`, see [`filter_from_env`]), `format` on stderr, colours only on a
-/// terminal. Errors: an unreadable `SNOWLEASE_LOG` (nothing is installed).
+/// Installs the global subscriber: filter from `SNOWLEASE_LOG` (a level
+/// and/or `target=level` pairs, comma-separated; default `info`; see
+/// docs/flags.md), `format` on stderr, colours only on a terminal. Errors: an unreadable `SNOWLEASE_LOG` (nothing is installed).
 ///
 /// `Run::Once` (a command that does one thing and exits: pool commands
 /// but `serve`, `lock`) leaves out the [`START_TARGET`] events by default.
