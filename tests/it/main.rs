@@ -31,6 +31,9 @@ mod harness;
 mod harness_selftest;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
+/// A node that stops being the primary (REPLICAOF, a DNS-name failover): every mode leaves
+/// it; a `maxclients` refusal named.
+mod node_role;
 /// Pool mode scripts and API: leases, cooldowns, fences, bad input, concurrency.
 mod pool;
 /// `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.

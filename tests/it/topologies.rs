@@ -1,5 +1,7 @@
 //! Every mode on Sentinel and Cluster, on real topologies from the harness (issue 10).
 
+use std::time::Instant;
+
 use crate::connection::{acquire_over_http, pool_serve};
 use crate::harness::*;
 
@@ -219,4 +221,137 @@ fn lock_runs_on_cluster_and_sentinel() {
             assert_eq!(run.stdout, expected_fence, "{url}: fences increase");
         }
     }
+}
+
+/// Issue 20.3: five Sentinels in the URL after a failover: the first is stale (it still names
+/// the old primary, now a replica), the second is down, three agree on the new primary. The
+/// stale one is a real Sentinel that monitors the old primary under the same name but cannot
+/// hear or send hello messages (its ACL user on the data nodes has no channels), and cannot
+/// fail over or reconfigure anything (no quorum it could reach, no `REPLICAOF` in its ACL).
+/// Four sidecars publish within seconds (on today's main they retried for 45 s with "the
+/// Sentinels do not agree on the primary yet"), and the stale Sentinel is named in a warning.
+#[test]
+fn a_stale_sentinel_listed_first_is_outvoted() {
+    let topo = SentinelTopology::start_with(SentinelOptions {
+        replicas: 1,
+        sentinels: 3,
+        quorum: 2,
+        ..SentinelOptions::default()
+    });
+    let m = topo.master_name().to_owned();
+    for node in topo.nodes() {
+        let _: String = node.query(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("stale")
+                .arg("on")
+                .arg(">stalepw")
+                .arg("resetchannels")
+                .arg("-@all")
+                .arg("+ping")
+                .arg("+info")
+                .arg("+role")
+                .arg("+client|setname"),
+        );
+    }
+    let old = topo.primary_index();
+    let stale = RedisServer::start_with(RedisOptions {
+        config_file: Some(format!(
+            "sentinel monitor {m} 127.0.0.1 {port} 5\n\
+             sentinel auth-user {m} stale\n\
+             sentinel auth-pass {m} stalepw\n\
+             sentinel down-after-milliseconds {m} 1000\n",
+            port = topo.nodes()[old].port()
+        )),
+        args: vec!["--sentinel".into()],
+        name: "stale sentinel".into(),
+        ..RedisOptions::default()
+    });
+    let named_by_stale = || -> Option<u16> {
+        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&m)
+            .query(&mut stale.conn())
+            .ok()?;
+        named.map(|(_, port)| port)
+    };
+    let old_port = topo.nodes()[old].port();
+    assert!(poll_until(secs(10), || named_by_stale() == Some(old_port)));
+    let new = topo.failover();
+    assert!(
+        poll_until(secs(30), || topo.nodes()[old]
+            .info_field("replication", "role")
+            .as_deref()
+            == Some("slave")),
+        "the old primary was never demoted"
+    );
+    assert_eq!(
+        named_by_stale(),
+        Some(old_port),
+        "the stale Sentinel caught up"
+    );
+
+    // An established deployment: the first claim does not wait one TTL for the guard.
+    topo.nodes()[new].open_claim_guard("orders");
+    let down = free_port();
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{},127.0.0.1:{down},{}/{m}",
+        stale.port(),
+        topo.sentinel_addrs().join(",")
+    );
+    let started = Instant::now();
+    let sidecars: Vec<Sidecar> = (0..4)
+        .map(|i| {
+            Sidecar::worker_at(&url, "orders")
+                .name(format!("worker {i}"))
+                .flag("--ttl", "4s")
+                .flag("--renew-interval", "1s")
+                .spawn()
+        })
+        .collect();
+    let mut published = Vec::new();
+    for sidecar in &sidecars {
+        sidecar.wait_for_lease(secs(10));
+        published.push(started.elapsed());
+    }
+    eprintln!("published after {published:?}");
+    let new_port = topo.nodes()[new].port();
+    for sidecar in &sidecars {
+        let lease = sidecar.id().expect("published");
+        assert_eq!(
+            topo.nodes()[new].get(&worker_key("orders", lease.worker_id)),
+            Some(lease.owner)
+        );
+    }
+    let stale_addr = format!("127.0.0.1:{} names 127.0.0.1:{old_port}", stale.port());
+    let warned = |s: &Sidecar| {
+        s.events_with("outvoted")
+            .iter()
+            .filter(|e| {
+                e["fields"]["dissent"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(&stale_addr))
+                    || e.to_string().contains(&stale_addr)
+            })
+            .count()
+    };
+    assert!(
+        poll_until(secs(5), || sidecars.iter().all(|s| warned(s) >= 1)),
+        "no warning names the stale Sentinel ({stale_addr})"
+    );
+    // Rate-limited: one warning per sidecar for the same dissent, not one per renewal
+    // (each has confirmed several renewals with all five Sentinels by now).
+    assert!(poll_until(secs(10), || sidecars.iter().all(|s| s
+        .metric("snowlease_renewals_total{outcome=\"renewed\"}")
+        .unwrap_or(0.0)
+        >= 3.0)));
+    for sidecar in &sidecars {
+        assert_eq!(warned(sidecar), 1, "{:?}", sidecar.log_lines());
+    }
+    assert_eq!(
+        named_by_stale(),
+        Some(old_port),
+        "the stale Sentinel caught up"
+    );
+    assert_ne!(new_port, old_port);
 }
