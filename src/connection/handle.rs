@@ -157,15 +157,17 @@ impl RedisTarget {
             .set_user_timeout(USER_TIMEOUT)
     }
 
-    fn node_settings(&self) -> RedisConnectionInfo {
+    /// Credentials and db of a data node; the password as its file holds
+    /// it now (read at every connection open, issue 20.4).
+    fn node_settings(&self) -> RedisResult<RedisConnectionInfo> {
         let mut info = RedisConnectionInfo::default().set_db(self.db);
         if let Some(user) = &self.username {
             info = info.set_username(user);
         }
-        if let Some(password) = &self.password {
+        if let Some(password) = self.node_password()? {
             info = info.set_password(password);
         }
-        info
+        Ok(info)
     }
 
     fn addr(&self, host: &str, port: u16) -> ConnectionAddr {
@@ -180,15 +182,16 @@ impl RedisTarget {
         }
     }
 
-    /// Connection info of one data node (credentials, db, TCP settings, TLS).
+    /// Connection info of one data node (credentials, db, TCP settings,
+    /// TLS), with the TLS and password files as they are now.
     fn node_info(&self, host: &str, port: u16) -> RedisResult<ConnectionInfo> {
         let info = self
             .addr(host, port)
             .into_connection_info()?
             .set_tcp_settings(Self::tcp_settings())
-            .set_redis_settings(self.node_settings());
-        match (&self.certs, self.tls) {
-            (Some(certs), true) => Ok(Client::build_with_tls(info, certs.clone())?
+            .set_redis_settings(self.node_settings()?);
+        match (self.certs()?, self.tls) {
+            (Some(certs), true) => Ok(Client::build_with_tls(info, certs)?
                 .get_connection_info()
                 .clone()),
             _ => Ok(info),
@@ -207,6 +210,8 @@ impl RedisTarget {
         Ok(info)
     }
 
+    /// A Sentinel client with the TLS and password files as they are now;
+    /// built again at every connection open.
     fn sentinel_client(&self) -> RedisResult<SentinelClient> {
         let addrs = self.hosts.iter().map(|(h, p)| self.addr(h, *p));
         let mut builder =
@@ -217,7 +222,7 @@ impl RedisTarget {
         if let Some(user) = &self.username {
             builder = builder.set_client_to_redis_username(user);
         }
-        if let Some(password) = &self.password {
+        if let Some(password) = self.node_password()? {
             builder = builder.set_client_to_redis_password(password);
         }
         if let Some(user) = &self.sentinel_username {
@@ -230,10 +235,10 @@ impl RedisTarget {
             builder = builder
                 .set_client_to_redis_tls_mode(TlsMode::Secure)
                 .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-            if let Some(certs) = &self.certs {
+            if let Some(certs) = self.certs()? {
                 builder = builder
                     .set_client_to_redis_certificates(certs.clone())
-                    .set_client_to_sentinel_certificates(certs.clone());
+                    .set_client_to_sentinel_certificates(certs);
             }
         }
         builder.build()
@@ -568,7 +573,8 @@ impl Shared {
         let opened = timeout(limit, self.open())
             .await
             .unwrap_or_else(|_| Err(timed_out(limit)));
-        let (conn, node) = opened.map_err(|e| super::explain(&self.target, e))?;
+        let ran_before = *self.generation.borrow() > 0;
+        let (conn, node) = opened.map_err(|e| super::explain(&self.target, e, ran_before))?;
         let mut generation = 0;
         self.generation.send_modify(|g| {
             *g += 1;
@@ -690,13 +696,13 @@ impl Shared {
         if let Some(user) = &target.username {
             builder = builder.username(user);
         }
-        if let Some(password) = &target.password {
+        if let Some(password) = target.node_password()? {
             builder = builder.password(password);
         }
         if target.tls {
             builder = builder.tls(TlsMode::Secure);
-            if let Some(certs) = &target.certs {
-                builder = builder.certs(certs.clone());
+            if let Some(certs) = target.certs()? {
+                builder = builder.certs(certs);
             }
         }
         let conn = builder.build()?.get_async_connection().await?;
@@ -710,6 +716,8 @@ impl Shared {
         let sentinels = self.sentinel.as_ref().expect("sentinel topology");
         let found = {
             let mut sentinels = sentinels.lock().await;
+            // Built again: it holds the TLS files and password as they were.
+            sentinels.client = self.target.sentinel_client()?;
             sentinels.client.async_get_client().await
         };
         let client = match found {
