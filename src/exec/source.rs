@@ -170,6 +170,11 @@ fn read_file(path: &std::path::Path) -> Reading {
             state.worker_id
         ));
     }
+    // Written after the ID file's removal: a reader that saw the file just
+    // before it went must not take the ID as published.
+    if state.release_unconfirmed {
+        return Reading::Absent("the sidecar stopped publishing the ID".into());
+    }
     let now_ms = unix_ms(SystemTime::now());
     if state.valid_until_ms <= now_ms {
         return Reading::Absent(format!(
@@ -266,6 +271,7 @@ mod tests {
             worker_id,
             owner: "10.0.0.1#00".into(),
             valid_until_ms,
+            release_unconfirmed: false,
         })
         .unwrap()
     }
@@ -339,6 +345,11 @@ mod tests {
         assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
         write_atomic(&state_path(&file), &state(9, now + 5_000)).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(_)));
+        // The record the sidecar keeps after it stopped publishing (issue 20 item 5).
+        let mut kept: StateFile = serde_json::from_slice(&state(7, now + 5_000)).unwrap();
+        kept.release_unconfirmed = true;
+        write_atomic(&state_path(&file), &serde_json::to_vec(&kept).unwrap()).unwrap();
+        assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stopped publishing")));
     }
 
     #[test]

@@ -84,14 +84,21 @@ pub struct RecordedLease {
     pub owner: String,
     /// Unix ms until which the earlier process held it, erring early.
     pub valid_until_ms: u64,
+    /// The earlier process stopped publishing it without a confirmed
+    /// release (`StateFile::release_unconfirmed`): no ID file of it stands.
+    pub release_unconfirmed: bool,
 }
 
 impl RecordedLease {
     /// The recorded deadline on the boot clock, never more than one
     /// validity span (TTL - margin) away: the record is wall-clock based, and
     /// a clock step or an edit must not keep a stale ID published longer.
-    /// `None` once passed.
+    /// `None` once passed, or when the earlier process had already
+    /// unpublished it (re-adoption is still tried: the key may be ours).
     pub fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
+        if self.release_unconfirmed {
+            return None;
+        }
         let left = lease::until_unix_ms(self.valid_until_ms)?;
         Some(BootInstant::now() + left.min(lease::validity(ttl)))
     }
