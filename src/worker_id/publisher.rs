@@ -3,7 +3,8 @@
 //! no longer provably held (at the validity deadline even when the keeper
 //! says nothing).
 
-use std::path::{Path, PathBuf};
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
 
 use crate::boot_clock::{BootInstant, sleep_until};
 use tokio::sync::watch;
@@ -11,21 +12,28 @@ use tracing::{error, warn};
 
 use super::files::{StateFile, state_path};
 use super::state::{HeldLease, WorkerState};
-use crate::atomic_file::write_atomic;
+use crate::atomic_file::{Folder, Stamp};
 
 /// Keeps the files in step with the worker state until shutdown: writes
 /// them while a lease is valid, removes the ID file at the validity deadline
 /// even if no new state arrives, removes both at loss and at shutdown.
+///
+/// `folder` is the folder of `output_file`, kept open: every write, check
+/// and removal goes relative to it, so a write needs one new descriptor
+/// (the temporary file) and a check none.
 pub async fn run_publisher(
     mut state: watch::Receiver<WorkerState>,
-    output_file: PathBuf,
+    folder: Folder,
+    output_file: &Path,
     app: String,
 ) {
+    let name = |path: &Path| path.file_name().map(OsStr::to_owned).unwrap_or_default();
     let files = Files {
-        id: output_file.clone(),
-        state: state_path(&output_file),
+        folder,
+        id: name(output_file),
+        state: name(&state_path(output_file)),
     };
-    let mut published: Option<u16> = None;
+    let mut published: Option<Published> = None;
     loop {
         let current = state.borrow_and_update().clone();
         match current {
@@ -64,12 +72,21 @@ pub async fn run_publisher(
 }
 
 struct Files {
-    id: PathBuf,
-    state: PathBuf,
+    folder: Folder,
+    id: OsString,
+    state: OsString,
+}
+
+/// The ID file as written last: which ID, and the stamp that tells whether
+/// the file is still the one written.
+#[derive(Clone, Copy)]
+struct Published {
+    worker_id: u16,
+    stamp: Stamp,
 }
 
 impl Files {
-    fn publish(&self, app: &str, held: &HeldLease, published: &mut Option<u16>) {
+    fn publish(&self, app: &str, held: &HeldLease, published: &mut Option<Published>) {
         let record = StateFile {
             app: app.to_owned(),
             worker_id: held.worker_id,
@@ -78,37 +95,57 @@ impl Files {
         };
         let json = serde_json::to_vec(&record).expect("state serialises");
         // State first: a crash between the two leaves a record, not an ID.
-        if let Err(err) = write_atomic(&self.state, &json) {
-            error!(path = %self.state.display(), error = %err, "cannot write state file");
+        if let Err(err) = self.write(&self.state, &json) {
+            error!(path = %self.path(&self.state).display(), error = %err, "cannot write state file");
         }
         // Checked at every renew, not only when the ID changes: a tmp
         // cleaner or an operator may have removed or replaced the file.
+        // A stat, not a read: it needs no descriptor.
+        let current = self.folder.stamp(&self.id).ok();
+        match *published {
+            Some(p) if p.worker_id == held.worker_id && Some(p.stamp) == current => return,
+            Some(p) if p.worker_id == held.worker_id => {
+                warn!(path = %self.path(&self.id).display(), "worker ID file was removed or changed; writing it again");
+            }
+            _ => {}
+        }
         let contents = format!("{}\n", held.worker_id);
-        if std::fs::read(&self.id).ok().as_deref() == Some(contents.as_bytes()) {
-            *published = Some(held.worker_id);
-            return;
-        }
-        if *published == Some(held.worker_id) {
-            warn!(path = %self.id.display(), "worker ID file was removed or changed; writing it again");
-        }
-        match write_atomic(&self.id, contents.as_bytes()) {
-            Ok(()) => *published = Some(held.worker_id),
+        match self.write(&self.id, contents.as_bytes()) {
+            Ok(stamp) => {
+                *published = Some(Published {
+                    worker_id: held.worker_id,
+                    stamp,
+                })
+            }
             Err(err) => {
-                error!(path = %self.id.display(), error = %err, "cannot write worker ID file")
+                *published = None;
+                error!(path = %self.path(&self.id).display(), error = %err, "cannot write worker ID file")
             }
         }
     }
 
-    fn unpublish_id(&self, published: &mut Option<u16>) {
+    fn write(&self, name: &OsStr, contents: &[u8]) -> std::io::Result<Stamp> {
+        // 0644: the app container may run as another user than the sidecar.
+        self.folder.write_atomic(name, 0o644, &mut &contents[..])
+    }
+
+    fn unpublish_id(&self, published: &mut Option<Published>) {
         self.remove(&self.id);
         *published = None;
     }
 
-    fn remove(&self, path: &Path) {
-        match std::fs::remove_file(path) {
+    fn remove(&self, name: &OsStr) {
+        match self.folder.remove(name) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => error!(path = %path.display(), error = %err, "cannot remove file"),
+            Err(err) => {
+                error!(path = %self.path(name).display(), error = %err, "cannot remove file")
+            }
         }
+    }
+
+    /// The full path of `name`, for messages.
+    fn path(&self, name: &OsStr) -> std::path::PathBuf {
+        self.folder.path().join(name)
     }
 }
