@@ -94,7 +94,8 @@ fn valid_until_ms(sidecar: &Sidecar) -> u64 {
 
 /// Worker sidecar with soft and hard open-file limits of 1024 and 1100 idle connections to its
 /// port: renewals go on and rewrite the state file, `snowlease id` reads the ID, `GET /id`
-/// answers; the flood is closed by the connection cap and the header timeout. Prints the RSS.
+/// answers, and with Redis paused the ID file goes at the deadline; the flood is closed by the
+/// connection cap and the header timeout. Prints the RSS.
 #[test]
 fn idle_connection_flood_starves_neither_the_files_nor_id() {
     if !room_for_the_flood() {
@@ -149,6 +150,25 @@ fn idle_connection_flood_starves_neither_the_files_nor_id() {
         flooded.elapsed()
     );
     let held = FLOOD - count_closed(&mut conns);
+    assert_eq!(
+        redis.get(&worker_key("flood", lease.worker_id)).as_deref(),
+        Some(lease.owner.as_str()),
+        "the lease is still ours"
+    );
+
+    // Redis stops answering: the ID file still goes at the validity deadline, flood or not.
+    redis.pause();
+    let deadline_ms = valid_until_ms(&sidecar);
+    let gone = poll_until(
+        Duration::from_millis(deadline_ms.saturating_sub(unix_ms()) + 2_000),
+        || sidecar.read_output_file().is_none(),
+    );
+    let late_ms = unix_ms() as i64 - deadline_ms as i64;
+    redis.resume();
+    assert!(
+        gone,
+        "ID file still there {late_ms} ms after the deadline under the flood"
+    );
 
     // Every idle connection is closed by the header timeout at the latest.
     assert!(
@@ -162,11 +182,6 @@ fn idle_connection_flood_starves_neither_the_files_nor_id() {
     eprintln!(
         "FIGURE worker RSS: {rss_before} KiB before, {rss_flooded} KiB with {held} idle \
          connections held (of {FLOOD} opened), {rss_after} KiB after they were closed"
-    );
-    assert_eq!(
-        redis.get(&worker_key("flood", lease.worker_id)).as_deref(),
-        Some(lease.owner.as_str()),
-        "the lease is still ours"
     );
 }
 
