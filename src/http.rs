@@ -1,6 +1,7 @@
 //! HTTP serving shared by every mode: binding the listener (dual-stack on
 //! `[::]`), the liveness routes, the metrics encoding, and serving a router
-//! until shutdown. Each mode's own routes live in its subtree.
+//! until shutdown with a connection cap and a header timeout (`--max-connections`,
+//! `--http-header-timeout`). Each mode's own routes live in its subtree.
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -10,12 +11,24 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use clap::Args;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Socket, Type};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tower::ServiceExt;
+use tracing::{debug, info, warn};
+
+use crate::cli::{ConfigError, check_range, parse_duration};
+use crate::open_files;
 
 /// `/livez` and `/healthz`: 200 while the process serves HTTP; never
 /// depends on Redis (a Redis outage must not restart the pod).
@@ -64,30 +77,358 @@ pub fn register_build_info(registry: &mut Registry) {
     );
 }
 
-/// Serves `router` on an already bound listener until `shutdown` fires.
+/// `--max-connections` and `--http-header-timeout`, shared by every HTTP
+/// listener (the worker sidecar, `pool serve`).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct HttpArgs {
+    /// Most HTTP connections open at once (1-65536), also kept 128 below the open-file limit; at the cap a new connection closes the oldest idle one.
+    #[arg(long, env = "SNOWLEASE_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: u32,
+
+    /// Longest a connection may go without a complete request header (100ms-10m): from connect, and between keep-alive requests.
+    #[arg(long, env = "SNOWLEASE_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub http_header_timeout: Duration,
+}
+
+/// `--max-connections` by default: far more than a pod's app, kubelet and
+/// Prometheus open (a handful), and about 3 MB of idle connections.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 512;
+
+/// Largest `--max-connections`.
+pub const MAX_CONNECTIONS_LIMIT: u32 = 65_536;
+
+/// The validated [`HttpArgs`]: what [`serve`] enforces on each connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Most connections served at once, 1-65536 (lowered at serve time to
+    /// fit the open-file limit, [`open_files::connection_bound`]).
+    pub max_connections: usize,
+    /// Longest wait for a complete request header, counted from connect
+    /// and from the end of the previous response (the keep-alive idle
+    /// timeout), 100 ms-10 min.
+    pub header_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    /// The flags' defaults: 512 connections, 5 s.
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS as usize,
+            header_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl HttpArgs {
+    /// Checks both ranges; the first violation names its flag.
+    pub fn validate(&self) -> Result<ConnectionLimits, ConfigError> {
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.max_connections) {
+            return Err(ConfigError::new(
+                "--max-connections",
+                format!(
+                    "{} is outside 1-{MAX_CONNECTIONS_LIMIT}",
+                    self.max_connections
+                ),
+            ));
+        }
+        check_range(
+            "--http-header-timeout",
+            self.http_header_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+        )?;
+        Ok(ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            header_timeout: self.http_header_timeout,
+        })
+    }
+}
+
+/// Serves `router` on an already bound listener until `shutdown` fires,
+/// then stops accepting, lets requests in flight finish, closes idle
+/// connections and returns once every connection is closed.
+///
+/// Each connection is closed when it sends no complete request header
+/// within `limits.header_timeout` (from connect, and from the end of the
+/// previous response). At most `limits.max_connections` (lowered to fit
+/// the open-file limit) are open: a connection beyond it closes the oldest
+/// idle one, so a new request (the app's `GET /id`) is answered at once
+/// whoever holds the others open; when none is idle (every one inside a
+/// request) it waits in the listen backlog until one ends.
 ///
 /// Errors: the listener's I/O error.
 pub async fn serve(
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     router: Router,
+    limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let listener = TcpListener::from_std(listener)?;
+    let cap = effective_cap(limits.max_connections);
     if let Ok(addr) = listener.local_addr() {
-        info!(addr = %addr, "http listening");
+        info!(
+            addr = %addr,
+            max_connections = cap,
+            header_timeout_ms = limits.header_timeout.as_millis() as u64,
+            "http listening"
+        );
     }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let connections = Connections::new(cap);
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    accept_failed(err).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = connections.slot(&shutdown).await else {
+            break;
+        };
+        tokio::spawn(serve_connection(
+            http1.clone(),
+            stream,
+            router.clone(),
+            slot,
+        ));
+    }
+    drop(listener);
+    connections.all_closed().await;
+    Ok(())
 }
 
-/// Binds `addr` for HTTP. `[::]:port` listens on IPv6 and IPv4 alike
+/// Serves `router` like [`serve`], on a thread of its own with a one-thread
+/// runtime, so HTTP work (a flood of connections included) never runs on
+/// the thread of the caller's tasks (the worker's renewals and the
+/// unpublishing at the deadline). The receiver gets [`serve`]'s result.
+///
+/// Errors: the thread or its runtime cannot be started.
+pub fn serve_on_own_thread(
+    listener: std::net::TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> std::io::Result<oneshot::Receiver<std::io::Result<()>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (done, result) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            let served = runtime.block_on(serve(listener, router, limits, shutdown));
+            let _ = done.send(served);
+        })?;
+    Ok(result)
+}
+
+/// `max_connections` lowered to leave [`open_files::RESERVED`] descriptors
+/// under the soft open-file limit in force (a warning says so).
+fn effective_cap(max_connections: usize) -> usize {
+    let Some(soft) = open_files::soft_limit() else {
+        return max_connections;
+    };
+    let bound = open_files::connection_bound(soft);
+    if max_connections > bound {
+        warn!(
+            max_connections,
+            open_file_limit = soft,
+            lowered_to = bound,
+            "--max-connections lowered to keep descriptors free for Redis and the ID files"
+        );
+        return bound;
+    }
+    max_connections
+}
+
+/// An accept error: a connection reset before it was accepted is skipped;
+/// anything else (EMFILE, ENFILE, ENOMEM) is logged and retried after a
+/// pause, as hyper 0.14's server did, so the loop does not spin.
+async fn accept_failed(err: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        err.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    warn!(error = %err, "cannot accept an HTTP connection; retrying in 100ms");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Serves one connection until it ends, or until its slot is told to close
+/// (evicted, or shutdown): then hyper closes it at once when idle, or after
+/// the response in flight.
+async fn serve_connection(
+    http1: hyper::server::conn::http1::Builder,
+    stream: TcpStream,
+    router: Router,
+    slot: Slot,
+) {
+    let in_request = slot.in_request.clone();
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let busy = InRequest::enter(&in_request);
+        let answer = router.clone().oneshot(request.map(axum::body::Body::new));
+        async move {
+            let response = answer.await;
+            drop(busy);
+            response
+        }
+    });
+    let connection = http1.serve_connection(TokioIo::new(stream), service);
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        ended = connection.as_mut() => {
+            log_connection_end(ended);
+            return;
+        }
+        () = slot.close.cancelled() => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    log_connection_end(connection.await);
+}
+
+fn log_connection_end(ended: Result<(), hyper::Error>) {
+    if let Err(err) = ended {
+        // Header timeouts and clients that went away: routine, and at the
+        // cap one per connection.
+        debug!(error = %err, "http connection closed");
+    }
+}
+
+/// The open connections, oldest first, and the permits that cap them.
+struct Connections {
+    permits: Arc<Semaphore>,
+    cap: usize,
+    open: Arc<Mutex<BTreeMap<u64, Tracked>>>,
+    next: AtomicU64,
+}
+
+/// What the accept loop knows of one open connection.
+struct Tracked {
+    in_request: Arc<AtomicUsize>,
+    close: CancellationToken,
+}
+
+/// One connection's place under the cap; dropping it frees the place.
+struct Slot {
+    key: u64,
+    open: Arc<Mutex<BTreeMap<u64, Tracked>>>,
+    in_request: Arc<AtomicUsize>,
+    close: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connections {
+    fn new(cap: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(cap)),
+            cap,
+            open: Arc::default(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A place for a connection just accepted: at once below the cap; at
+    /// the cap, once the oldest idle connection (told to close here) or any
+    /// other one has closed. `None` when `shutdown` fires first.
+    async fn slot(&self, shutdown: &CancellationToken) -> Option<Slot> {
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                self.close_oldest_idle();
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    permit = self.permits.clone().acquire_owned() => permit.ok()?,
+                }
+            }
+        };
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        let tracked = Tracked {
+            in_request: Arc::default(),
+            close: shutdown.child_token(),
+        };
+        let slot = Slot {
+            key,
+            open: self.open.clone(),
+            in_request: tracked.in_request.clone(),
+            close: tracked.close.clone(),
+            _permit: permit,
+        };
+        lock(&self.open).insert(key, tracked);
+        Some(slot)
+    }
+
+    /// Tells the oldest connection that is not inside a request (waiting
+    /// for a header, or kept alive between requests) and not already
+    /// closing to close.
+    fn close_oldest_idle(&self) {
+        let open = lock(&self.open);
+        let oldest = open
+            .values()
+            .find(|c| c.in_request.load(Ordering::Acquire) == 0 && !c.close.is_cancelled());
+        if let Some(oldest) = oldest {
+            debug!(
+                open = open.len(),
+                "connection cap reached; closing the oldest idle connection"
+            );
+            oldest.close.cancel();
+        }
+    }
+
+    /// Waits until every connection has closed.
+    async fn all_closed(&self) {
+        let all = u32::try_from(self.cap).unwrap_or(u32::MAX);
+        let _ = self.permits.acquire_many(all).await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.open).remove(&self.key);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing panics while holding it; a poisoned map is still consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Marks a connection as inside a request while alive: such a connection
+/// is never closed to make room.
+struct InRequest(Arc<AtomicUsize>);
+
+impl InRequest {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for InRequest {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Binds `addr` for HTTP (a non-blocking std listener, for [`serve`] or
+/// [`serve_on_own_thread`]). `[::]:port` listens on IPv6 and IPv4 alike
 /// (IPV6_V6ONLY off, whatever the host's `net.ipv6.bindv6only`), so the
 /// kubelet's probes reach it in IPv4, IPv6 and dual-stack pods; on a host
 /// without IPv6 it falls back to `0.0.0.0:port`. Other addresses are bound
-/// as given. Call inside a tokio runtime.
+/// as given.
 ///
 /// Errors: the bind error of `addr` (or of the IPv4 fallback).
-pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let dual = match addr {
         SocketAddr::V6(v6) if v6.ip().is_unspecified() => true,
         _ => return listen_on(addr, false),
@@ -102,7 +443,7 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     }
 }
 
-fn listen_on(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener> {
+fn listen_on(addr: SocketAddr, dual_stack: bool) -> std::io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     if dual_stack {
         socket.set_only_v6(false)?;
@@ -112,7 +453,7 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener>
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 /// The errors of a host or container without IPv6 (kernel `ipv6.disable=1`,

@@ -22,6 +22,7 @@
 //! - [`atomic_file`]: files written whole or not at all.
 //! - [`boot_clock`]: lease deadlines on CLOCK_BOOTTIME (counts suspended time); timers only wake.
 //! - [`logging`]: log lines that never block: a bounded, lossy queue to stderr.
+//! - [`open_files`]: the open-file limit: raised at start, the HTTP connection cap kept below it.
 //! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
 
 pub mod atomic_file;
@@ -36,6 +37,7 @@ pub mod identity;
 pub mod lease;
 pub mod lock;
 pub mod logging;
+pub mod open_files;
 pub mod pool;
 pub mod shutdown;
 pub mod worker_id;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 use snowlease::cli::{ConfigError, LogFormat, check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard, Run};
-use snowlease::{exec, exit, lock, pool, shutdown, worker_id};
+use snowlease::{exec, exit, lock, open_files, pool, shutdown, worker_id};
 
 /// `--version`: the crate version and the commit it was built from.
 const VERSION: &str = concat!(
@@ -111,6 +111,8 @@ fn main() -> ExitCode {
 }
 
 /// Validates the flags (nothing is touched before), then runs the command.
+/// Commands that run until stopped raise the open-file soft limit first,
+/// before the runtime starts ([`open_files::raise_soft_limit`]).
 /// Returns the exit code of a run that did its job (`exec` and `lock` pass
 /// their command's code through).
 fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
@@ -118,16 +120,19 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         Command::Worker(args) => {
             let config = args.validate()?;
             *log = Some(logging::init(args.log.log_format, Run::UntilStopped)?);
+            open_files::raise_soft_limit();
             block_on(async move { worker_id::run(config, shutdown::listen()?).await })?;
         }
         Command::Exec(args) => {
             let config = args.validate()?;
             *log = Some(logging::init(args.log.log_format, Run::UntilStopped)?);
+            open_files::raise_soft_limit();
             return Ok(exec::run_exec(&config)?);
         }
         Command::Lock(args) => {
             let config = args.validate()?;
             *log = Some(logging::init(args.log.log_format, Run::Once)?);
+            open_files::raise_soft_limit();
             return Ok(lock::run(&config)?);
         }
         Command::Id(args) => {
@@ -172,6 +177,9 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
                 Run::Once
             };
             *log = Some(logging::init(args.log_format(), pool_run)?);
+            if args.is_serve() {
+                open_files::raise_soft_limit();
+            }
             block_on(pool::cli::run(config))?;
         }
     }

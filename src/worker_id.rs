@@ -28,6 +28,7 @@ pub mod state;
 pub mod status;
 mod timing;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,18 +68,22 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         );
     }
 
-    if let Some(dir) = config
+    let dir = config
         .output_file
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
-    {
-        atomic_file::create_dir_all_readable(dir).with_context(|| {
-            format!(
-                "cannot create the folder of --output-file {}",
-                dir.display()
-            )
-        })?;
-    }
+        .unwrap_or(Path::new("."));
+    atomic_file::create_dir_all_readable(dir).with_context(|| {
+        format!(
+            "cannot create the folder of --output-file {}",
+            dir.display()
+        )
+    })?;
+    // Kept open: the files are written relative to it (one descriptor per
+    // write, none per check), so a process short of descriptors still
+    // keeps them fresh.
+    let folder = atomic_file::Folder::open(dir)
+        .with_context(|| format!("cannot open the folder of --output-file {}", dir.display()))?;
     // Held until this function returns: the process owns the ID file and
     // the state file. Taken before the state file is read or Redis is used.
     let _output_lock = files::lock_output(&config.output_file)?;
@@ -117,12 +122,16 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         state: state_rx.clone(),
         registry: Arc::new(registry),
     });
-    let http_task = tokio::spawn(http::serve(listener, router, http_stop.clone()));
-    let publisher = tokio::spawn(publisher::run_publisher(
-        state_rx,
-        config.output_file.clone(),
-        config.app.clone(),
-    ));
+    // On its own thread: a flood of connections never delays a renewal or
+    // the unpublishing at the deadline, which run on this one.
+    let http_task = http::serve_on_own_thread(listener, router, config.http, http_stop.clone())
+        .context("cannot start the http thread")?;
+    let output_file = config.output_file.clone();
+    let app = config.app.clone();
+    let publisher =
+        tokio::spawn(
+            async move { publisher::run_publisher(state_rx, folder, &output_file, app).await },
+        );
 
     let stopped = worker.run(shutdown).await;
 

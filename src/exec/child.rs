@@ -95,7 +95,8 @@ pub struct Child {
 
 impl Child {
     /// Starts `command` with `env` (name, value) added to our environment
-    /// (`WORKER_ID=7` for `exec`),
+    /// (`WORKER_ID=7` for `exec`) and the open-file limit we were started
+    /// with,
     /// after making this process a child subreaper (`PR_SET_CHILD_SUBREAPER`,
     /// prctl(2)): orphans of the command are re-parented to us, not to init.
     ///
@@ -106,11 +107,12 @@ impl Child {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
-        let child = std::process::Command::new(program)
+        let mut command = std::process::Command::new(program);
+        command
             .args(args)
             .envs(env.iter().map(|(name, value)| (name, value)))
-            .process_group(0)
-            .spawn()?;
+            .process_group(0);
+        let child = crate::open_files::with_inherited_limit(|| command.spawn())?;
         let pid = Pid::from_raw(i32::try_from(child.id()).map_err(std::io::Error::other)?);
         // Reaped with waitpid below, not through `child`.
         drop(child);

@@ -298,6 +298,10 @@ pub struct ServeArgs {
     #[arg(long, env = "SNOWLEASE_POOL_LISTEN", default_value = "127.0.0.1:7392")]
     pub listen: SocketAddr,
 
+    /// `--max-connections`, `--http-header-timeout`.
+    #[command(flatten)]
+    pub http: crate::http::HttpArgs,
+
     /// Time between background reaper rounds per pool (10ms-1h).
     #[arg(long, env = "SNOWLEASE_POOL_REAP_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub reap_interval: Duration,

@@ -50,6 +50,7 @@ pub struct ServeConfig {
     pub(crate) redis_timeout: Duration,
     pub(crate) allow_evicting_redis: bool,
     pub(crate) listen: SocketAddr,
+    pub(crate) http: http::ConnectionLimits,
     pub(crate) reap_interval: Duration,
     pub(crate) reap_cooldown: Duration,
     pub(crate) max_lease: Duration,
@@ -268,7 +269,14 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
         })
         .collect();
     let http_stop = CancellationToken::new();
-    let mut http_task = tokio::spawn(http::serve(listener, router(state), http_stop.clone()));
+    // On this thread (unlike the worker's): the requests are the work here,
+    // and the reapers and eviction checks are fine to share it with them.
+    let mut http_task = tokio::spawn(http::serve(
+        listener,
+        router(state),
+        config.http,
+        http_stop.clone(),
+    ));
     tokio::select! {
         () = shutdown.cancelled() => {}
         ended = &mut http_task => {

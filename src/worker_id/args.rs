@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration, show_duration};
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
+use crate::http::{ConnectionLimits, HttpArgs};
 
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
@@ -123,6 +124,10 @@ pub struct WorkerArgs {
     #[arg(long, env = "SNOWLEASE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
+    /// `--max-connections`, `--http-header-timeout`.
+    #[command(flatten)]
+    pub http: HttpArgs,
+
     /// What to do when the lease is lost: reclaim another ID, or exit with code 4.
     #[arg(long, env = "SNOWLEASE_ON_LOSS", value_enum, default_value_t = OnLoss::Reclaim)]
     pub on_loss: OnLoss,
@@ -167,6 +172,8 @@ pub struct WorkerConfig {
     pub output_file: PathBuf,
     /// HTTP listen address.
     pub listen: SocketAddr,
+    /// Connection cap and header timeout of the HTTP server.
+    pub http: ConnectionLimits,
     /// Behaviour after a loss.
     pub on_loss: OnLoss,
     /// How long to keep trying to claim before exit 3.
@@ -286,6 +293,7 @@ impl WorkerArgs {
         if self.output_file.file_name().is_none() {
             return Err(ConfigError::new("--output-file", "must name a file"));
         }
+        let http = self.http.validate()?;
         Ok(WorkerConfig {
             app: keys.app,
             redis,
@@ -299,6 +307,7 @@ impl WorkerArgs {
             },
             output_file: self.output_file.clone(),
             listen: self.listen,
+            http,
             on_loss: self.on_loss,
             claim_timeout: self.claim_timeout,
             allow_evicting_redis: self.eviction.allow_evicting_redis,
@@ -430,7 +439,11 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_their_flag() {
-        let cases: [(&[&str], &str); 9] = [
+        let cases: [(&[&str], &str); 13] = [
+            (&["--max-connections", "0"], "--max-connections"),
+            (&["--max-connections", "65537"], "--max-connections"),
+            (&["--http-header-timeout", "99ms"], "--http-header-timeout"),
+            (&["--http-header-timeout", "11m"], "--http-header-timeout"),
             (&["--min-replicas-ack", "17"], "--min-replicas-ack"),
             (&["--max-clock-skew", "9ms"], "--max-clock-skew"),
             (&["--max-clock-skew", "61s"], "--max-clock-skew"),

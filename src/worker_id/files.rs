@@ -11,7 +11,7 @@ use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::state::RecordedLease;
+use super::state::{HeldLease, RecordedLease};
 
 /// Contents of the state file beside the ID file (`<output-file>.state.json`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -33,6 +33,19 @@ pub struct StateFile {
     /// lease is held; the file is removed once the release is confirmed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub release_unconfirmed: bool,
+}
+
+impl StateFile {
+    /// The record of a lease held now (not marked `release_unconfirmed`).
+    pub(crate) fn held(app: &str, held: &HeldLease) -> Self {
+        Self {
+            app: app.to_owned(),
+            worker_id: held.worker_id,
+            owner: held.owner.as_str().to_owned(),
+            valid_until_ms: held.valid_until_unix_ms,
+            release_unconfirmed: false,
+        }
+    }
 }
 
 /// Path of the state file for an ID file: `<output-file>.state.json`.

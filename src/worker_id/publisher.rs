@@ -6,7 +6,8 @@
 //! once nothing is published; the caller removes it after a confirmed
 //! release.
 
-use std::path::{Path, PathBuf};
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
 
 use crate::boot_clock::{BootInstant, sleep_until};
 use tokio::sync::watch;
@@ -14,20 +15,27 @@ use tracing::{error, warn};
 
 use super::files::{StateFile, state_path};
 use super::state::{HeldLease, WorkerState};
-use crate::atomic_file::write_atomic;
+use crate::atomic_file::{Folder, Stamp};
 
 /// Keeps the files in step with the worker state until shutdown: writes
 /// them while a lease is valid, removes the ID file at the validity deadline
 /// even if no new state arrives, at loss and at shutdown, and then marks
 /// the state file `release_unconfirmed` (never removes it).
+///
+/// `folder` is the folder of `output_file`, kept open: every write, check
+/// and removal goes relative to it, so a write needs one new descriptor
+/// (the temporary file) and a check none.
 pub async fn run_publisher(
     mut state: watch::Receiver<WorkerState>,
-    output_file: PathBuf,
+    folder: Folder,
+    output_file: &Path,
     app: String,
 ) {
+    let name = |path: &Path| path.file_name().map(OsStr::to_owned).unwrap_or_default();
     let mut files = Files {
-        state: state_path(&output_file),
-        id: output_file,
+        folder,
+        id: name(output_file),
+        state: name(&state_path(output_file)),
         published: None,
         record: None,
     };
@@ -64,50 +72,60 @@ pub async fn run_publisher(
 }
 
 struct Files {
-    id: PathBuf,
-    state: PathBuf,
-    /// The ID in the ID file, as far as this process knows.
-    published: Option<u16>,
+    folder: Folder,
+    id: OsString,
+    state: OsString,
+    /// The ID file as written last, as far as this process knows.
+    published: Option<Published>,
     /// The state file this process wrote last.
     record: Option<StateFile>,
 }
 
+/// The ID file as written last: which ID, and the stamp that tells whether
+/// the file is still the one written.
+#[derive(Clone, Copy)]
+struct Published {
+    worker_id: u16,
+    stamp: Stamp,
+}
+
 impl Files {
     fn publish(&mut self, app: &str, held: &HeldLease) {
-        let record = StateFile {
-            app: app.to_owned(),
-            worker_id: held.worker_id,
-            owner: held.owner.as_str().to_owned(),
-            valid_until_ms: held.valid_until_unix_ms,
-            release_unconfirmed: false,
-        };
         // State first: a crash between the two leaves a record, not an ID.
-        self.write_state(record);
+        self.write_state(StateFile::held(app, held));
         // Checked at every renew, not only when the ID changes: a tmp
         // cleaner or an operator may have removed or replaced the file.
-        let contents = format!("{}\n", held.worker_id);
-        if std::fs::read(&self.id).ok().as_deref() == Some(contents.as_bytes()) {
-            self.published = Some(held.worker_id);
-            return;
-        }
-        if self.published == Some(held.worker_id) {
-            warn!(path = %self.id.display(), "worker ID file was removed or changed; writing it again");
-        }
-        match write_atomic(&self.id, contents.as_bytes()) {
-            Ok(()) => self.published = Some(held.worker_id),
-            Err(err) => {
-                error!(path = %self.id.display(), error = %err, "cannot write worker ID file")
+        // A stat, not a read: it needs no descriptor.
+        let current = self.folder.stamp(&self.id).ok();
+        match self.published {
+            Some(p) if p.worker_id == held.worker_id && Some(p.stamp) == current => return,
+            Some(p) if p.worker_id == held.worker_id => {
+                warn!(path = %self.path(&self.id).display(), "worker ID file was removed or changed; writing it again");
             }
+            _ => {}
         }
+        let contents = format!("{}\n", held.worker_id);
+        self.published = match self.write(&self.id, contents.as_bytes()) {
+            Ok(stamp) => Some(Published {
+                worker_id: held.worker_id,
+                stamp,
+            }),
+            Err(err) => {
+                error!(path = %self.path(&self.id).display(), error = %err, "cannot write worker ID file");
+                None
+            }
+        };
     }
 
     /// Removes the ID file, then marks this process's record: the ID is
     /// not published, and its key may still hold our owner string.
     fn unpublish(&mut self) {
-        match std::fs::remove_file(&self.id) {
+        match self.folder.remove(&self.id) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => error!(path = %self.id.display(), error = %err, "cannot remove file"),
+            Err(err) => {
+                error!(path = %self.path(&self.id).display(), error = %err, "cannot remove file")
+            }
         }
         self.published = None;
         if let Some(record) = self.record.clone().filter(|r| !r.release_unconfirmed) {
@@ -120,10 +138,20 @@ impl Files {
 
     fn write_state(&mut self, record: StateFile) {
         let json = serde_json::to_vec(&record).expect("state serialises");
-        if let Err(err) = write_atomic(&self.state, &json) {
-            error!(path = %self.state.display(), error = %err, "cannot write state file");
+        if let Err(err) = self.write(&self.state, &json) {
+            error!(path = %self.path(&self.state).display(), error = %err, "cannot write state file");
         }
         self.record = Some(record);
+    }
+
+    fn write(&self, name: &OsStr, contents: &[u8]) -> std::io::Result<Stamp> {
+        // 0644: the app container may run as another user than the sidecar.
+        self.folder.write_atomic(name, 0o644, &mut &contents[..])
+    }
+
+    /// The full path of `name`, for messages.
+    fn path(&self, name: &OsStr) -> std::path::PathBuf {
+        self.folder.path().join(name)
     }
 }
 

@@ -29,6 +29,8 @@ mod handover;
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
 mod harness_selftest;
+/// Idle HTTP connection floods under an open-file limit of 1024; header timeout; RLIMIT_NOFILE.
+mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
 /// A node that stops being the primary (REPLICAOF, a DNS-name failover): every mode leaves

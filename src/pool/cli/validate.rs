@@ -210,6 +210,7 @@ fn serve_config(
         redis_timeout,
         allow_evicting_redis: a.redis.eviction.allow_evicting_redis,
         listen: a.listen,
+        http: a.http.validate()?,
         reap_interval: a.reap_interval,
         reap_cooldown: whole_ms("--reap-cooldown", a.reap_cooldown, COOLDOWN_MS)?,
         max_lease: whole_ms("--max-lease", a.max_lease, MAX_LEASE_MS)?,

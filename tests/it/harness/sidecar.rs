@@ -145,9 +145,10 @@ impl SidecarBuilder {
             .and_then(|(_, v)| v.as_deref())
     }
 
-    /// The command line, without the wrapper.
+    /// The command line, without the wrapper. A subcommand of two words (`pool serve`) is two
+    /// arguments.
     pub fn args(&self) -> Vec<String> {
-        let mut args = vec![self.subcommand.clone()];
+        let mut args: Vec<String> = self.subcommand.split(' ').map(str::to_string).collect();
         for (name, value) in &self.flags {
             args.push(name.clone());
             args.extend(value.clone());
