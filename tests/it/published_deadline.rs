@@ -5,7 +5,7 @@
 //! as an NTP step leaves them).
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use snowlease::boot_clock::BootInstant;
 
@@ -88,14 +88,29 @@ fn exec_clock_stepped_back_still_stops_the_app_before_another_pod_publishes() {
     a.pause();
     set_offset(&stamp, "-30s");
     let b = worker(&redis, "b", &PodDir::new());
-    let taken = b.wait_for_lease(secs(15));
-    let app_ran = runs(pid);
+    let mut gone_at = None;
+    // The app is checked after each answer of B: running after a 200 is the overlap.
+    let overlap = poll_some(secs(15), || {
+        let taken = b.id();
+        let running = runs(pid);
+        if !running && gone_at.is_none() {
+            gone_at = Some(Instant::now());
+        }
+        taken.map(|taken| (taken, running))
+    });
+    let published_at = Instant::now();
     a.resume();
+    let (taken, running) = overlap.expect("B claims ID 0 once A's key expired");
     assert_eq!(taken.worker_id, 0);
     assert!(
-        !app_ran,
+        !running,
         "the app under A's exec still runs with WORKER_ID=0 after B published ID 0: {:?}",
         app.log_lines()
+    );
+    let gone_at = gone_at.expect("seen gone before B's answer");
+    eprintln!(
+        "app gone {} ms before B published ID 0",
+        published_at.duration_since(gone_at).as_millis()
     );
     let status = app.wait_exit(secs(5)).expect("exec exits");
     assert_eq!(status.code(), Some(75));
