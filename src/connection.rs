@@ -327,7 +327,11 @@ mod tests {
             // At the first connect: a configuration error.
             explain(&target, untrusted(), false),
             explain(&target, alert(rustls::AlertDescription::UnknownCA), false),
-            explain(&target, alert(rustls::AlertDescription::BadCertificate), false),
+            explain(
+                &target,
+                alert(rustls::AlertDescription::BadCertificate),
+                false,
+            ),
             explain(
                 &target,
                 alert(rustls::AlertDescription::CertificateRequired),
@@ -355,6 +359,7 @@ mod tests {
                     "the Sentinel does not know the master",
                 )
                     .into(),
+                false,
             ),
             explain(
                 &target,
@@ -364,6 +369,7 @@ mod tests {
                     "127.0.0.1:1".to_owned(),
                 )
                     .into(),
+                false,
             ),
             (ErrorKind::UnexpectedReturnType, "reply is not an array").into(),
         ];

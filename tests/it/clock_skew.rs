@@ -10,7 +10,7 @@ use crate::harness::*;
 const APP: &str = "skew";
 
 /// libfaketime's preload library; `.ci/run` installs the `faketime` package.
-fn libfaketime() -> PathBuf {
+pub(crate) fn libfaketime() -> PathBuf {
     let candidates = [
         "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
         "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
@@ -34,7 +34,7 @@ fn skewed_worker(redis: &RedisServer, stamp: &Path) -> Sidecar {
         .spawn()
 }
 
-fn set_offset(stamp: &Path, offset: &str) {
+pub(crate) fn set_offset(stamp: &Path, offset: &str) {
     std::fs::write(stamp, format!("{offset}\n")).expect("write the faketime file");
 }
 

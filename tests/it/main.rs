@@ -50,6 +50,8 @@ mod pool_limits;
 mod pool_quarantine;
 /// Pool lease rules broken once (issue 8): replay after extend, cap, next-due hint, cooldowns.
 mod pool_rules;
+/// The published deadline: the margin before the key's expiry; `exec`/`id` under wall-clock steps.
+mod published_deadline;
 /// Redis refusing a holder (password rotated, ACL revoked): ID kept until the deadline, re-adopted.
 mod refusals;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
