@@ -20,7 +20,7 @@
 //! - [`identity`]: the owner identity and the per-process owner string.
 //! - [`http`]: serving a router, liveness routes, metrics encoding.
 //! - [`atomic_file`]: files written whole or not at all.
-//! - [`boot_clock`]: lease deadlines on CLOCK_BOOTTIME (counts suspended time); timers only wake.
+//! - [`boot_clock`]: lease deadlines on CLOCK_BOOTTIME (counts suspended time; no wall-clock step moves it) and the boot ID; timers only wake.
 //! - [`logging`]: log lines that never block: a bounded, lossy queue to stderr.
 //! - [`open_files`]: the open-file limit: raised at start, the HTTP connection cap kept below it.
 //! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.

@@ -65,7 +65,8 @@ impl StateFile {
     }
 
     /// The validity deadline on this node's boot clock: `valid_until_boot_ms`
-    /// when the file was written under this boot.
+    /// when the file was written under this boot. Where the boot ID cannot
+    /// be read (no /proc), the earlier of that and `valid_until_ms`.
     ///
     /// Errors: [`NoBootDeadline`], why the file gives none here.
     pub fn boot_deadline(&self) -> Result<BootInstant, NoBootDeadline> {
