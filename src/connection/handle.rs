@@ -870,3 +870,36 @@ impl ConnectionLike for Redis {
         self.shared.target.db
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply_error(code: &str) -> Value {
+        let reply = format!("-{code} detail\r\n");
+        redis::parse_redis_value(reply.as_bytes()).expect("a server error")
+    }
+
+    /// Issue 20.2: redis-rs hands error replies back inside `Ok` (one command, a pipeline,
+    /// an `EXEC` array); those that say the node is not a usable primary condemn the
+    /// connection wherever they sit, the others do not.
+    #[test]
+    fn error_replies_inside_ok_condemn_the_connection() {
+        for (code, leave) in [
+            ("READONLY", true),
+            ("MASTERDOWN", true),
+            ("LOADING", true),
+            ("OOM", false),
+            ("NOPERM", false),
+        ] {
+            let one = Ok(Reply::One(reply_error(code)));
+            assert_eq!(condemns(&one), leave, "{code} alone");
+            let nested = Ok(Reply::Many(vec![
+                Value::Okay,
+                Value::Array(vec![Value::Int(1), reply_error(code)]),
+            ]));
+            assert_eq!(condemns(&nested), leave, "{code} in an EXEC reply");
+        }
+        assert!(!condemns(&Ok(Reply::Many(vec![Value::Okay, Value::Nil]))));
+    }
+}
