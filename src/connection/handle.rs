@@ -4,8 +4,14 @@
 //! Rules (issues 8.3, 8.4, 9.1, 10 "Connecting"):
 //! - every call (connecting included) ends by the call timeout; a call that
 //!   timed out, was cancelled, or failed on the connection marks that
-//!   connection broken, and the next call opens a new one (for Sentinel: asks
-//!   the Sentinels for the primary again);
+//!   connection broken, and the next call opens a new one (resolving the
+//!   host name again; for Sentinel: asking the Sentinels for the primary
+//!   again); so does a reply that says the node is not a usable primary
+//!   (`READONLY`, `MASTERDOWN`, `LOADING`), also inside an `Ok` reply
+//!   (issue 20.2; the one table: [`super::needs_new_connection`]);
+//! - a new connection to one server (`redis://`) or to the primary the
+//!   Sentinels name is used only when the node answers `ROLE` as master;
+//!   which node the Sentinels name: the majority rule of `handle/sentinel.rs`;
 //! - a command that never left because the connection was already closed
 //!   (e.g. the server's `timeout` closed it while idle) is sent at once on a
 //!   new connection and is not an error;
