@@ -4,8 +4,14 @@
 //! Rules (issues 8.3, 8.4, 9.1, 10 "Connecting"):
 //! - every call (connecting included) ends by the call timeout; a call that
 //!   timed out, was cancelled, or failed on the connection marks that
-//!   connection broken, and the next call opens a new one (for Sentinel: asks
-//!   the Sentinels for the primary again);
+//!   connection broken, and the next call opens a new one (resolving the
+//!   host name again; for Sentinel: asking the Sentinels for the primary
+//!   again); so does a reply that says the node is not a usable primary
+//!   (`READONLY`, `MASTERDOWN`, `LOADING`), also inside an `Ok` reply
+//!   (issue 20.2; the one table: [`super::needs_new_connection`]);
+//! - a new connection to one server (`redis://`) or to the primary the
+//!   Sentinels name is used only when the node answers `ROLE` as master;
+//!   which node the Sentinels name: the majority rule of `handle/sentinel.rs`;
 //! - a command that never left because the connection was already closed
 //!   (e.g. the server's `timeout` closed it while idle) is sent at once on a
 //!   new connection and is not an error;
@@ -872,5 +878,38 @@ impl ConnectionLike for Redis {
 
     fn get_db(&self) -> i64 {
         self.shared.target.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply_error(code: &str) -> Value {
+        let reply = format!("-{code} detail\r\n");
+        redis::parse_redis_value(reply.as_bytes()).expect("a server error")
+    }
+
+    /// Issue 20.2: redis-rs hands error replies back inside `Ok` (one command, a pipeline,
+    /// an `EXEC` array); those that say the node is not a usable primary condemn the
+    /// connection wherever they sit, the others do not.
+    #[test]
+    fn error_replies_inside_ok_condemn_the_connection() {
+        for (code, leave) in [
+            ("READONLY", true),
+            ("MASTERDOWN", true),
+            ("LOADING", true),
+            ("OOM", false),
+            ("NOPERM", false),
+        ] {
+            let one = Ok(Reply::One(reply_error(code)));
+            assert_eq!(condemns(&one), leave, "{code} alone");
+            let nested = Ok(Reply::Many(vec![
+                Value::Okay,
+                Value::Array(vec![Value::Int(1), reply_error(code)]),
+            ]));
+            assert_eq!(condemns(&nested), leave, "{code} in an EXEC reply");
+        }
+        assert!(!condemns(&Ok(Reply::Many(vec![Value::Okay, Value::Nil]))));
     }
 }

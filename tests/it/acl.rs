@@ -5,16 +5,16 @@ use crate::harness::*;
 
 /// Worker mode, as documented: scripts by SHA (loaded at start), the commands the scripts
 /// call, only the app's lease keys.
-pub(crate) const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +mget +set +pexpire +del +time +info +scan +wait";
+pub(crate) const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +mget +set +pexpire +del +time +info +role +scan +wait";
 
 /// `status`, as documented: read-only key access, three read commands.
 const STATUS_RULES: &str =
-    "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get +time +info";
+    "resetkeys %R~snowflake:worker:* resetchannels -@all +type +pttl +get +time +info +role";
 
 /// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).
 const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
-    +info +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
+    +info +role +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
     +scard +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
 
 /// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.

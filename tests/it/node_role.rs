@@ -268,6 +268,7 @@ fn worker_follows_a_dns_failover_and_reclaims_its_id() {
     let _: String = new.query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
     follow(&old, &new);
     hosts.set("redis.test", "127.0.0.3");
+    let moved = std::time::Instant::now();
     // Renewals extend the key on the new primary only (the old one is its replica now, so
     // its copy follows): the new primary's PTTL grows back after the move.
     let pttl_at_move = new.pttl(&key);
@@ -277,6 +278,10 @@ fn worker_follows_a_dns_failover_and_reclaims_its_id() {
         "the sidecar never renewed on the new primary (pttl {} at the move, now {})",
         pttl_at_move,
         new.pttl(&key)
+    );
+    eprintln!(
+        "renewed on the new primary {:?} after the name moved",
+        moved.elapsed()
     );
     assert_eq!(worker.id().map(|id| id.worker_id), Some(0));
 
