@@ -380,6 +380,73 @@ fn a_rotated_password_file_is_followed_without_a_restart() {
     }
 }
 
+/// Issue 20.4, passwords on Sentinel and Cluster: the same rotation for a user of this
+/// test on every data node of the shared topology, only that user's connections closed
+/// (`CLIENT KILL USER`). The Sentinel lookup and the Cluster client are built again with
+/// the file's password: the worker keeps its ID.
+#[test]
+fn a_rotated_password_file_is_followed_on_sentinel_and_cluster() {
+    for topo in [Topo::Sentinel, Topo::Cluster] {
+        let deployment = Deployment::start(topo);
+        let (user, app) = match topo {
+            Topo::Sentinel => ("rotation-sentinel", "rotating-sentinel"),
+            _ => ("rotation-cluster", "rotating-cluster"),
+        };
+        // The sum of the integer replies (the clients `CLIENT KILL` closed).
+        let on_every_node = |args: &[&str]| -> i64 {
+            let mut killed = 0;
+            for node in deployment.data_nodes() {
+                let reply: redis::Value = node.query(redis::cmd(args[0]).arg(&args[1..]));
+                if let redis::Value::Int(n) = reply {
+                    killed += n;
+                }
+            }
+            killed
+        };
+        let acl =
+            |rule: &str| on_every_node(&["ACL", "SETUSER", user, "on", "~*", "&*", "+@all", rule]);
+        acl("resetpass");
+        acl(">s3cr-old");
+        let secrets = Certs::new();
+        secrets.replace("password", b"s3cr-old\n");
+        let url = deployment.url().replacen("://", &format!("://{user}:@"), 1);
+        deployment.open_guard(app, 31);
+        // Renewals 3 s apart: redis-rs' Cluster client repairs its node connections in the
+        // background meanwhile (with the password it was built with).
+        let mut worker = Sidecar::worker_at(&url, app)
+            .flag("--ttl", "12s")
+            .flag("--renew-interval", "3s")
+            .flag("--redis-password-file", secrets.arg("password"))
+            .spawn();
+        let lease = worker.wait_for_lease(secs(20));
+        let key = worker_key(app, lease.worker_id);
+        let before = worker.metric(RENEWED).expect("renewals metric");
+
+        acl(">s3cr-new");
+        secrets.replace("password", b"s3cr-new\n");
+        acl("<s3cr-old");
+        let killed = on_every_node(&["CLIENT", "KILL", "USER", user]);
+        assert!(
+            killed > 0,
+            "{topo:?}: the worker had no connection to close"
+        );
+        assert!(
+            renews_again(&worker, before, secs(20)),
+            "{topo:?}: no renewal with the new password; running: {}; log: {:?}",
+            worker.is_running(),
+            worker.log_lines()
+        );
+        assert!(worker.is_running(), "{topo:?}: {:?}", worker.log_lines());
+        assert_eq!(worker.id().map(|id| id.worker_id), Some(lease.worker_id));
+        assert_eq!(deployment.get(&key).as_deref(), Some(lease.owner.as_str()));
+        worker.signal(Signal::SIGTERM);
+        assert!(
+            worker.wait_exit(secs(15)).is_some(),
+            "{topo:?}: no exit at SIGTERM"
+        );
+    }
+}
+
 /// Issue 20.4: credential files that cannot be used are refused at start, exit 2, the
 /// message naming the flag (never the file's content), and nothing is written.
 #[test]
