@@ -291,6 +291,70 @@ fn an_unverifiable_certificate_during_a_run_is_retried() {
     assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
 }
 
+/// Issue 20.4 (b) for `lock`: the same unverifiable certificate during a run is a failed
+/// renewal, retried; the command keeps running and, once the file gains the CA before the
+/// lease's deadline, the lock is renewed again and the command ends on its own (exit 0).
+#[test]
+fn lock_retries_an_unverifiable_certificate_during_a_run() {
+    let certs = Certs::new();
+    certs
+        .ca("ca1")
+        .ca("ca3")
+        .issue("ca1", "server1", true)
+        .issue("ca3", "server3", true)
+        .issue("ca1", "client", false);
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem"]));
+    let (redis, url) = tls_redis(&certs, "server1", "ca1");
+    let done = certs.path("done");
+    let mut lock = SidecarBuilder::new("lock")
+        .name("lock rotating")
+        .without("--listen")
+        .flag("--name", "rotating")
+        .flag("--redis-url", &url)
+        .flag("--ttl", "15s")
+        .flag("--redis-ca-file", certs.arg("ca.pem"))
+        .flag("--redis-cert-file", certs.arg("client.pem"))
+        .flag("--redis-key-file", certs.arg("client.key"))
+        .env("DONE", &done)
+        .switch("--")
+        .switch("sh")
+        .switch("-c")
+        .switch("while [ ! -e \"$DONE\" ]; do sleep 0.1; done")
+        .spawn();
+    let key = "snowlease:lock:{rotating}";
+    let owner = poll_some(secs(15), || redis.get(key)).expect("lock acquired");
+
+    config_set(
+        &redis,
+        &[
+            ("tls-cert-file", certs.arg("server3.pem")),
+            ("tls-key-file", certs.arg("server3.key")),
+        ],
+    );
+    kill_clients(&redis);
+    // Renewed every ttl/3 (5 s): the first renewal after the switch meets the error.
+    let refused = lock.wait_for_log("TLS certificate error", secs(15));
+    assert!(
+        refused,
+        "no certificate error logged: {:?}",
+        lock.log_lines()
+    );
+    assert!(lock.is_running(), "{:?}", lock.log_lines());
+    let left_ms = redis.pttl(key);
+
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem", "ca3.pem"]));
+    let renewed = poll_until(secs(10), || redis.pttl(key) > left_ms + 1000);
+    assert!(
+        renewed,
+        "no renewal after the CA file was fixed: {:?}",
+        lock.log_lines()
+    );
+    assert_eq!(redis.get(key), Some(owner));
+    std::fs::write(&done, "").unwrap();
+    let status = lock.wait_exit(secs(15)).and_then(|s| s.code());
+    assert_eq!(status, Some(0), "{:?}", lock.log_lines());
+}
+
 /// Sets the ACL user `snowlease`'s password rules (`>add`, `<remove`) with full access
 /// (the default user stays on for the test's own commands).
 fn acl(redis: &RedisServer, rules: &[&str]) {
