@@ -355,6 +355,81 @@ fn lock_retries_an_unverifiable_certificate_during_a_run() {
     assert_eq!(status, Some(0), "{:?}", lock.log_lines());
 }
 
+/// Issue 20.4 for `pool serve`: while the server's certificate comes from a CA the file
+/// lacks, acquires answer 503 (Redis unavailable) and the process stays up; once the file
+/// gains the CA, the next connection uses it and acquires succeed again, without a restart
+/// (it answered 503 until restarted: the file was read once).
+#[test]
+fn pool_serve_follows_a_fixed_ca_file_without_a_restart() {
+    let certs = Certs::new();
+    certs
+        .ca("ca1")
+        .ca("ca3")
+        .issue("ca1", "server1", true)
+        .issue("ca3", "server3", true)
+        .issue("ca1", "client", false);
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem"]));
+    let (redis, url) = tls_redis(&certs, "server1", "ca1");
+    let init = run_snowlease(
+        &[
+            "pool",
+            "init",
+            "--pool",
+            "proxies",
+            "--ids",
+            "a,b,c,d",
+            "--redis-url",
+            &redis.url(),
+        ],
+        &[],
+        secs(15),
+    );
+    assert_eq!(init.code, Some(0), "{init:?}");
+    let mut serve = SidecarBuilder::new("pool")
+        .without("--listen")
+        .without("--log-format")
+        .switch("serve")
+        .flag("--listen", "127.0.0.1:0")
+        .flag("--log-format", "json")
+        .flag("--redis-url", &url)
+        .flag("--redis-timeout", "500ms")
+        .flag("--pool", "proxies")
+        .flag("--redis-ca-file", certs.arg("ca.pem"))
+        .flag("--redis-cert-file", certs.arg("client.pem"))
+        .flag("--redis-key-file", certs.arg("client.key"))
+        .name("pool serve")
+        .spawn();
+    let acquire = || crate::connection::acquire_over_http(&serve);
+    assert!(
+        poll_until(secs(15), || acquire() == 201),
+        "{:?}",
+        serve.log_lines()
+    );
+
+    config_set(
+        &redis,
+        &[
+            ("tls-cert-file", certs.arg("server3.pem")),
+            ("tls-key-file", certs.arg("server3.key")),
+        ],
+    );
+    kill_clients(&redis);
+    assert!(
+        poll_until(secs(10), || acquire() == 503),
+        "{:?}",
+        serve.log_lines()
+    );
+    assert!(serve.wait_for_log("TLS certificate error", secs(10)));
+
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem", "ca3.pem"]));
+    assert!(
+        poll_until(secs(10), || acquire() == 201),
+        "no acquire after the CA file was fixed: {:?}",
+        serve.log_lines()
+    );
+    assert!(serve.is_running());
+}
+
 /// Sets the ACL user `snowlease`'s password rules (`>add`, `<remove`) with full access
 /// (the default user stays on for the test's own commands).
 fn acl(redis: &RedisServer, rules: &[&str]) {
