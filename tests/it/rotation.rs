@@ -291,6 +291,145 @@ fn an_unverifiable_certificate_during_a_run_is_retried() {
     assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
 }
 
+/// Issue 20.4 (b) for `lock`: the same unverifiable certificate during a run is a failed
+/// renewal, retried; the command keeps running and, once the file gains the CA before the
+/// lease's deadline, the lock is renewed again and the command ends on its own (exit 0).
+#[test]
+fn lock_retries_an_unverifiable_certificate_during_a_run() {
+    let certs = Certs::new();
+    certs
+        .ca("ca1")
+        .ca("ca3")
+        .issue("ca1", "server1", true)
+        .issue("ca3", "server3", true)
+        .issue("ca1", "client", false);
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem"]));
+    let (redis, url) = tls_redis(&certs, "server1", "ca1");
+    let done = certs.path("done");
+    let mut lock = SidecarBuilder::new("lock")
+        .name("lock rotating")
+        .without("--listen")
+        .flag("--name", "rotating")
+        .flag("--redis-url", &url)
+        .flag("--ttl", "15s")
+        .flag("--redis-ca-file", certs.arg("ca.pem"))
+        .flag("--redis-cert-file", certs.arg("client.pem"))
+        .flag("--redis-key-file", certs.arg("client.key"))
+        .env("DONE", &done)
+        .switch("--")
+        .switch("sh")
+        .switch("-c")
+        .switch("while [ ! -e \"$DONE\" ]; do sleep 0.1; done")
+        .spawn();
+    let key = "snowlease:lock:{rotating}";
+    let owner = poll_some(secs(15), || redis.get(key)).expect("lock acquired");
+
+    config_set(
+        &redis,
+        &[
+            ("tls-cert-file", certs.arg("server3.pem")),
+            ("tls-key-file", certs.arg("server3.key")),
+        ],
+    );
+    kill_clients(&redis);
+    // Renewed every ttl/3 (5 s): the first renewal after the switch meets the error.
+    let refused = lock.wait_for_log("TLS certificate error", secs(15));
+    assert!(
+        refused,
+        "no certificate error logged: {:?}",
+        lock.log_lines()
+    );
+    assert!(lock.is_running(), "{:?}", lock.log_lines());
+    let left_ms = redis.pttl(key);
+
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem", "ca3.pem"]));
+    let renewed = poll_until(secs(10), || redis.pttl(key) > left_ms + 1000);
+    assert!(
+        renewed,
+        "no renewal after the CA file was fixed: {:?}",
+        lock.log_lines()
+    );
+    assert_eq!(redis.get(key), Some(owner));
+    std::fs::write(&done, "").unwrap();
+    let status = lock.wait_exit(secs(15)).and_then(|s| s.code());
+    assert_eq!(status, Some(0), "{:?}", lock.log_lines());
+}
+
+/// Issue 20.4 for `pool serve`: while the server's certificate comes from a CA the file
+/// lacks, acquires answer 503 (Redis unavailable) and the process stays up; once the file
+/// gains the CA, the next connection uses it and acquires succeed again, without a restart
+/// (it answered 503 until restarted: the file was read once).
+#[test]
+fn pool_serve_follows_a_fixed_ca_file_without_a_restart() {
+    let certs = Certs::new();
+    certs
+        .ca("ca1")
+        .ca("ca3")
+        .issue("ca1", "server1", true)
+        .issue("ca3", "server3", true)
+        .issue("ca1", "client", false);
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem"]));
+    let (redis, url) = tls_redis(&certs, "server1", "ca1");
+    let init = run_snowlease(
+        &[
+            "pool",
+            "init",
+            "--pool",
+            "proxies",
+            "--ids",
+            "a,b,c,d",
+            "--redis-url",
+            &redis.url(),
+        ],
+        &[],
+        secs(15),
+    );
+    assert_eq!(init.code, Some(0), "{init:?}");
+    let mut serve = SidecarBuilder::new("pool")
+        .without("--listen")
+        .without("--log-format")
+        .switch("serve")
+        .flag("--listen", "127.0.0.1:0")
+        .flag("--log-format", "json")
+        .flag("--redis-url", &url)
+        .flag("--redis-timeout", "500ms")
+        .flag("--pool", "proxies")
+        .flag("--redis-ca-file", certs.arg("ca.pem"))
+        .flag("--redis-cert-file", certs.arg("client.pem"))
+        .flag("--redis-key-file", certs.arg("client.key"))
+        .name("pool serve")
+        .spawn();
+    let acquire = || crate::connection::acquire_over_http(&serve);
+    assert!(
+        poll_until(secs(15), || acquire() == 201),
+        "{:?}",
+        serve.log_lines()
+    );
+
+    config_set(
+        &redis,
+        &[
+            ("tls-cert-file", certs.arg("server3.pem")),
+            ("tls-key-file", certs.arg("server3.key")),
+        ],
+    );
+    kill_clients(&redis);
+    assert!(
+        poll_until(secs(10), || acquire() == 503),
+        "{:?}",
+        serve.log_lines()
+    );
+    assert!(serve.wait_for_log("TLS certificate error", secs(10)));
+
+    certs.replace("ca.pem", &certs.bundle(&["ca1.pem", "ca3.pem"]));
+    assert!(
+        poll_until(secs(10), || acquire() == 201),
+        "no acquire after the CA file was fixed: {:?}",
+        serve.log_lines()
+    );
+    assert!(serve.is_running());
+}
+
 /// Sets the ACL user `snowlease`'s password rules (`>add`, `<remove`) with full access
 /// (the default user stays on for the test's own commands).
 fn acl(redis: &RedisServer, rules: &[&str]) {
@@ -377,6 +516,73 @@ fn a_rotated_password_file_is_followed_without_a_restart() {
     assert_eq!(status.code, Some(0), "{status:?}");
     for run in [&lock, &pool, &status] {
         assert!(!run.stderr.contains("s3cr"), "{run:?}");
+    }
+}
+
+/// Issue 20.4, passwords on Sentinel and Cluster: the same rotation for a user of this
+/// test on every data node of the shared topology, only that user's connections closed
+/// (`CLIENT KILL USER`). The Sentinel lookup and the Cluster client are built again with
+/// the file's password: the worker keeps its ID.
+#[test]
+fn a_rotated_password_file_is_followed_on_sentinel_and_cluster() {
+    for topo in [Topo::Sentinel, Topo::Cluster] {
+        let deployment = Deployment::start(topo);
+        let (user, app) = match topo {
+            Topo::Sentinel => ("rotation-sentinel", "rotating-sentinel"),
+            _ => ("rotation-cluster", "rotating-cluster"),
+        };
+        // The sum of the integer replies (the clients `CLIENT KILL` closed).
+        let on_every_node = |args: &[&str]| -> i64 {
+            let mut killed = 0;
+            for node in deployment.data_nodes() {
+                let reply: redis::Value = node.query(redis::cmd(args[0]).arg(&args[1..]));
+                if let redis::Value::Int(n) = reply {
+                    killed += n;
+                }
+            }
+            killed
+        };
+        let acl =
+            |rule: &str| on_every_node(&["ACL", "SETUSER", user, "on", "~*", "&*", "+@all", rule]);
+        acl("resetpass");
+        acl(">s3cr-old");
+        let secrets = Certs::new();
+        secrets.replace("password", b"s3cr-old\n");
+        let url = deployment.url().replacen("://", &format!("://{user}:@"), 1);
+        deployment.open_guard(app, 31);
+        // Renewals 3 s apart: redis-rs' Cluster client repairs its node connections in the
+        // background meanwhile (with the password it was built with).
+        let mut worker = Sidecar::worker_at(&url, app)
+            .flag("--ttl", "12s")
+            .flag("--renew-interval", "3s")
+            .flag("--redis-password-file", secrets.arg("password"))
+            .spawn();
+        let lease = worker.wait_for_lease(secs(20));
+        let key = worker_key(app, lease.worker_id);
+        let before = worker.metric(RENEWED).expect("renewals metric");
+
+        acl(">s3cr-new");
+        secrets.replace("password", b"s3cr-new\n");
+        acl("<s3cr-old");
+        let killed = on_every_node(&["CLIENT", "KILL", "USER", user]);
+        assert!(
+            killed > 0,
+            "{topo:?}: the worker had no connection to close"
+        );
+        assert!(
+            renews_again(&worker, before, secs(20)),
+            "{topo:?}: no renewal with the new password; running: {}; log: {:?}",
+            worker.is_running(),
+            worker.log_lines()
+        );
+        assert!(worker.is_running(), "{topo:?}: {:?}", worker.log_lines());
+        assert_eq!(worker.id().map(|id| id.worker_id), Some(lease.worker_id));
+        assert_eq!(deployment.get(&key).as_deref(), Some(lease.owner.as_str()));
+        worker.signal(Signal::SIGTERM);
+        assert!(
+            worker.wait_exit(secs(15)).is_some(),
+            "{topo:?}: no exit at SIGTERM"
+        );
     }
 }
 

@@ -157,7 +157,7 @@ impl Deployment {
     }
 
     /// Every data node that runs (primaries and replicas).
-    fn data_nodes(&self) -> Vec<&RedisServer> {
+    pub fn data_nodes(&self) -> Vec<&RedisServer> {
         let all: &[RedisServer] = match &self.nodes {
             Nodes::Standalone(redis) => std::slice::from_ref(redis),
             Nodes::Sentinel(topo) => topo.nodes(),
