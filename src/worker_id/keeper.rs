@@ -46,7 +46,10 @@ pub enum WorkerError {
         /// The ID that was lost.
         worker_id: u16,
     },
-    /// Redis refused in a way retries cannot fix (e.g. NOPERM).
+    /// Redis refused in a way retries cannot fix (exit 1): at start any
+    /// error not [`Failure::Transient`]; while holding, a permanent error
+    /// that ends the reclaim, or a refusal (`NOPERM`, `WRONGPASS`,
+    /// certificate) that lasted until the validity deadline.
     #[error("redis refused: {}", Readable(.0))]
     Redis(redis::RedisError),
 }
@@ -100,8 +103,8 @@ pub struct Stopped {
     /// Empty when no claim round started (Redis never answered, or the URL
     /// named the wrong topology): then no key can hold our owner string.
     pub keys: Vec<String>,
-    /// `Err` for claim timeout, loss with `--on-loss exit`, or a permanent
-    /// Redis refusal.
+    /// `Err` for claim timeout, loss with `--on-loss exit`, or a Redis
+    /// refusal ([`WorkerError::Redis`]).
     pub result: Result<(), WorkerError>,
 }
 
