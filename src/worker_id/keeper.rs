@@ -127,9 +127,9 @@ pub struct Worker<C> {
     /// A claim round started (a claim, or a re-adopted lease's renewals,
     /// may have written keys holding our owner string).
     claim_started: bool,
-    /// Redis refused a renewal or eviction check since the last confirmed
-    /// reply ([`Failure::Refused`]): if the validity deadline passes so,
-    /// the sidecar exits 1 naming it instead of claiming again.
+    /// Redis refused the last renewal or eviction check
+    /// ([`Failure::Refused`]): if the validity deadline passes so, the
+    /// sidecar exits 1 naming it instead of claiming again.
     refusal: Option<redis::RedisError>,
 }
 
@@ -924,6 +924,7 @@ impl<C: Reconnects + Send> Worker<C> {
                 Err(err) => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
                     warn!(worker_id = held.worker_id, attempt, error = %Readable(&err), "renew failed");
+                    self.refusal = None;
                 }
             }
             let Some(pause) = pauses.next() else { break };
