@@ -144,6 +144,7 @@ pub(crate) fn hold(
                     }
                     (Err(err), _) => {
                         warn!(lock = session.keys().name(), error = %Readable(&err), "renew failed; retrying until the lease's deadline");
+                        refusal = None;
                         next_renew = Instant::now() + retry;
                     }
                 }

@@ -46,7 +46,10 @@ pub enum WorkerError {
         /// The ID that was lost.
         worker_id: u16,
     },
-    /// Redis refused in a way retries cannot fix (e.g. NOPERM).
+    /// Redis refused in a way retries cannot fix (exit 1): at start any
+    /// error not [`Failure::Transient`]; while holding, a permanent error
+    /// that ends the reclaim, or a refusal (`NOPERM`, `WRONGPASS`,
+    /// certificate) that lasted until the validity deadline.
     #[error("redis refused: {}", Readable(.0))]
     Redis(redis::RedisError),
 }
@@ -100,8 +103,8 @@ pub struct Stopped {
     /// Empty when no claim round started (Redis never answered, or the URL
     /// named the wrong topology): then no key can hold our owner string.
     pub keys: Vec<String>,
-    /// `Err` for claim timeout, loss with `--on-loss exit`, or a permanent
-    /// Redis refusal.
+    /// `Err` for claim timeout, loss with `--on-loss exit`, or a Redis
+    /// refusal ([`WorkerError::Redis`]).
     pub result: Result<(), WorkerError>,
 }
 
@@ -124,9 +127,9 @@ pub struct Worker<C> {
     /// A claim round started (a claim, or a re-adopted lease's renewals,
     /// may have written keys holding our owner string).
     claim_started: bool,
-    /// Redis refused a renewal or eviction check since the last confirmed
-    /// reply ([`Failure::Refused`]): if the validity deadline passes so,
-    /// the sidecar exits 1 naming it instead of claiming again.
+    /// Redis refused the last renewal or eviction check
+    /// ([`Failure::Refused`]): if the validity deadline passes so, the
+    /// sidecar exits 1 naming it instead of claiming again.
     refusal: Option<redis::RedisError>,
 }
 
@@ -921,6 +924,7 @@ impl<C: Reconnects + Send> Worker<C> {
                 Err(err) => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
                     warn!(worker_id = held.worker_id, attempt, error = %Readable(&err), "renew failed");
+                    self.refusal = None;
                 }
             }
             let Some(pause) = pauses.next() else { break };
