@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Socket, Type};
@@ -93,6 +94,12 @@ pub struct HttpArgs {
 /// `--max-connections` by default: far more than a pod's app, kubelet and
 /// Prometheus open (a handful), and about 3 MB of idle connections.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 512;
+
+/// Largest request body (bytes): the JSON bodies of `pool serve` are well
+/// under 1 KiB (ids and tokens of at most 128 characters, a reason of at
+/// most 200 bytes), and the worker's routes take none. At the cap of 512
+/// connections, bodies in flight hold 8 MiB at most.
+pub const BODY_LIMIT: usize = 16 * 1024;
 
 /// Largest `--max-connections`.
 pub const MAX_CONNECTIONS_LIMIT: u32 = 65_536;
@@ -196,6 +203,7 @@ pub async fn serve(
             http1.clone(),
             stream,
             router.clone(),
+            limits.header_timeout,
             slot,
         ));
     }
@@ -270,16 +278,21 @@ async fn serve_connection(
     http1: hyper::server::conn::http1::Builder,
     stream: TcpStream,
     router: Router,
+    body_timeout: Duration,
     slot: Slot,
 ) {
     let in_request = slot.in_request.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let busy = InRequest::enter(&in_request);
-        let answer = router.clone().oneshot(request.map(axum::body::Body::new));
+        let router = router.clone();
+        let in_request = in_request.clone();
         async move {
-            let response = answer.await;
-            drop(busy);
-            response
+            let request = match read_body(request, body_timeout).await {
+                Ok(request) => request,
+                Err(refused) => return Ok(refused),
+            };
+            // Only now: a client that trickles a body stays evictable.
+            let _busy = InRequest::enter(&in_request);
+            router.oneshot(request).await
         }
     });
     let connection = http1.serve_connection(TokioIo::new(stream), service);
@@ -293,6 +306,32 @@ async fn serve_connection(
     }
     connection.as_mut().graceful_shutdown();
     log_connection_end(connection.await);
+}
+
+/// Reads the whole request body (at most [`BODY_LIMIT`] bytes) within
+/// `timeout`, so a client that sends a header and then trickles its body
+/// holds a connection no longer than one that trickles its header. Refused:
+/// 408 (and the connection closed) when it is late, 413 when too large, 400
+/// when the client broke off.
+async fn read_body(
+    request: hyper::Request<Incoming>,
+    timeout: Duration,
+) -> Result<axum::http::Request<axum::body::Body>, Response> {
+    let (parts, body) = request.into_parts();
+    let read = Limited::new(body, BODY_LIMIT).collect();
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(body)) => Ok(axum::http::Request::from_parts(
+            parts,
+            body.to_bytes().into(),
+        )),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => {
+            Err(StatusCode::PAYLOAD_TOO_LARGE.into_response())
+        }
+        Ok(Err(_)) => Err(StatusCode::BAD_REQUEST.into_response()),
+        Err(_) => {
+            Err((StatusCode::REQUEST_TIMEOUT, [(header::CONNECTION, "close")]).into_response())
+        }
+    }
 }
 
 fn log_connection_end(ended: Result<(), hyper::Error>) {

@@ -208,7 +208,9 @@ fn man_page_of(names: &[String]) -> Result<clap::Command, ConfigError> {
     Ok(page)
 }
 
-/// Runs `fut` on a current-thread tokio runtime, for every command.
+/// Runs `fut` on a current-thread tokio runtime, for every command (the
+/// worker's HTTP server gets a thread of its own besides:
+/// `http::serve_on_own_thread`).
 ///
 /// Why one thread also for `pool serve`, which answers many workers at
 /// once: its work per request is short and mostly I/O, and on a

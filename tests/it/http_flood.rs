@@ -307,6 +307,55 @@ fn connections_without_a_complete_header_are_closed() {
     assert_eq!(sidecar.get_id().0, 200, "new requests are still served");
 }
 
+/// `pool serve --http-header-timeout 1s`: a request whose body trickles is answered 408 and
+/// closed about 1 s later (it does not hold its place until the client gives up); a body over
+/// 16 KiB is answered 413.
+#[test]
+fn pool_serve_bounds_request_bodies_in_time_and_size() {
+    let redis = RedisServer::start();
+    let serve = SidecarBuilder::new("pool serve")
+        .name("pool serve")
+        .flag("--pool", "gpus")
+        .flag("--redis-url", redis.url())
+        .env("SNOWLEASE_HTTP_HEADER_TIMEOUT", "1s")
+        .spawn();
+    let addr = serve.http_addr();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        b"POST /pools/gpus/leases HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"ttl",
+    )
+    .unwrap();
+    let sent = Instant::now();
+    slow.set_read_timeout(Some(secs(10))).unwrap();
+    let mut reply = Vec::new();
+    let _ = slow.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 408"),
+        "a trickling body is answered 408 and closed within 10 s: {reply:?} after {:?}",
+        sent.elapsed()
+    );
+    assert!(
+        sent.elapsed() >= ms(500),
+        "not at once: {:?}",
+        sent.elapsed()
+    );
+
+    let big = format!(
+        "{{\"ttl_ms\":1000,\"request_id\":\"{}\"}}",
+        "x".repeat(17 * 1024)
+    );
+    let status = match ureq::post(&format!("http://{addr}/pools/gpus/leases"))
+        .timeout(secs(10))
+        .send_string(&big)
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("oversized body: {e}"),
+    };
+    assert_eq!(status, 413, "a body over 16 KiB");
+}
+
 /// The soft open-file limit is raised to the hard one at start (worker: /proc/<pid>/limits),
 /// and the command under `lock` gets the soft limit snowlease was started with.
 #[test]
