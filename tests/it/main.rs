@@ -11,6 +11,8 @@ mod cli;
 mod clock_skew;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
+/// The image (Dockerfile) and the pods of k8s/ in real containers: podman, kube play, TLS.
+mod container;
 /// Links in README.md and docs/, and the alerts' runbook_url, name files and headings that exist.
 mod docs;
 /// One worker ID never published twice under faults found by adversarial testing.
