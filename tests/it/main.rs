@@ -9,6 +9,8 @@ mod claim_script;
 mod cli;
 /// `--max-clock-skew` under libfaketime: a new ID waits for the clock, a held one stays.
 mod clock_skew;
+/// The Kustomize Component's app name: an empty SNOWLEASE_APP names itself and its source.
+mod component;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
 /// The image (Dockerfile) and the pods of k8s/ in real containers: podman, kube play, TLS.
