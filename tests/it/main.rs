@@ -55,6 +55,8 @@ mod renewal_faults;
 mod replica_ack;
 /// Worker scenarios written once, run on standalone, Sentinel and Cluster (33 on 32 IDs, signals).
 mod scenarios;
+/// The worker's start-up line: the Redis outage its lease settings ride through.
+mod sizing;
 /// The statically linked binary runs `exec` and `id` in a bare root folder.
 mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
