@@ -1,32 +1,29 @@
-# syntax=docker/dockerfile:1
-# The snowlease image: built with Rust on Debian 12 as one statically linked
-# binary (scripts/build-static.sh: glibc's static libc, no NSS modules or
-# libgcc needed at run time), run on distroless/static (no libc, no shell, no
-# package manager) as UID 65532.
-# Not built in CI (the CI machine has no container engine); see
-# docs/kubernetes.md, "Container image".
+# The snowlease image: the statically linked binary (scripts/build-static.sh:
+# glibc's static libc, no NSS modules or libgcc needed at run time) on an
+# empty base, as distroless/static is: no libc, no shell, no package
+# manager; a CA bundle for rediss:// and a passwd entry for UID 65532.
+# FROM scratch, so the build pulls nothing. scripts/build-image.sh stages
+# target/image/ (the binary and the CA bundle) and builds this file; CI does
+# the same and runs the image (tests/it/container.rs). By hand:
 #
-#   docker build --build-arg SNOWLEASE_COMMIT=$(git rev-parse --short=12 HEAD) \
-#     -t registry.example.com/snowlease:0.1.0 .
+#   scripts/build-static.sh --release      # prints the binary's path
+#   mkdir -p target/image && cp <that path> target/image/snowlease
+#   cp /etc/ssl/certs/ca-certificates.crt target/image/
+#   podman build -t registry.example.com/snowlease:0.1.0 .   # or docker build
+#
+# `--version` prints the commit build.rs read from .git (or from the env
+# SNOWLEASE_COMMIT) when the binary was built.
 #
 # The same binary serves the sidecar (`worker`), the app's wrapper (`exec`,
 # copied into a shared volume by `install`) and the operator tools.
 
-FROM rust:1.95-bookworm AS build
-WORKDIR /src
-# build.rs reads the commit from this (the context has no .git); "unknown" when unset.
-ARG SNOWLEASE_COMMIT
-COPY Cargo.toml Cargo.lock build.rs ./
-COPY src ./src
-COPY benches ./benches
-COPY scripts/build-static.sh ./scripts/
-# Cache mounts keep the crate registry and build artefacts between builds.
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/src/target \
-    install -m 0755 "$(scripts/build-static.sh --release | tail -1)" /snowlease
-
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /snowlease /usr/local/bin/snowlease
+FROM scratch
+# nonroot (65532) as in distroless/static, so tools that resolve the user
+# by name find it; the image needs no home folder.
+COPY image/passwd image/group /etc/
+# Where rustls-native-certs (openssl-probe) looks first on Linux; SSL_CERT_FILE overrides it.
+COPY target/image/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY target/image/snowlease /usr/local/bin/snowlease
 # Numeric, so the kubelet can check runAsNonRoot.
 USER 65532:65532
 EXPOSE 7391

@@ -25,10 +25,14 @@ Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
   the pod's prometheus.io/port are the port it listens on (--listen / SNOWLEASE_LISTEN, else
   DEFAULT_LISTEN read from src/); only env vars snowlease reads (read from src/). The
   Dockerfile's EXPOSE is the default port.
-- A container started by `snowlease exec`: command ends with `--`, args present, the
-  snowlease volume mounted. An overlay using a component keeps the base Deployment's pod
-  securityContext and each app container's securityContext, image, env and ports, and its
-  args run what the base ran (base command + args, or the image's ENTRYPOINT + args).
+- A container started by `snowlease exec`: `--` in its command with the app's command
+  after it, the snowlease volume mounted. An overlay using a component keeps the base
+  Deployment's pod securityContext and each app container's securityContext, image, env,
+  ports and args, and its command is the exec wrapper followed by the base's command.
+- The component on ordinary kustomizations, built from overlays written under target/: of
+  two Deployments only the annotated one changes, a StatefulSet and a Java Deployment keep
+  their command and args, the app name is each workload's annotation; a wrapped container
+  without `command` fails the build.
 - Self-test: broken copies (one per rule) must each be rejected for their reason.
 """
 import copy
@@ -38,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import promql_parser
 import yaml
@@ -97,6 +102,9 @@ def env_vars_read():
         with open(path) as f:
             text = f.read()
         names.update(re.findall(r'env = "([A-Z0-9_]+)"', text))
+        # `env = NAME` with `const NAME: &str = "..."` in the same file.
+        for const in re.findall(r'env = ([A-Z][A-Z0-9_]*)\b', text):
+            names.update(re.findall(rf'const {const}: &str = "([A-Z0-9_]+)"', text))
         names.update(re.findall(r'env::var(?:_os)?\("([A-Z0-9_]+)"\)', text))
         names.update(re.findall(r'from_env\("([A-Z0-9_]+)"\)', text))
     return names
@@ -199,17 +207,18 @@ def check_hardening(res):
 
 
 def check_exec_wrapping(res):
-    """A container started through `snowlease exec` ends its command with `--`, has the
-    original command in `args`, and mounts the snowlease volume (binary and ID file)."""
+    """A container started through `snowlease exec` has `--` in its command with the app's
+    command after it (in `command` or `args`), and mounts the snowlease volume (binary and
+    ID file)."""
     errors = []
     for where, c in containers(res):
         command = [str(a) for a in c.get("command") or []]
         if len(command) < 2 or not command[0].endswith("/snowlease") or command[1] != "exec":
             continue
-        if command[-1] != "--":
-            errors.append(f"{where}: the snowlease exec command must end with --")
-        if not c.get("args"):
-            errors.append(f"{where}: snowlease exec without args runs nothing")
+        if "--" not in command:
+            errors.append(f"{where}: the snowlease exec command must hold --")
+        elif command[-1] == "--" and not c.get("args"):
+            errors.append(f"{where}: snowlease exec with nothing after -- runs nothing")
         mounts = {m.get("name") for m in c.get("volumeMounts") or []}
         if "snowlease" not in mounts:
             errors.append(f"{where}: snowlease exec without the snowlease volume")
@@ -218,9 +227,9 @@ def check_exec_wrapping(res):
 
 def check_kept(built, base):
     """An overlay that adds snowlease to `base` keeps the app's own settings: pod
-    securityContext, and per app container its securityContext, image, env and ports; the
-    wrapped command runs what the base ran (its `command` + `args`, or the image's
-    ENTRYPOINT, an absolute path, followed by its `args`)."""
+    securityContext, and per app container its securityContext, image, env, ports and
+    args; a wrapped container runs what the base ran: its command is the
+    `snowlease exec ... --` wrapper followed by the base's own command."""
     errors = []
     bpod, pod = base["spec"]["template"]["spec"], built["spec"]["template"]["spec"]
     if bpod.get("securityContext") != pod.get("securityContext"):
@@ -232,21 +241,17 @@ def check_kept(built, base):
         if c is None:
             errors.append(f"containers/{bc['name']}: gone")
             continue
-        for field in ("securityContext", "image", "env", "ports"):
+        for field in ("securityContext", "image", "env", "ports", "args"):
             if bc.get(field) != c.get(field):
                 errors.append(f"containers/{bc['name']}: {field} changed: {bc.get(field)} -> "
                               f"{c.get(field)}")
-        if c.get("command") == bc.get("command"):
+        command, bcommand = c.get("command") or [], bc.get("command") or []
+        if command == bcommand:
             continue
-        args, bargs = c.get("args") or [], bc.get("args") or []
-        if bc.get("command"):
-            ok = args == bc["command"] + bargs
-        else:
-            ok = len(args) == len(bargs) + 1 and args[1:] == bargs and str(args[0]).startswith("/")
-        if not ok:
-            errors.append(f"containers/{bc['name']}: args {args} do not run what the base ran "
-                          f"(command {bc.get('command')}, args {bargs}; the image's ENTRYPOINT "
-                          f"goes first when the base has no command)")
+        wrapper = command[:command.index("--") + 1] if "--" in command else command
+        if not bcommand or command[len(wrapper):] != bcommand:
+            errors.append(f"containers/{bc['name']}: command {command} does not run what the "
+                          f"base ran (its command {bcommand} after the exec wrapper)")
     return errors
 
 
@@ -510,9 +515,9 @@ cases = {
             pod(r)["initContainers"][1]["securityContext"].pop("runAsNonRoot"),
             pod(r).update(securityContext={"runAsNonRoot": True}))),
         "runAsNonRoot is not true"),
-    "exec wrapper without the closing --":
-        (broken(overlay, lambda r: pod(r)["containers"][0]["command"].pop()),
-        "must end with --"),
+    "exec wrapper without --":
+        (broken(overlay, lambda r: pod(r)["containers"][0]["command"].remove("--")),
+        "must hold --"),
     "component sets a pod-level securityContext":
         (broken(overlay, lambda r: pod(r)["securityContext"].update(runAsUser=65532)),
         "pod securityContext changed"),
@@ -520,9 +525,12 @@ cases = {
         (broken(overlay, lambda r: pod(r)["containers"][0]["securityContext"].update(
             readOnlyRootFilesystem=True)),
         "securityContext changed"),
-    "overlay args without the image's ENTRYPOINT":
-        (broken(overlay, lambda r: pod(r)["containers"][0].update(args=["--listen=:8000"])),
-        "do not run what the base ran"),
+    "component drops the app's command (the image's ENTRYPOINT)":
+        (broken(overlay, lambda r: pod(r)["containers"][0]["command"].pop()),
+        "does not run what the base ran"),
+    "component changes the app's args":
+        (broken(overlay, lambda r: pod(r)["containers"][0].update(args=[])),
+        "args changed"),
     "alert on a metric that does not exist":
         (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_lease_lost_total[10m]) > 0")),
@@ -543,6 +551,162 @@ for what, (res, expect) in cases.items():
     else:
         failures.append(f"self-test: {what} was not rejected for {expect!r}: {errors}")
         print(f"FAIL self-test: {what} was not rejected for {expect!r}: {errors}")
+
+
+# 3. The component on ordinary kustomizations (issue 21.2), built by `kubectl kustomize`
+# from overlays written to a temporary folder beside k8s/: only workloads annotated
+# snowlease/app are changed, Deployments and StatefulSets alike, each keeps its command and
+# args, the app name comes from its own annotation; a wrapped container without `command`
+# fails the build with a message naming it.
+COMPONENT_BASE = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders, annotations: {snowlease/app: orders}}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata: {labels: {app: orders}}
+    spec:
+      containers:
+        - {name: orders, image: orders:1, command: [/app/orders-server], args: [--listen=:8000]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: billing}
+spec:
+  selector: {matchLabels: {app: billing}}
+  template:
+    metadata: {labels: {app: billing}}
+    spec:
+      containers:
+        - {name: billing, image: billing:1, args: [--port=9000]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: payments, labels: {app: payments}, annotations: {snowlease/app: payments}}
+spec:
+  selector: {matchLabels: {app: payments}}
+  template:
+    metadata: {labels: {app: payments}}
+    spec:
+      containers:
+        - name: payments
+          image: payments:1
+          command: [java, -jar, /app/payments.jar]
+          args: [--server.port=8080]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: ledger, annotations: {snowlease/app: ledger-ids}}
+spec:
+  serviceName: ledger
+  selector: {matchLabels: {app: ledger}}
+  template:
+    metadata: {labels: {app: ledger}, annotations: {team: money}}
+    spec:
+      initContainers:
+        - {name: migrate, image: ledger:1, command: [/migrate]}
+      containers:
+        - name: ledger
+          image: ledger:1
+          command: [/ledger]
+          volumeMounts: [{name: data, mountPath: /data}]
+"""
+NO_COMMAND = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders, annotations: {snowlease/app: orders}}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata: {labels: {app: orders}}
+    spec:
+      containers:
+        - {name: orders, image: orders:1, args: [--listen=:8000]}
+"""
+
+
+def build_with_component(tmp, name, base):
+    """`kubectl kustomize` of an overlay of `base` (YAML text) with the component."""
+    folder = os.path.join(tmp, name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "base.yaml"), "w") as f:
+        f.write(base)
+    component = os.path.relpath(os.path.join(ROOT, "components", "snowlease"), folder)
+    with open(os.path.join(folder, "kustomization.yaml"), "w") as f:
+        f.write("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                f"resources: [base.yaml]\ncomponents: [{component}]\n")
+    return kustomize_build(folder)
+
+
+def check_opted_in(res, base):
+    """`res` (built) is `base` with snowlease added: sidecar, app name, wrapper, mount."""
+    errors = [f"{res['kind']}/{res['metadata']['name']}: {e}" for e in check_kept(res, base)]
+    where = f"{res['kind']}/{res['metadata']['name']}"
+    app = base["metadata"]["annotations"]["snowlease/app"]
+    spec = res["spec"]["template"]
+    if (spec["metadata"].get("annotations") or {}).get("snowlease/app") != app:
+        errors.append(f"{where}: pod annotation snowlease/app is not {app!r}")
+    names = [c["name"] for c in spec["spec"].get("initContainers") or []]
+    base_names = [c["name"] for c in base["spec"]["template"]["spec"].get("initContainers") or []]
+    # Strategic merge puts the patch's first: the app's own start once an ID is published.
+    if names != ["install-snowlease", "snowlease"] + base_names:
+        errors.append(f"{where}: initContainers {names}, want snowlease's, then {base_names}")
+    sidecar = next((c for c in spec["spec"].get("initContainers") or []
+                    if c["name"] == "snowlease"), {})
+    source = next((e.get("valueFrom") for e in sidecar.get("env") or []
+                   if e["name"] == "SNOWLEASE_APP"), None)
+    if source != {"fieldRef": {"fieldPath": "metadata.annotations['snowlease/app']"}}:
+        errors.append(f"{where}: SNOWLEASE_APP comes from {source}")
+    app_container = spec["spec"]["containers"][0]
+    if not app_container.get("command", [""])[0].endswith("/snowlease"):
+        errors.append(f"{where}: first container not started through snowlease exec")
+    base_mounts = base["spec"]["template"]["spec"]["containers"][0].get("volumeMounts") or []
+    if app_container.get("volumeMounts") != base_mounts + [
+            {"name": "snowlease", "mountPath": "/var/run/snowlease", "readOnly": True}]:
+        errors.append(f"{where}: volumeMounts {app_container.get('volumeMounts')}")
+    return errors
+
+
+def component_case_errors():
+    errors = []
+    target = os.path.join(ROOT, "..", "target")
+    os.makedirs(target, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target, prefix="component-cases-") as tmp:
+        built, error = build_with_component(tmp, "mixed", COMPONENT_BASE)
+        if error:
+            return [f"component on 2 Deployments and a StatefulSet: build failed: {error}"]
+        bases = {(r["kind"], r["metadata"]["name"]): r
+                 for r in yaml.safe_load_all(COMPONENT_BASE)}
+        for res in built:
+            base = bases[(res["kind"], res["metadata"]["name"])]
+            if "snowlease/app" not in (base["metadata"].get("annotations") or {}):
+                if res != base:
+                    errors.append(f"{res['kind']}/{res['metadata']['name']}: not opted in, "
+                                  f"but changed")
+                continue
+            errors += check_opted_in(res, base)
+            errors += [f"component case: {e}" for e in check_resource(res, "component case", VERSIONS)]
+        _, error = build_with_component(tmp, "no-command", NO_COMMAND)
+        if error is None:
+            errors.append("a wrapped container without command: the build did not fail")
+        elif "containers/0/command" not in error:
+            errors.append(f"a wrapped container without command: the error does not name "
+                          f"its command: {error}")
+    return errors
+
+
+def check_component_cases():
+    errors = component_case_errors()
+    for e in errors:
+        print(f"FAIL component case: {e}")
+    if not errors:
+        print("ok   component cases: 2 of 3 Deployments and a StatefulSet opted in, commands "
+              "kept; no command fails the build")
+    return errors
+
+
+failures += check_component_cases()
 
 print(f"validate-k8s: {len(files)} files, {len(roots)} kustomizations built, {checked} "
       f"resources checked against Kubernetes "

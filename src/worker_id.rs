@@ -9,6 +9,7 @@
 //! - [`state`]: [`WorkerState`](state::WorkerState), the one value the keeper writes and every publisher reads.
 //! - [`keeper`]: the claim / renew / loss loop, the only writer of the state.
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
+//! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
 //! - [`files`]: the ID file, the state file format (read by `exec` too), the lock file.
 //! - [`publisher`]: keeps the files in step with the state.
@@ -24,6 +25,7 @@ pub mod keeper;
 pub mod metrics;
 pub mod publisher;
 pub mod routes;
+mod sizing;
 pub mod state;
 pub mod status;
 mod timing;
@@ -37,7 +39,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use self::args::WorkerConfig;
+use self::args::{LeaseSettings, WorkerConfig};
 use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::routes::WorkerHttp;
@@ -47,6 +49,25 @@ use crate::{atomic_file, http};
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
 /// grace period is 30 s, and a Redis outage must not stretch the stop.
 const RELEASE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Logs at start what the lease settings ride through (docs/operations.md, "Sizing for Redis
+/// outages"): the Redis outage during which the ID stays published, wherever it starts and
+/// at best, and how long a crashed pod's ID stays taken.
+fn log_outage_budget(settings: &LeaseSettings) {
+    let budget = sizing::OutageBudget::sidecar(settings);
+    let (held_min, held_max) = sizing::crashed_pod_holds(settings);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    info!(
+        ttl_ms = ms(settings.ttl),
+        renew_interval_ms = ms(settings.renew_interval),
+        retries = settings.retries,
+        outage_ridden_ms = ms(budget.guaranteed),
+        outage_ridden_best_ms = ms(budget.best),
+        crashed_pod_id_taken_min_ms = ms(held_min),
+        crashed_pod_id_taken_max_ms = ms(held_max),
+        "the ID stays published through a Redis outage of outage_ridden_ms (outage_ridden_best_ms if it starts right after a renew); an app under exec stops --grace + --poll sooner"
+    );
+}
 
 /// Runs the worker-ID sidecar until `shutdown` fires or the lease cannot be
 /// (re)claimed.
@@ -59,6 +80,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let (identity, source) = resolve_identity(config.identity.as_deref());
     let owner = Owner::generate(&identity);
     info!(identity = %identity, source = ?source, app = %config.app, redis = %config.redis, "starting worker-ID sidecar");
+    log_outage_budget(&config.lease);
     // Two nodes within the skew bound differ by up to twice it (docs/worker.md, "ID handover").
     if config.handover_delay < 2 * config.max_clock_skew {
         warn!(

@@ -49,7 +49,7 @@ pub enum OnLoss {
 #[derive(Debug, Clone, Args)]
 pub struct AppKeysArgs {
     /// Application name: 1-64 chars of [A-Za-z0-9_.-]; part of every lease key.
-    #[arg(long, env = "SNOWLEASE_APP")]
+    #[arg(long, env = APP_ENV)]
     pub app: String,
 
     /// Prefix of lease keys: the key is <prefix><app>:<id>.
@@ -331,21 +331,35 @@ pub fn validate_max_worker_id(value: u32) -> Result<u16, ConfigError> {
         })
 }
 
+/// The env twin of `--app`.
+const APP_ENV: &str = "SNOWLEASE_APP";
+
 /// App names: 1-64 chars of `[A-Za-z0-9_.-]` (the key layout of the existing plugin), so a name can
 /// never reach into another app's keys or a hash tag.
+///
+/// Errors: `--app` with the allowed form; an empty name set through `SNOWLEASE_APP` says so and
+/// where the Kustomize Component takes it from (a downward-API field of a missing annotation
+/// is an empty string, issue 21.2).
 pub fn validate_app(app: &str) -> Result<(), ConfigError> {
     let ok = (1..=64).contains(&app.len())
         && app
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
     if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(
-            "--app",
-            format!("{app:?} must be 1-64 characters of [A-Za-z0-9_.-]"),
-        ))
+        return Ok(());
     }
+    let mut reason = format!("{app:?} must be 1-64 characters of [A-Za-z0-9_.-]");
+    // clap takes the flag over the env var, so an empty env var is the source only when it
+    // is the value; `--app ""` beside it is told the same, which fits too.
+    if app.is_empty() && std::env::var_os(APP_ENV).is_some_and(|v| v.is_empty()) {
+        reason = format!(
+            "{reason}; it came from the environment variable {APP_ENV}, which is set but empty \
+             (in Kubernetes: k8s/components/snowlease sets it from the pod annotation \
+             snowlease/app, copied from the workload's; a missing annotation or a label \
+             read through the downward API that the pod lacks gives an empty value)"
+        );
+    }
+    Err(ConfigError::new("--app", reason))
 }
 
 fn validate_identity(identity: &str) -> Result<(), ConfigError> {

@@ -148,7 +148,7 @@ fn unclean_url_exits_2_without_echo() {
 }
 
 /// Makes a CA, a server certificate for 127.0.0.1 and a client certificate with openssl.
-fn make_certs(dir: &Path) {
+pub(crate) fn make_certs(dir: &Path) {
     let sh = |script: &str| {
         let out = Command::new("sh")
             .arg("-ec")

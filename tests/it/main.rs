@@ -9,8 +9,12 @@ mod claim_script;
 mod cli;
 /// `--max-clock-skew` under libfaketime: a new ID waits for the clock, a held one stays.
 mod clock_skew;
+/// The Kustomize Component's app name: an empty SNOWLEASE_APP names itself and its source.
+mod component;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
+/// The image (Dockerfile) and the pods of k8s/ in real containers: podman, kube play, TLS.
+mod container;
 /// Links in README.md and docs/, and the alerts' runbook_url, name files and headings that exist.
 mod docs;
 /// One worker ID never published twice under faults found by adversarial testing.
@@ -62,6 +66,8 @@ mod replica_ack;
 mod rotation;
 /// Worker scenarios written once, run on standalone, Sentinel and Cluster (33 on 32 IDs, signals).
 mod scenarios;
+/// The worker's start-up line: the Redis outage its lease settings ride through.
+mod sizing;
 /// The statically linked binary runs `exec` and `id` in a bare root folder.
 mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.

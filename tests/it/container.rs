@@ -1,0 +1,603 @@
+//! The image and the pod in real containers (issue 21.1): the image is built from the repo's
+//! one recipe (`Dockerfile`, through `scripts/build-image.sh`) around the static binary the
+//! suite already built (`SNOWLEASE_STATIC_BIN`), and the repo's own manifests run as pods with
+//! `podman kube play`.
+//!
+//! Podman runs as root with its own storage under `target/podman-it/` (vfs driver: no
+//! overlay mounts needed), the runc runtime (crun refuses hybrid cgroups), cgroupfs and
+//! ulimits below the hard limits (`containers.conf` written there). Pods use the host's
+//! network (`hostNetwork: true`): their Redis is a harness `redis-server` on the host's
+//! loopback, which a pod network could not reach, and the sidecar listens on a free loopback
+//! port instead of 7391. Where podman cannot run (not installed, not root, no kubectl), each
+//! test says so on stderr, uncaptured, and returns: a loud skip.
+//!
+//! Conversions of the rendered manifests for podman 4.3, each a JSON patch of a Kustomize
+//! overlay written beside the repo's (see [`PODMAN_PATCH`], [`NATIVE_SIDECAR_PATCH`]):
+//! - images: both snowlease and the app's image (`registry.example.com/orders`) are the image
+//!   built here; the app runs the image's binary as `snowlease sleep 1h` (no registry);
+//! - `replicas: 1` (podman plays one pod per Deployment);
+//! - `hostNetwork: true`, no `ports` (podman refuses port mappings with the host's network),
+//!   `SNOWLEASE_LISTEN` on a free loopback port;
+//! - `restartPolicy: OnFailure` (podman applies the pod's `Always` to init containers too, and
+//!   restarts `install-snowlease` for ever);
+//! - `REDIS_URL` as a value (podman reads `secretKeyRef` from its own secret store only);
+//! - `POD_IP` as `127.0.0.1` (podman fills no `status.podIP`);
+//! - probes removed (podman runs them as healthchecks on systemd timers; no systemd here);
+//!   the tests read `/readyz` and `/id` themselves;
+//! - the native sidecar (init container with `restartPolicy: Always`, which podman 4.3 does
+//!   not know: it would wait for it to exit) becomes the first ordinary container; the app's
+//!   `exec --wait` then holds the app back instead of the startupProbe;
+//! - test setting, not a conversion: `SNOWLEASE_HANDOVER_DELAY=60s`, so the tombstone the
+//!   release writes is still there to be read.
+//!
+//! podman ignores the plain sidecar's `preStop` hook: at `podman pod stop` both containers get
+//! SIGTERM at once.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::harness::*;
+
+/// The tag of the image built here (never pushed).
+const IMAGE: &str = "localhost/snowlease:it";
+
+/// Held while scripts/build-image.sh stages target/image/ (the build and the recipe test).
+static STAGING: Mutex<()> = Mutex::new(());
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Says on the test's stderr, past cargo's capture, why the test did not run.
+fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// Rootful podman with its own storage and settings, and the image built once.
+struct Podman {
+    dir: PathBuf,
+}
+
+impl Podman {
+    /// The shared instance with the image built, or why podman cannot run here.
+    fn get() -> Result<&'static Podman, String> {
+        static PODMAN: OnceLock<Result<Podman, String>> = OnceLock::new();
+        PODMAN
+            .get_or_init(Podman::set_up)
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn set_up() -> Result<Podman, String> {
+        for tool in ["podman", "kubectl"] {
+            if which(tool).is_none() {
+                return Err(format!("{tool} is not installed"));
+            }
+        }
+        if !is_root() {
+            return Err("not root (rootful podman with vfs storage needs root)".into());
+        }
+        let dir = repo().join("target/podman-it");
+        fs::create_dir_all(&dir).unwrap();
+        // Hard limits here: nofile 20000 where podman's default asks 1048576.
+        fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\n\
+                 default_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\n\
+                 log_driver = \"k8s-file\"\n\
+                 [engine]\n\
+                 runtime = \"runc\"\n\
+                 tmp_dir = \"{}/tmp\"\n\
+                 cgroup_manager = \"cgroupfs\"\n\
+                 events_logger = \"file\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        fs::write(
+            dir.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{0}/root\"\nrunroot = \"{0}/run\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let podman = Podman { dir };
+        let info = podman.run(&["info"], secs(60));
+        if info.code != Some(0) {
+            return Err(format!("`podman info` fails: {}", info.stderr));
+        }
+        podman.build_image();
+        Ok(podman)
+    }
+
+    /// `podman args...` with this instance's settings.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("podman");
+        cmd.args(args)
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"));
+        cmd
+    }
+
+    fn run(&self, args: &[&str], timeout: std::time::Duration) -> Run {
+        run_command(self.cmd(args), timeout)
+    }
+
+    /// Like [`Podman::run`]; panics unless it exits 0.
+    fn ok(&self, args: &[&str]) -> Run {
+        let run = self.run(args, secs(120));
+        assert_eq!(run.code, Some(0), "podman {args:?}: {run:?}");
+        run
+    }
+
+    /// scripts/build-image.sh (the Dockerfile) around the suite's static binary.
+    fn build_image(&self) {
+        let bin = crate::static_binary::static_bin();
+        let mut build = Command::new(repo().join("scripts/build-image.sh"));
+        build
+            .arg("--binary")
+            .arg(&bin)
+            .args(["--tag", IMAGE])
+            .env("SNOWLEASE_IMAGE_ENGINE", "podman")
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"));
+        let run = {
+            let _staging = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+            run_command(build, secs(300))
+        };
+        assert_eq!(run.code, Some(0), "build-image.sh: {run:?}");
+        assert_eq!(run.stdout.lines().last(), Some(IMAGE), "{run:?}");
+        // Layers of earlier builds (vfs keeps full copies).
+        self.run(&["image", "prune", "-f"], secs(60));
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(2).map(|uid| uid == "0"))
+            .unwrap_or(false)
+    })
+}
+
+/// `--version` in the image prints the commit the binary was built from; it runs as UID
+/// 65532 (`nonroot` in its /etc/passwd) with a read-only root filesystem and no network.
+#[test]
+fn image_runs_as_65532_read_only_and_prints_its_commit() {
+    let podman = match Podman::get() {
+        Ok(p) => p,
+        Err(why) => return skip("image_runs_as_65532_read_only_and_prints_its_commit", &why),
+    };
+    let user = podman.ok(&["image", "inspect", IMAGE, "--format", "{{.Config.User}}"]);
+    assert_eq!(user.stdout.trim(), "65532:65532");
+
+    let version = podman.ok(&[
+        "run",
+        "--rm",
+        "--read-only",
+        "--network",
+        "none",
+        IMAGE,
+        "--version",
+    ]);
+    let mut host = Command::new(crate::static_binary::static_bin());
+    host.arg("--version");
+    let host = run_command(host, secs(10));
+    assert_eq!(version.stdout.trim(), host.stdout.trim());
+    let commit = version
+        .stdout
+        .trim()
+        .strip_suffix(')')
+        .and_then(|v| v.rsplit_once("(commit "))
+        .map(|(_, c)| c.to_owned());
+    assert!(
+        commit.is_some_and(|c| c.len() == 12 && c.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{version:?}"
+    );
+
+    // The UID of the process inside.
+    let ctr = podman.ok(&[
+        "run",
+        "-d",
+        "--read-only",
+        "--network",
+        "none",
+        IMAGE,
+        "sleep",
+        "1h",
+    ]);
+    let ctr = ctr.stdout.trim().to_owned();
+    let pid = podman.ok(&["inspect", &ctr, "--format", "{{.State.Pid}}"]);
+    let status = fs::read_to_string(format!("/proc/{}/status", pid.stdout.trim())).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    podman.ok(&["rm", "-f", "-t", "0", &ctr]);
+    assert_eq!(
+        uid.split_whitespace().skip(1).collect::<Vec<_>>(),
+        ["65532"; 4],
+        "{uid}"
+    );
+}
+
+/// `rediss://` from the image: the image holds the host's CA bundle where rustls looks
+/// (/etc/ssl/certs/ca-certificates.crt), and that path is the one it trusts: a private CA
+/// mounted there makes `status` connect; the image's own bundle (without that CA) gets a
+/// certificate error, exit 1.
+#[test]
+fn image_trusts_redis_tls_through_its_ca_bundle() {
+    let podman = match Podman::get() {
+        Ok(p) => p,
+        Err(why) => return skip("image_trusts_redis_tls_through_its_ca_bundle", &why),
+    };
+    let out = tempfile::tempdir().unwrap();
+    let ctr = podman.ok(&["create", IMAGE]);
+    let ctr = ctr.stdout.trim().to_owned();
+    let copied = out.path().join("bundle.crt");
+    podman.ok(&[
+        "cp",
+        &format!("{ctr}:/etc/ssl/certs/ca-certificates.crt"),
+        copied.to_str().unwrap(),
+    ]);
+    podman.ok(&["rm", &ctr]);
+    assert!(
+        fs::read(&copied).unwrap() == fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap(),
+        "the image's CA bundle is the host's"
+    );
+
+    let certs = tempfile::tempdir().unwrap();
+    crate::connection::make_certs(certs.path());
+    let file = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+    let tls_port = free_port().to_string();
+    let _redis = RedisServer::start_with(RedisOptions {
+        args: [
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &file("server.pem"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..RedisOptions::default()
+    });
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let status = |mounts: &[String]| {
+        let mut args = vec!["run", "--rm", "--read-only", "--network", "host"];
+        for m in mounts {
+            args.extend(["-v", m]);
+        }
+        args.extend([IMAGE, "status", "--app", "orders", "--redis-url", &url]);
+        podman.run(&args, secs(60))
+    };
+    let own_bundle = status(&[]);
+    assert_eq!(own_bundle.code, Some(1), "{own_bundle:?}");
+    assert!(
+        own_bundle.stderr.contains("TLS certificate error"),
+        "{own_bundle:?}"
+    );
+    let private_ca = status(&[format!(
+        "{}:/etc/ssl/certs/ca-certificates.crt:ro",
+        file("ca.pem")
+    )]);
+    assert_eq!(private_ca.code, Some(0), "{private_ca:?}");
+}
+
+/// The conversions both pods need (module docs), as one JSON patch with the sidecar as
+/// container 0 and the app as container 1; `test` ops fail the render when the manifests no
+/// longer have that shape. `{redis_url}` and `{listen}` are filled in per test.
+const PODMAN_PATCH: &str = r#"
+- {op: test, path: /spec/template/spec/containers/0/name, value: snowlease}
+- {op: test, path: /spec/template/spec/containers/1/name, value: app}
+- {op: replace, path: /spec/replicas, value: 1}
+- {op: add, path: /spec/template/spec/hostNetwork, value: true}
+- {op: add, path: /spec/template/spec/restartPolicy, value: OnFailure}
+- {op: test, path: /spec/template/spec/containers/0/env/1/name, value: REDIS_URL}
+- {op: replace, path: /spec/template/spec/containers/0/env/1, value: {name: REDIS_URL, value: "{redis_url}"}}
+- {op: test, path: /spec/template/spec/containers/0/env/2/name, value: POD_IP}
+- {op: replace, path: /spec/template/spec/containers/0/env/2, value: {name: POD_IP, value: 127.0.0.1}}
+- {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: SNOWLEASE_LISTEN, value: "{listen}"}}
+- {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: SNOWLEASE_HANDOVER_DELAY, value: 60s}}
+- {op: remove, path: /spec/template/spec/containers/0/ports}
+- {op: remove, path: /spec/template/spec/containers/0/startupProbe}
+- {op: remove, path: /spec/template/spec/containers/0/readinessProbe}
+- {op: remove, path: /spec/template/spec/containers/0/livenessProbe}
+- {op: remove, path: /spec/template/spec/containers/1/ports}
+- {op: replace, path: /spec/template/spec/containers/1/args, value: [/usr/local/bin/snowlease, sleep, 1h]}
+"#;
+
+/// The native sidecar (init container 1, `restartPolicy: Always`) as the first ordinary
+/// container, applied before [`PODMAN_PATCH`].
+const NATIVE_SIDECAR_PATCH: &str = r#"
+- {op: test, path: /spec/template/spec/initContainers/1/restartPolicy, value: Always}
+- {op: move, from: /spec/template/spec/initContainers/1, path: /spec/template/spec/containers/0}
+- {op: remove, path: /spec/template/spec/containers/0/restartPolicy}
+"#;
+
+/// A pod played from the repo's overlay `folder` (under k8s/), converted for podman;
+/// removed with its containers on drop.
+struct Pod {
+    podman: &'static Podman,
+    /// The pod's name: `<prefix>orders-pod-0` (podman names a Deployment's pod so).
+    name: String,
+}
+
+impl Pod {
+    /// Renders `k8s/<folder>` through an overlay holding `patches` (JSON patches of the
+    /// Deployment `orders`, in order) with `kubectl kustomize`, and plays it.
+    fn play(podman: &'static Podman, folder: &str, prefix: &str, patches: &[String]) -> Pod {
+        let overlay = tempfile::Builder::new()
+            .prefix("podman-overlay-")
+            .tempdir_in(repo().join("target"))
+            .unwrap();
+        // Kustomize takes only relative paths to other kustomizations.
+        let mut kustomization = format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [../../k8s/{folder}]\nnamePrefix: {prefix}\n\
+             images:\n  - {{name: registry.example.com/snowlease, newName: {image}, newTag: {tag}}}\n  \
+             - {{name: registry.example.com/orders, newName: {image}, newTag: {tag}}}\npatches:\n",
+            image = IMAGE.split_once(':').unwrap().0,
+            tag = IMAGE.split_once(':').unwrap().1,
+        );
+        for patch in patches {
+            kustomization.push_str("  - target: {kind: Deployment}\n    patch: |-\n");
+            for line in patch.trim().lines() {
+                kustomization.push_str(&format!("      {line}\n"));
+            }
+        }
+        fs::write(overlay.path().join("kustomization.yaml"), &kustomization).unwrap();
+        let mut render = Command::new("kubectl");
+        render.arg("kustomize").arg(overlay.path());
+        let rendered = run_command(render, secs(60));
+        assert_eq!(rendered.code, Some(0), "{kustomization}\n{rendered:?}");
+        let file = overlay.path().join("pod.yaml");
+        fs::write(&file, &rendered.stdout).unwrap();
+
+        let pod = Pod {
+            podman,
+            name: format!("{prefix}orders-pod-0"),
+        };
+        let play = podman.run(&["kube", "play", file.to_str().unwrap()], secs(180));
+        assert_eq!(play.code, Some(0), "{}\n{play:?}", rendered.stdout);
+        pod
+    }
+
+    fn container(&self, name: &str) -> String {
+        format!("{}-{name}", self.name)
+    }
+
+    /// The host PID of a container's first process.
+    fn pid(&self, container: &str) -> u32 {
+        let run = self.podman.ok(&[
+            "inspect",
+            &self.container(container),
+            "--format",
+            "{{.State.Pid}}",
+        ]);
+        run.stdout.trim().parse().unwrap()
+    }
+
+    fn logs(&self, container: &str) -> String {
+        let run = self
+            .podman
+            .run(&["logs", &self.container(container)], secs(30));
+        format!("{}\n{}", run.stdout, run.stderr)
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        self.podman
+            .run(&["pod", "rm", "-f", "-t", "0", &self.name], secs(60));
+    }
+}
+
+/// `KEY=value` lines of /proc/<pid>/environ.
+fn environ(pid: u32) -> Vec<String> {
+    fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect()
+}
+
+/// The effective UID of a process (second field of `Uid:` in /proc/<pid>/status).
+fn uid_of(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// The pod runs as it would in a cluster: `install-snowlease` copied the binary, the sidecar
+/// (UID 65532, read-only root) claims ID 0, the app started by `snowlease exec` has
+/// WORKER_ID=0, `snowlease id --url` answers from the app container; `podman pod stop`
+/// releases the ID (a tombstone) and every container exits well inside the grace period.
+fn run_pod(test: &str, folder: &str, prefix: &str, first: Option<&str>) {
+    let podman = match Podman::get() {
+        Ok(p) => p,
+        Err(why) => return skip(test, &why),
+    };
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut patches: Vec<String> = first.iter().map(|p| p.to_string()).collect();
+    patches.push(
+        PODMAN_PATCH
+            .replace("{redis_url}", &redis.url())
+            .replace("{listen}", &listen),
+    );
+    let pod = Pod::play(podman, folder, prefix, &patches);
+
+    let key = "snowflake:worker:orders:0";
+    let claimed = poll_until(secs(60), || {
+        redis.get(key).is_some_and(|o| o.starts_with("127.0.0.1#"))
+    });
+    assert!(
+        claimed,
+        "no claim: {:?}\n{}",
+        redis.get(key),
+        pod.logs("snowlease")
+    );
+
+    let sidecar = pod.pid("snowlease");
+    assert_eq!(uid_of(sidecar), Some(65532));
+    let read_only = podman.ok(&[
+        "inspect",
+        &pod.container("snowlease"),
+        "--format",
+        "{{.HostConfig.ReadonlyRootfs}}",
+    ]);
+    assert_eq!(read_only.stdout.trim(), "true");
+
+    let copied = tempfile::tempdir().unwrap();
+    let dest = copied.path().join("snowlease");
+    podman.ok(&[
+        "cp",
+        &format!("{}:/var/run/snowlease/bin/snowlease", pod.container("app")),
+        dest.to_str().unwrap(),
+    ]);
+    assert!(
+        fs::read(&dest).unwrap() == fs::read(crate::static_binary::static_bin()).unwrap(),
+        "install-snowlease copied the image's binary"
+    );
+
+    // `exec` (the app container's first process) starts the app as its child.
+    let exec = pod.pid("app");
+    let env = poll_some(secs(60), || {
+        child_pids(nix::unistd::Pid::from_raw(exec as i32))
+            .first()
+            .map(|child| environ(child.as_raw() as u32))
+            .filter(|env| env.iter().any(|v| v.starts_with("WORKER_ID=")))
+    });
+    let env = env.unwrap_or_else(|| panic!("no app with WORKER_ID\n{}", pod.logs("app")));
+    assert!(env.contains(&"WORKER_ID=0".to_owned()), "{env:?}");
+
+    let id = podman.ok(&[
+        "exec",
+        &pod.container("app"),
+        "/var/run/snowlease/bin/snowlease",
+        "id",
+        "--url",
+        &format!("http://{listen}"),
+    ]);
+    assert_eq!(id.stdout.trim(), "0");
+
+    let started = Instant::now();
+    podman.ok(&["pod", "stop", "-t", "30", &pod.name]);
+    let took = started.elapsed();
+    // The release: a tombstone for SNOWLEASE_HANDOVER_DELAY (60 s), not a key left for a TTL.
+    let (value, pttl) = redis.get_with_pttl(key);
+    assert!(
+        value
+            .as_deref()
+            .is_some_and(|v| v.starts_with("released:127.0.0.1#")),
+        "{value:?}\n{}",
+        pod.logs("snowlease")
+    );
+    assert!((1..=60_000).contains(&pttl), "tombstone PTTL {pttl}");
+    let states = podman.ok(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("pod={}", pod.name),
+        "--format",
+        "{{.Names}} {{.Exited}} {{.ExitCode}}",
+    ]);
+    let states: Vec<&str> = states.stdout.lines().collect();
+    let sidecar_state = format!("{} true 0", pod.container("snowlease"));
+    // The app (`snowlease sleep`) dies of the SIGTERM `exec` passed on: 128 + 15.
+    let app_state = format!("{} true 143", pod.container("app"));
+    assert!(states.contains(&sidecar_state.as_str()), "{states:?}");
+    assert!(states.contains(&app_state.as_str()), "{states:?}");
+    assert!(states.iter().all(|s| s.contains(" true ")), "{states:?}");
+    // Well inside the 30 s grace period: nothing waited for SIGKILL.
+    assert!(took < secs(20), "pod stop took {took:?}");
+}
+
+/// k8s/plain-sidecar/ (the sidecar as an ordinary container) in podman, as [`run_pod`] says.
+#[test]
+fn plain_sidecar_pod_runs_in_podman() {
+    run_pod(
+        "plain_sidecar_pod_runs_in_podman",
+        "plain-sidecar",
+        "plain-",
+        None,
+    );
+}
+
+/// k8s/ (the native sidecar), converted to an ordinary container for podman 4.3, as
+/// [`run_pod`] says.
+#[test]
+fn native_sidecar_pod_converted_runs_in_podman() {
+    run_pod(
+        "native_sidecar_pod_converted_runs_in_podman",
+        "",
+        "native-",
+        Some(NATIVE_SIDECAR_PATCH),
+    );
+}
+
+/// The recipe pulls nothing (`FROM scratch` only) and gets every file it copies: each `COPY`
+/// source is let through `.dockerignore` (an allow-list after `*`) and exists once
+/// `scripts/build-image.sh --stage-only` staged target/image/; nothing else is let through.
+/// Needs no podman.
+#[test]
+fn image_recipe_copies_what_the_context_lets_through() {
+    let dockerfile = fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let bases: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(bases, ["scratch"]);
+    let copied: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .flat_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words[..words.len() - 1].to_vec()
+        })
+        .collect();
+    let ignore = fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let allowed: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('!'))
+        .collect();
+    let mut sorted = (copied.clone(), allowed.clone());
+    sorted.0.sort();
+    sorted.1.sort();
+    assert_eq!(
+        sorted.0, sorted.1,
+        "COPY sources and .dockerignore's allow-list"
+    );
+
+    let mut stage = Command::new(repo().join("scripts/build-image.sh"));
+    stage
+        .arg("--binary")
+        .arg(crate::static_binary::static_bin())
+        .arg("--stage-only");
+    let _staging = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+    let run = run_command(stage, secs(60));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    for file in copied {
+        assert!(
+            repo().join(file).is_file(),
+            "{file} is missing after staging"
+        );
+    }
+}
