@@ -72,7 +72,8 @@ mod sizing;
 mod static_binary;
 /// `snowlease status`: holders, the claim guard, wrong types, JSON.
 mod status;
-/// Every mode on Sentinel and Cluster topologies: failovers, bad topology input.
+/// Every mode on Sentinel and Cluster topologies: failovers, a stale Sentinel outvoted, a
+/// demoted primary left, bad topology input.
 mod topologies;
 /// Worker mode on standalone: publishing, files, logs, guard open, bad input.
 mod worker;

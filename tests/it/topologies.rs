@@ -355,3 +355,50 @@ fn a_stale_sentinel_listed_first_is_outvoted() {
     );
     assert_ne!(new_port, old_port);
 }
+
+/// Issue 20.2 behind Sentinel: the primary is demoted behind the Sentinels' back (`REPLICAOF`
+/// another server), so renewals are answered `READONLY` (inside `Ok`, as redis-rs returns
+/// script errors); then the Sentinels are pointed at that server. The sidecar leaves the
+/// demoted node (a new connection, which finds it answers `ROLE` as a replica and waits),
+/// and renews on the node the Sentinels name, keeping its ID. On today's main it kept
+/// renewing on the demoted node (no renewal succeeded, so no confirmation asked the
+/// Sentinels) until its lease was lost.
+#[test]
+fn sentinel_renewals_leave_a_demoted_primary() {
+    let topo = SentinelTopology::start_with(SentinelOptions {
+        replicas: 0,
+        sentinels: 1,
+        quorum: 1,
+        ..SentinelOptions::default()
+    });
+    let other = RedisServer::start();
+    let sidecar = Sidecar::worker_at(&topo.url(), "orders")
+        .flag("--ttl", "6s")
+        .flag("--renew-interval", "500ms")
+        .spawn();
+    let lease = sidecar.wait_for_lease(secs(20));
+    let key = worker_key("orders", lease.worker_id);
+    let demoted = topo.primary();
+    let _: String = demoted.query(redis::cmd("REPLICAOF").arg("127.0.0.1").arg(other.port()));
+    assert!(
+        poll_until(secs(10), || demoted
+            .info_field("errorstats", "errorstat_READONLY")
+            .is_some()),
+        "no renewal reached the demoted node"
+    );
+    let sentinel = &topo.sentinels()[0];
+    let _: String = sentinel.query(redis::cmd("SENTINEL").arg("REMOVE").arg(topo.master_name()));
+    let _: String = sentinel.query(
+        redis::cmd("SENTINEL")
+            .arg("MONITOR")
+            .arg(topo.master_name())
+            .arg("127.0.0.1")
+            .arg(other.port())
+            .arg(1),
+    );
+    assert!(
+        poll_until(secs(10), || other.get(&key) == Some(lease.owner.clone())),
+        "the sidecar never renewed on the node the Sentinels name"
+    );
+    assert_eq!(sidecar.id().map(|id| id.worker_id), Some(lease.worker_id));
+}
