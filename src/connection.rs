@@ -97,15 +97,16 @@ impl fmt::Display for Readable<'_> {
             }
             return Ok(());
         }
-        // `General`: "<description> - <Kind:?>[: <detail>]".
+        // `General`: "<description> - <Kind:?>[: <detail>]"; a detail that
+        // is another error's text (Cluster: "Failed to create initial
+        // connections") ends with that one's kind.
         let marker = format!(" - {:?}", err.kind());
-        match text.find(&marker) {
-            Some(at) => {
-                f.write_str(&text[..at])?;
-                f.write_str(&text[at + marker.len()..])
-            }
-            None => f.write_str(&text),
-        }
+        let text = match text.find(&marker) {
+            Some(at) => format!("{}{}", &text[..at], &text[at + marker.len()..]),
+            None => text,
+        };
+        let inner = format!(" - {:?}", ErrorKind::AuthenticationFailed);
+        f.write_str(text.strip_suffix(&inner).unwrap_or(&text))
     }
 }
 
@@ -241,8 +242,15 @@ pub(crate) fn is_permission_error(err: &RedisError) -> bool {
 }
 
 /// True when the login failed: wrong user name or password (`WRONGPASS`).
+/// redis-rs' Cluster client returns a login that failed on every seed node
+/// as an I/O error ("Failed to create initial connections") whose detail is
+/// the inner error's text ("Password authentication failed -
+/// AuthenticationFailed"); only that text is left to tell it apart.
 pub(crate) fn is_auth_error(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::AuthenticationFailed || err.code() == Some("WRONGPASS")
+    let wrapped = format!(" - {:?}", ErrorKind::AuthenticationFailed);
+    err.kind() == ErrorKind::AuthenticationFailed
+        || err.code() == Some("WRONGPASS")
+        || (err.kind() == ErrorKind::Io && err.detail().is_some_and(|d| d.ends_with(&wrapped)))
 }
 
 /// The one test on message text: Redis reports an ACL refusal of a command
@@ -324,6 +332,17 @@ mod tests {
                 "ERR",
                 "ACL failure in script: this user has no permissions to run the 'pexpire' command",
             ),
+            // redis-rs' Cluster client: no seed node let it log in.
+            (
+                ErrorKind::Io,
+                "Failed to create initial connections",
+                RedisError::from((
+                    ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                ))
+                .to_string(),
+            )
+                .into(),
             // At the first connect: a configuration error.
             explain(&target, untrusted(), false),
             explain(&target, alert(rustls::AlertDescription::UnknownCA), false),
@@ -484,6 +503,16 @@ mod tests {
             shown,
             "redis connection: redis+sentinel://127.0.0.1:1/nomaster/0: not a Cluster node: 127.0.0.1:1"
         );
+        let cluster: RedisError = (
+            ErrorKind::Io,
+            "Failed to create initial connections",
+            auth.to_string(),
+        )
+            .into();
+        assert_eq!(
+            Readable(&cluster).to_string(),
+            "Failed to create initial connections: Password authentication failed"
+        );
         // A step named around a refusal (lease::step) renders the refusal too.
         let stepped: RedisError = (
             noperm.kind(),
@@ -495,7 +524,7 @@ mod tests {
             Readable(&stepped).to_string(),
             "INFO failed (needs +info): NOPERM this user has no permissions to run the 'info' command"
         );
-        for err in [&noperm, &auth, &stepped] {
+        for err in [&noperm, &auth, &stepped, &cluster] {
             let shown = Readable(err).to_string();
             for kind in [
                 "NoPerm",

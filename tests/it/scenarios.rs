@@ -51,6 +51,8 @@ scenarios!(
     restart_in_same_pod_readopts_other_pod_does_not,
     restart_does_not_readopt_a_key_taken_by_someone_else,
     password_rotation_loses_no_id_and_a_restart_readopts,
+    wrong_password_at_start_exits_1,
+    refused_renewals_end_in_exit_1_at_the_deadline,
 );
 
 /// Two sidecars hold the two IDs of the app (TTL 30 s) as an ACL user whose password is then
@@ -108,6 +110,64 @@ fn password_rotation_loses_no_id_and_a_restart_readopts(redis: &Deployment) {
         "{redis}: both old IDs published again {} ms after the restart",
         restarted.elapsed().as_millis()
     );
+}
+
+/// A wrong password at start is refused, not retried (docs/operations.md "Which errors end
+/// what"): exit 1 within 10 s naming the cause without redis-rs' kind names, nothing
+/// published.
+fn wrong_password_at_start_exits_1(redis: &Deployment) {
+    let url = redis
+        .acl_user("wrongpass", "pw")
+        .replacen(":pw@", ":not-pw@", 1);
+    let mut sidecar = Sidecar::worker_at(&url, "wrongpass")
+        .flag("--claim-timeout", "30s")
+        .spawn();
+    let status = sidecar.wait_exit(secs(10)).expect("exit within 10 s");
+    let log = sidecar.log_lines().join("\n");
+    assert_eq!(status.code(), Some(1), "{redis}: {log}");
+    assert!(
+        log.contains("wrong user name or password in --redis-url"),
+        "{redis}: {log}"
+    );
+    crate::acl::assert_no_kind_names(&log);
+    assert!(!sidecar.output_file().exists());
+}
+
+/// A password rotated under a holder (TTL 4 s): the refused renewals are retried until the
+/// validity deadline, then the ID is unpublished and the sidecar exits 1 (the refused row of
+/// docs/operations.md), keeping its state file for a restart. On Cluster redis-rs reports the
+/// refused reconnect as an I/O error ("Failed to create initial connections: Password
+/// authentication failed"); taken for transient, the sidecar claimed again and retried until
+/// `--claim-timeout` (exit 3).
+fn refused_renewals_end_in_exit_1_at_the_deadline(redis: &Deployment) {
+    let app = "refused-until-deadline";
+    redis.open_guard(app, 31);
+    let url = redis.acl_user("refused", "pw");
+    let mut sidecar = Sidecar::worker_at(&url, app)
+        .flag("--ttl", "4s")
+        .flag("--renew-interval", "1s")
+        .flag("--claim-timeout", "60s")
+        .spawn();
+    let lease = sidecar.wait_for_lease(secs(15));
+    redis.rotate_password("refused", "pw2");
+    let status = sidecar.wait_exit(secs(15)).expect("exit by the deadline");
+    let log = sidecar.log_lines().join("\n");
+    assert_eq!(status.code(), Some(1), "{redis}: {log}");
+    assert!(
+        log.contains("Password authentication failed"),
+        "{redis}: {log}"
+    );
+    // redis-rs' own warnings (Cluster: "Failed to connect to node") are its words.
+    let ours: Vec<String> = sidecar
+        .log_lines()
+        .into_iter()
+        .filter(|l| !l.contains(r#""target":"redis::"#))
+        .collect();
+    crate::acl::assert_no_kind_names(&ours.join("\n"));
+    assert!(!sidecar.output_file().exists());
+    let state = sidecar.read_state().expect("state file kept");
+    assert_eq!(state["release_unconfirmed"], true, "{state}");
+    assert_eq!(state["owner"], lease.owner.as_str());
 }
 
 /// 33 sidecars on 32 IDs: 32 distinct IDs agreeing with Redis; the 33rd stays unready and
