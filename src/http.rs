@@ -342,6 +342,9 @@ fn log_connection_end(ended: Result<(), hyper::Error>) {
     }
 }
 
+/// How often a connection waiting at the cap looks again for an idle one.
+const RECHECK: Duration = Duration::from_millis(100);
+
 /// The open connections, oldest first, and the permits that cap them.
 struct Connections {
     permits: Arc<Semaphore>,
@@ -377,16 +380,19 @@ impl Connections {
 
     /// A place for a connection just accepted: at once below the cap; at
     /// the cap, once the oldest idle connection (told to close here) or any
-    /// other one has closed. `None` when `shutdown` fires first.
+    /// other one has closed. While every connection is inside a request it
+    /// looks again every [`RECHECK`]: one may have ended its request and be
+    /// idle. `None` when `shutdown` fires first.
     async fn slot(&self, shutdown: &CancellationToken) -> Option<Slot> {
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                self.close_oldest_idle();
-                tokio::select! {
-                    () = shutdown.cancelled() => return None,
-                    permit = self.permits.clone().acquire_owned() => permit.ok()?,
-                }
+        let permit = loop {
+            if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+                break permit;
+            }
+            self.close_oldest_idle();
+            tokio::select! {
+                () = shutdown.cancelled() => return None,
+                permit = self.permits.clone().acquire_owned() => break permit.ok()?,
+                () = tokio::time::sleep(RECHECK) => {}
             }
         };
         let key = self.next.fetch_add(1, Ordering::Relaxed);
@@ -531,4 +537,72 @@ pub(crate) fn assert_base_units(text: &str) -> Vec<String> {
         );
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn at_the_cap_the_oldest_idle_connection_is_told_to_close() {
+        let connections = Connections::new(2);
+        let shutdown = CancellationToken::new();
+        let busy = connections.slot(&shutdown).await.unwrap();
+        let _in_request = InRequest::enter(&busy.in_request);
+        let idle = connections.slot(&shutdown).await.unwrap();
+        let idle_close = idle.close.clone();
+        let third = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { connections.slot(&shutdown).await.map(|s| s.key) }
+        });
+        idle_close.cancelled().await;
+        assert!(
+            !busy.close.is_cancelled(),
+            "a connection inside a request stays"
+        );
+        assert!(!third.is_finished(), "waits until the idle one has closed");
+        drop(idle);
+        assert_eq!(third.await.unwrap(), Some(2));
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_with_every_connection_busy_a_new_one_waits_for_shutdown() {
+        let connections = Connections::new(1);
+        let shutdown = CancellationToken::new();
+        let busy = connections.slot(&shutdown).await.unwrap();
+        let _in_request = InRequest::enter(&busy.in_request);
+        let waiting = connections.slot(&shutdown);
+        let stop = async {
+            tokio::time::sleep(RECHECK * 3).await;
+            shutdown.cancel();
+        };
+        let (slot, ()) = tokio::join!(waiting, stop);
+        assert!(slot.is_none());
+        assert!(
+            busy.close.is_cancelled(),
+            "shutdown closes every connection"
+        );
+    }
+
+    #[test]
+    fn flags_out_of_range_name_their_flag() {
+        let args = |max_connections, http_header_timeout| HttpArgs {
+            max_connections,
+            http_header_timeout,
+        };
+        let cases = [
+            (args(0, Duration::from_secs(5)), "--max-connections"),
+            (args(65_537, Duration::from_secs(5)), "--max-connections"),
+            (
+                args(512, Duration::from_millis(99)),
+                "--http-header-timeout",
+            ),
+            (args(512, Duration::from_secs(601)), "--http-header-timeout"),
+        ];
+        for (args, flag) in cases {
+            assert_eq!(args.validate().unwrap_err().flag, flag, "{args:?}");
+        }
+        let limits = args(65_536, Duration::from_secs(600)).validate().unwrap();
+        assert_eq!(limits.max_connections, 65_536);
+    }
 }
