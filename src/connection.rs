@@ -241,7 +241,9 @@ pub(crate) fn is_permission_error(err: &RedisError) -> bool {
     }
 }
 
-/// True when the login failed: wrong user name or password (`WRONGPASS`).
+/// True when the login failed: wrong user name or password (`WRONGPASS`),
+/// or a password the server requires and this client did not send
+/// (`NOAUTH`: `requirepass` set before the client has it).
 /// redis-rs' Cluster client returns a login that failed on every seed node
 /// as an I/O error ("Failed to create initial connections") whose detail is
 /// the inner error's text ("Password authentication failed -
@@ -249,7 +251,7 @@ pub(crate) fn is_permission_error(err: &RedisError) -> bool {
 pub(crate) fn is_auth_error(err: &RedisError) -> bool {
     let wrapped = format!(" - {:?}", ErrorKind::AuthenticationFailed);
     err.kind() == ErrorKind::AuthenticationFailed
-        || err.code() == Some("WRONGPASS")
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
         || (err.kind() == ErrorKind::Io && err.detail().is_some_and(|d| d.ends_with(&wrapped)))
 }
 
@@ -311,6 +313,7 @@ mod tests {
             alert(rustls::AlertDescription::UnknownCA),
         ];
         let refused = [
+            server_error("NOAUTH", "Authentication required."),
             server_error(
                 "WRONGPASS",
                 "invalid username-password pair or user is disabled.",

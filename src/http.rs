@@ -282,6 +282,7 @@ async fn serve_connection(
     slot: Slot,
 ) {
     let in_request = slot.in_request.clone();
+    let requests = slot.in_request.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let router = router.clone();
         let in_request = in_request.clone();
@@ -303,6 +304,13 @@ async fn serve_connection(
             return;
         }
         () = slot.close.cancelled() => {}
+    }
+    // Not inside a request (idle, or a header or body still arriving):
+    // dropped at once. hyper's graceful shutdown would wait for a started
+    // header until the header timeout, so a client sending one byte per
+    // connection would keep the cap full (and `/id` waiting) that long.
+    if requests.load(Ordering::Acquire) == 0 {
+        return;
     }
     connection.as_mut().graceful_shutdown();
     log_connection_end(connection.await);

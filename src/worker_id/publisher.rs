@@ -92,7 +92,12 @@ struct Published {
 impl Files {
     fn publish(&mut self, app: &str, held: &HeldLease) {
         // State first: a crash between the two leaves a record, not an ID.
-        self.write_state(StateFile::held(app, held));
+        // No ID without its deadline beside it: a reader takes an ID file
+        // without a state file as published with no deadline at all.
+        if !self.write_state(StateFile::held(app, held)) {
+            self.unpublish();
+            return;
+        }
         // Checked at every renew, not only when the ID changes: a tmp
         // cleaner or an operator may have removed or replaced the file.
         // A stat, not a read: it needs no descriptor.
@@ -129,19 +134,22 @@ impl Files {
         }
         self.published = None;
         if let Some(record) = self.record.clone().filter(|r| !r.release_unconfirmed) {
-            self.write_state(StateFile {
+            let _ = self.write_state(StateFile {
                 release_unconfirmed: true,
                 ..record
             });
         }
     }
 
-    fn write_state(&mut self, record: StateFile) {
+    /// Writes the record; false (logged) when it could not be written.
+    fn write_state(&mut self, record: StateFile) -> bool {
         let json = serde_json::to_vec(&record).expect("state serialises");
-        if let Err(err) = self.write(&self.state, &json) {
-            error!(path = %self.path(&self.state).display(), error = %err, "cannot write state file");
+        let written = self.write(&self.state, &json);
+        if let Err(err) = &written {
+            error!(path = %self.path(&self.state).display(), error = %err, "cannot write state file; the ID is not published");
         }
         self.record = Some(record);
+        written.is_ok()
     }
 
     fn write(&self, name: &OsStr, contents: &[u8]) -> std::io::Result<Stamp> {

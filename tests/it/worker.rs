@@ -914,3 +914,32 @@ fn handover_delay_below_twice_the_skew_bound_is_warned_about() {
     assert_eq!(short.events_with(warning).len(), 1, "{:?}", short.events());
     assert!(default.events_with(warning).is_empty());
 }
+
+/// No ID file without its deadline: when the state file cannot be written (here a folder
+/// stands at its path), the sidecar holds the lease but publishes no ID file, since a reader
+/// takes an ID file without a state file as published with no deadline at all.
+#[test]
+fn no_id_file_is_published_without_its_state_file() {
+    let redis = RedisServer::start();
+    let pod = PodDir::new();
+    fs::create_dir(pod.path().join("worker-id.state.json")).unwrap();
+    let sidecar = Sidecar::worker(&redis, "orders").pod(&pod).spawn();
+    assert!(
+        sidecar.wait_for_log("cannot write state file", secs(15)),
+        "the state file write must fail and be logged"
+    );
+    let lease = sidecar.wait_for_lease(secs(15));
+    // Each renewal publishes again and fails again on the state file.
+    assert!(
+        poll_until(secs(15), || {
+            assert_eq!(
+                sidecar.read_output_file(),
+                None,
+                "ID {} published without a state file",
+                lease.worker_id
+            );
+            sidecar.count_log("cannot write state file") >= 3
+        }),
+        "three renewals must try the state file"
+    );
+}

@@ -3,8 +3,10 @@
 //! The rule (Redis' Sentinel client guidelines,
 //! <https://redis.io/docs/latest/develop/reference/sentinel-clients/>, and issue 20.3): every
 //! Sentinel of the URL is asked at once (`SENTINEL GET-MASTER-ADDR-BY-NAME`, each bounded by the
-//! call timeout); the primary is the node named by more than half of the Sentinels that
-//! answered; the caller then connects only when that node answers `ROLE` as master. A Sentinel
+//! call timeout); the primary is the node named by more than half of the Sentinels in the URL
+//! (not of those that answered: behind a partition one stale Sentinel that alone answers must not
+//! decide, so list the deployment's Sentinels, an odd number); the caller then connects only when
+//! that node answers `ROLE` as master. A Sentinel
 //! that names another node (stale after a failover, cut off from the others) is outvoted, never
 //! believed first, and named in a warning at most once per [`WARN_EVERY`] for the same dissent.
 
@@ -50,7 +52,7 @@ impl Sentinels {
         }
     }
 
-    /// The node more than half of the answering Sentinels name as the primary of the URL's
+    /// The node more than half of the URL's Sentinels name as the primary of the URL's
     /// master (asked all at once, each within `limit`).
     ///
     /// Errors: no Sentinel answers (I/O kind, transient: `no Sentinel answers (hosts)`); no
@@ -148,7 +150,8 @@ impl Sentinels {
     }
 }
 
-/// The node more than half of the Sentinels that answered name; see [`Sentinels::primary`]
+/// The node more than half of the Sentinels in the URL name (answered or not: a minority
+/// that alone answers, e.g. behind a partition, decides nothing); see [`Sentinels::primary`]
 /// for the errors.
 fn tally(target: &RedisTarget, answers: &[Answer]) -> RedisResult<Node> {
     let answered = answers
@@ -164,7 +167,7 @@ fn tally(target: &RedisTarget, answers: &[Answer]) -> RedisResult<Node> {
             }
         }
     }
-    if let Some((node, _)) = counts.iter().find(|(_, count)| count * 2 > answered) {
+    if let Some((node, _)) = counts.iter().find(|(_, count)| count * 2 > answers.len()) {
         return Ok((*node).clone());
     }
     if answered == 0 {
@@ -181,7 +184,7 @@ fn tally(target: &RedisTarget, answers: &[Answer]) -> RedisResult<Node> {
         .map(|(node, count)| format!("{} by {count}", show(node)))
         .collect();
     Err(super::in_failover(&format!(
-        "the Sentinels do not agree on the primary yet ({} of {} answered; named: {})",
+        "no majority of the Sentinels in the URL names one primary yet ({} of {} answered; named: {})",
         answered,
         answers.len(),
         match named.is_empty() {
@@ -238,7 +241,7 @@ mod tests {
 
     /// Issue 20.3: the first Sentinel is stale, the second down, three agree.
     #[test]
-    fn the_majority_of_answering_sentinels_names_the_primary() {
+    fn a_majority_of_the_listed_sentinels_names_the_primary() {
         let target = RedisTarget::parse("redis+sentinel://s1,s2,s3,s4,s5/mymaster").expect("url");
         let answers = [
             names("old"),
@@ -248,7 +251,7 @@ mod tests {
             names("new"),
         ];
         assert_eq!(tally(&target, &answers).unwrap().0, "new");
-        // Two of four answering is no majority.
+        // Two of five is no majority.
         let split = [
             names("old"),
             down(),
@@ -257,10 +260,14 @@ mod tests {
             names("new"),
         ];
         let err = tally(&target, &split).unwrap_err();
-        assert!(err.to_string().contains("do not agree"), "{err}");
-        // One answering Sentinel is a majority of those that answered.
+        assert!(err.to_string().contains("no majority"), "{err}");
+        // One answering Sentinel decides nothing (a partition; it may be stale).
         let one = [down(), down(), names("new"), down(), down()];
-        assert_eq!(tally(&target, &one).unwrap().0, "new");
+        let err = tally(&target, &one).unwrap_err();
+        assert!(err.to_string().contains("no majority"), "{err}");
+        // Three of five, two down: a majority of the URL's Sentinels.
+        let three = [down(), names("new"), names("new"), down(), names("new")];
+        assert_eq!(tally(&target, &three).unwrap().0, "new");
         let none = [down(), down(), down(), down(), down()];
         let err = tally(&target, &none).unwrap_err();
         assert!(err.to_string().contains("no Sentinel answers"), "{err}");
