@@ -144,10 +144,10 @@ impl Found {
 /// lease key's type and per-ID guard (refused, nothing written, on a lease
 /// key or a closed guard unless every guard is open), then the script once
 /// per ID on (lease key, per-ID guard), each re-checking in its slot; an ID
-/// whose key appeared meanwhile is refused alone. Lease keys under guards
-/// that are all open already are no refusal: nothing is written and the
-/// line says `"already_open": true` (exit 0), so a deploy hook can run this
-/// on every deploy.
+/// whose key appeared meanwhile is refused alone. Guards that are all open
+/// already (with or without lease keys under them) make it a no-op: nothing
+/// is written and the line says `"already_open": true` (exit 0), so a
+/// deploy hook can run this on every deploy.
 ///
 /// Errors: [`GuardRefused`] without `--force`; a Redis error (unreachable,
 /// refused, guard key of another type).
