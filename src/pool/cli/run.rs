@@ -63,9 +63,15 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
         return crate::pool::serve::run(serve, shutdown).await;
     }
     let mut conn = config.redis.connect(config.redis_timeout)?;
-    // No lease is granted or prolonged on a Redis that may evict its keys;
-    // release, reap and the rest run (they only give back or count).
-    if matches!(config.op, Op::Acquire { .. } | Op::Extend { .. }) && !config.allow_evicting_redis {
+    // No lease is granted or prolonged, and no pool is filled, on a Redis
+    // that may evict its keys (a pool set up there fails at its first
+    // acquire, or loses ids and fences later); release, reap and the rest
+    // run (they only give back or count).
+    let leases_or_fills = matches!(
+        config.op,
+        Op::Acquire { .. } | Op::Extend { .. } | Op::Init(..) | Op::Add(..)
+    );
+    if leases_or_fills && !config.allow_evicting_redis {
         let evicting = crate::eviction::check(&mut conn)
             .await
             .with_context(|| format!("redis {}", config.redis))?;
