@@ -75,6 +75,11 @@ struct SleepArgs {
 }
 
 impl Command {
+    /// `lock --quiet`.
+    fn quiet(&self) -> bool {
+        matches!(self, Self::Lock(args) if args.quiet)
+    }
+
     /// How error messages of this command start.
     fn prefix(&self) -> &'static str {
         match self {
@@ -90,12 +95,18 @@ impl Command {
 fn main() -> ExitCode {
     let command = Cli::parse().command;
     let prefix = command.prefix();
+    let quiet = command.quiet();
     // Outlives `run`, so the last log lines are flushed (1 s at most).
     let mut log = None;
     match run(command, &mut log) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             let code = exit::code_of(&err);
+            // `lock --quiet`: held by another host is an outcome cron
+            // expects, not a failure to mail.
+            if quiet && lock::held_elsewhere(&err) {
+                return ExitCode::from(code);
+            }
             let text = exit::describe(err.as_ref());
             // JSON logs get the error as an event too, for log platforms; in
             // text the plain line below says it once.
@@ -131,7 +142,8 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         }
         Command::Lock(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format, Run::Once)?);
+            let run = if args.quiet { Run::Quiet } else { Run::Once };
+            *log = Some(logging::init(args.log.log_format, run)?);
             open_files::raise_soft_limit();
             return Ok(lock::run(&config)?);
         }
