@@ -37,10 +37,13 @@ enum Command {
     #[command(after_help = exit::HELP)]
     Exec(exec::ExecArgs),
     /// Print the published worker ID (for shell scripts).
+    #[command(after_help = exit::HELP)]
     Id(exec::IdArgs),
     /// Show which worker IDs of an app are held, by whom, for how long (read-only).
+    #[command(after_help = exit::HELP)]
     Status(worker_id::status::StatusArgs),
     /// Manage an app's claim guard: `guard open` lets the first sidecars of a new app claim at once.
+    #[command(after_help = exit::HELP)]
     Guard(worker_id::guard::GuardArgs),
     /// Copy this binary into DIR (an init container sharing it with the app).
     Install(exec::InstallArgs),

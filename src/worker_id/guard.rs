@@ -35,6 +35,7 @@ pub struct GuardArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum GuardCommand {
     /// Open the claim guard now (before the app's first sidecars); refused (exit 5, nothing written) while a lease key of the app exists or a sidecar has closed the guard.
+    #[command(after_help = crate::exit::HELP)]
     Open(OpenArgs),
 }
 

@@ -289,13 +289,26 @@ fn cli_bad_input_exits_2_and_writes_nothing() {
         (vec!["acquire", "--pool", "p", "--ttl", "600001ms"], "--ttl"),
         (vec!["acquire", "--pool", "p", "--ttl", "1500us"], "--ttl"),
         (vec!["acquire", "--pool", "p"], "--ttl"),
+        // --cooldown: the old name of --reclaim-cooldown, still read.
         (
             vec!["acquire", "--pool", "p", "--ttl", "1s", "--cooldown=-1s"],
-            "--cooldown",
+            "--reclaim-cooldown",
         ),
         (
             vec!["acquire", "--pool", "p", "--ttl", "1s", "--cooldown", "11m"],
-            "--cooldown",
+            "--reclaim-cooldown",
+        ),
+        (
+            vec![
+                "acquire",
+                "--pool",
+                "p",
+                "--ttl",
+                "1s",
+                "--reclaim-cooldown",
+                "11m",
+            ],
+            "--reclaim-cooldown",
         ),
         (vec!["acquire", "--pool", "a:b", "--ttl", "1s"], "--pool"),
         (
