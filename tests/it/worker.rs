@@ -948,3 +948,30 @@ fn handover_delay_below_twice_the_skew_bound_is_warned_about() {
     assert_eq!(short.events_with(warning).len(), 1, "{:?}", short.events());
     assert!(default.events_with(warning).is_empty());
 }
+
+/// A sidecar that may not write the output folder (run as nobody, the folder root's) exits 1
+/// naming `--output-file` beside the lock file it could not create (it named only the lock
+/// file, a path the user never typed; issue 21).
+#[test]
+fn unwritable_output_folder_names_output_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let top = tempfile::tempdir().unwrap();
+    let folder = top.path().join("ro");
+    fs::create_dir(&folder).unwrap();
+    for dir in [top.path(), folder.as_path()] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let file = folder.join("worker-id");
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+    cmd.args(["worker", "--app", "orders", "--listen", "127.0.0.1:0"]);
+    cmd.args(["--redis-url", &url, "--output-file", file.to_str().unwrap()]);
+    let run = run_command(cmd, secs(20));
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or("");
+    assert!(
+        last.contains("--output-file") && last.contains("Permission denied"),
+        "{last}"
+    );
+}
