@@ -186,6 +186,94 @@ pub fn stdout_line(text: &str) -> anyhow::Result<()> {
         .map_err(|err| anyhow::anyhow!("cannot write the result to stdout: {err}"))
 }
 
+/// Rewrites a clap parse error before it is printed (the one place that
+/// renders them, called by `main`): a value from an environment variable
+/// names the variable, not only the flag clap reports; the usage line is
+/// the command's own (clap lists the flags given as if required); `--listen`
+/// gets an example; a command without `--` before it gets a hint.
+/// `root` is the built top command, `argv` the arguments without argv[0].
+pub fn explain(mut err: clap::Error, root: &clap::Command, argv: &[String]) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let leaf = leaf_command(root, argv);
+    let given = |arg: &clap::Arg| {
+        let long = arg.get_long().map(|l| format!("--{l}"));
+        let short = arg.get_short().map(|c| format!("-{c}"));
+        argv.iter().take_while(|a| *a != "--").any(|a| {
+            let flag = a.split('=').next().unwrap_or(a);
+            Some(flag) == long.as_deref() || Some(flag) == short.as_deref()
+        })
+    };
+    let mut tips: Vec<String> = Vec::new();
+    if let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg).cloned() {
+        let long = shown.split(' ').next().unwrap_or("").to_owned();
+        let arg = leaf
+            .get_arguments()
+            .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == long));
+        if let Some(env) = arg.filter(|a| !given(a)).and_then(clap::Arg::get_env) {
+            let env = env.to_string_lossy();
+            let named = format!("{env}, the environment variable of {long}");
+            err.insert(ContextKind::InvalidArg, ContextValue::String(named));
+        }
+        if long == "--listen" {
+            tips.push(
+                "write host:port, e.g. 0.0.0.0:7391 (every interface) or 127.0.0.1:7391".into(),
+            );
+        }
+    }
+    if let (ErrorKind::UnknownArgument, "exec" | "lock", Some(ContextValue::String(word))) = (
+        err.kind(),
+        leaf.get_name(),
+        err.get(ContextKind::InvalidArg),
+    ) && !word.starts_with('-')
+    {
+        let name = leaf.get_name();
+        tips.push(format!(
+            "put `--` before the command and its arguments: snowlease {name} [OPTIONS] -- {word} ..."
+        ));
+    }
+    if !tips.is_empty() {
+        let tips = tips
+            .into_iter()
+            .map(clap::builder::StyledStr::from)
+            .collect();
+        err.insert(ContextKind::Suggested, ContextValue::StyledStrs(tips));
+    }
+    if err.get(ContextKind::Usage).is_some() {
+        let usage = leaf.clone().render_usage();
+        err.insert(ContextKind::Usage, ContextValue::StyledStr(usage));
+    }
+    err
+}
+
+/// The subcommand `argv` names (`root` when none), walking names up to `--`.
+fn leaf_command<'a>(root: &'a clap::Command, argv: &[String]) -> &'a clap::Command {
+    let mut leaf = root;
+    for arg in argv.iter().take_while(|a| *a != "--") {
+        if let Some(sub) = leaf.find_subcommand(arg) {
+            leaf = sub;
+        }
+    }
+    leaf
+}
+
+/// The environment variable a validation error's flag was read from, when
+/// it was not given on the command line (clap's `ValueSource`), so the
+/// message names what the user set.
+pub fn env_source(root: &clap::Command, matches: &clap::ArgMatches, flag: &str) -> Option<String> {
+    let (mut command, mut matches) = (root, matches);
+    while let Some((name, sub)) = matches.subcommand() {
+        command = command.find_subcommand(name)?;
+        matches = sub;
+    }
+    let arg = command
+        .get_arguments()
+        .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == flag))?;
+    let from_env = matches
+        .value_source(arg.get_id().as_str())
+        .is_some_and(|s| s == clap::parser::ValueSource::EnvVariable);
+    from_env.then(|| arg.get_env().map(|e| e.to_string_lossy().into_owned()))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -217,6 +217,7 @@ mod tests {
             name: "n".into(),
             waited: Duration::ZERO,
             reason: String::new(),
+            held: true,
         };
         assert_eq!(code(not_acquired.into()), NOT_ACQUIRED);
         assert_eq!(code(anyhow::anyhow!("redis down")), FAILURE);

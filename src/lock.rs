@@ -50,6 +50,9 @@ pub enum LockError {
         waited: Duration,
         /// What the last attempt found.
         reason: String,
+        /// The last attempt found the lock held by another owner (not
+        /// Redis unavailable): the outcome `--quiet` keeps silent.
+        held: bool,
     },
     /// The command could not be started (exit 127 not found, 126 other).
     #[error("cannot start {program:?}: {error}")]
@@ -64,6 +67,16 @@ pub enum LockError {
     /// else (exit 1).
     #[error(transparent)]
     Other(#[from] anyhow::Error),
+}
+
+/// True for the one failure `lock --quiet` does not report: the lock was
+/// held by another owner for all of `--wait` (exit 69 still says so). A
+/// Redis that did not answer is reported: then no host runs the command.
+pub fn held_elsewhere(err: &anyhow::Error) -> bool {
+    matches!(
+        err.downcast_ref::<LockError>(),
+        Some(LockError::NotAcquired { held: true, .. })
+    )
 }
 
 /// Runs `lock`: acquire, run the command with the fence, hold, release.
@@ -112,11 +125,12 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
             );
             return Ok(Exit::Signal(signal).code());
         }
-        Ok(Waited::NotAcquired(reason)) => {
+        Ok(Waited::NotAcquired(reason, held)) => {
             return Err(LockError::NotAcquired {
                 name: config.keys.name().to_owned(),
                 waited: config.wait,
                 reason,
+                held,
             });
         }
         Err(err) => {

@@ -39,6 +39,9 @@ pub enum Run {
     UntilStopped,
     /// One action, then exit: start-up facts left out unless asked for.
     Once,
+    /// One action asked to be quiet (`lock --quiet`): errors only unless
+    /// `SNOWLEASE_LOG` asks for more.
+    Quiet,
 }
 
 /// Environment variable of the log filter.
@@ -100,6 +103,7 @@ pub fn init(format: LogFormat, run: Run) -> Result<LogGuard, ConfigError> {
     let default = match run {
         Run::UntilStopped => "info".to_owned(),
         Run::Once => format!("info,{START_TARGET}=warn"),
+        Run::Quiet => "error".to_owned(),
     };
     let filter = filter_from_env(&default)?;
     let (writer, guard) = NonBlockingBuilder::default()

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use snowlease::cli::{ConfigError, LogFormat, check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard, Run};
 use snowlease::{exec, exit, lock, open_files, pool, shutdown, worker_id};
@@ -37,10 +37,13 @@ enum Command {
     #[command(after_help = exit::HELP)]
     Exec(exec::ExecArgs),
     /// Print the published worker ID (for shell scripts).
+    #[command(after_help = exit::HELP)]
     Id(exec::IdArgs),
     /// Show which worker IDs of an app are held, by whom, for how long (read-only).
+    #[command(after_help = exit::HELP)]
     Status(worker_id::status::StatusArgs),
     /// Manage an app's claim guard: `guard open` lets the first sidecars of a new app claim at once.
+    #[command(after_help = exit::HELP)]
     Guard(worker_id::guard::GuardArgs),
     /// Copy this binary into DIR (an init container sharing it with the app).
     Install(exec::InstallArgs),
@@ -75,6 +78,11 @@ struct SleepArgs {
 }
 
 impl Command {
+    /// `lock --quiet`.
+    fn quiet(&self) -> bool {
+        matches!(self, Self::Lock(args) if args.quiet)
+    }
+
     /// How error messages of this command start.
     fn prefix(&self) -> &'static str {
         match self {
@@ -88,15 +96,32 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    let command = Cli::parse().command;
+    let (cli, root, matches) = parse();
+    let command = cli.command;
     let prefix = command.prefix();
+    let quiet = command.quiet();
     // Outlives `run`, so the last log lines are flushed (1 s at most).
     let mut log = None;
     match run(command, &mut log) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             let code = exit::code_of(&err);
-            let text = exit::describe(err.as_ref());
+            // `lock --quiet`: held by another host is an outcome cron
+            // expects, not a failure to mail.
+            if quiet && lock::held_elsewhere(&err) {
+                return ExitCode::from(code);
+            }
+            let mut text = exit::describe(err.as_ref());
+            // A bad value read from the environment names its variable.
+            if let Some(flag) = err.downcast_ref::<ConfigError>().map(|e| e.flag)
+                && let Some(env) = snowlease::cli::env_source(&root, &matches, flag)
+            {
+                text = text.replacen(
+                    flag,
+                    &format!("{env} (the environment variable of {flag})"),
+                    1,
+                );
+            }
             // JSON logs get the error as an event too, for log platforms; in
             // text the plain line below says it once.
             if log.as_ref().is_some_and(|l| l.format() == LogFormat::Json) {
@@ -107,6 +132,27 @@ fn main() -> ExitCode {
             report(format!("{prefix}: {text}"));
             ExitCode::from(code)
         }
+    }
+}
+
+/// Parses the command line (clap errors rewritten by
+/// [`snowlease::cli::explain`]); returns the built command tree and the
+/// matches too, to tell later which values came from the environment.
+fn parse() -> (Cli, clap::Command, clap::ArgMatches) {
+    let mut root = Cli::command();
+    root.build();
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let parsed = root
+        .clone()
+        .try_get_matches_from(std::env::args_os())
+        .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
+    match parsed {
+        Ok((cli, matches)) => (cli, root, matches),
+        Err(err) if err.use_stderr() => snowlease::cli::explain(err, &root, &argv).exit(),
+        Err(err) => err.exit(),
     }
 }
 
@@ -131,7 +177,8 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
         }
         Command::Lock(args) => {
             let config = args.validate()?;
-            *log = Some(logging::init(args.log.log_format, Run::Once)?);
+            let run = if args.quiet { Run::Quiet } else { Run::Once };
+            *log = Some(logging::init(args.log.log_format, run)?);
             open_files::raise_soft_limit();
             return Ok(lock::run(&config)?);
         }

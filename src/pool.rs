@@ -159,6 +159,24 @@ pub struct PoolStatus {
     pub quarantine: Vec<Quarantined>,
     /// Ids disabled by strikes (at most [`limits::STATUS_LIST_MAX`]).
     pub auto_disabled_ids: Vec<AutoDisabled>,
+    /// Disabled ids, by hand or by strikes, sorted (at most
+    /// [`limits::STATUS_LIST_MAX`]).
+    pub disabled_ids: Vec<String>,
+    /// Leased ids, soonest deadline first, expired ones included (at most
+    /// [`limits::STATUS_LIST_MAX`]); never tokens.
+    pub leases: Vec<Leased>,
+}
+
+/// One leased id, as status shows it (no token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Leased {
+    /// The id.
+    pub id: String,
+    /// The lease's deadline, ms of Redis time.
+    pub deadline_ms: u64,
+    /// Time left at the status's Redis time, ms; 0 once expired (the id
+    /// comes back at the next acquire or reap).
+    pub left_ms: u64,
 }
 
 /// One quarantined id, as status shows it.
@@ -689,6 +707,8 @@ where
             auto_disabled: reply.uint()?,
             quarantine: Vec::new(),
             auto_disabled_ids: Vec::new(),
+            disabled_ids: Vec::new(),
+            leases: Vec::new(),
         };
         for _ in 0..reply.uint()? {
             let id = reply.string()?;
@@ -706,6 +726,18 @@ where
                 id: reply.string()?,
                 at_ms: reply.uint()?,
                 reason: reply.text()?,
+            });
+        }
+        for _ in 0..reply.uint()? {
+            status.disabled_ids.push(reply.string()?);
+        }
+        for _ in 0..reply.uint()? {
+            let id = reply.string()?;
+            let deadline_ms = reply.uint()?;
+            status.leases.push(Leased {
+                id,
+                deadline_ms,
+                left_ms: deadline_ms.saturating_sub(now_ms),
             });
         }
         Ok(status)

@@ -232,7 +232,8 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
     let sent = BootInstant::now();
     let (status, body) = match http_get(&id_url(base), timeout) {
         Ok(reply) => reply,
-        Err(err) => return Reading::Unreachable(format!("GET {}: {err}", id_url(base))),
+        // The URL is said once, by whoever reports the reading.
+        Err(err) => return Reading::Unreachable(format!("GET failed: {err}")),
     };
     match status {
         200 => match serde_json::from_slice::<IdBody>(&body) {
@@ -241,7 +242,7 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
                 // From the moment the request was sent: errs early.
                 valid_until: Some(sent + Duration::from_millis(id.lease_expires_in_ms)),
             }),
-            _ => Reading::Absent(format!("GET {}: unexpected body", id_url(base))),
+            _ => Reading::Absent("GET: unexpected body".to_owned()),
         },
         // A restarted sidecar re-checking the lease it recorded: not a loss
         // yet, so the last reading holds until its own deadline.
@@ -249,7 +250,7 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
             Reading::Unreachable("sidecar is re-adopting its recorded lease".into())
         }
         503 => Reading::Absent("sidecar answers 503: no valid lease".into()),
-        other => Reading::Unreachable(format!("GET {}: status {other}", id_url(base))),
+        other => Reading::Unreachable(format!("GET: status {other}")),
     }
 }
 
@@ -260,7 +261,18 @@ fn http_get(url: &str, timeout: Duration) -> Result<(u16, Vec<u8>), String> {
     let agent = ureq::AgentBuilder::new().timeout(timeout).build();
     let response = match agent.get(url).set("Accept", "application/json").call() {
         Ok(response) | Err(ureq::Error::Status(_, response)) => response,
-        Err(err) => return Err(err.to_string()),
+        // ureq's text starts with the URL, which the caller names.
+        Err(ureq::Error::Transport(err)) => {
+            let mut text = err.kind().to_string();
+            let source = std::error::Error::source(&err).map(|s| s.to_string());
+            for part in [err.message().map(str::to_owned), source]
+                .into_iter()
+                .flatten()
+            {
+                text = format!("{text}: {part}");
+            }
+            return Err(text);
+        }
     };
     let status = response.status();
     let mut body = Vec::new();

@@ -61,8 +61,9 @@ pub(crate) enum Waited {
     /// Ours: the fencing token, and when the winning attempt was sent (the
     /// validity is counted from there).
     Acquired { fence: u64, sent: BootInstant },
-    /// Not acquired within `--wait`; why the last attempt failed.
-    NotAcquired(String),
+    /// Not acquired within `--wait`: why the last attempt failed, and
+    /// whether it found the lock held (false: Redis did not answer).
+    NotAcquired(String, bool),
     /// A signal that stops `lock` arrived first.
     Signal(i32),
 }
@@ -100,6 +101,7 @@ pub(crate) fn wait(
                 session.acquire(limit)
             })
         };
+        let held = matches!(reply, Ok(Acquired::Held(_)));
         let (reason, hint) = match reply {
             Ok(Acquired::Ours { fence }) => return (Ok(Waited::Acquired { fence, sent }), true),
             Ok(Acquired::Held(expires_in)) => (
@@ -125,7 +127,7 @@ pub(crate) fn wait(
         };
         let now = Instant::now();
         if now >= deadline {
-            return (Ok(Waited::NotAcquired(reason)), maybe_held);
+            return (Ok(Waited::NotAcquired(reason, held)), maybe_held);
         }
         if !logged {
             info!(lock = session.keys().name(), reason = %reason, "waiting for the lock");

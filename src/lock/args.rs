@@ -49,6 +49,13 @@ pub struct LockArgs {
     #[command(flatten)]
     pub log: LogArgs,
 
+    /// Nothing on stderr unless lock fails: no info or warning lines, and no line when another
+    /// owner held the lock for all of --wait (exit 69 stays); errors (Redis unavailable, exit 1,
+    /// 2, 75, 126, 127) are still said. For cron, which mails any output. SNOWLEASE_LOG, when
+    /// set, still sets the log filter.
+    #[arg(long, short, env = "SNOWLEASE_LOCK_QUIET")]
+    pub quiet: bool,
+
     /// Whether a Redis that may evict keys is accepted.
     #[command(flatten)]
     pub eviction: crate::eviction::EvictionArgs,

@@ -176,9 +176,17 @@ pub struct AcquireArgs {
     #[arg(long, env = "SNOWLEASE_POOL_TTL", value_parser = parse_duration)]
     pub ttl: Duration,
 
-    /// Cooldown given to the expired leases this acquire reclaims first (0s-10m).
-    #[arg(long, env = "SNOWLEASE_POOL_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
-    pub cooldown: Duration,
+    /// Not a cooldown after your own lease (give that at release): before it leases, acquire
+    /// reclaims up to 100 expired leases of others, and their ids are due again only after this
+    /// (0s-10m). `--cooldown` is its old name.
+    #[arg(
+        long,
+        alias = "cooldown",
+        env = "SNOWLEASE_POOL_RECLAIM_COOLDOWN",
+        default_value = "0s",
+        value_parser = parse_duration
+    )]
+    pub reclaim_cooldown: Duration,
 
     /// Retry for this long (0s-24h), backing off by the next-due hint; then exit 3.
     #[arg(long, env = "SNOWLEASE_POOL_WAIT", default_value = "0s", value_parser = parse_duration)]

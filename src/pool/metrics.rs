@@ -261,6 +261,8 @@ mod tests {
                 auto_disabled: 1,
                 quarantine: Vec::new(),
                 auto_disabled_ids: Vec::new(),
+                disabled_ids: vec!["vn-b02".into()],
+                leases: Vec::new(),
             },
         );
         metrics.acquired(&pool, "leased", Duration::from_millis(3));

@@ -6,14 +6,18 @@
 -- Returns: {now_ms, ready_due, ready_cooling, leases_valid, leases_expired,
 --           disabled, quarantined, auto_disabled,
 --           n, (id, until_ms, reason, disabled)... n times,
---           m, (id, at_ms, reason)... m times}
+--           m, (id, at_ms, reason)... m times,
+--           d, id... d times (disabled ids, sorted),
+--           l, (id, deadline_ms)... l times (leased ids, soonest deadline
+--           first; expired ones included)}
 --          where ready_due have score <= now, leases_valid a deadline after
 --          now, leases_expired one not yet reclaimed; disabled counts
 --          disabled ids, leased or not; quarantined counts ids in
 --          quarantine that are not disabled (precedence), auto_disabled the
 --          ids strikes disabled. The lists hold the first
 --          LIMITS.status_list_max quarantines (soonest end first; disabled =
---          1 for a disabled one) and auto-disabled ids.
+--          1 for a disabled one), auto-disabled ids, disabled ids and
+--          leases.
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
 local K, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled', 'quarantine', 'reasons', 'autodisabled' })
@@ -58,5 +62,18 @@ for i = 1, 2 * m, 2 do
   table.insert(reply, auto[i])
   table.insert(reply, tonumber(at or '0'))
   table.insert(reply, text or auto[i + 1])
+end
+local disabled = redis.call('SMEMBERS', K.disabled)
+table.sort(disabled)
+local d = math.min(#disabled, LIMITS.status_list_max)
+table.insert(reply, d)
+for i = 1, d do
+  table.insert(reply, disabled[i])
+end
+local leases = redis.call('ZRANGE', K.leases, 0, LIMITS.status_list_max - 1, 'WITHSCORES')
+table.insert(reply, #leases / 2)
+for i = 1, #leases, 2 do
+  table.insert(reply, leases[i])
+  table.insert(reply, tonumber(leases[i + 1]))
 end
 return reply

@@ -176,7 +176,7 @@ pub enum OutputLockError {
     #[error("another snowlease worker is using --output-file {}", .0.display())]
     InUse(PathBuf),
     /// The lock file cannot be opened or locked.
-    #[error("cannot lock {}", .path.display())]
+    #[error("cannot lock {} (the lock file beside --output-file; the folder must be writable by this user)", .path.display())]
     Io {
         /// The lock file.
         path: PathBuf,

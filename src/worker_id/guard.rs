@@ -35,6 +35,7 @@ pub struct GuardArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum GuardCommand {
     /// Open the claim guard now (before the app's first sidecars); refused (exit 5, nothing written) while a lease key of the app exists or a sidecar has closed the guard.
+    #[command(after_help = crate::exit::HELP)]
     Open(OpenArgs),
 }
 
@@ -49,6 +50,10 @@ pub struct OpenArgs {
     #[command(flatten)]
     pub redis: RedisUrlArg,
 
+    /// `--allow-evicting-redis`: without it, refused on a Redis that may evict keys.
+    #[command(flatten)]
+    pub eviction: crate::eviction::EvictionArgs,
+
     /// Open even while lease keys exist or the guard is closed. Dangerous after a Redis data loss: a newcomer may take an ID that a holder still publishes until its next renew; use it only if no sidecar of the app held an ID on this Redis in the last TTL.
     #[arg(long)]
     pub force: bool,
@@ -62,6 +67,7 @@ pub struct OpenConfig {
     app: String,
     redis: RedisTarget,
     force: bool,
+    allow_evicting_redis: bool,
 }
 
 impl GuardArgs {
@@ -75,6 +81,7 @@ impl GuardArgs {
             app: keys.app,
             redis: open.redis.target()?,
             force: open.force,
+            allow_evicting_redis: open.eviction.allow_evicting_redis,
         })
     }
 }
@@ -144,17 +151,25 @@ impl Found {
 /// lease key's type and per-ID guard (refused, nothing written, on a lease
 /// key or a closed guard unless every guard is open), then the script once
 /// per ID on (lease key, per-ID guard), each re-checking in its slot; an ID
-/// whose key appeared meanwhile is refused alone. Lease keys under guards
-/// that are all open already are no refusal: nothing is written and the
-/// line says `"already_open": true` (exit 0), so a deploy hook can run this
-/// on every deploy.
+/// whose key appeared meanwhile is refused alone. Guards that are all open
+/// already (with or without lease keys under them) make it a no-op: nothing
+/// is written and the line says `"already_open": true` (exit 0), so a
+/// deploy hook can run this on every deploy.
 ///
-/// Errors: [`GuardRefused`] without `--force`; a Redis error (unreachable,
-/// refused, guard key of another type).
+/// Errors: [`GuardRefused`] without `--force`; [`crate::eviction::EvictingRedis`]
+/// without `--allow-evicting-redis` (exit 1, nothing written); a Redis error
+/// (unreachable, refused, guard key of another type).
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
     let cluster = conn.is_cluster().await.with_context(context)?;
+    // Sidecars claim nothing there: opening would only hide the cause.
+    if !config.allow_evicting_redis {
+        let evicting = crate::eviction::check(&mut conn).await;
+        if let Some(evicting) = evicting.with_context(context)? {
+            return Err(evicting.into());
+        }
+    }
     let ids = config.keys.ids(config.max_worker_id);
     let pairs: Vec<(String, String)> = ids
         .into_iter()

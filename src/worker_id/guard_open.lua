@@ -13,9 +13,10 @@
 --
 -- Returns {opened, at_ms, held, closed_ms}:
 --   opened     1 = every guard named now holds Redis' TIME (ms): claims are
---              open; 2 = lease keys exist but every guard named is already
---              open (holds a time not after now): nothing to do, nothing
---              written (so a deploy hook may run this on every deploy);
+--              open; 2 = every guard named is already open (holds a time
+--              not after now), with or without lease keys: nothing to do,
+--              nothing written (so a deploy hook may run this on every
+--              deploy);
 --              0 = refused, nothing written (lease keys exist and a guard
 --              is missing, a guard is closed, or a guard key has another
 --              type: held = -1)
@@ -58,7 +59,7 @@ for i = 1, #KEYS, 2 do
     guards[guard] = true
   end
 end
-if ARGV[1] ~= '1' and held > 0 and all_open then
+if ARGV[1] ~= '1' and all_open then
   return {2, open_since, held, 0}
 end
 if (held > 0 or closed > 0) and ARGV[1] ~= '1' then

@@ -308,6 +308,9 @@ impl<C: Reconnects + Send> Worker<C> {
                 if let Some(evicting) = self.evicting().await? {
                     return Ok(Round::Evicting(evicting));
                 }
+                if matches!(*self.state.borrow(), WorkerState::Evicting(_)) {
+                    self.set_state(WorkerState::Claiming);
+                }
                 if !*probed {
                     self.probe().await?;
                     self.advise_replica_count().await;
@@ -405,7 +408,7 @@ impl<C: Reconnects + Send> Worker<C> {
                         last_evicting_log = Some(Instant::now());
                     }
                     // A record kept for re-adoption is no proof on such a Redis.
-                    self.set_state(WorkerState::Claiming);
+                    self.set_state(WorkerState::Evicting(evicting.clone()));
                     backoff.grow();
                 }
                 Ok(Err(err)) if classify(&err).retried_at_start() => {
@@ -706,8 +709,8 @@ impl<C: Reconnects + Send> Worker<C> {
                 RenewRound::Evicting(evicting) => {
                     // Unpublished at once; the key is not renewed and
                     // expires, or claim.lua re-adopts it once Redis is safe.
-                    self.set_state(WorkerState::Claiming);
                     error!(worker_id = held.worker_id, policy = %evicting.policy, error = %evicting, "stopped publishing the worker ID: redis may evict lease keys");
+                    self.set_state(WorkerState::Evicting(evicting));
                     return HoldEnd::GaveUp;
                 }
                 // Keep trying until the deadline.

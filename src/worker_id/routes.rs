@@ -72,7 +72,8 @@ fn wants_text(headers: &HeaderMap) -> bool {
 
 /// `{"state": ...}` of an unpublished ID, with `opens_in_ms` while the
 /// claim guard holds claims back, `clock_skew_ms` while the clock check
-/// does.
+/// does, `maxmemory_policy`, `maxmemory` (bytes) and `reason` while Redis
+/// may evict lease keys.
 fn unpublished(state: &WorkerState) -> serde_json::Value {
     match state {
         WorkerState::GuardClosed(opens_at) => json!({
@@ -83,6 +84,12 @@ fn unpublished(state: &WorkerState) -> serde_json::Value {
             "state": state_name(state),
             "clock_skew_ms": skew_ms,
         }),
+        WorkerState::Evicting(evicting) => json!({
+            "state": state_name(state),
+            "maxmemory_policy": evicting.policy,
+            "maxmemory": evicting.maxmemory,
+            "reason": evicting.to_string(),
+        }),
         _ => json!({ "state": state_name(state) }),
     }
 }
@@ -92,6 +99,7 @@ fn state_name(state: &WorkerState) -> &'static str {
         WorkerState::Claiming => "claiming",
         WorkerState::GuardClosed(_) => "guard_closed",
         WorkerState::ClockSkewed(_) => "clock_skew",
+        WorkerState::Evicting(_) => "evicting",
         WorkerState::Readopting(_) => "readopting",
         WorkerState::Held(_) => "expired",
         WorkerState::Lost => "lost",

@@ -28,6 +28,10 @@ pub enum WorkerState {
     /// node's wall clock differs from Redis' TIME by this many ms (local -
     /// Redis), beyond `--max-clock-skew`. Claims go on until it is back.
     ClockSkewed(i64),
+    /// No ID claimed or published: Redis may evict lease keys
+    /// ([`crate::eviction`]); claims go on (and are refused) until it is
+    /// set to `noeviction`.
+    Evicting(crate::eviction::EvictingRedis),
     /// A lease confirmed by Redis, valid until `valid_until`.
     Held(HeldLease),
     /// The lease was lost; about to reclaim or exit.

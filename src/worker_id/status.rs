@@ -1,6 +1,7 @@
 //! `snowlease status`: which worker IDs of an app are held, by which owner
 //! string, for how much longer; keys of the wrong type marked; the free
-//! count. Read-only: TYPE, PTTL and GET, in two pipelined round trips.
+//! count; a warning when Redis may evict lease keys. Read-only: TYPE, PTTL
+//! and GET, in two pipelined round trips, then `INFO memory`.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -350,13 +351,75 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
             config.app, config.redis
         )
     })?;
+    let eviction = Eviction::check(&mut conn).await;
     let text = if config.json {
-        serde_json::to_string_pretty(&report)? + "\n"
+        let mut json = serde_json::to_value(&report)?;
+        json["eviction"] = serde_json::to_value(&eviction)?;
+        serde_json::to_string_pretty(&json)? + "\n"
     } else {
-        render(&report)
+        eviction.warning().unwrap_or_default() + &render(&report)
     };
     crate::cli::stdout_line(text.trim_end_matches('\n'))?;
     Ok(())
+}
+
+/// Whether Redis may evict lease keys, as `status` reports it: read-only,
+/// it warns (exit 0) where the sidecars, `guard open`, `pool acquire` and
+/// `lock` refuse, because it is the command that shows what a Redis holds
+/// while something is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum Eviction {
+    /// `maxmemory` is 0 or the policy is `noeviction`.
+    Safe,
+    /// Redis may drop lease keys: sidecars claim nothing on it.
+    Evicting {
+        /// `maxmemory-policy`.
+        maxmemory_policy: String,
+        /// `maxmemory` in bytes.
+        maxmemory: u64,
+        /// What it means and how to fix it.
+        reason: String,
+    },
+    /// `INFO memory` failed (e.g. an ACL without `+info`).
+    Unchecked {
+        /// The Redis error.
+        reason: String,
+    },
+}
+
+impl Eviction {
+    /// Reads `INFO memory` under [`CALL_TIMEOUT`]; a failure is
+    /// [`Eviction::Unchecked`], never an error of `status`.
+    async fn check<C: ConnectionLike>(conn: &mut C) -> Self {
+        match tokio::time::timeout(CALL_TIMEOUT, crate::eviction::check(conn)).await {
+            Ok(Ok(None)) => Self::Safe,
+            Ok(Ok(Some(evicting))) => Self::Evicting {
+                reason: evicting.to_string(),
+                maxmemory_policy: evicting.policy,
+                maxmemory: evicting.maxmemory,
+            },
+            Ok(Err(err)) => Self::Unchecked {
+                reason: crate::connection::Readable(&err).to_string(),
+            },
+            Err(_) => Self::Unchecked {
+                reason: "INFO memory timed out".to_owned(),
+            },
+        }
+    }
+
+    /// The table's first line, when Redis is not known to be safe.
+    fn warning(&self) -> Option<String> {
+        match self {
+            Self::Safe => None,
+            Self::Evicting { reason, .. } => Some(format!(
+                "WARNING: no sidecar claims on this Redis: {reason}\n"
+            )),
+            Self::Unchecked { reason } => Some(format!(
+                "WARNING: cannot tell whether redis may evict lease keys: {reason}\n"
+            )),
+        }
+    }
 }
 
 /// The per-ID guards of a Cluster, one line; nothing while all are open.

@@ -1,7 +1,7 @@
 //! A Redis that may evict keys (`maxmemory` with a `maxmemory-policy` other than `noeviction`):
 //! no lease is held on it, at start or once `CONFIG SET` makes it so at run time, unless
-//! `--allow-evicting-redis` accepts the risk. Worker mode, `pool acquire`/`extend` and
-//! `pool serve`.
+//! `--allow-evicting-redis` accepts the risk. Worker mode (`/readyz` says why), `guard open`,
+//! `pool init`/`add`/`acquire`/`extend`, `pool serve`, `lock`; `status` warns.
 
 use crate::double_publish::both_published;
 use crate::harness::*;
@@ -107,7 +107,7 @@ fn every_evicting_policy_is_refused_at_start() {
             .wait_for_event("not claiming: redis may evict lease keys", secs(10))
             .unwrap_or_else(|| panic!("{policy}: not refused"));
         assert_eq!(event["policy"].as_str(), Some(*policy));
-        assert_eq!(sidecar.readyz(), 503, "{policy}");
+        assert_readyz_names_eviction(sidecar, policy);
         assert!(
             redis.keys(&format!("{PREFIX}orders:[0-9]*")).is_empty(),
             "{policy}: claimed"
@@ -139,7 +139,7 @@ fn policy_changed_at_run_time_unpublishes_then_holds_again() {
         sidecar.id().is_none() && sidecar.read_output_file().is_none()
     });
     assert!(unpublished, "still published 1 s after the policy changed");
-    assert_eq!(sidecar.readyz(), 503);
+    assert_readyz_names_eviction(&sidecar, "allkeys-lru");
     assert!(sidecar.wait_for_log("stopped publishing the worker ID: redis may evict", secs(1)));
     let key = worker_key("orders", lease.worker_id);
     // Not renewed: the key runs out within its 2 s TTL.
@@ -149,6 +149,20 @@ fn policy_changed_at_run_time_unpublishes_then_holds_again() {
     );
     config_set(&redis, "maxmemory-policy", "noeviction");
     sidecar.wait_for_lease(secs(10));
+}
+
+/// `/readyz` (and `/id`) of a worker on an evicting Redis: 503 with `"state": "evicting"`, the
+/// policy and the reason (it said `claiming`, issue 21).
+fn assert_readyz_names_eviction(sidecar: &Sidecar, policy: &str) {
+    for path in ["/readyz", "/id"] {
+        let (status, body) = sidecar.http_get(path, None);
+        assert_eq!(status, 503, "{policy}: {path}: {body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["state"], "evicting", "{policy}: {path}: {body}");
+        assert_eq!(body["maxmemory_policy"], policy, "{path}: {body}");
+        let reason = body["reason"].as_str().unwrap_or("");
+        assert!(reason.contains("noeviction"), "{path}: {body}");
+    }
 }
 
 /// `--allow-evicting-redis` (and its env twin) accepts the risk: the lease is held, with a
@@ -176,8 +190,9 @@ fn override_flag_holds_on_an_evicting_redis() {
     }
 }
 
-/// `pool acquire` and `pool extend` on an evicting Redis exit 1 naming the setting, granting
-/// nothing; `--allow-evicting-redis` lets them run; `init` and `release` are never refused.
+/// `pool init`, `pool add`, `pool acquire` and `pool extend` on an evicting Redis exit 1 naming
+/// the setting, writing nothing (init and add succeeded silently, issue 21);
+/// `--allow-evicting-redis` lets them run; `release` is never refused.
 #[test]
 fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
     let redis = evicting_redis("allkeys-lru");
@@ -188,7 +203,24 @@ fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
         argv.extend_from_slice(args);
         run_snowlease(&argv, &env, secs(20))
     };
-    let init = pool(&["init", "--pool", "proxies", "--ids", "a,b"]);
+    for fill in [["init", "--ids", "a,b"], ["add", "--ids", "c,d"]] {
+        let run = pool(&[&fill[..1], &["--pool", "proxies"], &fill[1..]].concat());
+        assert_eq!(run.code, Some(1), "{fill:?}: {run:?}");
+        assert!(
+            run.stderr.contains("maxmemory-policy is allkeys-lru"),
+            "{fill:?}: {}",
+            run.stderr
+        );
+        assert_eq!(redis.dbsize(), 0, "{fill:?} wrote {:?}", redis.keys("*"));
+    }
+    let init = pool(&[
+        "init",
+        "--pool",
+        "proxies",
+        "--ids",
+        "a,b",
+        "--allow-evicting-redis",
+    ]);
     assert_eq!(init.code, Some(0), "{init:?}");
     let refused = pool(&["acquire", "--pool", "proxies", "--ttl", "30s"]);
     assert_eq!(refused.code, Some(1), "{refused:?}");
@@ -300,4 +332,57 @@ fn lock_refuses_an_evicting_redis() {
     let run = run_snowlease(&allowed, &[("MARK", mark)], secs(10));
     assert_eq!(run.code, Some(0), "{run:?}");
     assert!(marker.exists(), "runs with the override");
+}
+
+/// `guard open` on an evicting Redis exits 1 naming the policy and writes nothing (it opened the
+/// guard silently, issue 21); `--allow-evicting-redis` opens it.
+#[test]
+fn guard_open_refuses_an_evicting_redis() {
+    let redis = evicting_redis("volatile-lru");
+    let url = redis.url();
+    let refused = guard_open(&url, "orders", &[]);
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stderr.contains("maxmemory-policy is volatile-lru"),
+        "{refused:?}"
+    );
+    assert_eq!(redis.dbsize(), 0, "nothing written: {:?}", redis.keys("*"));
+    let allowed = guard_open(&url, "orders", &["--allow-evicting-redis"]);
+    assert_eq!(allowed.code, Some(0), "{allowed:?}");
+    assert!(redis.exists(&format!("{PREFIX}orders:guard")));
+}
+
+/// `status` (read-only) on an evicting Redis still shows the leases (exit 0) but warns: the
+/// table's first line names the policy and why no sidecar claims, `--json` has
+/// `"eviction": {"state": "evicting", ...}`; on a safe Redis no warning and `"state": "safe"`.
+#[test]
+fn status_warns_on_an_evicting_redis() {
+    let evicting = evicting_redis("allkeys-lfu");
+    let safe = redis_with(&[]);
+    let status = |redis: &RedisServer, json: bool| {
+        let url = redis.url();
+        let mut args = vec!["status", "--app", "orders", "--redis-url", url.as_str()];
+        if json {
+            args.push("--json");
+        }
+        let run = run_snowlease(&args, &[], secs(20));
+        assert_eq!(run.code, Some(0), "{run:?}");
+        run.stdout
+    };
+    let table = status(&evicting, false);
+    let first = table.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with("WARNING") && first.contains("maxmemory-policy is allkeys-lfu"),
+        "{table}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&status(&evicting, true)).unwrap();
+    assert_eq!(json["eviction"]["state"], "evicting", "{json}");
+    assert_eq!(
+        json["eviction"]["maxmemory_policy"], "allkeys-lfu",
+        "{json}"
+    );
+    assert_eq!(json["free"], json["ids"], "the leases are shown: {json}");
+    assert!(!status(&safe, false).contains("WARNING"));
+    let json: serde_json::Value = serde_json::from_str(&status(&safe, true)).unwrap();
+    assert_eq!(json["eviction"]["state"], "safe", "{json}");
 }

@@ -244,6 +244,52 @@ fn wait_zero_exits_not_acquired_at_once() {
     assert_eq!(redis.get(&lock_key("report")), Some(owner));
 }
 
+/// The cron recipe of docs/lock.md on two hosts, with `--quiet`: the loser (exit 69) and the
+/// winner (exit 0) print nothing on stderr (the loser said "not acquired" even with
+/// `SNOWLEASE_LOG=off`, the winner three INFO lines; cron mailed both, issue 21); the recipe's
+/// `|| [ $? -eq 69 ]` makes the loser's line exit 0. A Redis that does not answer (no host runs
+/// the command) is still said.
+#[test]
+fn quiet_prints_nothing_unless_lock_fails() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(lock_key("nightly-report"))
+            .arg("other-host#beef")
+            .arg("PX")
+            .arg(60_000),
+    );
+    let recipe = |url: &str, env: &[(&str, &str)]| {
+        let line = format!(
+            "\"$BIN\" lock --quiet --name nightly-report --ttl 1m --redis-url {url} -- true || [ $? -eq 69 ]"
+        );
+        let mut env = env.to_vec();
+        env.push(("BIN", BIN));
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", &line]).env_clear().envs(env);
+        run_command(cmd, secs(20))
+    };
+    for env in [&[][..], &[("SNOWLEASE_LOG", "off")][..]] {
+        let loser = recipe(&url, env);
+        assert_eq!(loser.code, Some(0), "{env:?}: {loser:?}");
+        assert_eq!(loser.stderr, "", "{env:?}: the loser must print nothing");
+        assert_eq!(loser.stdout, "", "{env:?}");
+    }
+    let _: () = redis.query(redis::cmd("DEL").arg(lock_key("nightly-report")));
+    let winner = recipe(&url, &[]);
+    assert_eq!(winner.code, Some(0), "{winner:?}");
+    assert_eq!(winner.stderr, "", "the winner must print nothing");
+    assert!(!redis.exists(&lock_key("nightly-report")), "released");
+    let dead = format!("redis://127.0.0.1:{}", free_port());
+    // Exit 69 too, but no host runs the report: said, so cron mails it.
+    let failed = recipe(&dead, &[]);
+    assert!(
+        failed.stderr.contains("not acquired") && failed.stderr.contains("redis unavailable"),
+        "{failed:?}"
+    );
+}
+
 /// Fences strictly increase across acquires, also after a holder was killed with SIGKILL and
 /// its key expired; the fence counter never expires.
 #[test]

@@ -192,6 +192,46 @@ fn cli_acquire_wait_on_an_empty_pool_exits_3() {
     assert_eq!(run.code, Some(3), "{run:?}");
 }
 
+/// `pool status` lists disabled and leased ids, as it lists quarantined ones, in the table and
+/// in `--json` (it gave counts only, issue 21); leases soonest deadline first, never a token.
+#[test]
+fn status_lists_disabled_and_leased_ids() {
+    let redis = RedisServer::start();
+    pool_json(&redis, &["init", "--pool", "p", "--ids", "a,b,c,d"]);
+    pool_json(&redis, &["disable", "--pool", "p", "--ids", "d,c"]);
+    let long = pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "60s"]);
+    let short = pool_json(&redis, &["acquire", "--pool", "p", "--ttl", "30s"]);
+    let (long_id, short_id) = (long["id"].as_str().unwrap(), short["id"].as_str().unwrap());
+    let status = pool_json(&redis, &["status", "--pool", "p", "--json"]);
+    assert_eq!(
+        status["disabled_ids"],
+        serde_json::json!(["c", "d"]),
+        "{status}"
+    );
+    let leases = status["leases"].as_array().expect("leases listed");
+    let ids: Vec<&str> = leases.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [short_id, long_id], "soonest deadline first: {status}");
+    assert_eq!(leases[0]["deadline_ms"], short["deadline_ms"], "{status}");
+    assert!(leases[1]["left_ms"].as_u64().unwrap() > 30_000, "{status}");
+    let table = pool_cmd(&redis, &["status", "--pool", "p"], &[]);
+    assert_eq!(table.code, Some(0), "{table:?}");
+    let out = &table.stdout;
+    for token in [&long["token"], &short["token"]] {
+        assert!(!out.contains(token.as_str().unwrap()), "token shown: {out}");
+    }
+    let section = |head: &str| -> Vec<String> {
+        out.split("\n\n")
+            .find(|s| s.starts_with(head))
+            .unwrap_or_else(|| panic!("no {head:?} section: {out}"))
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap_or("").to_owned())
+            .collect()
+    };
+    assert_eq!(section("disabled id"), ["c", "d"], "{out}");
+    assert_eq!(section("leased id"), [short_id, long_id], "{out}");
+}
+
 /// `pool status` of a pool with no keys (a typo in --pool) exits 2 saying it does not exist
 /// (it printed a table of zeros and exited 0); a pool whose ids are all leased still counts;
 /// no start-up log line on stderr (every one-shot pool command printed the topology).
@@ -249,13 +289,26 @@ fn cli_bad_input_exits_2_and_writes_nothing() {
         (vec!["acquire", "--pool", "p", "--ttl", "600001ms"], "--ttl"),
         (vec!["acquire", "--pool", "p", "--ttl", "1500us"], "--ttl"),
         (vec!["acquire", "--pool", "p"], "--ttl"),
+        // --cooldown: the old name of --reclaim-cooldown, still read.
         (
             vec!["acquire", "--pool", "p", "--ttl", "1s", "--cooldown=-1s"],
-            "--cooldown",
+            "--reclaim-cooldown",
         ),
         (
             vec!["acquire", "--pool", "p", "--ttl", "1s", "--cooldown", "11m"],
-            "--cooldown",
+            "--reclaim-cooldown",
+        ),
+        (
+            vec![
+                "acquire",
+                "--pool",
+                "p",
+                "--ttl",
+                "1s",
+                "--reclaim-cooldown",
+                "11m",
+            ],
+            "--reclaim-cooldown",
         ),
         (vec!["acquire", "--pool", "a:b", "--ttl", "1s"], "--pool"),
         (

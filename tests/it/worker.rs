@@ -704,6 +704,40 @@ fn guard_open_again_under_an_open_guard_succeeds_and_writes_nothing() {
     assert!(!redis.exists(&guard), "nothing written");
 }
 
+/// `guard open` run twice before any sidecar (no lease key of the app): the second run is a no-op,
+/// `"already_open": true` and the guard's time untouched (it rewrote the guard and said
+/// `false`, issue 21), as README and docs/worker.md promise.
+#[test]
+fn guard_open_twice_without_lease_keys_is_a_no_op() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let guard = format!("{PREFIX}orders:guard");
+    let first = guard_open(&url, "orders", &[]);
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let reply: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
+    assert_eq!(reply["already_open"], false, "{reply}");
+    let opened_at = redis.get(&guard).expect("guard written");
+    // Redis' TIME moves on in ms: a rewrite would store a later time.
+    assert!(poll_until(secs(2), || redis_time_ms(&redis)
+        > opened_at.parse::<u64>().unwrap()));
+    let again = guard_open(&url, "orders", &[]);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    let reply: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+    assert_eq!(reply["already_open"], true, "{reply}");
+    assert_eq!(reply["lease_keys"], 0, "{reply}");
+    assert_eq!(
+        redis.get(&guard).as_deref(),
+        Some(opened_at.as_str()),
+        "guard untouched"
+    );
+}
+
+/// Redis' `TIME` in ms.
+fn redis_time_ms(redis: &RedisServer) -> u64 {
+    let (secs, micros): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
+    secs * 1000 + micros / 1000
+}
+
 /// `guard open` refuses while any lease key of the app exists (exit 5) and writes nothing: the
 /// guard stays missing and the keys untouched; `--force` opens it anyway.
 #[test]
@@ -941,5 +975,32 @@ fn no_id_file_is_published_without_its_state_file() {
             sidecar.count_log("cannot write state file") >= 3
         }),
         "three renewals must try the state file"
+    );
+}
+
+/// A sidecar that may not write the output folder (run as nobody, the folder root's) exits 1
+/// naming `--output-file` beside the lock file it could not create (it named only the lock
+/// file, a path the user never typed; issue 21).
+#[test]
+fn unwritable_output_folder_names_output_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let top = tempfile::tempdir().unwrap();
+    let folder = top.path().join("ro");
+    fs::create_dir(&folder).unwrap();
+    for dir in [top.path(), folder.as_path()] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let file = folder.join("worker-id");
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+    cmd.args(["worker", "--app", "orders", "--listen", "127.0.0.1:0"]);
+    cmd.args(["--redis-url", &url, "--output-file", file.to_str().unwrap()]);
+    let run = run_command(cmd, secs(20));
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or("");
+    assert!(
+        last.contains("--output-file") && last.contains("Permission denied"),
+        "{last}"
     );
 }

@@ -63,9 +63,15 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
         return crate::pool::serve::run(serve, shutdown).await;
     }
     let mut conn = config.redis.connect(config.redis_timeout)?;
-    // No lease is granted or prolonged on a Redis that may evict its keys;
-    // release, reap and the rest run (they only give back or count).
-    if matches!(config.op, Op::Acquire { .. } | Op::Extend { .. }) && !config.allow_evicting_redis {
+    // No lease is granted or prolonged, and no pool is filled, on a Redis
+    // that may evict its keys (a pool set up there fails at its first
+    // acquire, or loses ids and fences later); release, reap and the rest
+    // run (they only give back or count).
+    let leases_or_fills = matches!(
+        config.op,
+        Op::Acquire { .. } | Op::Extend { .. } | Op::Init(..) | Op::Add(..)
+    );
+    if leases_or_fills && !config.allow_evicting_redis {
         let evicting = crate::eviction::check(&mut conn)
             .await
             .with_context(|| format!("redis {}", config.redis))?;
@@ -301,6 +307,22 @@ fn status_table(pool: &str, s: &PoolStatus) -> String {
     for a in &s.auto_disabled_ids {
         let _ = writeln!(out, "{:<24} at {} ms: {}", a.id, a.at_ms, a.reason);
     }
+    if !s.disabled_ids.is_empty() {
+        let _ = writeln!(out, "\ndisabled id");
+    }
+    for id in &s.disabled_ids {
+        let _ = writeln!(out, "{id}");
+    }
+    if !s.leases.is_empty() {
+        let _ = writeln!(out, "\n{:<24} {:>12}", "leased id", "time left");
+    }
+    for l in &s.leases {
+        let left = match l.left_ms {
+            0 => "expired".to_owned(),
+            ms => human(Duration::from_millis(ms)).to_string(),
+        };
+        let _ = writeln!(out, "{:<24} {left:>12}", l.id);
+    }
     out.truncate(out.trim_end().len());
     out
 }
@@ -328,6 +350,8 @@ mod tests {
                 disabled: false,
             }],
             auto_disabled_ids: Vec::new(),
+            disabled_ids: vec!["vn-b02".into()],
+            leases: Vec::new(),
         };
         let table = status_table("p", &status);
         assert!(table.starts_with("pool p (Redis time 7 ms)"), "{table}");

@@ -119,7 +119,7 @@ impl PoolArgs {
                         ),
                     ));
                 }
-                let cooldown = whole_ms("--cooldown", a.cooldown, COOLDOWN_MS)?;
+                let cooldown = whole_ms("--reclaim-cooldown", a.reclaim_cooldown, COOLDOWN_MS)?;
                 range("--wait", a.wait, CLI_WAIT_MS)?;
                 let mut req = AcquireRequest::new(a.ttl).cooldown(cooldown);
                 if let Some(request_id) = &a.request_id {
