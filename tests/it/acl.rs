@@ -15,7 +15,7 @@ const STATUS_RULES: &str =
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).
 const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
     +info +role +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
-    +scard +sismember +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
+    +scard +sismember +smembers +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
 
 /// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.
 pub(crate) fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {

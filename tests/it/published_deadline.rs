@@ -253,7 +253,12 @@ fn restart_after_a_clock_step_ahead_readopts_without_dropping_the_id_file() {
     let pod = PodDir::new();
     let stamp = pod.path().join("faketime");
     set_offset(&stamp, "+30s");
-    let mut first = worker(&redis, "first", &pod);
+    let mut first = Sidecar::worker(&redis, APP)
+        .name("first")
+        .pod(&pod)
+        .flag("--max-worker-id", "0")
+        .flag("--ttl", "10s")
+        .spawn();
     assert_eq!(first.wait_for_lease(secs(10)).worker_id, 0);
     let mut app = exec_app(&pod, "app", &[("--poll", "20ms")], SLEEPING_APP).spawn();
     assert_eq!(wait_app_saw(&pod, "app", secs(10)), Some(0));
@@ -264,6 +269,9 @@ fn restart_after_a_clock_step_ahead_readopts_without_dropping_the_id_file() {
         .name("second")
         .pod(&pod)
         .flag("--max-worker-id", "0")
+        // As the first one: long enough that a restart on a loaded machine
+        // comes before the recorded deadline.
+        .flag("--ttl", "10s")
         .flag("--max-clock-skew", "60s")
         .env("LD_PRELOAD", libfaketime())
         .env("FAKETIME_TIMESTAMP_FILE", &stamp)
