@@ -22,6 +22,8 @@ fn redis_server_bin() -> &'static str {
 
 /// A private `redis-server` on a free loopback port, persistence off, killed on drop.
 pub struct RedisServer {
+    /// Loopback address the server binds (127.0.0.1 unless [`RedisOptions::host`] says).
+    host: String,
     port: u16,
     dir: TempDir,
     child: Option<Child>,
@@ -41,6 +43,9 @@ pub struct RedisOptions {
     pub args: Vec<String>,
     /// Name shown with the log printed on a panic; "redis-server" when empty.
     pub name: String,
+    /// Loopback address to bind instead of 127.0.0.1 (e.g. 127.0.0.2, so two servers can
+    /// share one `--tls-port` behind one host name).
+    pub host: Option<String>,
 }
 
 impl RedisServer {
@@ -59,6 +64,7 @@ impl RedisServer {
         if let Some(conf) = &opts.config_file {
             fs::write(dir.path().join("redis.conf"), conf).expect("write redis.conf");
         }
+        let host = opts.host.unwrap_or_else(|| "127.0.0.1".to_owned());
         let name = if opts.name.is_empty() {
             "redis-server".to_owned()
         } else {
@@ -67,9 +73,10 @@ impl RedisServer {
         let mut errors = Vec::new();
         for _ in 0..5 {
             let port = free_port();
-            match spawn_redis(port, dir.path(), &opts.args) {
+            match spawn_redis(&host, port, dir.path(), &opts.args) {
                 Ok(child) => {
                     return RedisServer {
+                        host,
                         port,
                         dir,
                         child: Some(child),
@@ -105,8 +112,13 @@ impl RedisServer {
         self.port
     }
 
+    /// The loopback address the server binds.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}:{}", self.host, self.port)
     }
 
     /// Process ID of the running server.
@@ -226,7 +238,7 @@ impl RedisServer {
         let deadline = Instant::now() + secs(10);
         let mut last_err = String::new();
         while Instant::now() < deadline {
-            match spawn_redis(self.port, self.dir.path(), &self.args) {
+            match spawn_redis(&self.host, self.port, self.dir.path(), &self.args) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -286,9 +298,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// Starts redis-server on `port` (with `dir/redis.conf` first when it exists, then `args`) and
-/// waits until it answers PING; kills it on failure.
-fn spawn_redis(port: u16, dir: &Path, args: &[String]) -> Result<Child, String> {
+/// Starts redis-server on `host:port` (with `dir/redis.conf` first when it exists, then `args`)
+/// and waits until it answers PING; kills it on failure.
+fn spawn_redis(host: &str, port: u16, dir: &Path, args: &[String]) -> Result<Child, String> {
     let conf = dir.join("redis.conf");
     let mut cmd = Command::new(redis_server_bin());
     if conf.exists() {
@@ -296,7 +308,7 @@ fn spawn_redis(port: u16, dir: &Path, args: &[String]) -> Result<Child, String> 
     }
     let mut child = cmd
         .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1"])
+        .args(["--bind", host])
         .args(["--save", ""])
         .args(["--appendonly", "no"])
         .arg("--dir")
@@ -309,7 +321,7 @@ fn spawn_redis(port: u16, dir: &Path, args: &[String]) -> Result<Child, String> 
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("spawn {}: {e}", redis_server_bin()))?;
-    let url = format!("redis://127.0.0.1:{port}");
+    let url = format!("redis://{host}:{port}");
     let up = poll_until(secs(10), || {
         if matches!(child.try_wait(), Ok(Some(_))) {
             return true;

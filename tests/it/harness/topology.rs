@@ -200,6 +200,7 @@ impl SentinelTopology {
                 config_file: Some(topo.sentinel_conf()),
                 args: strings(&["--sentinel"]),
                 name: format!("sentinel {i}"),
+                ..RedisOptions::default()
             });
             topo.sentinels.push(sentinel);
         }
