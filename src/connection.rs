@@ -4,6 +4,7 @@
 //! worth retrying.
 
 mod handle;
+mod refusal;
 mod slots;
 mod target;
 
@@ -124,32 +125,59 @@ pub enum Failure {
 /// Classifies a redis-rs error by its kind and error code, never by its
 /// message.
 pub fn classify(err: &RedisError) -> Failure {
+    verdict(err).failure
+}
+
+/// True when the connection a call failed on is not to be used again (the
+/// next call opens a new one, which resolves the host name again, or asks
+/// the Sentinels): connection trouble, and a node that is not (or no longer)
+/// a usable primary: `READONLY` (a replica), `MASTERDOWN` (a replica without
+/// its primary), `LOADING` (a restarted node, or a replica after a full
+/// sync). A managed Redis fails over by moving a DNS name; only a new
+/// connection follows it. Read from the same table as [`classify`].
+pub(crate) fn needs_new_connection(err: &RedisError) -> bool {
+    verdict(err).new_connection
+}
+
+/// The one table behind [`classify`] and [`needs_new_connection`].
+struct Verdict {
+    failure: Failure,
+    new_connection: bool,
+}
+
+fn verdict(err: &RedisError) -> Verdict {
+    let (transient, permanent) = (Failure::Transient, Failure::Permanent);
+    let verdict = |failure, new_connection| Verdict {
+        failure,
+        new_connection,
+    };
     if err.is_timeout() || err.is_connection_dropped() || err.is_connection_refusal() {
-        return Failure::Transient;
+        return verdict(transient, true);
     }
     match err.kind() {
-        ErrorKind::Server(ServerErrorKind::NoPerm) => Failure::Permanent,
-        ErrorKind::AuthenticationFailed => Failure::Permanent,
-        ErrorKind::Io => Failure::Transient,
-        // Server states that pass: loading a dump, failover, a replica, a
-        // cluster resharding.
+        ErrorKind::Server(ServerErrorKind::NoPerm) => verdict(permanent, false),
+        ErrorKind::AuthenticationFailed => verdict(permanent, false),
+        ErrorKind::Io => verdict(transient, true),
+        // Not (or no longer) a primary: a replica, one without its primary,
+        // one loading a dump. Another node (or this one later) serves.
         ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly,
-        ) => Failure::Transient,
+            ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown | ServerErrorKind::ReadOnly,
+        ) => verdict(transient, true),
+        // Server states that pass on the same node: failover of a slot, a
+        // cluster resharding.
+        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => {
+            verdict(transient, false)
+        }
         // Codes redis-rs has no kind for: out of memory (maxmemory with
         // noeviction), a long script running, a failed RDB save, too few
         // replicas for min-replicas-to-write. An operator or time fixes them.
         ErrorKind::Extension => match err.code() {
-            Some("OOM" | "BUSY" | "MISCONF" | "NOREPLICAS") => Failure::Transient,
-            _ => Failure::Permanent,
+            Some("OOM" | "BUSY" | "MISCONF" | "NOREPLICAS") => verdict(transient, false),
+            _ => verdict(permanent, false),
         },
         _ => match err.retry_method() {
-            RetryMethod::NoRetry => Failure::Permanent,
-            _ => Failure::Transient,
+            RetryMethod::NoRetry => verdict(permanent, false),
+            _ => verdict(transient, false),
         },
     }
 }
@@ -198,6 +226,9 @@ mod tests {
             let err = server_error(code, detail);
             assert_eq!(classify(&err), Failure::Transient, "{code}: {err}");
             assert!(!is_permission_error(&err), "{code}");
+            // Issue 20.2: a node that is not a usable primary is left.
+            let leave = matches!(code, "LOADING" | "READONLY" | "MASTERDOWN");
+            assert_eq!(needs_new_connection(&err), leave, "{code}");
         }
     }
 

@@ -25,17 +25,20 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::{TcpSettings, socket2};
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
     IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, TlsMode, Value,
+    TlsMode, Value,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::slots::{self, SlotView};
 use super::target::{RedisTarget, Topology};
+
+mod sentinel;
+
+use sentinel::{Node, Sentinels};
 
 /// Keepalive probes start after 10 s without traffic, every 5 s, 3 of them:
 /// a peer that vanished is noticed within ~25 s even on an idle connection.
@@ -70,7 +73,7 @@ struct Shared {
     generation: watch::Sender<u64>,
     /// Decided at the first connect (`INFO cluster` for `redis://`).
     mode: OnceLock<Mode>,
-    sentinel: Option<tokio::sync::Mutex<Sentinels>>,
+    sentinel: Option<Sentinels>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,12 +81,6 @@ enum Mode {
     Node,
     Cluster,
     Sentinel,
-}
-
-struct Sentinels {
-    client: SentinelClient,
-    /// Connection to the Sentinel that answered last, for confirmations.
-    query: Option<MultiplexedConnection>,
 }
 
 #[derive(Clone)]
@@ -125,10 +122,7 @@ impl RedisTarget {
     pub fn connect(&self, timeout: Duration) -> RedisResult<Redis> {
         super::install_crypto_provider();
         let sentinel = match self.topology {
-            Topology::Sentinel => Some(tokio::sync::Mutex::new(Sentinels {
-                client: self.sentinel_client()?,
-                query: None,
-            })),
+            Topology::Sentinel => Some(Sentinels::new(self)),
             _ => None,
         };
         let shared = Shared {
@@ -206,38 +200,6 @@ impl RedisTarget {
         let info = self.node_info(host, port)?.set_redis_settings(settings);
         Ok(info)
     }
-
-    fn sentinel_client(&self) -> RedisResult<SentinelClient> {
-        let addrs = self.hosts.iter().map(|(h, p)| self.addr(h, *p));
-        let mut builder =
-            SentinelClientBuilder::new(addrs, &self.master, SentinelServerType::Master)?
-                .set_client_to_redis_db(self.db)
-                .set_client_to_redis_tcp_settings(Self::tcp_settings())
-                .set_client_to_sentinel_tcp_settings(Self::tcp_settings());
-        if let Some(user) = &self.username {
-            builder = builder.set_client_to_redis_username(user);
-        }
-        if let Some(password) = &self.password {
-            builder = builder.set_client_to_redis_password(password);
-        }
-        if let Some(user) = &self.sentinel_username {
-            builder = builder.set_client_to_sentinel_username(user);
-        }
-        if let Some(password) = &self.sentinel_password {
-            builder = builder.set_client_to_sentinel_password(password);
-        }
-        if self.tls {
-            builder = builder
-                .set_client_to_redis_tls_mode(TlsMode::Secure)
-                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-            if let Some(certs) = &self.certs {
-                builder = builder
-                    .set_client_to_redis_certificates(certs.clone())
-                    .set_client_to_sentinel_certificates(certs.clone());
-            }
-        }
-        builder.build()
-    }
 }
 
 impl Redis {
@@ -273,9 +235,12 @@ impl Redis {
     }
 
     /// Sentinel: true when this clone's last call ran on the connection that
-    /// is still current and to the node the Sentinels name as primary now
-    /// (asked within the call timeout); a Sentinel that names another node
-    /// marks the connection broken. Standalone and Cluster: always true.
+    /// is still current, to the node a majority of the answering Sentinels
+    /// name as primary now, and that node still answers `ROLE` as master (the
+    /// rule of the first connect, see `handle/sentinel.rs`; both asked at once
+    /// within the call timeout). A majority that names another node, or a
+    /// `ROLE` other than master, marks the connection broken. Standalone and
+    /// Cluster: always true.
     pub async fn confirm_primary(&mut self) -> bool {
         let Some(sentinels) = &self.shared.sentinel else {
             return true;
@@ -287,10 +252,28 @@ impl Redis {
         else {
             return false;
         };
-        let named = timeout(self.shared.timeout, self.shared.named_primary(sentinels)).await;
-        match named {
-            Ok(Ok(named)) if live.node.as_ref() == Some(&named) => true,
-            Ok(Ok(_)) => {
+        let Conn::Node(conn) = &live.conn else {
+            unreachable!("Sentinel connections are to one node")
+        };
+        let mut conn = conn.clone();
+        let limit = self.shared.timeout;
+        let asked = timeout(
+            limit,
+            futures_util::future::join(
+                sentinels.primary(&self.shared.target, limit),
+                role_of(&mut conn),
+            ),
+        )
+        .await;
+        match asked {
+            Ok((Ok(named), Ok(role))) if live.node.as_ref() == Some(&named) => {
+                if role == "master" {
+                    return true;
+                }
+                self.shared.mark_broken(live.generation);
+                false
+            }
+            Ok((Ok(_), _)) => {
                 self.shared.mark_broken(live.generation);
                 false
             }
@@ -407,7 +390,7 @@ impl Redis {
                     .unwrap_or_else(|_| Err(timed_out(shared.timeout))),
             };
             suspect.armed = false;
-            if result.as_ref().is_err_and(needs_new_connection) {
+            if condemns(&result) {
                 shared.mark_broken(live.generation);
             }
             self.ran_on = live.generation;
@@ -522,16 +505,70 @@ fn timed_out(limit: Duration) -> RedisError {
     .into()
 }
 
-/// Errors after which the connection is not trusted again: connection
-/// trouble, and (Sentinel) a node that is no longer the primary.
-fn needs_new_connection(err: &RedisError) -> bool {
-    err.is_connection_dropped()
-        || err.is_timeout()
-        || err.kind() == ErrorKind::Io
-        || matches!(
-            err.kind(),
-            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-        )
+/// Whether a call's outcome condemns its connection (the next call opens a
+/// new one, resolving the host name again, or asking the Sentinels): an
+/// error, or a server error inside an `Ok` reply (redis-rs returns those as
+/// [`Value::ServerError`], also inside pipeline and `EXEC` replies), that
+/// [`super::needs_new_connection`] names.
+fn condemns(result: &RedisResult<Reply>) -> bool {
+    match result {
+        Err(err) => {
+            super::needs_new_connection(err)
+                || err.clone().into_server_errors().is_some_and(|items| {
+                    items
+                        .iter()
+                        .any(|(_, e)| super::needs_new_connection(&e.clone().into()))
+                })
+        }
+        Ok(Reply::One(value)) => value_condemns(value),
+        Ok(Reply::Many(values)) => values.iter().any(value_condemns),
+    }
+}
+
+fn value_condemns(value: &Value) -> bool {
+    match value {
+        Value::ServerError(err) => super::needs_new_connection(&err.clone().into()),
+        Value::Array(items) | Value::Set(items) => items.iter().any(value_condemns),
+        _ => false,
+    }
+}
+
+/// The first element of `ROLE`'s reply: "master", "slave" or "sentinel".
+///
+/// Errors: as any command (e.g. `NOPERM` without `+role`).
+async fn role_of(conn: &mut MultiplexedConnection) -> RedisResult<String> {
+    let reply: Vec<Value> = redis::cmd("ROLE").query_async(conn).await?;
+    let first = reply.into_iter().next().unwrap_or(Value::Nil);
+    Ok(redis::from_redis_value(first)?)
+}
+
+/// Ok when the node at `node` answers `ROLE` as master. A replica is a
+/// transient error (a failover in progress: the next connect resolves the
+/// name, or asks the Sentinels, again). `required`: whether a user without
+/// `+role` (`NOPERM`) is an error (Sentinel, whose ACL rules list `+role`) or
+/// skips the check (a plain `redis://` URL, whose rules never needed it).
+async fn check_primary(
+    conn: &mut MultiplexedConnection,
+    (host, port): &Node,
+    required: bool,
+) -> RedisResult<()> {
+    match role_of(conn).await {
+        Ok(role) if role == "master" => Ok(()),
+        Ok(role) => Err(in_failover(&format!(
+            "{} answers ROLE as {role}, not as the primary; try again later",
+            show_node(host, *port)
+        ))),
+        Err(err) if !required && super::is_permission_error(&err) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// `host:port` (`[v6]:port`).
+fn show_node(host: &str, port: u16) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
 }
 
 impl Shared {
@@ -592,7 +629,11 @@ impl Shared {
 
     async fn open(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
         match self.mode.get().copied() {
-            Some(Mode::Node) => Ok((Conn::Node(self.open_node().await?.0), None)),
+            Some(Mode::Node) => {
+                let (mut conn, node) = self.open_node().await?;
+                check_primary(&mut conn, &node, false).await?;
+                Ok((Conn::Node(conn), None))
+            }
             Some(Mode::Cluster) => Ok((self.open_cluster().await?, None)),
             Some(Mode::Sentinel) => self.open_sentinel().await,
             None => match self.target.topology {
@@ -613,9 +654,11 @@ impl Shared {
     }
 
     /// `redis://`: one `INFO cluster` on the first node that answers decides
-    /// between one server and a Cluster.
+    /// between one server and a Cluster. One server must answer `ROLE` as
+    /// master (a managed Redis fails over by moving its DNS name: until the
+    /// name moves, it may lead to the demoted node).
     async fn detect(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
-        let (conn, cluster) = self.check_cluster(false).await?;
+        let (mut conn, cluster, node) = self.check_cluster(false).await?;
         let topology = if cluster { "cluster" } else { "one server" };
         tracing::info!(
             target: crate::logging::START_TARGET,
@@ -627,6 +670,7 @@ impl Shared {
             let _ = self.mode.set(Mode::Cluster);
             return Ok((conn, None));
         }
+        check_primary(&mut conn, &node, false).await?;
         let _ = self.mode.set(Mode::Node);
         Ok((Conn::Node(conn), None))
     }
@@ -637,7 +681,7 @@ impl Shared {
     async fn check_cluster(
         &self,
         want_cluster: bool,
-    ) -> RedisResult<(MultiplexedConnection, bool)> {
+    ) -> RedisResult<(MultiplexedConnection, bool, Node)> {
         let (mut conn, (host, port)) = self.open_node().await?;
         let info: RedisResult<String> = redis::cmd("INFO")
             .arg("cluster")
@@ -657,22 +701,40 @@ impl Shared {
             )
                 .into());
         }
-        Ok((conn, cluster))
+        Ok((conn, cluster, (host, port)))
     }
 
     async fn open_node(&self) -> RedisResult<(MultiplexedConnection, (String, u16))> {
         let mut last = None;
         for (host, port) in &self.target.hosts {
-            let client = Client::open(self.target.node_info(host, *port)?)?;
-            match client
-                .get_multiplexed_async_connection_with_config(&self.config())
-                .await
-            {
+            match self.open_one(host, *port).await {
                 Ok(conn) => return Ok((conn, (host.clone(), *port))),
                 Err(err) => last = Some(err),
             }
         }
         Err(last.expect("at least one host"))
+    }
+
+    /// A connection to one data node. A connection the server closed at
+    /// once is asked why (see [`super::refusal::why_closed`]): Redis at
+    /// `maxclients` says so before it closes, which redis-rs's own reading
+    /// loses ("Connection reset by peer", "broken pipe").
+    async fn open_one(&self, host: &str, port: u16) -> RedisResult<MultiplexedConnection> {
+        let client = Client::open(self.target.node_info(host, port)?)?;
+        match client
+            .get_multiplexed_async_connection_with_config(&self.config())
+            .await
+        {
+            Ok(conn) => Ok(conn),
+            Err(err) if err.is_connection_dropped() && !self.target.tls => {
+                let probe = super::refusal::why_closed(host, port, self.timeout);
+                Err(match probe.await {
+                    Some(said) => super::refusal::refused(host, port, &said),
+                    None => err,
+                })
+            }
+            Err(err) => Err(err),
+        }
     }
 
     async fn open_cluster(&self) -> RedisResult<Conn> {
@@ -706,106 +768,14 @@ impl Shared {
         Ok(Conn::Cluster(conn, view))
     }
 
-    async fn open_sentinel(&self) -> RedisResult<(Conn, Option<(String, u16)>)> {
+    /// The node a majority of the answering Sentinels name, if it answers
+    /// `ROLE` as master (see `handle/sentinel.rs`).
+    async fn open_sentinel(&self) -> RedisResult<(Conn, Option<Node>)> {
         let sentinels = self.sentinel.as_ref().expect("sentinel topology");
-        let found = {
-            let mut sentinels = sentinels.lock().await;
-            sentinels.client.async_get_client().await
-        };
-        let client = match found {
-            Ok(client) => client,
-            // Also when no named node answers as primary yet (a failover in
-            // progress): only a master no Sentinel knows is a configuration error.
-            Err(err) if err.kind() == ErrorKind::MasterNameNotFoundBySentinel => {
-                return Err(match self.named_primary(sentinels).await {
-                    Err(err) if err.kind() == ErrorKind::MasterNameNotFoundBySentinel => err,
-                    _ => in_failover("no node answers as the primary the Sentinels name"),
-                });
-            }
-            // Also when the named primary does not answer: ask the Sentinels
-            // themselves, so that a total outage names them.
-            Err(err) if err.kind() == ErrorKind::Io => {
-                return Err(match self.named_primary(sentinels).await {
-                    Err(asked) if asked.kind() == ErrorKind::Io || asked.is_timeout() => {
-                        no_sentinel_answers(&self.target.hosts, &asked)
-                    }
-                    _ => err,
-                });
-            }
-            Err(err) => return Err(err),
-        };
-        let node = match client.get_connection_info().addr() {
-            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-                (host.clone(), *port)
-            }
-            _ => unreachable!("Sentinels name TCP addresses"),
-        };
-        // Sentinels disagree for a moment during a failover; connect only to
-        // the node the confirmations will ask about.
-        if self
-            .named_primary(sentinels)
-            .await
-            .is_ok_and(|named| named != node)
-        {
-            return Err(in_failover("the Sentinels do not agree on the primary yet"));
-        }
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&self.config())
-            .await?;
+        let node = sentinels.primary(&self.target, self.timeout).await?;
+        let mut conn = self.open_one(&node.0, node.1).await?;
+        check_primary(&mut conn, &node, true).await?;
         Ok((Conn::Node(conn), Some(node)))
-    }
-
-    /// Asks the Sentinels (first that answers) which node is the primary now.
-    async fn named_primary(
-        &self,
-        sentinels: &tokio::sync::Mutex<Sentinels>,
-    ) -> RedisResult<(String, u16)> {
-        let mut sentinels = sentinels.lock().await;
-        let ask = |conn: &mut MultiplexedConnection| {
-            let mut conn = conn.clone();
-            let master = self.target.master.clone();
-            async move {
-                let named: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(master)
-                    .query_async(&mut conn)
-                    .await?;
-                named.ok_or_else(|| {
-                    RedisError::from((
-                        ErrorKind::MasterNameNotFoundBySentinel,
-                        "the Sentinel does not know the master",
-                    ))
-                })
-            }
-        };
-        if let Some(conn) = sentinels.query.as_mut() {
-            match ask(conn).await {
-                Ok(named) => return Ok(named),
-                Err(_) => sentinels.query = None,
-            }
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let mut last = None;
-        for (host, port) in &self.target.hosts {
-            let opened = async {
-                let client = Client::open(self.target.sentinel_info(host, *port)?)?;
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?;
-                let named = ask(&mut conn).await?;
-                Ok::<_, RedisError>((conn, named))
-            };
-            match opened.await {
-                Ok((conn, named)) => {
-                    sentinels.query = Some(conn);
-                    return Ok(named);
-                }
-                Err(err) => last = Some(err),
-            }
-        }
-        Err(last.expect("at least one Sentinel"))
     }
 }
 

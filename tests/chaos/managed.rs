@@ -1,7 +1,7 @@
 //! The managed-Redis setup of the fault run (issue 20): what a hosted Redis service does to its
 //! clients. A primary and a replica on two loopback addresses share one TLS port behind one
-//! host name ([`NAME`]), which the sidecars resolve through a private `/etc/hosts` (a file
-//! bind-mounted over it under `unshare --mount`, rewritten in place to move the name). The
+//! host name ([`NAME`]), which the sidecars resolve through a private `/etc/hosts` ([`HostsFile`]: a
+//! file bind-mounted over it under `unshare --mount`, rewritten in place to move the name). The
 //! sidecars speak TLS with a CA bundle file the run rotates and log in as an ACL user whose
 //! password the run rotates through `--redis-password-file`.
 //!
@@ -37,6 +37,7 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 /// The two nodes, the files the sidecars read, and which node is what.
 pub struct Managed {
     dir: TempDir,
+    hosts: HostsFile,
     nodes: [RedisServer; 2],
     /// Index of the node that takes writes.
     primary: usize,
@@ -60,7 +61,7 @@ impl Managed {
             .tempdir()
             .expect("tempdir");
         make_certs(dir.path());
-        let tls_port = free_port();
+        let tls_port = free_port_on(&HOSTS);
         let tls = |ca: usize| -> Vec<String> {
             let file = |name: String| dir.path().join(name).to_string_lossy().into_owned();
             vec![
@@ -77,23 +78,24 @@ impl Managed {
         let first = RedisServer::start_with(RedisOptions {
             args: tls(0),
             name: format!("managed node 0 ({})", HOSTS[0]),
-            host: Some(HOSTS[0].into()),
+            ip: Some(HOSTS[0].into()),
             ..RedisOptions::default()
         });
         let mut replica_args = tls(0);
         replica_args.extend([
             "--replicaof".into(),
-            first.host().into(),
+            first.ip().into(),
             first.port().to_string(),
         ]);
         let second = RedisServer::start_with(RedisOptions {
             args: replica_args,
             name: format!("managed node 1 ({})", HOSTS[1]),
-            host: Some(HOSTS[1].into()),
+            ip: Some(HOSTS[1].into()),
             ..RedisOptions::default()
         });
-        let mut managed = Managed {
+        let managed = Managed {
             dir,
+            hosts: HostsFile::new(&[(NAME, HOSTS[0])]),
             nodes: [first, second],
             primary: 0,
             named: 0,
@@ -116,7 +118,6 @@ impl Managed {
         }
         write_atomically(&managed.password_path(), &managed.password_of(0));
         managed.write_bundle(&[0]);
-        managed.point_name(0);
         managed.wait_in_sync();
         managed
     }
@@ -150,17 +151,9 @@ impl Managed {
         flags
     }
 
-    /// The wrapper that runs a sidecar with this setup's `/etc/hosts`: a private mount
-    /// namespace where the hosts file is bind-mounted over `/etc/hosts` (the bind follows the
-    /// file's inode, so [`Managed::point_name`] rewrites it in place).
+    /// The wrapper that runs a sidecar with this setup's `/etc/hosts`.
     pub fn wrapper(&self) -> Vec<String> {
-        let script = format!(
-            "mount --bind '{}' /etc/hosts && exec \"$0\" \"$@\"",
-            self.hosts_path().display()
-        );
-        ["unshare", "--mount", "--fork", "sh", "-c", &script]
-            .map(String::from)
-            .to_vec()
+        self.hosts.wrapper()
     }
 
     /// A failover by DNS: the replica is promoted, the old primary demoted, and `dns_lag`
@@ -251,7 +244,7 @@ impl Managed {
             old.name()
         );
         let _: () = new.query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
-        let _: () = old.query(redis::cmd("REPLICAOF").arg(new.host()).arg(new.port()));
+        let _: () = old.query(redis::cmd("REPLICAOF").arg(new.ip()).arg(new.port()));
         let _: () = old.query(redis::cmd("CLIENT").arg("UNPAUSE"));
         self.primary = to;
     }
@@ -269,10 +262,9 @@ impl Managed {
         );
     }
 
-    /// Rewrites the hosts file in place (same inode: the sidecars' bind mounts see it).
+    /// Moves the name to `node` (the hosts file rewritten in place).
     fn point_name(&mut self, node: usize) {
-        let text = format!("127.0.0.1 localhost\n{} {NAME}\n", HOSTS[node]);
-        fs::write(self.hosts_path(), text).expect("write the hosts file");
+        self.hosts.set(NAME, HOSTS[node]);
         self.named = node;
     }
 
@@ -295,10 +287,6 @@ impl Managed {
 
     fn password_path(&self) -> PathBuf {
         self.dir.path().join("password")
-    }
-
-    fn hosts_path(&self) -> PathBuf {
-        self.dir.path().join("hosts")
     }
 }
 

@@ -37,6 +37,12 @@
 //!   [`sample_through`] (sample them every 20 ms through a fault; no ID twice at once; the
 //!   longest stretch each went without an ID); [`sample_ids`] (one thread per sidecar, send
 //!   and receive times, for paused sidecars) and [`assert_never_published_together`].
+//! - `harness/hosts.rs`: [`HostsFile`], a private `/etc/hosts` bind-mounted over the real one in
+//!   a mount namespace of the process under test (`unshare --mount`, via
+//!   [`SidecarBuilder::wrap`] or [`HostsFile::run`]); `set` moves a name to another loopback
+//!   address in place (glibc reads the file at every lookup): a managed Redis's DNS failover.
+//!   With [`RedisOptions::ip`] / [`RedisOptions::port`] and [`free_port_on`], servers on
+//!   127.0.0.2 and 127.0.0.3 share a port.
 //! - `harness/process.rs`: [`stop_process`] (SIGSTOP that waits until stopped), `/proc`
 //!   readers, [`run_snowlease`] (run the binary to completion, with a deadline),
 //!   [`pid1_tests_can_run`] (PID 1 tests fail without `unshare --pid`, unless
@@ -54,6 +60,7 @@
 #![allow(dead_code)]
 
 mod deployment;
+mod hosts;
 mod process;
 mod proxy;
 mod redis_server;
@@ -68,6 +75,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use deployment::*;
+pub use hosts::*;
 pub use nix::sys::signal::Signal;
 pub use process::*;
 pub use proxy::*;
@@ -135,6 +143,12 @@ pub fn worker_key(app: &str, id: u32) -> String {
 /// A loopback port that nothing listens on right now, never 6379, never handed out twice in
 /// this test process.
 pub fn free_port() -> u16 {
+    free_port_on(&["127.0.0.1"])
+}
+
+/// Like [`free_port`], a port free on each of the loopback addresses `ips` (e.g. 127.0.0.2 and
+/// 127.0.0.3 for two servers behind one moving DNS name, see [`HostsFile`]).
+pub fn free_port_on(ips: &[&str]) -> u16 {
     static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let mut handed_out = HANDED_OUT.lock().unwrap();
     let handed_out = handed_out.get_or_insert_with(HashSet::new);
@@ -143,7 +157,7 @@ pub fn free_port() -> u16 {
         if port == 6379 || handed_out.contains(&port) {
             continue;
         }
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if ips.iter().all(|ip| TcpListener::bind((*ip, port)).is_ok()) {
             handed_out.insert(port);
             return port;
         }

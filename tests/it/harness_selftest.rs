@@ -485,3 +485,41 @@ fn harness_cluster_primaries_only_forms() {
     assert_eq!(topo.primaries().len(), 3);
     assert_eq!(topo.cluster_nodes().len(), 3);
 }
+
+/// [`HostsFile`]: two servers share a port on 127.0.0.2 and 127.0.0.3; a process wrapped with
+/// the file resolves the name to the first, and after `set` to the second (the same process
+/// tree only: the machine's `/etc/hosts` is untouched).
+#[test]
+fn harness_hosts_file_moves_a_name() {
+    let port = free_port_on(&["127.0.0.2", "127.0.0.3"]);
+    let servers: Vec<RedisServer> = ["127.0.0.2", "127.0.0.3"]
+        .iter()
+        .map(|ip| {
+            let server = RedisServer::start_with(RedisOptions {
+                ip: Some(ip.to_string()),
+                port: Some(port),
+                name: format!("redis on {ip}"),
+                ..RedisOptions::default()
+            });
+            let _: () = server.query(redis::cmd("SET").arg("who").arg(*ip));
+            server
+        })
+        .collect();
+    assert_eq!(servers[0].port(), servers[1].port());
+    let hosts = HostsFile::new(&[("redis.test", "127.0.0.2")]);
+    let who = || {
+        let wrapper = hosts.wrapper();
+        let mut cmd = std::process::Command::new(&wrapper[0]);
+        cmd.args(&wrapper[1..])
+            .args(["redis-cli", "-h", "redis.test", "-p", &port.to_string()])
+            .args(["GET", "who"]);
+        let run = run_command(cmd, secs(10));
+        assert_eq!(run.code, Some(0), "{run:?}");
+        run.stdout.trim().to_owned()
+    };
+    assert_eq!(who(), "127.0.0.2");
+    hosts.set("redis.test", "127.0.0.3");
+    assert_eq!(who(), "127.0.0.3");
+    let machine = std::fs::read_to_string("/etc/hosts").unwrap();
+    assert!(!machine.contains("redis.test"), "{machine}");
+}

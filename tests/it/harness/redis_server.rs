@@ -22,8 +22,8 @@ fn redis_server_bin() -> &'static str {
 
 /// A private `redis-server` on a free loopback port, persistence off, killed on drop.
 pub struct RedisServer {
-    /// Loopback address the server binds (127.0.0.1 unless [`RedisOptions::host`] says).
-    host: String,
+    /// The loopback address it listens on (127.0.0.1 unless [`RedisOptions::ip`]).
+    ip: String,
     port: u16,
     dir: TempDir,
     child: Option<Child>,
@@ -43,9 +43,13 @@ pub struct RedisOptions {
     pub args: Vec<String>,
     /// Name shown with the log printed on a panic; "redis-server" when empty.
     pub name: String,
-    /// Loopback address to bind instead of 127.0.0.1 (e.g. 127.0.0.2, so two servers can
-    /// share one `--tls-port` behind one host name).
-    pub host: Option<String>,
+    /// The loopback address to listen on; 127.0.0.1 when `None`. Two servers on other
+    /// loopback addresses (127.0.0.2, 127.0.0.3) and the same [`RedisOptions::port`] model one
+    /// DNS name that moves between hosts (see [`HostsFile`](super::HostsFile)).
+    pub ip: Option<String>,
+    /// The port; a free one when `None` (then other ports are tried if the server does not
+    /// come up). With [`RedisOptions::ip`], use [`free_port_on`](super::free_port_on).
+    pub port: Option<u16>,
 }
 
 impl RedisServer {
@@ -64,19 +68,19 @@ impl RedisServer {
         if let Some(conf) = &opts.config_file {
             fs::write(dir.path().join("redis.conf"), conf).expect("write redis.conf");
         }
-        let host = opts.host.unwrap_or_else(|| "127.0.0.1".to_owned());
         let name = if opts.name.is_empty() {
             "redis-server".to_owned()
         } else {
             opts.name
         };
+        let ip = opts.ip.unwrap_or_else(|| "127.0.0.1".to_owned());
         let mut errors = Vec::new();
         for _ in 0..5 {
-            let port = free_port();
-            match spawn_redis(&host, port, dir.path(), &opts.args) {
+            let port = opts.port.unwrap_or_else(free_port);
+            match spawn_redis(&ip, port, dir.path(), &opts.args) {
                 Ok(child) => {
                     return RedisServer {
-                        host,
+                        ip,
                         port,
                         dir,
                         child: Some(child),
@@ -112,13 +116,13 @@ impl RedisServer {
         self.port
     }
 
-    /// The loopback address the server binds.
-    pub fn host(&self) -> &str {
-        &self.host
+    /// The loopback address it listens on (e.g. "127.0.0.1").
+    pub fn ip(&self) -> &str {
+        &self.ip
     }
 
     pub fn url(&self) -> String {
-        format!("redis://{}:{}", self.host, self.port)
+        format!("redis://{}:{}", self.ip, self.port)
     }
 
     /// Process ID of the running server.
@@ -238,7 +242,7 @@ impl RedisServer {
         let deadline = Instant::now() + secs(10);
         let mut last_err = String::new();
         while Instant::now() < deadline {
-            match spawn_redis(&self.host, self.port, self.dir.path(), &self.args) {
+            match spawn_redis(&self.ip, self.port, self.dir.path(), &self.args) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -298,9 +302,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// Starts redis-server on `host:port` (with `dir/redis.conf` first when it exists, then `args`)
+/// Starts redis-server on `ip:port` (with `dir/redis.conf` first when it exists, then `args`)
 /// and waits until it answers PING; kills it on failure.
-fn spawn_redis(host: &str, port: u16, dir: &Path, args: &[String]) -> Result<Child, String> {
+fn spawn_redis(ip: &str, port: u16, dir: &Path, args: &[String]) -> Result<Child, String> {
     let conf = dir.join("redis.conf");
     let mut cmd = Command::new(redis_server_bin());
     if conf.exists() {
@@ -308,7 +312,7 @@ fn spawn_redis(host: &str, port: u16, dir: &Path, args: &[String]) -> Result<Chi
     }
     let mut child = cmd
         .args(["--port", &port.to_string()])
-        .args(["--bind", host])
+        .args(["--bind", ip])
         .args(["--save", ""])
         .args(["--appendonly", "no"])
         .arg("--dir")
@@ -321,7 +325,7 @@ fn spawn_redis(host: &str, port: u16, dir: &Path, args: &[String]) -> Result<Chi
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("spawn {}: {e}", redis_server_bin()))?;
-    let url = format!("redis://{host}:{port}");
+    let url = format!("redis://{ip}:{port}");
     let up = poll_until(secs(10), || {
         if matches!(child.try_wait(), Ok(Some(_))) {
             return true;
