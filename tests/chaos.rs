@@ -201,7 +201,7 @@ impl Setup {
 enum Backend {
     Standalone(RedisServer),
     Sentinel(SentinelTopology),
-    Managed(Managed),
+    Managed(Box<Managed>),
 }
 
 impl Backend {
@@ -519,7 +519,7 @@ fn run(setup: Setup, run_secs: u64) {
             })),
             min_acks,
         ),
-        Setup::Managed => (Backend::Managed(Managed::start(password_file)), 0),
+        Setup::Managed => (Backend::Managed(Box::new(Managed::start(password_file))), 0),
     };
     redis.primary().open_claim_guard(APP);
     let (sidecars, max_id) = (setup.sidecars(), setup.max_id());
