@@ -9,8 +9,14 @@
 //! [`sleep_until`] sleeps at most [`WAKE_MAX`] at a time, so after a resume
 //! a passed deadline is acted on within that bound (decisions in between,
 //! e.g. before sending a renew, see it at once).
+//!
+//! The sidecar hands its deadline to `exec` and `id` in the state file on
+//! this clock ([`BootInstant::as_millis`]) with the kernel's [`boot_id`]:
+//! every process on the node (every container of a pod) reads the same
+//! CLOCK_BOOTTIME, and, unlike the wall clock, no NTP step moves it.
 
 use std::ops::{Add, Sub};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use nix::time::{ClockId, clock_gettime};
@@ -32,6 +38,24 @@ impl BootInstant {
         let secs = u64::try_from(ts.tv_sec()).unwrap_or(0);
         let nanos = u32::try_from(ts.tv_nsec()).unwrap_or(0);
         Self(Duration::new(secs, nanos))
+    }
+
+    /// The instant `ms` milliseconds after boot (the state file's
+    /// `valid_until_boot_ms`).
+    pub fn from_millis(ms: u64) -> Self {
+        Self(Duration::from_millis(ms))
+    }
+
+    /// Milliseconds since boot, rounded down: a deadline written this way
+    /// ends no later than the instant itself.
+    pub fn as_millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// This instant on the monotonic clock (tokio and `std` timers), as
+    /// seen at `now`: after a suspend it is that much closer.
+    pub fn on_monotonic(self, now: std::time::Instant) -> std::time::Instant {
+        now + self.remaining()
     }
 
     /// Time from `earlier` to `self`; zero when `earlier` is later.
@@ -67,6 +91,21 @@ impl Sub<Duration> for BootInstant {
     }
 }
 
+/// The kernel's ID of this boot (`/proc/sys/kernel/random/boot_id`, a
+/// UUID, the same for every process and container on the node; proc(5)),
+/// read once. A boot-clock instant written under another boot ID means
+/// nothing here. `None` when unreadable (no /proc): then no boot-clock
+/// instant from a file is believed.
+pub fn boot_id() -> Option<&'static str> {
+    static BOOT_ID: OnceLock<Option<String>> = OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+            Some(text.trim().to_owned()).filter(|id| !id.is_empty())
+        })
+        .as_deref()
+}
+
 /// Waits until `deadline` has passed on the boot clock, waking at least
 /// every [`WAKE_MAX`] (a suspend stretches each timer sleep by its length).
 pub async fn sleep_until(deadline: BootInstant) {
@@ -95,6 +134,21 @@ mod tests {
             boot.abs_diff(mono) < Duration::from_millis(5),
             "{boot:?} {mono:?}"
         );
+    }
+
+    #[test]
+    fn millis_round_down_and_back() {
+        let t = BootInstant(Duration::new(12, 345_678_901));
+        assert_eq!(t.as_millis(), 12_345);
+        assert!(BootInstant::from_millis(t.as_millis()) <= t);
+        assert_eq!(BootInstant::from_millis(12_345).as_millis(), 12_345);
+    }
+
+    #[test]
+    fn boot_id_is_the_kernels_and_stable() {
+        let id = boot_id().expect("Linux has /proc/sys/kernel/random/boot_id");
+        assert_eq!(id.len(), 36, "a UUID: {id}");
+        assert_eq!(boot_id(), Some(id));
     }
 
     #[tokio::test]

@@ -111,8 +111,11 @@ fn supervise(
     mut current: Published,
 ) -> (Exit, bool) {
     let worker_id = current.worker_id;
+    // The published deadline is on the boot clock; timers run on the
+    // monotonic one, so it is mapped anew at each use (closer after a suspend).
+    let until = |p: &Published, now: Instant| p.valid_until.map(|t| t.on_monotonic(now));
     let mut rules = Deadlines::new(config.grace);
-    let mut warned_cap = rules.observe(current.valid_until, Instant::now());
+    let mut warned_cap = rules.observe(until(&current, Instant::now()), Instant::now());
     let mut next_read = Instant::now() + config.poll;
     // Set once SIGTERM went out: when to send SIGKILL.
     let mut kill_at: Option<Instant> = None;
@@ -148,21 +151,20 @@ fn supervise(
             Some(_) => {}
             // Read on schedule, and again when the deadline comes within
             // the grace: the sidecar may have renewed meanwhile.
-            None if now >= next_read || rules.expiring(current.valid_until, now) => {
+            None if now >= next_read || rules.expiring(until(&current, now), now) => {
                 next_read = now + config.poll;
                 let read = config.source.read(http_timeout(config.poll));
                 let now = Instant::now();
                 let lost = match read {
                     Reading::Published(p) if p.worker_id == worker_id => {
-                        warned_cap |= rules.observe(p.valid_until, now);
+                        warned_cap |= rules.observe(until(&p, now), now);
                         current = p;
                         unreachable_logged = false;
-                        rules.expiring(p.valid_until, now).then(|| {
+                        rules.expiring(until(&p, now), now).then(|| {
                             format!(
                                 "the published worker ID goes stale in {} ms, within the grace \
                                  of {} ms, and was not renewed",
-                                p.valid_until
-                                    .map_or(0, |t| t.saturating_duration_since(now).as_millis()),
+                                p.valid_until.map_or(0, |t| t.remaining().as_millis()),
                                 rules.grace().as_millis()
                             )
                         })
@@ -172,7 +174,7 @@ fn supervise(
                         p.worker_id
                     )),
                     Reading::Absent(reason) => Some(reason),
-                    Reading::Unreachable(reason) if rules.expiring(current.valid_until, now) => {
+                    Reading::Unreachable(reason) if rules.expiring(until(&current, now), now) => {
                         Some(format!(
                             "{reason}; the last reading goes stale within the grace of {} ms",
                             rules.grace().as_millis()
@@ -189,7 +191,7 @@ fn supervise(
                 if let Some(reason) = lost {
                     // The lease may be someone else's already: SIGKILL after
                     // the grace, never after the last fresh reading's deadline.
-                    let at = rules.kill_at(now, current.valid_until);
+                    let at = rules.kill_at(now, until(&current, now));
                     error!(
                         worker_id,
                         reason = %reason,
@@ -207,7 +209,7 @@ fn supervise(
             Some(_) if killed => now + Duration::from_millis(100),
             Some(at) => at,
             None => rules
-                .term_at(current.valid_until)
+                .term_at(until(&current, now))
                 .map_or(next_read, |t| t.min(next_read)),
         };
         match signals.next(wake.saturating_duration_since(now)) {

@@ -293,8 +293,8 @@ mod tests {
         assert_eq!(unix_ms(UNIX_EPOCH - Duration::from_millis(5)), 0);
     }
 
-    /// A published deadline counts down on the wall clock and is gone once
-    /// reached (the state file's `valid_until_ms`, read by `exec`).
+    /// A wall-clock deadline counts down and is gone once reached (the
+    /// state file's `valid_until_ms`, read at re-adoption without a boot-clock one).
     #[test]
     fn time_left_until_a_unix_ms_deadline() {
         let now = unix_ms(SystemTime::now());

@@ -2,19 +2,21 @@
 //
 // The ID file (WORKER_ID_FILE, default /var/run/snowlease/worker-id) first: a
 // decimal ID and a newline; if the state file beside it (<file>.state.json)
-// exists, it must name the same ID with valid_until_ms in the future. Else
+// exists, it must name the same ID, this boot's boot_id, and valid_until_boot_ms
+// (ms on CLOCK_BOOTTIME, which no wall-clock step moves) in the future. Else
 // GET <WORKER_ID_URL>/id (default http://127.0.0.1:7391). With neither, it
 // refuses to mint: message on stderr, exit 3, nothing on stdout.
 //
 // Prints: worker_id=<n> source=<file|http> snowflake=<id>
-// JDK 17, no dependencies (the two JSON fields are read with a pattern; use
+// JDK 17, no dependencies (the JSON fields are read with a pattern; use
 // your JSON library in an app). Run: java WorkerId.java
 //
 // An app that keeps running must stop minting as soon as the ID is gone, and
-// before valid_until_ms / lease_expires_in_ms passes (docs/app.md, "How the app
+// before valid_until_boot_ms / lease_expires_in_ms passes (docs/app.md, "How the app
 // reads the ID"); `snowlease exec` does that for you.
 
 import java.io.IOException;
+import java.math.BigDecimal;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
@@ -23,6 +25,7 @@ import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.Optional;
 import java.util.OptionalInt;
 import java.util.OptionalLong;
 import java.util.regex.Matcher;
@@ -36,6 +39,28 @@ public final class WorkerId {
     private static OptionalLong field(String json, String name) {
         Matcher m = Pattern.compile("\"" + name + "\"\\s*:\\s*([0-9]+)").matcher(json);
         return m.find() ? OptionalLong.of(Long.parseLong(m.group(1))) : OptionalLong.empty();
+    }
+
+    /** A string field of a flat JSON object. */
+    private static Optional<String> text(String json, String name) {
+        Matcher m = Pattern.compile("\"" + name + "\"\\s*:\\s*\"([^\"]*)\"").matcher(json);
+        return m.find() ? Optional.of(m.group(1)) : Optional.empty();
+    }
+
+    /** True while the state file's deadline on the boot clock is ahead (same boot only). */
+    static boolean bootDeadlineAhead(String state) {
+        String bootId;
+        long nowMs;
+        try {
+            bootId = Files.readString(Path.of("/proc/sys/kernel/random/boot_id")).strip();
+            String uptime = Files.readString(Path.of("/proc/uptime")).split(" ")[0];
+            // /proc/uptime is CLOCK_BOOTTIME in 10 ms steps: round up, so the deadline errs early.
+            nowMs = new BigDecimal(uptime).movePointRight(3).longValue() + 10;
+        } catch (IOException | RuntimeException e) {
+            return false;
+        }
+        return text(state, "boot_id").equals(Optional.of(bootId))
+                && field(state, "valid_until_boot_ms").orElse(0) > nowMs;
     }
 
     /** The worker ID from the ID file, or empty when missing, malformed or stale. */
@@ -59,7 +84,7 @@ public final class WorkerId {
             return OptionalInt.empty();
         }
         boolean same = field(state, "worker_id").orElse(-1) == workerId;
-        boolean valid = field(state, "valid_until_ms").orElse(0) > System.currentTimeMillis();
+        boolean valid = bootDeadlineAhead(state);
         return same && valid ? OptionalInt.of(workerId) : OptionalInt.empty();
     }
 

@@ -3,7 +3,8 @@
 //
 // The ID file (WORKER_ID_FILE, default /var/run/snowlease/worker-id) first: a
 // decimal ID and a newline; if the state file beside it (<file>.state.json)
-// exists, it must name the same ID with valid_until_ms in the future. Else
+// exists, it must name the same ID, this boot's boot_id, and valid_until_boot_ms
+// (ms on CLOCK_BOOTTIME, which no wall-clock step moves) in the future. Else
 // GET <WORKER_ID_URL>/id (default http://127.0.0.1:7391). With neither, it
 // refuses to mint: message on stderr, exit 3, nothing on stdout.
 //
@@ -11,7 +12,7 @@
 // No dependencies; Node.js 18+. Run: node worker_id.js
 //
 // An app that keeps running must stop minting as soon as the ID is gone, and
-// before valid_until_ms / lease_expires_in_ms passes (docs/app.md, "How the app
+// before valid_until_boot_ms / lease_expires_in_ms passes (docs/app.md, "How the app
 // reads the ID"); `snowlease exec` does that for you.
 'use strict';
 const fs = require('fs');
@@ -35,8 +36,22 @@ function fromFile(path) {
   } catch (err) {
     return err.code === 'ENOENT' ? workerId : null;
   }
-  if (state.worker_id !== workerId || !(state.valid_until_ms > Date.now())) return null;
+  if (state.worker_id !== workerId || !bootDeadlineAhead(state)) return null;
   return workerId;
+}
+
+/** True while the state file's deadline on the boot clock is ahead (same boot only). */
+function bootDeadlineAhead(state) {
+  let bootId, uptime;
+  try {
+    bootId = fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+    uptime = fs.readFileSync('/proc/uptime', 'utf8').split(' ')[0];
+  } catch {
+    return false;
+  }
+  // /proc/uptime is CLOCK_BOOTTIME in 10 ms steps: round up, so the deadline errs early.
+  const nowMs = Math.round(Number(uptime) * 1000) + 10;
+  return state.boot_id === bootId && state.valid_until_boot_ms > nowMs;
 }
 
 /** The worker ID from GET <baseUrl>/id, or null when the sidecar has none or is down. */

@@ -3,7 +3,8 @@
 
 The ID file (WORKER_ID_FILE, default /var/run/snowlease/worker-id) first: a
 decimal ID and a newline; if the state file beside it (<file>.state.json)
-exists, it must name the same ID with valid_until_ms in the future. Else
+exists, it must name the same ID, this boot's boot_id, and valid_until_boot_ms
+(ms on CLOCK_BOOTTIME, which no wall-clock step moves) in the future. Else
 GET <WORKER_ID_URL>/id (default http://127.0.0.1:7391). With neither, it
 refuses to mint: message on stderr, exit 3, nothing on stdout.
 
@@ -11,7 +12,7 @@ Prints: worker_id=<n> source=<file|http> snowflake=<id>
 Standard library only; Python 3.8+. Run: python3 worker_id.py
 
 An app that keeps running must stop minting as soon as the ID is gone, and
-before valid_until_ms / lease_expires_in_ms passes (docs/app.md, "How the app
+before valid_until_boot_ms / lease_expires_in_ms passes (docs/app.md, "How the app
 reads the ID"); `snowlease exec` does that for you.
 """
 import json
@@ -40,9 +41,20 @@ def from_file(path):
         return worker_id
     except (OSError, ValueError):
         return None
-    if state.get("worker_id") != worker_id or state.get("valid_until_ms", 0) <= time.time() * 1000:
+    if state.get("worker_id") != worker_id or not boot_deadline_ahead(state):
         return None
     return worker_id
+
+
+def boot_deadline_ahead(state):
+    """True while the state file's deadline on the boot clock is ahead (same boot only)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+    except OSError:
+        return False
+    now_ms = time.clock_gettime(time.CLOCK_BOOTTIME) * 1000
+    return state.get("boot_id") == boot_id and state.get("valid_until_boot_ms", 0) > now_ms
 
 
 def from_http(base_url):

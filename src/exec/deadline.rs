@@ -1,7 +1,9 @@
 //! When `exec` stops the command: the deadline math.
 //!
-//! The published deadline (`valid_until`: the state file's `valid_until_ms`,
-//! or `lease_expires_in_ms` of `GET /id`) is the last moment the lease is
+//! The published deadline (`valid_until`: the state file's
+//! `valid_until_boot_ms` on the boot clock, or `lease_expires_in_ms` of
+//! `GET /id` from the request's send; mapped onto the monotonic clock at
+//! each use, so no wall-clock step moves it) is the last moment the lease is
 //! surely ours; Redis lets another pod claim the ID only about 1% of the TTL
 //! (at least 100 ms) later. So the command must be *gone* by the deadline,
 //! not merely start stopping there. `exec` treats the ID as expiring

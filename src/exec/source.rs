@@ -3,16 +3,23 @@
 //!
 //! An ID counts as published only while the sidecar says so: the ID file
 //! exists and, when the state file beside it exists, that file names the
-//! same ID with a `valid_until_ms` still in the future (a sidecar killed
-//! with SIGKILL leaves its ID file behind, but not a fresh deadline).
+//! same ID with a deadline still in the future (a sidecar killed with
+//! SIGKILL leaves its ID file behind, but not a fresh deadline).
+//!
+//! The deadline judged is the state file's `valid_until_boot_ms`, on the
+//! boot clock the sidecar measured it on (same `boot_id`), never the
+//! wall-clock `valid_until_ms`: an NTP step back would keep the app running
+//! past the lease, a step ahead would stop a healthy one. A state file
+//! without it is no published ID. Every re-read of one record gives the
+//! same instant, so a re-read never moves a timer later.
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::lease::unix_ms;
+use crate::boot_clock::BootInstant;
 use crate::worker_id::args::WORKER_ID_LIMIT;
 use crate::worker_id::files::{StateFile, state_path};
 
@@ -31,15 +38,16 @@ pub enum Source {
 pub struct Published {
     /// The worker ID.
     pub worker_id: u16,
-    /// Monotonic deadline after which the ID is stale unless read again;
-    /// `None` when the source gives none (an ID file without state file).
-    pub valid_until: Option<Instant>,
+    /// Deadline on the boot clock after which the ID is stale unless read
+    /// again; `None` when the source gives none (an ID file without state
+    /// file).
+    pub valid_until: Option<BootInstant>,
 }
 
 impl Published {
     /// True while the deadline (if any) is in the future.
     pub fn is_fresh(&self) -> bool {
-        self.valid_until.is_none_or(|t| Instant::now() < t)
+        self.valid_until.is_none_or(|t| BootInstant::now() < t)
     }
 }
 
@@ -170,16 +178,20 @@ fn read_file(path: &std::path::Path) -> Reading {
             state.worker_id
         ));
     }
-    let now_ms = unix_ms(SystemTime::now());
-    if state.valid_until_ms <= now_ms {
+    let valid_until = match state.boot_deadline() {
+        Ok(until) => until,
+        Err(why) => return Reading::Absent(format!("not published: {why}")),
+    };
+    let now = BootInstant::now();
+    if valid_until <= now {
         return Reading::Absent(format!(
-            "stale: the state file's valid_until_ms passed {} ms ago (sidecar gone?)",
-            now_ms - state.valid_until_ms
+            "stale: the state file's deadline passed {} ms ago (sidecar gone?)",
+            now.saturating_duration_since(valid_until).as_millis()
         ));
     }
     Reading::Published(Published {
         worker_id,
-        valid_until: Some(Instant::now() + Duration::from_millis(state.valid_until_ms - now_ms)),
+        valid_until: Some(valid_until),
     })
 }
 
@@ -212,7 +224,7 @@ fn state_of(body: &[u8]) -> Option<&str> {
 }
 
 fn read_url(base: &url::Url, timeout: Duration) -> Reading {
-    let sent = Instant::now();
+    let sent = BootInstant::now();
     let (status, body) = match http_get(&id_url(base), timeout) {
         Ok(reply) => reply,
         Err(err) => return Reading::Unreachable(format!("GET {}: {err}", id_url(base))),
@@ -259,15 +271,28 @@ fn http_get(url: &str, timeout: Duration) -> Result<(u16, Vec<u8>), String> {
 mod tests {
     use super::*;
     use crate::atomic_file::write_atomic;
+    use crate::boot_clock::boot_id;
+    use crate::lease::unix_ms;
+    use std::time::SystemTime;
 
-    fn state(worker_id: u16, valid_until_ms: u64) -> Vec<u8> {
+    /// A state file for `worker_id` valid until `boot` on this boot's clock,
+    /// with the wall-clock deadline `wall_ms` (not judged).
+    fn state_at(worker_id: u16, wall_ms: u64, boot: Option<BootInstant>) -> Vec<u8> {
         serde_json::to_vec(&StateFile {
             app: "orders".into(),
             worker_id,
             owner: "10.0.0.1#00".into(),
-            valid_until_ms,
+            valid_until_ms: wall_ms,
+            valid_until_boot_ms: boot.map(BootInstant::as_millis),
+            boot_id: boot_id().map(str::to_owned),
         })
         .unwrap()
+    }
+
+    /// A state file as the sidecar writes it: both deadlines `left` ahead.
+    fn state(worker_id: u16, left: Duration) -> Vec<u8> {
+        let wall = unix_ms(SystemTime::now()) + left.as_millis() as u64;
+        state_at(worker_id, wall, Some(BootInstant::now() + left))
     }
 
     #[test]
@@ -327,18 +352,66 @@ mod tests {
         };
         assert_eq!((p.worker_id, p.valid_until), (7, None));
 
-        let now = unix_ms(SystemTime::now());
-        write_atomic(&state_path(&file), &state(7, now + 5_000)).unwrap();
+        write_atomic(&state_path(&file), &state(7, Duration::from_secs(5))).unwrap();
         let Reading::Published(p) = read_file(&file) else {
             panic!("fresh state")
         };
-        let left = p.valid_until.unwrap() - Instant::now();
+        let left = p.valid_until.unwrap().remaining();
         assert!(left > Duration::from_secs(4) && left <= Duration::from_secs(5));
 
-        write_atomic(&state_path(&file), &state(7, now - 1)).unwrap();
+        let passed = BootInstant::now() - Duration::from_millis(1);
+        write_atomic(&state_path(&file), &state_at(7, 0, Some(passed))).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
-        write_atomic(&state_path(&file), &state(9, now + 5_000)).unwrap();
+        write_atomic(&state_path(&file), &state(9, Duration::from_secs(5))).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(_)));
+    }
+
+    /// Only the boot-clock deadline counts: a wall-clock deadline in the
+    /// past (clock stepped ahead) or far ahead (stepped back) changes
+    /// nothing, a state file without the boot deadline publishes nothing,
+    /// and re-reading one record never gives a later deadline.
+    #[test]
+    fn the_wall_clock_deadline_is_not_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("worker-id");
+        write_atomic(&file, b"7\n").unwrap();
+        let boot = BootInstant::now() + Duration::from_secs(5);
+        let wall_now = unix_ms(SystemTime::now());
+        let mut seen = Vec::new();
+        for wall_ms in [0, wall_now - 30_000, wall_now + 5_000, wall_now + 30_000] {
+            write_atomic(&state_path(&file), &state_at(7, wall_ms, Some(boot))).unwrap();
+            for _ in 0..3 {
+                let Reading::Published(p) = read_file(&file) else {
+                    panic!("valid by the boot clock, wall {wall_ms}")
+                };
+                seen.push(p.valid_until.unwrap());
+            }
+        }
+        let expected = BootInstant::from_millis(boot.as_millis());
+        assert!(seen.iter().all(|t| *t == expected), "{seen:?}");
+
+        let passed = BootInstant::now() - Duration::from_millis(1);
+        write_atomic(
+            &state_path(&file),
+            &state_at(7, wall_now + 30_000, Some(passed)),
+        )
+        .unwrap();
+        assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
+
+        write_atomic(&state_path(&file), &state_at(7, wall_now + 30_000, None)).unwrap();
+        let Reading::Absent(why) = read_file(&file) else {
+            panic!("no boot deadline, no ID")
+        };
+        assert!(why.contains("valid_until_boot_ms"), "{why}");
+
+        let mut other =
+            serde_json::from_slice::<StateFile>(&state(7, Duration::from_secs(5))).unwrap();
+        other.boot_id = Some("00000000-0000-0000-0000-000000000000".into());
+        write_atomic(&state_path(&file), &serde_json::to_vec(&other).unwrap()).unwrap();
+        let Reading::Absent(why) = read_file(&file) else {
+            panic!("another boot's deadline, no ID")
+        };
+        assert!(why.contains("boot ID"), "{why}");
     }
 
     #[test]

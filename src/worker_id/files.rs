@@ -12,8 +12,11 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::state::RecordedLease;
+use crate::boot_clock::{self, BootInstant};
+use crate::lease;
 
 /// Contents of the state file beside the ID file (`<output-file>.state.json`).
+/// Fields added later are optional, so files of older sidecars still read.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StateFile {
     /// Application name.
@@ -24,7 +27,70 @@ pub struct StateFile {
     pub owner: String,
     /// Unix time in ms until which the lease is valid, erring early; a
     /// reader seeing a past value knows the ID is stale (sidecar crashed).
+    /// Wall clock: for people, and for re-adoption without
+    /// `valid_until_boot_ms`; `exec` and `id` do not judge it (an NTP step
+    /// would move it).
     pub valid_until_ms: u64,
+    /// The same deadline on CLOCK_BOOTTIME: ms since boot, rounded down
+    /// ([`BootInstant::as_millis`]); meaningful only under `boot_id`. The
+    /// deadline `exec` and `id` judge: no wall-clock step moves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until_boot_ms: Option<u64>,
+    /// The kernel's boot ID when the file was written
+    /// ([`boot_clock::boot_id`]; shared by every container on the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+}
+
+impl StateFile {
+    /// The validity deadline on this node's boot clock: `valid_until_boot_ms`
+    /// when the file was written under this boot.
+    ///
+    /// Errors: [`NoBootDeadline`], why the file gives none here.
+    pub fn boot_deadline(&self) -> Result<BootInstant, NoBootDeadline> {
+        self.boot_deadline_under(boot_clock::boot_id())
+    }
+
+    /// [`Self::boot_deadline`] on a node whose boot ID is `here`.
+    fn boot_deadline_under(&self, here: Option<&str>) -> Result<BootInstant, NoBootDeadline> {
+        let (Some(ms), Some(written)) = (self.valid_until_boot_ms, self.boot_id.as_deref()) else {
+            return Err(NoBootDeadline::Missing);
+        };
+        let until = BootInstant::from_millis(ms);
+        match here {
+            Some(here) if here == written => Ok(until),
+            Some(here) => Err(NoBootDeadline::OtherBoot {
+                written: written.to_owned(),
+                here: here.to_owned(),
+            }),
+            // No /proc (a bare chroot): the boot cannot be told apart, so the
+            // earlier deadline counts: after a reboot the wall-clock one has
+            // passed, after a wall-clock step the boot-clock one holds.
+            None => {
+                let now = BootInstant::now();
+                let wall = now + lease::until_unix_ms(self.valid_until_ms).unwrap_or_default();
+                Ok(until.min(wall))
+            }
+        }
+    }
+}
+
+/// Why a state file gives no deadline on this node's boot clock.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoBootDeadline {
+    /// Written by a sidecar that did not record it (older version).
+    #[error("the state file has no valid_until_boot_ms and boot_id (written by an older sidecar?)")]
+    Missing,
+    /// Written under another boot (another node, or before a reboot).
+    #[error(
+        "the state file was written under boot ID {written}, this node's is {here}: its deadline means nothing here"
+    )]
+    OtherBoot {
+        /// The file's `boot_id`.
+        written: String,
+        /// This node's.
+        here: String,
+    },
 }
 
 /// Path of the state file for an ID file: `<output-file>.state.json`.
@@ -108,7 +174,8 @@ pub fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease> {
             return None;
         }
     };
-    (state.app == app).then_some(RecordedLease {
+    (state.app == app).then(|| RecordedLease {
+        valid_until_boot: state.boot_deadline().ok(),
         worker_id: state.worker_id,
         owner: state.owner,
         valid_until_ms: state.valid_until_ms,
@@ -156,9 +223,71 @@ mod tests {
             worker_id: 3,
             owner: "10.0.0.1#00".into(),
             valid_until_ms: 1,
+            valid_until_boot_ms: None,
+            boot_id: None,
         };
         write_atomic(&state_path(&path), &serde_json::to_vec(&record).unwrap()).unwrap();
         assert!(read_state(&path, "billing").is_none());
         assert_eq!(read_state(&path, "orders").map(|r| r.worker_id), Some(3));
+    }
+
+    fn with_boot(ms: Option<u64>, boot_id: Option<&str>) -> StateFile {
+        StateFile {
+            app: "orders".into(),
+            worker_id: 3,
+            owner: "10.0.0.1#00".into(),
+            valid_until_ms: 1,
+            valid_until_boot_ms: ms,
+            boot_id: boot_id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn boot_deadline_counts_only_under_this_boot() {
+        let here = boot_clock::boot_id().unwrap();
+        assert_eq!(
+            with_boot(Some(5_000), Some(here)).boot_deadline(),
+            Ok(BootInstant::from_millis(5_000))
+        );
+        let other = "00000000-0000-0000-0000-000000000000";
+        let err = with_boot(Some(5_000), Some(other))
+            .boot_deadline()
+            .unwrap_err();
+        assert!(matches!(err, NoBootDeadline::OtherBoot { .. }), "{err}");
+        assert!(err.to_string().contains(other), "{err}");
+        for missing in [with_boot(None, Some(here)), with_boot(Some(5_000), None)] {
+            assert_eq!(missing.boot_deadline(), Err(NoBootDeadline::Missing));
+        }
+    }
+
+    /// Without /proc the boot cannot be checked: the earlier of the two
+    /// deadlines counts.
+    #[test]
+    fn without_a_boot_id_the_earlier_deadline_counts() {
+        let boot = BootInstant::now() + std::time::Duration::from_secs(5);
+        let wall_now = lease::unix_ms(std::time::SystemTime::now());
+        let mut state = with_boot(Some(boot.as_millis()), Some("b"));
+        state.valid_until_ms = wall_now + 60_000;
+        let until = state.boot_deadline_under(None).unwrap();
+        assert_eq!(until, BootInstant::from_millis(boot.as_millis()));
+        state.valid_until_ms = wall_now + 1_000;
+        let until = state.boot_deadline_under(None).unwrap();
+        assert!(until < boot && until.remaining() <= std::time::Duration::from_secs(1));
+        state.valid_until_ms = wall_now - 1;
+        assert!(state.boot_deadline_under(None).unwrap() <= BootInstant::now());
+    }
+
+    /// A file of an older sidecar (no boot fields) reads, and a new file
+    /// leaves out what it does not know.
+    #[test]
+    fn boot_fields_are_optional_in_the_json() {
+        let old = r#"{"app":"orders","worker_id":3,"owner":"o","valid_until_ms":1}"#;
+        let state: StateFile = serde_json::from_str(old).unwrap();
+        assert_eq!((state.valid_until_boot_ms, state.boot_id), (None, None));
+        let json = serde_json::to_string(&with_boot(Some(7), Some("b"))).unwrap();
+        assert!(
+            json.contains(r#""valid_until_boot_ms":7,"boot_id":"b""#),
+            "{json}"
+        );
     }
 }

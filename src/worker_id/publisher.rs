@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::boot_clock::{BootInstant, sleep_until};
+use crate::boot_clock::{BootInstant, boot_id, sleep_until};
 use tokio::sync::watch;
 use tracing::{error, warn};
 
@@ -75,6 +75,8 @@ impl Files {
             worker_id: held.worker_id,
             owner: held.owner.as_str().to_owned(),
             valid_until_ms: held.valid_until_unix_ms,
+            valid_until_boot_ms: Some(held.valid_until.as_millis()),
+            boot_id: boot_id().map(str::to_owned),
         };
         let json = serde_json::to_vec(&record).expect("state serialises");
         // State first: a crash between the two leaves a record, not an ID.

@@ -84,15 +84,72 @@ pub struct RecordedLease {
     pub owner: String,
     /// Unix ms until which the earlier process held it, erring early.
     pub valid_until_ms: u64,
+    /// The same deadline on the boot clock, when the record was written
+    /// under this boot ([`super::files::StateFile::boot_deadline`]).
+    pub valid_until_boot: Option<BootInstant>,
 }
 
 impl RecordedLease {
-    /// The recorded deadline on the boot clock, never more than one
-    /// validity span (TTL - margin) away: the record is wall-clock based, and
-    /// a clock step or an edit must not keep a stale ID published longer.
-    /// `None` once passed.
+    /// The recorded deadline on the boot clock (from the wall-clock record
+    /// when the file has none for this boot), never more than one validity
+    /// span (TTL - margin) away: a wall-clock step or an edit must not keep
+    /// a stale ID published longer. `None` once passed.
     pub fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
-        let left = lease::until_unix_ms(self.valid_until_ms)?;
-        Some(BootInstant::now() + left.min(lease::validity(ttl)))
+        let now = BootInstant::now();
+        let cap = now + lease::validity(ttl);
+        let until = match self.valid_until_boot {
+            Some(until) => until,
+            None => now + lease::until_unix_ms(self.valid_until_ms)?,
+        };
+        Some(until.min(cap)).filter(|until| *until > now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(valid_until_ms: u64, valid_until_boot: Option<BootInstant>) -> RecordedLease {
+        RecordedLease {
+            worker_id: 3,
+            owner: "10.0.0.1#00".into(),
+            valid_until_ms,
+            valid_until_boot,
+        }
+    }
+
+    /// The boot-clock deadline wins over the wall-clock one (a stepped
+    /// clock moves only the latter); both are capped at one validity span.
+    #[test]
+    fn recorded_deadline_prefers_the_boot_clock_and_is_capped() {
+        let ttl = Duration::from_secs(10);
+        let wall_now = lease::unix_ms(std::time::SystemTime::now());
+        let soon = BootInstant::now() + Duration::from_secs(2);
+        // Wall record 30 s ahead (clock stepped back when written): the boot deadline rules.
+        assert_eq!(
+            recorded(wall_now + 30_000, Some(soon)).deadline(ttl),
+            Some(soon)
+        );
+        // Wall record passed (clock stepped ahead): still valid by the boot clock.
+        assert_eq!(recorded(0, Some(soon)).deadline(ttl), Some(soon));
+        let passed = BootInstant::now() - Duration::from_millis(1);
+        assert_eq!(
+            recorded(wall_now + 30_000, Some(passed)).deadline(ttl),
+            None
+        );
+        // Without a boot deadline the wall one counts, capped at TTL - margin.
+        let far = BootInstant::now() + Duration::from_secs(60);
+        let capped = recorded(wall_now + 60_000, None).deadline(ttl).unwrap();
+        assert!(capped <= BootInstant::now() + lease::validity(ttl));
+        assert!(
+            recorded(wall_now + 60_000, Some(far))
+                .deadline(ttl)
+                .unwrap()
+                <= capped + Duration::from_millis(50)
+        );
+        assert_eq!(
+            recorded(wall_now.saturating_sub(1), None).deadline(ttl),
+            None
+        );
     }
 }

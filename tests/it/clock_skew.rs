@@ -19,7 +19,7 @@ fn skewed_worker(redis: &RedisServer, stamp: &Path) -> Sidecar {
         .spawn()
 }
 
-fn set_offset(stamp: &Path, offset: &str) {
+pub(crate) fn set_offset(stamp: &Path, offset: &str) {
     std::fs::write(stamp, format!("{offset}\n")).expect("write the faketime file");
 }
 

@@ -536,8 +536,11 @@ fn readopting_keeps_the_old_id_file_at_most_one_ttl() {
     first.wait_exit(secs(5)).expect("killed");
     let state_file = fs::read_to_string(&state_path).expect("state file left behind");
     let mut state: serde_json::Value = serde_json::from_str(&state_file).unwrap();
-    let until = state["valid_until_ms"].as_u64().unwrap() + 60_000;
-    state["valid_until_ms"] = until.into();
+    // Both deadlines: the wall clock's (older files) and the boot clock's.
+    for field in ["valid_until_ms", "valid_until_boot_ms"] {
+        let until = state[field].as_u64().unwrap() + 60_000;
+        state[field] = until.into();
+    }
     fs::write(
         format!("{}.state.json", pod.worker_id_file().display()),
         serde_json::to_vec(&state).unwrap(),

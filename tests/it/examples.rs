@@ -86,13 +86,10 @@ fn parse(run: &Run) -> (u32, String, u64) {
     )
 }
 
-/// Each example prints the sidecar's worker ID read from the ID file, mints a Snowflake ID
-/// carrying it (bits 12-21), falls back to `GET /id` when the file is missing, and refuses to
-/// mint (exit 3, empty stdout) once the sidecar released the ID and stopped.
-#[test]
-fn examples_read_the_published_id_and_refuse_without_one() {
-    let classes = java_classes();
-    let present: Vec<(&Example, PathBuf, PathBuf)> = EXAMPLES
+/// The examples whose interpreter is here: (example, interpreter, working folder); the Java
+/// classes live in `classes`.
+fn present(classes: &Option<tempfile::TempDir>) -> Vec<(&'static Example, PathBuf, PathBuf)> {
+    EXAMPLES
         .iter()
         .filter_map(|e| match (find(e.program), e.name) {
             (Some(_), "java") if classes.is_none() => {
@@ -111,7 +108,16 @@ fn examples_read_the_published_id_and_refuse_without_one() {
                 None
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Each example prints the sidecar's worker ID read from the ID file, mints a Snowflake ID
+/// carrying it (bits 12-21), falls back to `GET /id` when the file is missing, and refuses to
+/// mint (exit 3, empty stdout) once the sidecar released the ID and stopped.
+#[test]
+fn examples_read_the_published_id_and_refuse_without_one() {
+    let classes = java_classes();
+    let present = present(&classes);
     let redis = RedisServer::start();
     // Skip ID 0, so a reader that ignored the ID would not pass by accident.
     let _: () = redis.query(
@@ -148,5 +154,58 @@ fn examples_read_the_published_id_and_refuse_without_one() {
             "{}: {out:?}",
             example.name
         );
+    }
+}
+
+/// Each example judges the state file by its boot-clock deadline, as `exec` does (issue 20,
+/// item 1): a wall-clock deadline 30 s past with the boot one ahead (wall clock stepped ahead)
+/// is published; a wall-clock deadline 30 s ahead with the boot one past (stepped back), a
+/// state file without the boot deadline, or one from another boot, is not.
+#[test]
+fn examples_judge_the_boot_clock_deadline() {
+    use snowlease::boot_clock::{BootInstant, boot_id};
+    let classes = java_classes();
+    let present = present(&classes);
+    let pod = PodDir::new();
+    let file = pod.worker_id_file();
+    std::fs::write(&file, "5\n").unwrap();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let now_boot = BootInstant::now().as_millis();
+    let here = boot_id().unwrap();
+    let cases = [
+        (unix_ms() - 30_000, Some(now_boot + 60_000), here, true),
+        (
+            unix_ms() + 30_000,
+            Some(now_boot.saturating_sub(1_000)),
+            here,
+            false,
+        ),
+        (unix_ms() + 30_000, None, here, false),
+        (
+            unix_ms() + 30_000,
+            Some(now_boot + 60_000),
+            "00000000-0000-0000-0000-000000000000",
+            false,
+        ),
+    ];
+    for (wall, boot, boot_id, published) in cases {
+        let mut state = serde_json::json!({
+            "app": "orders", "worker_id": 5, "owner": "o#1", "valid_until_ms": wall,
+            "boot_id": boot_id,
+        });
+        if let Some(boot) = boot {
+            state["valid_until_boot_ms"] = boot.into();
+        }
+        std::fs::write(format!("{}.state.json", file.display()), state.to_string()).unwrap();
+        for (example, interpreter, cwd) in &present {
+            let out = run(example, interpreter, cwd, &file, &dead);
+            match published {
+                true => {
+                    assert_eq!(out.code, Some(0), "{} {state}: {out:?}", example.name);
+                    assert_eq!(parse(&out).0, 5, "{}: {out:?}", example.name);
+                }
+                false => assert_eq!(out.code, Some(3), "{} {state}: {out:?}", example.name),
+            }
+        }
     }
 }

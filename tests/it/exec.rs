@@ -16,14 +16,19 @@ const GRACE: Duration = Duration::from_millis(500);
 
 /// App script: writes the ID it got to `$SAW` (atomically) and its PID to `$SAW.pid`, then
 /// becomes `sleep` (same PID).
-const APP: &str = r#"echo "$WORKER_ID" > "$SAW.tmp" && mv "$SAW.tmp" "$SAW"; echo $$ > "$SAW.pid"; exec sleep 600"#;
+pub(crate) const APP: &str = r#"echo "$WORKER_ID" > "$SAW.tmp" && mv "$SAW.tmp" "$SAW"; echo $$ > "$SAW.pid"; exec sleep 600"#;
 
 /// Like [`APP`], but the app ignores SIGTERM, so only the SIGKILL after `--grace` stops it.
 const STUBBORN_APP: &str = r#"trap '' TERM; echo "$WORKER_ID" > "$SAW.tmp" && mv "$SAW.tmp" "$SAW"; echo $$ > "$SAW.pid"; exec sleep 600"#;
 
 /// `snowlease exec <flags> -- sh -c <script>` reading `<pod>/worker-id`, with `SAW` set to
 /// `<pod>/<name>.saw`. Flags must come before the command, hence all of them here.
-fn exec_app(pod: &PodDir, name: &str, flags: &[(&str, &str)], script: &str) -> SidecarBuilder {
+pub(crate) fn exec_app(
+    pod: &PodDir,
+    name: &str,
+    flags: &[(&str, &str)],
+    script: &str,
+) -> SidecarBuilder {
     let mut builder = SidecarBuilder::new("exec")
         .name(name)
         .pod(pod)
@@ -48,7 +53,7 @@ fn saw_path(pod: &PodDir, name: &str) -> PathBuf {
 }
 
 /// The worker ID the app wrote, once it has.
-fn wait_app_saw(pod: &PodDir, name: &str, timeout: Duration) -> Option<u32> {
+pub(crate) fn wait_app_saw(pod: &PodDir, name: &str, timeout: Duration) -> Option<u32> {
     let path = saw_path(pod, name);
     poll_some(timeout, || {
         fs::read_to_string(&path).ok()?.trim().parse().ok()
@@ -56,7 +61,7 @@ fn wait_app_saw(pod: &PodDir, name: &str, timeout: Duration) -> Option<u32> {
 }
 
 /// PID the app wrote beside its `saw` file.
-fn app_pid(pod: &PodDir, name: &str) -> i32 {
+pub(crate) fn app_pid(pod: &PodDir, name: &str) -> i32 {
     let mut path = saw_path(pod, name).into_os_string();
     path.push(".pid");
     poll_some(secs(5), || {

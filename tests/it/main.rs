@@ -45,6 +45,8 @@ mod pool_limits;
 mod pool_quarantine;
 /// Pool lease rules broken once (issue 8): replay after extend, cap, next-due hint, cooldowns.
 mod pool_rules;
+/// The published deadline: the margin before the key's expiry; `exec`/`id` under wall-clock steps.
+mod published_deadline;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.
