@@ -128,15 +128,22 @@ pub struct RedisUrlArg {
     )]
     pub redis_url: String,
     /// PEM file of the CA(s) that sign the Redis server's certificate (`rediss://`); without
-    /// it the system trust store is used (SSL_CERT_FILE honoured).
+    /// it the system trust store is used (SSL_CERT_FILE honoured). Read again at every
+    /// connection open (a rotated CA bundle is followed without a restart).
     #[arg(long, env = "REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
-    /// PEM client certificate for servers that require one (with --redis-key-file).
+    /// PEM client certificate for servers that require one (with --redis-key-file). Read
+    /// again at every connection open.
     #[arg(long, env = "REDIS_CERT_FILE")]
     pub redis_cert_file: Option<PathBuf>,
-    /// PEM private key of --redis-cert-file.
+    /// PEM private key of --redis-cert-file. Read again at every connection open.
     #[arg(long, env = "REDIS_KEY_FILE")]
     pub redis_key_file: Option<PathBuf>,
+    /// File holding the data nodes' password alone on one line (trailing newline dropped),
+    /// e.g. a mounted Kubernetes Secret; overrides the URL's password. Read again at every
+    /// connection open (a rotated password is followed without a restart).
+    #[arg(long, env = "REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
     /// Sentinel user name (`redis+sentinel://`), when the URL's `?sentinel_username=` is not set.
     #[arg(long, env = "REDIS_SENTINEL_USERNAME")]
     pub redis_sentinel_username: Option<String>,
@@ -146,31 +153,24 @@ pub struct RedisUrlArg {
 }
 
 impl RedisUrlArg {
-    /// Parses the URL and reads the TLS files; the error names the flag and
-    /// never shows the URL.
+    /// Parses the URL and reads the TLS and password files once, to refuse
+    /// bad ones before anything starts (they are read again at every
+    /// connection open); the error names the flag and never shows the URL
+    /// or the password.
     pub fn target(&self) -> Result<RedisTarget, ConfigError> {
-        let read = |flag: &'static str, path: &Option<PathBuf>| {
-            path.as_ref()
-                .map(|p| {
-                    std::fs::read(p).map_err(|e| {
-                        ConfigError::new(flag, format!("cannot read {}: {e}", p.display()))
-                    })
-                })
-                .transpose()
-        };
-        let ca = read("--redis-ca-file", &self.redis_ca_file)?;
-        let cert = read("--redis-cert-file", &self.redis_cert_file)?;
-        let key = read("--redis-key-file", &self.redis_key_file)?;
         RedisTarget::parse(&self.redis_url)
             .map_err(|reason| ConfigError::new("--redis-url", reason))?
             .with_sentinel_auth(
                 self.redis_sentinel_username.clone(),
                 self.redis_sentinel_password.clone(),
             )
-            .with_tls(ca, cert, key)
-            .map_err(|reason| {
-                ConfigError::new("--redis-ca-file/--redis-cert-file/--redis-key-file", reason)
-            })
+            .with_tls_files(
+                self.redis_ca_file.clone(),
+                self.redis_cert_file.clone(),
+                self.redis_key_file.clone(),
+            )
+            .and_then(|target| target.with_password_file(self.redis_password_file.clone()))
+            .map_err(|refused| ConfigError::new(refused.flag, refused.reason))
     }
 }
 

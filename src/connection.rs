@@ -14,7 +14,7 @@ use std::sync::Once;
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
 pub use handle::{Reconnects, Redis};
-pub use target::{RedisTarget, Topology};
+pub use target::{FileRefused, RedisTarget, Topology};
 
 /// Installs ring as rustls's process-wide crypto provider; without one the
 /// first `rediss://` connection panics. Harmless when already installed.
@@ -28,10 +28,20 @@ fn install_crypto_provider() {
 /// Turns connect errors that no retry fixes into configuration errors
 /// (`InvalidClientConfig`, classified permanent) that name the cause: an
 /// untrusted TLS certificate (issue 9.2), a master name no Sentinel knows.
-fn explain(target: &RedisTarget, err: RedisError) -> RedisError {
+///
+/// A certificate error once a connection was opened before (`ran_before`)
+/// is a failed connect (I/O kind, transient), retried until the lease's
+/// deadline: certificates and CA bundles rotate during a run (cert-manager),
+/// and the files are read again at the next attempt (issue 20.4). At the
+/// first connect it is a configuration error.
+fn explain(target: &RedisTarget, err: RedisError, ran_before: bool) -> RedisError {
     if is_certificate_error(&err) {
+        let kind = match ran_before {
+            true => ErrorKind::Io,
+            false => ErrorKind::InvalidClientConfig,
+        };
         return (
-            ErrorKind::InvalidClientConfig,
+            kind,
             "TLS certificate error: trust the server's CA with --redis-ca-file (REDIS_CA_FILE) or the system store (SSL_CERT_FILE); a server that asks for a client certificate needs --redis-cert-file and --redis-key-file",
             format!("{target}: {}", Readable(&err)),
         )
@@ -287,7 +297,7 @@ mod tests {
             "the Sentinel does not know the master",
         )
             .into();
-        let shown = Readable(&explain(&target, unknown)).to_string();
+        let shown = Readable(&explain(&target, unknown, false)).to_string();
         assert_eq!(
             shown,
             "no Sentinel knows the master named in the URL: redis+sentinel://127.0.0.1:1/nomaster/0"
@@ -298,7 +308,7 @@ mod tests {
             "127.0.0.1:1".to_owned(),
         )
             .into();
-        let shown = Readable(&explain(&target, mismatch)).to_string();
+        let shown = Readable(&explain(&target, mismatch, false)).to_string();
         assert_eq!(
             shown,
             "redis connection: redis+sentinel://127.0.0.1:1/nomaster/0: not a Cluster node: 127.0.0.1:1"
@@ -324,6 +334,31 @@ mod tests {
             ] {
                 assert!(!shown.contains(kind), "{shown}");
             }
+        }
+    }
+
+    /// Issue 20.4: an untrusted certificate is a configuration error at the
+    /// first connect, a failed attempt (retried) at a reconnect during a
+    /// run, when a CA or certificate may be in the middle of a rotation.
+    #[test]
+    fn certificate_errors_are_permanent_only_at_the_first_connect() {
+        let target = RedisTarget::parse("rediss://u:s3cret@127.0.0.1:1").unwrap();
+        let refused = || {
+            RedisError::from(std::io::Error::other(
+                "invalid peer certificate: UnknownIssuer",
+            ))
+        };
+        let at_start = explain(&target, refused(), false);
+        assert_eq!(classify(&at_start), Failure::Permanent);
+        let in_run = explain(&target, refused(), true);
+        assert_eq!(classify(&in_run), Failure::Transient);
+        for err in [&at_start, &in_run] {
+            let shown = Readable(err).to_string();
+            assert!(shown.starts_with("TLS certificate error"), "{shown}");
+            assert!(
+                shown.contains("UnknownIssuer") && !shown.contains("s3cret"),
+                "{shown}"
+            );
         }
     }
 

@@ -151,15 +151,17 @@ impl RedisTarget {
             .set_user_timeout(USER_TIMEOUT)
     }
 
-    fn node_settings(&self) -> RedisConnectionInfo {
+    /// Credentials and db of a data node; the password as its file holds
+    /// it now (read at every connection open, issue 20.4).
+    fn node_settings(&self) -> RedisResult<RedisConnectionInfo> {
         let mut info = RedisConnectionInfo::default().set_db(self.db);
         if let Some(user) = &self.username {
             info = info.set_username(user);
         }
-        if let Some(password) = &self.password {
+        if let Some(password) = self.node_password()? {
             info = info.set_password(password);
         }
-        info
+        Ok(info)
     }
 
     fn addr(&self, host: &str, port: u16) -> ConnectionAddr {
@@ -174,15 +176,16 @@ impl RedisTarget {
         }
     }
 
-    /// Connection info of one data node (credentials, db, TCP settings, TLS).
+    /// Connection info of one data node (credentials, db, TCP settings,
+    /// TLS), with the TLS and password files as they are now.
     fn node_info(&self, host: &str, port: u16) -> RedisResult<ConnectionInfo> {
         let info = self
             .addr(host, port)
             .into_connection_info()?
             .set_tcp_settings(Self::tcp_settings())
-            .set_redis_settings(self.node_settings());
-        match (&self.certs, self.tls) {
-            (Some(certs), true) => Ok(Client::build_with_tls(info, certs.clone())?
+            .set_redis_settings(self.node_settings()?);
+        match (self.certs()?, self.tls) {
+            (Some(certs), true) => Ok(Client::build_with_tls(info, certs)?
                 .get_connection_info()
                 .clone()),
             _ => Ok(info),
@@ -605,7 +608,8 @@ impl Shared {
         let opened = timeout(limit, self.open())
             .await
             .unwrap_or_else(|_| Err(timed_out(limit)));
-        let (conn, node) = opened.map_err(|e| super::explain(&self.target, e))?;
+        let ran_before = *self.generation.borrow() > 0;
+        let (conn, node) = opened.map_err(|e| super::explain(&self.target, e, ran_before))?;
         let mut generation = 0;
         self.generation.send_modify(|g| {
             *g += 1;
@@ -752,13 +756,13 @@ impl Shared {
         if let Some(user) = &target.username {
             builder = builder.username(user);
         }
-        if let Some(password) = &target.password {
+        if let Some(password) = target.node_password()? {
             builder = builder.password(password);
         }
         if target.tls {
             builder = builder.tls(TlsMode::Secure);
-            if let Some(certs) = &target.certs {
-                builder = builder.certs(certs.clone());
+            if let Some(certs) = target.certs()? {
+                builder = builder.certs(certs);
             }
         }
         let conn = builder.build()?.get_async_connection().await?;

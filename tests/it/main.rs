@@ -51,6 +51,8 @@ mod published_deadline;
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.
 mod replica_ack;
+/// Credentials rotated during a run: CA bundle and certificates, a password file.
+mod rotation;
 /// Worker scenarios written once, run on standalone, Sentinel and Cluster (33 on 32 IDs, signals).
 mod scenarios;
 /// The statically linked binary runs `exec` and `id` in a bare root folder.
