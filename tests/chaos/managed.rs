@@ -127,15 +127,15 @@ impl Managed {
         &self.nodes[self.primary]
     }
 
-    /// The sidecars' URL: `rediss://user[:password]@NAME:port` (the password only when
-    /// `--redis-password-file` is not used).
+    /// The sidecars' URL: `rediss://user:[password]@NAME:port` (the password only when
+    /// `--redis-password-file` is not used; the colon keeps `user@` from reading as a
+    /// password).
     pub fn url(&self) -> String {
-        let password = if self.password_file {
-            String::new()
-        } else {
-            format!(":{}", self.password_of(self.password))
+        let password = match self.password_file {
+            true => String::new(),
+            false => self.password_of(self.password),
         };
-        format!("rediss://{USER}{password}@{NAME}:{}", self.tls_port)
+        format!("rediss://{USER}:{password}@{NAME}:{}", self.tls_port)
     }
 
     /// Flags every sidecar gets: the CA bundle and, if used, the password file.
