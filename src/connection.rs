@@ -25,6 +25,9 @@ fn install_crypto_provider() {
     });
 }
 
+/// What [`explain`] says of a certificate error.
+const CERTIFICATE_ERROR: &str = "TLS certificate error: trust the server's CA with --redis-ca-file (REDIS_CA_FILE) or the system store (SSL_CERT_FILE); a server that asks for a client certificate needs --redis-cert-file and --redis-key-file";
+
 /// Turns connect errors that no retry fixes into configuration errors
 /// (`InvalidClientConfig`, classified permanent) that name the cause: an
 /// untrusted TLS certificate (issue 9.2), a master name no Sentinel knows.
@@ -42,7 +45,7 @@ fn explain(target: &RedisTarget, err: RedisError, ran_before: bool) -> RedisErro
         };
         return (
             kind,
-            "TLS certificate error: trust the server's CA with --redis-ca-file (REDIS_CA_FILE) or the system store (SSL_CERT_FILE); a server that asks for a client certificate needs --redis-cert-file and --redis-key-file",
+            CERTIFICATE_ERROR,
             format!("{target}: {}", Readable(&err)),
         )
             .into();
@@ -122,18 +125,49 @@ pub(crate) fn is_certificate_error(err: &RedisError) -> bool {
         || text.contains("no client certificate")
 }
 
-/// How the caller should treat a failed Redis call.
+/// How the caller should treat a failed Redis call: the one table
+/// (docs/operations.md, "Which errors end what") that the worker keeper and
+/// `lock` follow, at start and while a lease is held. That the key is
+/// someone else's is never an error: only a script's answer says so
+/// ([`crate::lease::RenewOutcome::Lost`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
     /// Connection trouble, timeouts, loading, failover: the same call may
-    /// succeed later. The command may or may not have run.
+    /// succeed later. The command may or may not have run. Retried at start
+    /// (until `--claim-timeout`, `--wait`) and while a lease is held (until
+    /// its validity deadline).
     Transient,
-    /// Permissions, wrong types, bad scripts: retrying will not help.
+    /// Redis or its TLS peer refused this client: a wrong user name or
+    /// password (`WRONGPASS`), an ACL refusal (`NOPERM`, or one inside a
+    /// script), a certificate either side does not trust. Permanent at
+    /// start (a configuration to fix: exit 1). While a lease is held it says
+    /// nothing about the key, which stays ours until Redis expires it (no
+    /// write of ours ran): retried until the validity deadline, so a
+    /// password or CA rotation done in the wrong order costs no ID.
+    Refused,
+    /// Wrong types, bad scripts, a topology that does not match the URL:
+    /// retrying will not help, at start or while held.
     Permanent,
 }
 
+impl Failure {
+    /// Whether a call that failed so is tried again before anything is
+    /// held (start-up probe, claim, acquire): only when transient.
+    pub fn retried_at_start(self) -> bool {
+        self == Self::Transient
+    }
+
+    /// Whether a renewal that failed so is tried again while a lease is
+    /// held, until its validity deadline: all but [`Failure::Permanent`].
+    pub fn retried_while_held(self) -> bool {
+        self != Self::Permanent
+    }
+}
+
 /// Classifies a redis-rs error by its kind and error code, never by its
-/// message.
+/// message (except the two texts that have no code: an ACL refusal inside
+/// a script, [`is_permission_error`], and a TLS certificate error,
+/// [`is_certificate_error`]).
 pub fn classify(err: &RedisError) -> Failure {
     verdict(err).failure
 }
@@ -161,12 +195,23 @@ fn verdict(err: &RedisError) -> Verdict {
         failure,
         new_connection,
     };
+    // A certificate error at a reconnect during a run (`explain` with
+    // `ran_before` makes it an I/O error): a CA or certificate in the middle
+    // of a rotation, retried like connection trouble (issue 20.4).
+    if err.kind() == ErrorKind::Io && err.to_string().contains(CERTIFICATE_ERROR) {
+        return verdict(transient, true);
+    }
+    // Refused by Redis or its certificate (WRONGPASS, NOPERM, an untrusted
+    // certificate): retried only while a lease is held. A connection that
+    // failed to authenticate or verify is opened again (with the files as
+    // they are then); a NOPERM leaves a working connection.
+    if is_auth_error(err) || is_permission_error(err) || is_certificate_error(err) {
+        return verdict(Failure::Refused, !is_permission_error(err));
+    }
     if err.is_timeout() || err.is_connection_dropped() || err.is_connection_refusal() {
         return verdict(transient, true);
     }
     match err.kind() {
-        ErrorKind::Server(ServerErrorKind::NoPerm) => verdict(permanent, false),
-        ErrorKind::AuthenticationFailed => verdict(permanent, false),
         ErrorKind::Io => verdict(transient, true),
         // Not (or no longer) a primary: a replica, one without its primary,
         // one loading a dump. Another node (or this one later) serves.
@@ -222,28 +267,144 @@ fn is_script_acl_message(detail: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Every row of docs/operations.md "Which errors end what", as redis-rs hands the
+    /// error over: server replies parsed from the wire, I/O errors as the connection
+    /// reports them, certificate errors as rustls words them (raw and after [`explain`]).
     #[test]
-    fn server_states_that_pass_are_transient() {
-        for (code, detail) in [
-            ("OOM", "command not allowed when used memory > 'maxmemory'."),
-            ("BUSY", "Redis is busy running a script."),
-            ("LOADING", "Redis is loading the dataset in memory"),
-            ("READONLY", "You can't write against a read only replica."),
-            ("MASTERDOWN", "Link with MASTER is down"),
-            ("TRYAGAIN", "Multiple keys request during rehashing of slot"),
-            ("CLUSTERDOWN", "The cluster is down"),
+    fn every_row_of_the_error_table() {
+        let target = RedisTarget::parse("rediss://u:s3cret@127.0.0.1:1").unwrap();
+        let io = |kind: std::io::ErrorKind| RedisError::from(std::io::Error::from(kind));
+        let untrusted = || -> RedisError {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+            )
+            .into()
+        };
+        let alert = |alert: rustls::AlertDescription| -> RedisError {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::AlertReceived(alert),
+            )
+            .into()
+        };
+        let transient = [
+            io(std::io::ErrorKind::ConnectionRefused),
+            io(std::io::ErrorKind::ConnectionReset),
+            io(std::io::ErrorKind::BrokenPipe),
+            io(std::io::ErrorKind::UnexpectedEof),
+            io(std::io::ErrorKind::TimedOut),
+            std::io::Error::other("no Sentinel answers (127.0.0.1:1)").into(),
+            server_error("OOM", "command not allowed when used memory > 'maxmemory'."),
+            server_error("BUSY", "Redis is busy running a script."),
+            server_error("LOADING", "Redis is loading the dataset in memory"),
+            server_error("READONLY", "You can't write against a read only replica."),
+            server_error("MASTERDOWN", "Link with MASTER is down"),
+            server_error("MISCONF", "Redis is configured to save RDB snapshots"),
+            server_error("NOREPLICAS", "Not enough good replicas to write."),
+            server_error("TRYAGAIN", "Multiple keys request during rehashing of slot"),
+            server_error("CLUSTERDOWN", "The cluster is down"),
+            server_error("MOVED", "3999 127.0.0.1:6381"),
+        ];
+        let refused = [
+            server_error(
+                "WRONGPASS",
+                "invalid username-password pair or user is disabled.",
+            ),
+            (
+                ErrorKind::AuthenticationFailed,
+                "Password authentication failed",
+            )
+                .into(),
+            server_error(
+                "NOPERM",
+                "this user has no permissions to run the 'evalsha' command",
+            ),
+            server_error(
+                "ERR",
+                "The user executing the script can't run this command or subcommand script: 49, on @user_script:1.",
+            ),
+            server_error(
+                "ERR",
+                "ACL failure in script: this user has no permissions to run the 'pexpire' command",
+            ),
+            untrusted(),
+            explain(&target, untrusted(), false),
+            alert(rustls::AlertDescription::UnknownCA),
+            alert(rustls::AlertDescription::BadCertificate),
+            explain(
+                &target,
+                alert(rustls::AlertDescription::CertificateRequired),
+                false,
+            ),
+        ];
+        let permanent = [
+            server_error("ERR", "syntax error"),
+            server_error(
+                "ERR",
+                "unknown command 'EVALSHA', with args beginning with: ",
+            ),
+            server_error(
+                "ERR",
+                "renew: ttl must be an integer >= 1 ms script: 1f0e, on @user_script:23.",
+            ),
+            server_error(
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value",
+            ),
+            explain(
+                &target,
+                (
+                    ErrorKind::MasterNameNotFoundBySentinel,
+                    "the Sentinel does not know the master",
+                )
+                    .into(),
+                false,
+            ),
+            explain(
+                &target,
+                (
+                    ErrorKind::InvalidClientConfig,
+                    "not a Cluster node",
+                    "127.0.0.1:1".to_owned(),
+                )
+                    .into(),
+                false,
+            ),
+            (ErrorKind::UnexpectedReturnType, "reply is not an array").into(),
+        ];
+        for (want, errors) in [
+            (Failure::Transient, &transient[..]),
+            (Failure::Refused, &refused[..]),
+            (Failure::Permanent, &permanent[..]),
         ] {
-            let err = server_error(code, detail);
-            assert_eq!(classify(&err), Failure::Transient, "{code}: {err}");
-            assert!(!is_permission_error(&err), "{code}");
-            // Issue 20.2: a node that is not a usable primary is left.
-            let leave = matches!(code, "LOADING" | "READONLY" | "MASTERDOWN");
-            assert_eq!(needs_new_connection(&err), leave, "{code}");
+            for err in errors {
+                assert_eq!(classify(err), want, "{}", Readable(err));
+            }
+        }
+        for err in &transient {
+            let failure = classify(err);
+            assert!(failure.retried_at_start() && failure.retried_while_held());
+        }
+        for err in &refused {
+            let failure = classify(err);
+            assert!(!failure.retried_at_start() && failure.retried_while_held());
+        }
+        for err in &permanent {
+            let failure = classify(err);
+            assert!(!failure.retried_at_start() && !failure.retried_while_held());
+        }
+        // Issue 20.2: a node that is not (or no longer) a usable primary is left.
+        for err in &transient {
+            if let Some(code) = err.code() {
+                let leave = matches!(code, "LOADING" | "READONLY" | "MASTERDOWN");
+                assert_eq!(needs_new_connection(err), leave, "{code}");
+            }
         }
     }
 
     #[test]
-    fn refusals_are_permanent_and_named() {
+    fn refusals_are_named() {
         let noperm = server_error(
             "NOPERM",
             "this user has no permissions to run the 'del' command",
@@ -254,9 +415,6 @@ mod tests {
         );
         let wrongpass = server_error("WRONGPASS", "invalid username-password pair");
         let syntax = server_error("ERR", "syntax error");
-        for err in [&noperm, &script_acl, &wrongpass, &syntax] {
-            assert_eq!(classify(err), Failure::Permanent, "{err}");
-        }
         assert!(is_permission_error(&noperm) && is_permission_error(&script_acl));
         assert!(!is_permission_error(&wrongpass) && !is_permission_error(&syntax));
         assert!(is_auth_error(&wrongpass) && !is_auth_error(&noperm));
@@ -349,7 +507,7 @@ mod tests {
             ))
         };
         let at_start = explain(&target, refused(), false);
-        assert_eq!(classify(&at_start), Failure::Permanent);
+        assert_eq!(classify(&at_start), Failure::Refused);
         let in_run = explain(&target, refused(), true);
         assert_eq!(classify(&in_run), Failure::Transient);
         for err in [&at_start, &in_run] {

@@ -92,9 +92,7 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
         // left to the wait below.
         match session.evicting(limit) {
             Ok(Some(evicting)) => return Err(LockError::Other(anyhow::Error::new(evicting))),
-            Err(err)
-                if crate::connection::classify(&err) == crate::connection::Failure::Permanent =>
-            {
+            Err(err) if !crate::connection::classify(&err).retried_at_start() => {
                 return Err(LockError::Other(anyhow::Error::new(err)));
             }
             _ => {}

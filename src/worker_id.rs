@@ -130,7 +130,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     // ends. Only then may the key go, so no two processes publish one ID.
     // Every key of ours goes, also one a claim left whose reply was lost.
     let _ = publisher.await;
-    keeper::release(
+    let released = keeper::release(
         &mut release_conn,
         &stopped.keys,
         &stopped.owner,
@@ -139,6 +139,14 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         RELEASE_LIMIT,
     )
     .await;
+    // The state file stays, marked `release_unconfirmed`, while its key may
+    // still hold its owner string: the next start re-adopts it at once
+    // (issue 20 item 5). A record of an earlier process that this one never
+    // adopted is not ours to drop.
+    let recorded = files::read_state(&config.output_file, &config.app);
+    if released && recorded.is_none_or(|r| r.owner == stopped.owner.as_str()) {
+        publisher::remove_state(&config.output_file);
+    }
     http_stop.cancel();
     if tokio::time::timeout(Duration::from_secs(1), http_task)
         .await

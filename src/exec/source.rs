@@ -178,6 +178,11 @@ fn read_file(path: &std::path::Path) -> Reading {
             state.worker_id
         ));
     }
+    // Written after the ID file's removal: a reader that saw the file just
+    // before it went must not take the ID as published.
+    if state.release_unconfirmed {
+        return Reading::Absent("the sidecar stopped publishing the ID".into());
+    }
     let valid_until = match state.boot_deadline() {
         Ok(until) => until,
         Err(why) => return Reading::Absent(format!("not published: {why}")),
@@ -285,6 +290,7 @@ mod tests {
             valid_until_ms: wall_ms,
             valid_until_boot_ms: boot.map(BootInstant::as_millis),
             boot_id: boot_id().map(str::to_owned),
+            release_unconfirmed: false,
         })
         .unwrap()
     }
@@ -364,6 +370,12 @@ mod tests {
         assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
         write_atomic(&state_path(&file), &state(9, Duration::from_secs(5))).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(_)));
+        // The record the sidecar keeps after it stopped publishing (issue 20 item 5).
+        let mut kept: StateFile =
+            serde_json::from_slice(&state(7, Duration::from_secs(5))).unwrap();
+        kept.release_unconfirmed = true;
+        write_atomic(&state_path(&file), &serde_json::to_vec(&kept).unwrap()).unwrap();
+        assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stopped publishing")));
     }
 
     /// Only the boot-clock deadline counts: a wall-clock deadline in the

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::LockKeys;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
-use crate::connection::{Failure, Readable, classify};
+use crate::connection::{Readable, classify};
 use crate::exec::child::{self, Signals};
 use crate::identity::Owner;
 use crate::pool::backoff;
@@ -116,7 +116,7 @@ pub(crate) fn wait(
                 // Our script may have run: all of it with the reply lost, or
                 // up to a refused command (scripts are not rolled back).
                 maybe_held |= probed;
-                if classify(&err) == Failure::Permanent {
+                if !classify(&err).retried_at_start() {
                     return (Err(err), maybe_held);
                 }
                 warn!(lock = session.keys().name(), attempt, error = %Readable(&err), "acquire failed");

@@ -7,8 +7,10 @@
 //! late reply proves nothing beyond its send instant); the command gets
 //! SIGTERM `grace` before that deadline unless a renewal is confirmed first,
 //! and SIGKILL at it (`exec/deadline.rs`). After a loss (another owner, the
-//! key gone, Redis refusing the script) SIGTERM at once and SIGKILL after
-//! the grace, never after the deadline.
+//! key gone, a permanent error) SIGTERM at once and SIGKILL after the grace,
+//! never after the deadline. A refusal (password, ACL, certificate:
+//! `Failure::Refused`) is no loss: the renewal is retried until the
+//! deadline rules stop the command.
 
 use std::time::{Duration, Instant};
 
@@ -68,6 +70,9 @@ pub(crate) fn hold(
     );
     let mut next_renew = Instant::now() + interval.saturating_sub(sent.elapsed());
     let mut stopping: Option<Stopping> = None;
+    // Redis refused the last renewal (password, ACL, certificate): named
+    // when the deadline stops the command.
+    let mut refusal: Option<String> = None;
     loop {
         if let Some(exit) = child.reap() {
             return HoldEnd {
@@ -90,12 +95,16 @@ pub(crate) fn hold(
             // Checked before any renew: after a pause (SIGSTOP, VM freeze)
             // the deadline may have passed, and then nothing is sent.
             None if rules.expiring(Some(deadline), now) => {
-                let reason = if now >= deadline {
+                let mut reason = if now >= deadline {
                     "the lease's validity deadline passed without a confirmed renewal"
                 } else {
                     "no renewal confirmed within the grace before the lease's deadline"
-                };
-                stopping = Some(stop(child, &rules, reason.to_owned(), now, deadline));
+                }
+                .to_owned();
+                if let Some(refusal) = &refusal {
+                    reason = format!("{reason}; redis refused the renew script: {refusal}");
+                }
+                stopping = Some(stop(child, &rules, reason, now, deadline));
                 continue;
             }
             None if now >= next_renew => {
@@ -104,7 +113,11 @@ pub(crate) fn hold(
                 let limit = config
                     .call_timeout()
                     .min(term_at.saturating_duration_since(now));
-                match session.renew(limit) {
+                let (reply, sent) = session.renew(limit);
+                if reply.is_ok() {
+                    refusal = None;
+                }
+                match (reply, sent) {
                     (Ok(RenewOutcome::Extended), sent) => {
                         valid = valid_until(sent, config.ttl);
                         let sent_at = Instant::now() - sent.elapsed();
@@ -117,12 +130,21 @@ pub(crate) fn hold(
                         let reason = "the lock key no longer holds our owner string".to_owned();
                         stopping = Some(stop(child, &rules, reason, Instant::now(), deadline));
                     }
-                    (Err(err), _) if classify(&err) == Failure::Permanent => {
+                    (Err(err), _) if !classify(&err).retried_while_held() => {
                         let reason = format!("redis refused the renew script: {}", Readable(&err));
                         stopping = Some(stop(child, &rules, reason, Instant::now(), deadline));
                     }
+                    // Refused before any write of ours ran: the key stays
+                    // ours until Redis expires it, so only the deadline
+                    // rules (SIGTERM `grace` before it) stop the command.
+                    (Err(err), _) if classify(&err) == Failure::Refused => {
+                        error!(lock = session.keys().name(), error = %Readable(&err), "redis refused the renew script; retrying until the lease's deadline");
+                        refusal = Some(Readable(&err).to_string());
+                        next_renew = Instant::now() + retry;
+                    }
                     (Err(err), _) => {
                         warn!(lock = session.keys().name(), error = %Readable(&err), "renew failed; retrying until the lease's deadline");
+                        refusal = None;
                         next_renew = Instant::now() + retry;
                     }
                 }

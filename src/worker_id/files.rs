@@ -40,6 +40,14 @@ pub struct StateFile {
     /// ([`boot_clock::boot_id`]; shared by every container on the node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// `true` once the sidecar stopped publishing the ID (loss, a refused
+    /// renewal at the deadline, shutdown) without a confirmed release: the
+    /// key may still hold `owner`, so the next sidecar on this volume
+    /// re-adopts it at once (owner-checked) instead of waiting up to a TTL.
+    /// Never a sign that the ID is published. Absent (`false`) while the
+    /// lease is held; the file is removed once the release is confirmed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release_unconfirmed: bool,
 }
 
 impl StateFile {
@@ -179,6 +187,7 @@ pub fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease> {
         worker_id: state.worker_id,
         owner: state.owner,
         valid_until_ms: state.valid_until_ms,
+        release_unconfirmed: state.release_unconfirmed,
     })
 }
 
@@ -225,6 +234,7 @@ mod tests {
             valid_until_ms: 1,
             valid_until_boot_ms: None,
             boot_id: None,
+            release_unconfirmed: false,
         };
         write_atomic(&state_path(&path), &serde_json::to_vec(&record).unwrap()).unwrap();
         assert!(read_state(&path, "billing").is_none());
@@ -239,6 +249,7 @@ mod tests {
             valid_until_ms: 1,
             valid_until_boot_ms: ms,
             boot_id: boot_id.map(str::to_owned),
+            release_unconfirmed: false,
         }
     }
 
@@ -288,6 +299,44 @@ mod tests {
         assert!(
             json.contains(r#""valid_until_boot_ms":7,"boot_id":"b""#),
             "{json}"
+        );
+    }
+
+    /// `release_unconfirmed` is written only when set, and a file without it (an older
+    /// sidecar's, or one written while the lease is held) reads as `false`.
+    #[test]
+    fn release_unconfirmed_is_optional() {
+        let mut record = StateFile {
+            app: "orders".into(),
+            worker_id: 3,
+            owner: "10.0.0.1#00".into(),
+            valid_until_ms: 1,
+            valid_until_boot_ms: None,
+            boot_id: None,
+            release_unconfirmed: false,
+        };
+        let held = serde_json::to_string(&record).unwrap();
+        assert!(!held.contains("release_unconfirmed"), "{held}");
+        record.release_unconfirmed = true;
+        let kept = serde_json::to_string(&record).unwrap();
+        assert!(kept.contains(r#""release_unconfirmed":true"#), "{kept}");
+        let old = r#"{"app":"orders","worker_id":3,"owner":"o#1","valid_until_ms":1}"#;
+        let parsed: StateFile = serde_json::from_str(old).unwrap();
+        assert!(!parsed.release_unconfirmed);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker-id");
+        write_atomic(&state_path(&path), kept.as_bytes()).unwrap();
+        let recorded = read_state(&path, "orders").unwrap();
+        assert!(recorded.release_unconfirmed);
+        // Nothing of it is published, whatever its deadline says; adoption is still tried.
+        let future = RecordedLease {
+            valid_until_ms: u64::MAX / 2,
+            ..recorded
+        };
+        assert!(
+            future
+                .deadline(std::time::Duration::from_secs(10))
+                .is_none()
         );
     }
 }

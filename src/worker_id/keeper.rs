@@ -46,7 +46,10 @@ pub enum WorkerError {
         /// The ID that was lost.
         worker_id: u16,
     },
-    /// Redis refused in a way retries cannot fix (e.g. NOPERM).
+    /// Redis refused in a way retries cannot fix (exit 1): at start any
+    /// error not [`Failure::Transient`]; while holding, a permanent error
+    /// that ends the reclaim, or a refusal (`NOPERM`, `WRONGPASS`,
+    /// certificate) that lasted until the validity deadline.
     #[error("redis refused: {}", Readable(.0))]
     Redis(redis::RedisError),
 }
@@ -100,8 +103,8 @@ pub struct Stopped {
     /// Empty when no claim round started (Redis never answered, or the URL
     /// named the wrong topology): then no key can hold our owner string.
     pub keys: Vec<String>,
-    /// `Err` for claim timeout, loss with `--on-loss exit`, or a permanent
-    /// Redis refusal.
+    /// `Err` for claim timeout, loss with `--on-loss exit`, or a Redis
+    /// refusal ([`WorkerError::Redis`]).
     pub result: Result<(), WorkerError>,
 }
 
@@ -124,11 +127,18 @@ pub struct Worker<C> {
     /// A claim round started (a claim, or a re-adopted lease's renewals,
     /// may have written keys holding our owner string).
     claim_started: bool,
+    /// Redis refused the last renewal or eviction check
+    /// ([`Failure::Refused`]): if the validity deadline passes so, the
+    /// sidecar exits 1 naming it instead of claiming again.
+    refusal: Option<redis::RedisError>,
 }
 
 enum HoldEnd {
     Shutdown(HeldLease),
     Lost(u16),
+    /// The validity deadline passed while Redis refused this client
+    /// (password, ACL, certificate): unpublished; the key may still be ours.
+    Refused(redis::RedisError),
     /// Redis may evict keys: unpublished, the key left to expire.
     GaveUp,
 }
@@ -181,6 +191,7 @@ impl<C: Reconnects + Send> Worker<C> {
             skew_ms: 0,
             skew_logged: None,
             claim_started: false,
+            refusal: None,
         };
         (worker, receiver)
     }
@@ -222,6 +233,7 @@ impl<C: Reconnects + Send> Worker<C> {
                     return Err(WorkerError::LeaseLost { worker_id });
                 }
                 HoldEnd::Lost(_) => info!("on-loss reclaim: claiming a worker ID again"),
+                HoldEnd::Refused(err) => return Err(WorkerError::Redis(err)),
                 HoldEnd::GaveUp => {}
             }
         }
@@ -396,7 +408,7 @@ impl<C: Reconnects + Send> Worker<C> {
                     self.set_state(WorkerState::Claiming);
                     backoff.grow();
                 }
-                Ok(Err(err)) if classify(&err) == Failure::Transient => {
+                Ok(Err(err)) if classify(&err).retried_at_start() => {
                     warn!(error = %Readable(&err), retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
                     detail = format!("redis unavailable: {}", Readable(&err));
                     backoff.grow();
@@ -685,6 +697,10 @@ impl<C: Reconnects + Send> Worker<C> {
                         worker_id = held.worker_id,
                         reason, "lease lost; stopped publishing the worker ID"
                     );
+                    if let Some(err) = self.refusal.take() {
+                        error!(worker_id = held.worker_id, error = %Readable(&err), "no renewal confirmed before the validity deadline: redis refused this client (password, ACL or certificate); the key stays recorded in the state file for the next start");
+                        return HoldEnd::Refused(err);
+                    }
                     return HoldEnd::Lost(held.worker_id);
                 }
                 RenewRound::Evicting(evicting) => {
@@ -708,11 +724,20 @@ impl<C: Reconnects + Send> Worker<C> {
     async fn eviction_round(&mut self) -> Option<RenewRound> {
         match self.evicting().await {
             Ok(Some(evicting)) => Some(RenewRound::Evicting(evicting)),
-            Err(err) if classify(&err) == Failure::Permanent => {
-                error!(error = %Readable(&err), "eviction check refused by redis");
-                Some(RenewRound::Lost("redis refused INFO memory"))
-            }
-            _ => None,
+            Ok(None) => None,
+            Err(err) => match classify(&err) {
+                Failure::Permanent => {
+                    error!(error = %Readable(&err), "eviction check refused by redis");
+                    Some(RenewRound::Lost("redis refused INFO memory"))
+                }
+                // Unchecked, the renewal does not count; retried until the deadline.
+                Failure::Refused => {
+                    error!(error = %Readable(&err), "eviction check refused by redis; retrying until the validity deadline");
+                    self.refusal = Some(err);
+                    Some(RenewRound::Failed)
+                }
+                Failure::Transient => None,
+            },
         }
     }
 
@@ -837,6 +862,7 @@ impl<C: Reconnects + Send> Worker<C> {
             .await;
             if let Ok(reply) = &reply {
                 self.observe_skew(sent, reply.expires_ms);
+                self.refusal = None;
             }
             match reply.map(|r| (r.outcome, r.expires_ms)) {
                 // Sentinel: only a renewal on the primary they name counts.
@@ -882,14 +908,23 @@ impl<C: Reconnects + Send> Worker<C> {
                         "the key holds another owner, or is gone after it may have expired",
                     );
                 }
-                Err(err) if classify(&err) == Failure::Permanent => {
+                Err(err) if !classify(&err).retried_while_held() => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
                     error!(worker_id = held.worker_id, error = %Readable(&err), "renew refused by redis");
+                    self.refusal = None;
                     return RenewRound::Lost("redis refused the renew script");
+                }
+                // Refused before any write of ours ran: the key stays ours
+                // until Redis expires it, so only the deadline ends the lease.
+                Err(err) if classify(&err) == Failure::Refused => {
+                    WorkerMetrics::count(&self.metrics.renewals, "failed");
+                    error!(worker_id = held.worker_id, attempt, error = %Readable(&err), "renew refused by redis; retrying until the validity deadline");
+                    self.refusal = Some(err);
                 }
                 Err(err) => {
                     WorkerMetrics::count(&self.metrics.renewals, "failed");
                     warn!(worker_id = held.worker_id, attempt, error = %Readable(&err), "renew failed");
+                    self.refusal = None;
                 }
             }
             let Some(pause) = pauses.next() else { break };
@@ -923,6 +958,9 @@ async fn bounded<T>(
 /// not come in time may hide a release that ran. Each key becomes a
 /// tombstone for `handover` (see [`lease::release_keys`]). No keys (no
 /// claim round started): nothing sent, nothing logged.
+///
+/// Returns whether Redis confirmed that no key holds `owner` any more (no
+/// keys: nothing can); `false` when it refused or did not answer in time.
 pub(crate) async fn release<C>(
     conn: &mut C,
     keys: &[String],
@@ -930,11 +968,12 @@ pub(crate) async fn release<C>(
     held: Option<u16>,
     handover: Duration,
     limit: Duration,
-) where
+) -> bool
+where
     C: Reconnects + Clone + Send + Sync + 'static,
 {
     if keys.is_empty() {
-        return;
+        return true;
     }
     let outcome = timeout(limit, async {
         match conn.is_cluster().await? {
@@ -943,6 +982,7 @@ pub(crate) async fn release<C>(
         }
     })
     .await;
+    let confirmed = matches!(outcome, Ok(Ok(_)));
     match (outcome, held) {
         (Ok(Ok(0)), Some(worker_id)) => warn!(
             worker_id,
@@ -965,6 +1005,7 @@ pub(crate) async fn release<C>(
             "release of keys a lost claim reply may have left not confirmed; they expire after their TTL"
         ),
     }
+    confirmed
 }
 
 /// `SCAN` rounds (`COUNT 100` each) [`Worker::missing_guard`] spends at most.

@@ -87,14 +87,22 @@ pub struct RecordedLease {
     /// The same deadline on the boot clock, when the record was written
     /// under this boot ([`super::files::StateFile::boot_deadline`]).
     pub valid_until_boot: Option<BootInstant>,
+    /// The earlier process stopped publishing it without a confirmed
+    /// release (`StateFile::release_unconfirmed`): no ID file of it stands.
+    pub release_unconfirmed: bool,
 }
 
 impl RecordedLease {
     /// The recorded deadline on the boot clock (from the wall-clock record
     /// when the file has none for this boot), never more than one validity
     /// span (TTL - margin) away: a wall-clock step or an edit must not keep
-    /// a stale ID published longer. `None` once passed.
+    /// a stale ID published longer. `None` once passed, or when the earlier
+    /// process had already unpublished it (re-adoption is still tried: the
+    /// key may be ours).
     pub fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
+        if self.release_unconfirmed {
+            return None;
+        }
         let now = BootInstant::now();
         let cap = now + lease::validity(ttl);
         let until = match self.valid_until_boot {
@@ -115,6 +123,7 @@ mod tests {
             owner: "10.0.0.1#00".into(),
             valid_until_ms,
             valid_until_boot,
+            release_unconfirmed: false,
         }
     }
 

@@ -5,7 +5,7 @@ use crate::harness::*;
 
 /// Worker mode, as documented: scripts by SHA (loaded at start), the commands the scripts
 /// call, only the app's lease keys.
-const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +mget +set +pexpire +del +time +info +scan +wait";
+pub(crate) const WORKER_RULES: &str = "resetkeys ~snowflake:worker:* resetchannels -@all +evalsha +script|load +type +get +mget +set +pexpire +del +time +info +scan +wait";
 
 /// `status`, as documented: read-only key access, three read commands.
 const STATUS_RULES: &str =

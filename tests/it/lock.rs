@@ -581,6 +581,56 @@ fn a_refused_renewal_is_logged_in_redis_words() {
     crate::acl::assert_no_kind_names(&log);
 }
 
+/// Renewals refused mid-run (issue 20 item 5): a refusal never read the key, so `lock` keeps
+/// the command running and retries until the deadline rules stop it (SIGTERM `--grace` before
+/// the validity deadline that the key's PTTL just before the refusal bounds), not at the first
+/// refused renewal (before the fix: at most one renew interval, 3 s, after it); exit 75 naming
+/// the refusal.
+#[test]
+fn a_refused_renewal_runs_the_command_until_the_deadline() {
+    let redis = RedisServer::start();
+    let url = crate::acl::acl_user(&redis, "locker", LOCK_RULES);
+    let jobs = Jobs::new();
+    let flags = [("--ttl", "9s"), ("--grace", "1s")];
+    let mut holder = jobs.lock(&url, "report", "a", &flags, JOB).spawn();
+    jobs.wait::<u128>("a", "start").expect("a runs");
+    // The local deadline ends a margin (90 ms) before the key expires.
+    let pttl = ms(redis.pttl(&lock_key("report")).try_into().unwrap());
+    let _: () = redis.query(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("locker")
+            .arg("-evalsha"),
+    );
+    let revoked = Instant::now();
+    let code = holder.wait_exit(secs(20)).and_then(|s| s.code());
+    let ran = revoked.elapsed();
+    let log = holder.log_lines().join("\n");
+    assert_eq!(code, Some(LOST), "{log}");
+    let term_due = pttl.saturating_sub(ms(90) + secs(1));
+    assert!(
+        ran + ms(300) >= term_due,
+        "stopped {} ms after the refusal; SIGTERM was due {} ms after it\n{log}",
+        ran.as_millis(),
+        term_due.as_millis()
+    );
+    assert!(
+        ran <= pttl + secs(2),
+        "stopped {} ms after the refusal",
+        ran.as_millis()
+    );
+    assert!(
+        log.contains(
+            "redis refused the renew script: NOPERM this user has no permissions to run the 'evalsha' command"
+        ),
+        "{log}"
+    );
+    assert!(
+        !jobs.path("a", "end").exists(),
+        "the command did not end by itself"
+    );
+}
+
 /// A user without INCR: the acquire script's SET runs, its INCR is refused; `lock` exits 1
 /// naming the refusal, the command never starts, and the half-taken key is released.
 #[test]

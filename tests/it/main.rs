@@ -47,6 +47,8 @@ mod pool_quarantine;
 mod pool_rules;
 /// The published deadline: the margin before the key's expiry; `exec`/`id` under wall-clock steps.
 mod published_deadline;
+/// Redis refusing a holder (password rotated, ACL revoked): ID kept until the deadline, re-adopted.
+mod refusals;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.

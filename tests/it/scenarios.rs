@@ -50,7 +50,65 @@ scenarios!(
     script_flush_causes_no_loss,
     restart_in_same_pod_readopts_other_pod_does_not,
     restart_does_not_readopt_a_key_taken_by_someone_else,
+    password_rotation_loses_no_id_and_a_restart_readopts,
 );
+
+/// Two sidecars hold the two IDs of the app (TTL 30 s) as an ACL user whose password is then
+/// rotated (issue 20 item 5): both keep their IDs published after the failure; stopped and
+/// restarted with the new password on the same output files, both publish their old IDs (same
+/// owner strings) within 5 s, well under the TTL, since the state files outlive a stop whose
+/// release Redis did not confirm.
+fn password_rotation_loses_no_id_and_a_restart_readopts(redis: &Deployment) {
+    let app = "rotation";
+    redis.open_guard(app, 1);
+    let url = redis.acl_user("rotation", "pw");
+    let worker = |url: &str, pod: &PodDir| {
+        Sidecar::worker_at(url, app)
+            .pod(pod)
+            .flag("--max-worker-id", "1")
+            .flag("--ttl", "30s")
+            .flag("--renew-interval", "1s")
+    };
+    let pods = [PodDir::new(), PodDir::new()];
+    let mut first: Vec<Sidecar> = pods.iter().map(|p| worker(&url, p).spawn()).collect();
+    let leases: Vec<IdReply> = first.iter().map(|s| s.wait_for_lease(secs(15))).collect();
+    assert_ne!(leases[0].worker_id, leases[1].worker_id);
+
+    redis.rotate_password("rotation", "pw2");
+    for sidecar in &mut first {
+        assert!(
+            poll_until(secs(10), || sidecar.count_log("renew refused by redis")
+                + sidecar.count_log("renew failed")
+                > 0),
+            "a failed renewal is logged"
+        );
+        assert!(sidecar.id().is_some(), "still published after the failure");
+        sidecar.signal(Signal::SIGTERM);
+        let status = sidecar.wait_exit(secs(5)).expect("stopped within 5 s");
+        assert_eq!(status.code(), Some(0));
+        assert!(!sidecar.output_file().exists(), "the ID is not published");
+    }
+    let new_url = url.replacen(":pw@", ":pw2@", 1);
+    let restarted = Instant::now();
+    let second: Vec<Sidecar> = pods.iter().map(|p| worker(&new_url, p).spawn()).collect();
+    for (sidecar, lease) in second.iter().zip(&leases) {
+        let again = poll_some(secs(5), || sidecar.id()).unwrap_or_else(|| {
+            panic!(
+                "{redis}: ID {} not re-adopted within 5 s of the restart (TTL 30 s)",
+                lease.worker_id
+            )
+        });
+        assert_eq!(again.worker_id, lease.worker_id);
+        assert_eq!(
+            again.owner, lease.owner,
+            "the recorded owner string is kept"
+        );
+    }
+    println!(
+        "{redis}: both old IDs published again {} ms after the restart",
+        restarted.elapsed().as_millis()
+    );
+}
 
 /// 33 sidecars on 32 IDs: 32 distinct IDs agreeing with Redis; the 33rd stays unready and
 /// unpublished, says all 32 are held, and takes the ID freed by a SIGTERM: the release leaves

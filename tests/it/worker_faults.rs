@@ -113,8 +113,9 @@ fn redis_paused_past_ttl_unpublishes_by_deadline_then_reclaims() {
     assert_published(&redis, &sidecar, "orders");
 }
 
-/// SIGTERM while Redis is down (paused): exit 0 is still bounded, files are removed, and the
-/// key is gone once Redis is back and the TTL has passed.
+/// SIGTERM while Redis is down (paused): exit 0 is still bounded, the ID file is removed, the
+/// state file stays marked `release_unconfirmed` (the key may still be ours: a restart
+/// re-adopts it), and the key is gone once Redis is back and the TTL has passed.
 #[test]
 fn sigterm_with_redis_down_exits_bounded() {
     let redis = RedisServer::start();
@@ -134,7 +135,11 @@ fn sigterm_with_redis_down_exits_bounded() {
         .expect("exit within 3 s with Redis down");
     assert_eq!(status.code(), Some(0), "exit after {:?}", t.elapsed());
     assert!(!sidecar.output_file().exists());
-    assert!(!sidecar.state_file().exists());
+    let state = sidecar
+        .read_state()
+        .expect("the unreleased lease stays recorded");
+    assert_eq!(state["release_unconfirmed"], true, "{state}");
+    assert_eq!(state["owner"], lease.owner.as_str());
     redis.resume();
     assert!(
         poll_until(secs(3) + ms(500), || !redis.exists(&key)),

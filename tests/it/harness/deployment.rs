@@ -179,6 +179,42 @@ impl Deployment {
         }
     }
 
+    /// Creates ACL user `user` (password `password`, every command and key) on every data node
+    /// (ACL rules are per node) and returns [`Self::url`] logging in as it.
+    pub fn acl_user(&self, user: &str, password: &str) -> String {
+        for node in self.data_nodes() {
+            let _: () = node.query(
+                redis::cmd("ACL")
+                    .arg("SETUSER")
+                    .arg(user)
+                    .arg("reset")
+                    .arg("on")
+                    .arg(format!(">{password}"))
+                    .arg("~*")
+                    .arg("&*")
+                    .arg("+@all"),
+            );
+        }
+        self.url()
+            .replacen("://", &format!("://{user}:{password}@"), 1)
+    }
+
+    /// Replaces `user`'s password by `password` on every data node and closes its connections,
+    /// as a password rotation done in the wrong order does: the next reconnect meets
+    /// `WRONGPASS`.
+    pub fn rotate_password(&self, user: &str, password: &str) {
+        for node in self.data_nodes() {
+            let _: () = node.query(
+                redis::cmd("ACL")
+                    .arg("SETUSER")
+                    .arg(user)
+                    .arg("resetpass")
+                    .arg(format!(">{password}")),
+            );
+            let _: i64 = node.query(redis::cmd("CLIENT").arg("KILL").arg("USER").arg(user));
+        }
+    }
+
     /// `SCRIPT FLUSH` on every data node.
     pub fn script_flush(&self) {
         for node in self.data_nodes() {
