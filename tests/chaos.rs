@@ -548,17 +548,21 @@ fn run(setup: Setup, run_secs: u64) {
     let deadline = start + secs(run_secs);
     let mut harness_failure = None;
     while Instant::now() < deadline {
-        exits.revive(&mut slots, elapsed_us(start));
         let kind = kinds[rng.random_range(0..kinds.len())];
         let target = rng.random_range(0..sidecars);
-        let start_us = elapsed_us(start);
-        // A harness wait that times out (e.g. Sentinels that never agree) ends the faults but
-        // not the run: the history so far is still checked and printed, then the run fails.
+        // A harness wait that times out (e.g. Sentinels that never agree, a restarted sidecar
+        // that never listens) ends the faults but not the run: the history so far is still
+        // checked and printed, then the run fails.
         let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            apply(kind, target, &mut slots, &mut redis, &mut rng)
+            exits.revive(&mut slots, elapsed_us(start));
+            let start_us = elapsed_us(start);
+            (
+                start_us,
+                apply(kind, target, &mut slots, &mut redis, &mut rng),
+            )
         }));
-        let target = match applied {
-            Ok(target) => target,
+        let (start_us, target) = match applied {
+            Ok(applied) => applied,
             Err(panic) => {
                 let why = panic
                     .downcast_ref::<String>()
@@ -947,10 +951,13 @@ fn report(
         min_acks == 0 && checker::follows_failover(o, &failovers, 3 * TTL_MS * 1000)
     });
     let stale = checker::stale_files(samples);
+    // ID-seconds published by sidecars (apps' intervals counted apart).
     let published_s: f64 = intervals
         .iter()
+        .filter(|i| i.source == Source::Sidecar)
         .map(|i| (i.end_us - i.start_us) as f64 / 1e6)
         .sum();
+    let app_intervals = intervals.iter().filter(|i| i.source == Source::App).count();
     let sidecar_samples: Vec<Sample> = samples
         .iter()
         .filter(|s| s.source == Source::Sidecar)
@@ -978,7 +985,7 @@ fn report(
     }
     eprintln!("chaos: seed {seed}");
     eprintln!(
-        "chaos: {} trials (faults) in {:.0} s, {} samples, {} publish intervals ({published_s:.0} sidecar-s published)",
+        "chaos: {} trials (faults) in {:.0} s, {} samples, {} publish intervals ({published_s:.0} sidecar-s published; {app_intervals} of them apps under exec)",
         faults.len(),
         end_us as f64 / 1e6,
         samples.len(),
