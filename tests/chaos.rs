@@ -274,10 +274,10 @@ enum Kind {
     /// Managed: new password added, written to the password file, old one removed, the
     /// user's clients killed.
     PasswordRotation,
-    /// Managed: one sidecar's wall clock steps +-30 s for 1.5-4 s (half the time with the
+    /// Managed: one sidecar's wall clock steps +-30 s for 1.5-4.6 s (half the time with the
     /// sidecar frozen past its TTL meanwhile).
     SidecarClockStep,
-    /// Managed: one `exec`'s wall clock steps +-30 s for 1.5-4 s (half the time with its
+    /// Managed: one `exec`'s wall clock steps +-30 s for 1.5-4.6 s (half the time with its
     /// sidecar frozen past its TTL meanwhile: the app must still be gone by the deadline).
     ExecClockStep,
 }
