@@ -16,6 +16,23 @@
 //!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` the `--min-replicas-ack` of
 //!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default: every
 //!   replica). Each overlap is printed with the last fault and the last failover before it.
+//! - The managed-Redis variant ([`managed`], issue 20): a primary and a replica behind one
+//!   host name that the sidecars resolve through a private `/etc/hosts`, TLS with a CA bundle
+//!   file, an ACL user whose password comes from `--redis-password-file`; 8 sidecars over 6
+//!   IDs, each with an app under `snowlease exec` whose `WORKER_ID` the recorder reads from
+//!   `/proc` (an app that outlives its lease overlaps like a sidecar), every process under
+//!   libfaketime. Faults: the sidecar ones (pause, kill, term), `SCRIPT FLUSH`, a key
+//!   overwritten, a failover by DNS (replica promoted, old primary demoted with `REPLICAOF`,
+//!   the name moved), `REPLICAOF` on the named node and back, CA rotation, password rotation
+//!   (only where the binary has `--redis-password-file`), and wall-clock steps of +-30 s on a
+//!   sidecar or on an `exec` (half of them with the sidecar frozen past its TTL meanwhile).
+//!   Switches of the primary are lossless, so every overlap fails the run. `cargo test --test
+//!   chaos managed` runs its short run (`SNOWLEASE_CHAOS_MANAGED_SECS`, default 30 s); the
+//!   ignored long run is `chaos_managed_long_run_never_publishes_one_id_twice`. A sidecar that
+//!   exits on its own is restarted (the kubelet's job) and each such exit is printed; an
+//!   `exec` that exits (75 after a loss) is restarted too.
+//! - `SNOWLEASE_CHAOS_KINDS=<Kind>,...` draws only the named kinds of the setup (e.g.
+//!   `ExecClockStep`), to look at a few in one run.
 //! - `SNOWLEASE_CHAOS_SEED=<u64>` replays a run's fault schedule (kinds, targets, durations,
 //!   pauses between faults). The timing of the processes is not replayed: the same seed gives
 //!   the same faults, not the same interleavings.
@@ -27,26 +44,25 @@ mod it_dir {
 }
 #[path = "chaos/checker.rs"]
 mod checker;
+#[path = "chaos/managed.rs"]
+mod managed;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use checker::{Obs, Sample};
+use checker::{Obs, Sample, Source};
 use it_dir::harness::*;
+use managed::Managed;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const APP: &str = "chaos";
-/// Sidecars in the run; 4 more than IDs, so some always wait to claim.
-const SIDECARS: usize = 12;
-/// `--max-worker-id 7`: IDs 0..=7.
-const MAX_ID: u32 = 7;
 /// `--ttl 2s` of every sidecar (the harness default), in ms.
 const TTL_MS: u64 = 2000;
 /// How long one `/id` sample may take before it counts as no answer.
@@ -118,6 +134,25 @@ fn chaos_sentinel_long_run_without_replica_acks() {
     );
 }
 
+/// The short managed-Redis run: part of the suite, kept short for CI.
+#[test]
+fn chaos_managed_short_run_never_publishes_one_id_twice() {
+    run(
+        Setup::Managed,
+        env_u64("SNOWLEASE_CHAOS_MANAGED_SECS").unwrap_or(30),
+    );
+}
+
+/// The long managed-Redis run; its figures are in docs/worker.md ("Guarantees").
+#[test]
+#[ignore]
+fn chaos_managed_long_run_never_publishes_one_id_twice() {
+    run(
+        Setup::Managed,
+        env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200),
+    );
+}
+
 /// Which Redis the sidecars use.
 #[derive(Clone, Copy, Debug)]
 enum Setup {
@@ -126,13 +161,38 @@ enum Setup {
     /// [`SentinelTopology`] with `replicas` replicas and 3 sentinels; sidecars with
     /// `--min-replicas-ack min_acks`.
     Sentinel { min_acks: u32, replicas: usize },
+    /// [`Managed`]: primary and replica behind one host name, TLS, a rotated password; an
+    /// app under `snowlease exec` beside each sidecar.
+    Managed,
 }
 
 impl Setup {
-    fn kinds(self) -> &'static [Kind] {
+    /// The kinds drawn; `password_file`: whether the binary has `--redis-password-file`.
+    fn kinds(self, password_file: bool) -> Vec<Kind> {
         match self {
-            Setup::Standalone => &KINDS,
-            Setup::Sentinel { .. } => &SENTINEL_KINDS,
+            Setup::Standalone => KINDS.to_vec(),
+            Setup::Sentinel { .. } => SENTINEL_KINDS.to_vec(),
+            Setup::Managed => MANAGED_KINDS
+                .into_iter()
+                .filter(|k| password_file || *k != Kind::PasswordRotation)
+                .collect(),
+        }
+    }
+
+    /// Sidecars in the run; more than IDs, so some always wait to claim (and take an ID
+    /// that a sidecar lost while its app may still run).
+    fn sidecars(self) -> usize {
+        match self {
+            Setup::Managed => 8,
+            _ => 12,
+        }
+    }
+
+    /// `--max-worker-id`: IDs 0..=max.
+    fn max_id(self) -> u32 {
+        match self {
+            Setup::Managed => 5,
+            _ => 7,
         }
     }
 }
@@ -141,6 +201,7 @@ impl Setup {
 enum Backend {
     Standalone(RedisServer),
     Sentinel(SentinelTopology),
+    Managed(Box<Managed>),
 }
 
 impl Backend {
@@ -149,13 +210,21 @@ impl Backend {
         match self {
             Backend::Standalone(redis) => redis,
             Backend::Sentinel(topo) => topo.primary(),
+            Backend::Managed(managed) => managed.primary(),
+        }
+    }
+
+    fn managed(&mut self) -> &mut Managed {
+        match self {
+            Backend::Managed(managed) => managed,
+            _ => panic!("a managed-Redis fault on another setup"),
         }
     }
 
     fn topology(&mut self) -> &mut SentinelTopology {
         match self {
             Backend::Sentinel(topo) => topo,
-            Backend::Standalone(_) => panic!("a Sentinel fault on standalone Redis"),
+            _ => panic!("a Sentinel fault on another setup"),
         }
     }
 }
@@ -195,6 +264,22 @@ enum Kind {
     /// Sentinel: SIGKILL the primary; once a replica is promoted, bring it back empty as a
     /// replica (Sentinel's "restart Redis empty").
     KillPrimary,
+    /// Managed: promote the replica, demote the old primary (`REPLICAOF`), move the name.
+    DnsFailover,
+    /// Managed: `REPLICAOF` on the node the name points at for 0.5-4 s, then back.
+    ReplicaOf,
+    /// Managed: the CA bundle gains a new CA, the nodes switch to its certificate, clients
+    /// are killed; 0.5-3 s later the old CA leaves the bundle.
+    CaRotation,
+    /// Managed: new password added, written to the password file, old one removed, the
+    /// user's clients killed.
+    PasswordRotation,
+    /// Managed: one sidecar's wall clock steps +-30 s for 1.5-4.6 s (half the time with the
+    /// sidecar frozen past its TTL meanwhile).
+    SidecarClockStep,
+    /// Managed: one `exec`'s wall clock steps +-30 s for 1.5-4.6 s (half the time with its
+    /// sidecar frozen past its TTL meanwhile: the app must still be gone by the deadline).
+    ExecClockStep,
 }
 
 const KINDS: [Kind; 9] = [
@@ -221,7 +306,24 @@ const SENTINEL_KINDS: [Kind; 7] = [
     Kind::KillPrimary,
 ];
 
+/// The managed-Redis run: no proxy (the name resolves to the nodes themselves), no restart
+/// empty (a managed service keeps its data).
+const MANAGED_KINDS: [Kind; 11] = [
+    Kind::Pause,
+    Kind::Kill,
+    Kind::Term,
+    Kind::ScriptFlush,
+    Kind::Overwrite,
+    Kind::DnsFailover,
+    Kind::ReplicaOf,
+    Kind::CaRotation,
+    Kind::PasswordRotation,
+    Kind::SidecarClockStep,
+    Kind::ExecClockStep,
+];
+
 impl Kind {
+    /// A failover that may lose writes (the managed ones are lossless, see [`managed`]).
     fn is_failover(self) -> bool {
         matches!(self, Kind::Failover | Kind::KillPrimary)
     }
@@ -242,11 +344,13 @@ struct Fault {
     end_us: u64,
 }
 
-/// What the recorder of one slot needs to know about its current process.
+/// What the recorder of one slot needs to know about its current processes.
 #[derive(Clone, Copy)]
 struct SlotView {
     generation: u32,
     addr: Option<SocketAddr>,
+    /// PID of the slot's `snowlease exec` (managed setup), whose child is the app.
+    exec_pid: Option<i32>,
 }
 
 /// One sidecar slot: its pod folder, proxy (standalone only) and current process.
@@ -255,26 +359,125 @@ struct Slot {
     proxy: Option<FaultProxy>,
     url: String,
     min_acks: u32,
+    max_id: u32,
     sidecar: Option<Sidecar>,
     view: Arc<Mutex<SlotView>>,
+    managed: Option<ManagedSlot>,
+}
+
+/// What a slot of the managed setup adds: flags, the private-hosts wrapper, the faked
+/// clocks, the app under `exec`.
+struct ManagedSlot {
+    flags: Vec<(String, String)>,
+    wrapper: Vec<String>,
+    /// libfaketime offset files of the sidecar and of `exec` (and its app).
+    sidecar_clock: PathBuf,
+    exec_clock: PathBuf,
+    exec: Option<Sidecar>,
+}
+
+impl ManagedSlot {
+    fn new(managed: &Managed, pod: &PodDir) -> ManagedSlot {
+        let slot = ManagedSlot {
+            flags: managed.sidecar_flags(),
+            wrapper: managed.wrapper(),
+            sidecar_clock: pod.path().join("sidecar.faketime"),
+            exec_clock: pod.path().join("exec.faketime"),
+            exec: None,
+        };
+        set_clock(&slot.sidecar_clock, "+0");
+        set_clock(&slot.exec_clock, "+0");
+        slot
+    }
+}
+
+/// Writes a libfaketime offset (`+30`, `-30`, `+0`: seconds) to `stamp`.
+fn set_clock(stamp: &Path, offset: &str) {
+    std::fs::write(stamp, format!("{offset}\n")).expect("write the faketime file");
+}
+
+/// Runs the process under libfaketime with the wall-clock offset in `stamp`, re-read once a
+/// second; the monotonic and boot clocks stay real.
+fn faketime(builder: SidecarBuilder, stamp: &Path) -> SidecarBuilder {
+    builder
+        .env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME_TIMESTAMP_FILE", stamp)
+        .env("FAKETIME_CACHE_DURATION", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
 }
 
 impl Slot {
     fn spawn(&mut self, index: usize) {
-        let sidecar = Sidecar::worker_at(&self.url, APP)
+        let mut builder = Sidecar::worker_at(&self.url, APP)
             .flag("--min-replicas-ack", self.min_acks.to_string())
             .pod(&self.pod)
             .name(format!("sidecar {index}"))
-            .flag("--max-worker-id", MAX_ID.to_string())
+            .flag("--max-worker-id", self.max_id.to_string())
             // A spare may wait long for an ID; it must not give up (exit 3) mid-run.
-            .flag("--claim-timeout", "24h")
-            .spawn();
+            .flag("--claim-timeout", "24h");
+        if let Some(m) = &self.managed {
+            for (flag, value) in &m.flags {
+                builder = builder.flag(flag, value.clone());
+            }
+            let wrapper: Vec<&str> = m.wrapper.iter().map(String::as_str).collect();
+            builder = faketime(builder, &m.sidecar_clock).wrap(&wrapper);
+        }
+        let sidecar = builder.spawn();
         let addr = sidecar.http_addr();
         let mut view = self.view.lock().unwrap();
         view.generation += 1;
         view.addr = Some(addr);
         drop(view);
         self.sidecar = Some(sidecar);
+    }
+
+    /// Starts the app under `snowlease exec` (managed setup): `sleep`, with the ID in
+    /// `WORKER_ID`, stopped `--grace 500ms` before the lease's deadline.
+    fn spawn_exec(&mut self, index: usize) {
+        let m = self
+            .managed
+            .as_mut()
+            .expect("exec runs in the managed setup");
+        let builder = SidecarBuilder::new("exec")
+            .name(format!("exec {index}"))
+            .pod(&self.pod)
+            .without("--listen")
+            .flag("--file", self.pod.worker_id_file().to_string_lossy())
+            .flag("--poll", "100ms")
+            .flag("--grace", "500ms")
+            .flag("--wait", "24h");
+        let exec = faketime(builder, &m.exec_clock)
+            .switch("--")
+            .switch("sleep")
+            .switch("1000000")
+            .spawn();
+        self.view.lock().unwrap().exec_pid = Some(exec.spawned_pid().as_raw());
+        m.exec = Some(exec);
+    }
+
+    /// Restarts what exited on its own, as the kubelet does: the sidecar (returned: how it
+    /// exited) and `exec` (it exits 75 after each loss).
+    fn revive(&mut self, index: usize) -> (Option<String>, bool) {
+        let mut sidecar_exit = None;
+        if let Some(sidecar) = self.sidecar.as_mut()
+            && !sidecar.is_running()
+        {
+            let mut gone = self.take();
+            let status = gone.wait_exit(secs(5));
+            let last = gone.log_lines().last().cloned().unwrap_or_default();
+            sidecar_exit = Some(format!("{status:?}, last log line: {last}"));
+            self.spawn(index);
+        }
+        let exec_exited = self
+            .managed
+            .as_mut()
+            .and_then(|m| m.exec.as_mut())
+            .is_some_and(|exec| !exec.is_running());
+        if exec_exited {
+            self.view.lock().unwrap().exec_pid = None;
+            self.spawn_exec(index);
+        }
+        (sidecar_exit, exec_exited)
     }
 
     /// Marks the process gone (the recorder stops asking it) and returns it.
@@ -300,6 +503,13 @@ fn run(setup: Setup, run_secs: u64) {
         "chaos: {setup:?}, seed {seed} (replay with SNOWLEASE_CHAOS_SEED={seed}), {run_secs} s"
     );
     let mut rng = StdRng::seed_from_u64(seed);
+    let password_file = has_password_file();
+    let kinds = only_kinds(setup.kinds(password_file));
+    if matches!(setup, Setup::Managed) && !password_file {
+        eprintln!(
+            "chaos: this snowlease has no --redis-password-file: PasswordRotation left out, the password is in the URL"
+        );
+    }
     let (mut redis, min_acks) = match setup {
         Setup::Standalone => (Backend::Standalone(RedisServer::start()), 0),
         Setup::Sentinel { min_acks, replicas } => (
@@ -309,35 +519,18 @@ fn run(setup: Setup, run_secs: u64) {
             })),
             min_acks,
         ),
+        Setup::Managed => (Backend::Managed(Box::new(Managed::start(password_file))), 0),
     };
     redis.primary().open_claim_guard(APP);
-    let mut slots: Vec<Slot> = (0..SIDECARS)
-        .map(|_| {
-            let proxy = match &redis {
-                Backend::Standalone(server) => Some(FaultProxy::for_redis(server)),
-                Backend::Sentinel(_) => None,
-            };
-            let url = match (&proxy, &redis) {
-                (Some(proxy), _) => proxy.url(),
-                (None, Backend::Sentinel(topo)) => topo.url(),
-                (None, Backend::Standalone(_)) => unreachable!("standalone slots have proxies"),
-            };
-            (proxy, url)
-        })
-        .map(|(proxy, url)| Slot {
-            pod: PodDir::new(),
-            proxy,
-            url,
-            min_acks,
-            sidecar: None,
-            view: Arc::new(Mutex::new(SlotView {
-                generation: 0,
-                addr: None,
-            })),
-        })
+    let (sidecars, max_id) = (setup.sidecars(), setup.max_id());
+    let mut slots: Vec<Slot> = (0..sidecars)
+        .map(|_| new_slot(&redis, min_acks, max_id))
         .collect();
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.spawn(i);
+        if slot.managed.is_some() {
+            slot.spawn_exec(i);
+        }
     }
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -345,26 +538,31 @@ fn run(setup: Setup, run_secs: u64) {
         .iter()
         .enumerate()
         .map(|(i, slot)| {
-            let file = slot.pod.worker_id_file();
-            record(i, slot.view.clone(), file, start, stop.clone(), seed)
+            let (file, apps) = (slot.pod.worker_id_file(), slot.managed.is_some());
+            record(i, slot.view.clone(), file, start, stop.clone(), seed, apps)
         })
         .collect();
 
     let mut faults = Vec::new();
+    let mut exits = Exits::default();
     let deadline = start + secs(run_secs);
     let mut harness_failure = None;
     while Instant::now() < deadline {
-        let kinds = setup.kinds();
         let kind = kinds[rng.random_range(0..kinds.len())];
-        let target = rng.random_range(0..SIDECARS);
-        let start_us = elapsed_us(start);
-        // A harness wait that times out (e.g. Sentinels that never agree) ends the faults but
-        // not the run: the history so far is still checked and printed, then the run fails.
+        let target = rng.random_range(0..sidecars);
+        // A harness wait that times out (e.g. Sentinels that never agree, a restarted sidecar
+        // that never listens) ends the faults but not the run: the history so far is still
+        // checked and printed, then the run fails.
         let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            apply(kind, target, &mut slots, &mut redis, &mut rng)
+            exits.revive(&mut slots, elapsed_us(start));
+            let start_us = elapsed_us(start);
+            (
+                start_us,
+                apply(kind, target, &mut slots, &mut redis, &mut rng),
+            )
         }));
-        let target = match applied {
-            Ok(target) => target,
+        let (start_us, target) = match applied {
+            Ok(applied) => applied,
             Err(panic) => {
                 let why = panic
                     .downcast_ref::<String>()
@@ -390,13 +588,111 @@ fn run(setup: Setup, run_secs: u64) {
         .into_iter()
         .flat_map(|r| r.join().expect("recorder"))
         .collect();
-    let verdict = report(seed, min_acks, &samples, &faults, elapsed_us(start));
+    let verdict = report(
+        seed,
+        max_id as usize + 1,
+        min_acks,
+        &samples,
+        &faults,
+        elapsed_us(start),
+    );
+    exits.print(&faults);
     drop(slots);
     verdict.unwrap_or_else(|why| panic!("chaos (seed {seed}): {why}"));
     if let Some(failure) = harness_failure {
         panic!(
             "chaos (seed {seed}): the harness failed during the {failure}; history up to it checked above"
         );
+    }
+}
+
+/// A slot of `redis`: its own proxy on standalone Redis, the managed setup's files and
+/// wrapper there.
+fn new_slot(redis: &Backend, min_acks: u32, max_id: u32) -> Slot {
+    let pod = PodDir::new();
+    let (proxy, url, managed) = match redis {
+        Backend::Standalone(server) => {
+            let proxy = FaultProxy::for_redis(server);
+            let url = proxy.url();
+            (Some(proxy), url, None)
+        }
+        Backend::Sentinel(topo) => (None, topo.url(), None),
+        Backend::Managed(m) => (None, m.url(), Some(ManagedSlot::new(m, &pod))),
+    };
+    Slot {
+        pod,
+        proxy,
+        url,
+        min_acks,
+        max_id,
+        sidecar: None,
+        view: Arc::new(Mutex::new(SlotView {
+            generation: 0,
+            addr: None,
+            exec_pid: None,
+        })),
+        managed,
+    }
+}
+
+/// `kinds`, or those of them `SNOWLEASE_CHAOS_KINDS` names (comma-separated, e.g.
+/// `ExecClockStep,SidecarClockStep`), to look at a few kinds in a run.
+fn only_kinds(kinds: Vec<Kind>) -> Vec<Kind> {
+    let Ok(names) = std::env::var("SNOWLEASE_CHAOS_KINDS") else {
+        return kinds;
+    };
+    let wanted: Vec<&str> = names.split(',').map(str::trim).collect();
+    let chosen: Vec<Kind> = kinds
+        .into_iter()
+        .filter(|k| wanted.contains(&k.to_string().as_str()))
+        .collect();
+    assert!(
+        !chosen.is_empty(),
+        "SNOWLEASE_CHAOS_KINDS={names:?} names none of this setup's kinds"
+    );
+    chosen
+}
+
+/// Whether the binary under test reads the password from `--redis-password-file`.
+fn has_password_file() -> bool {
+    let help = run_snowlease(&["worker", "--help"], &[], secs(30));
+    help.stdout.contains("--redis-password-file")
+}
+
+/// Processes that exited on their own during the run and were restarted.
+#[derive(Default)]
+struct Exits {
+    /// (slot, µs, how it exited) of each sidecar.
+    sidecars: Vec<(usize, u64, String)>,
+    /// `exec` restarts (each after it stopped the app on a loss, exit 75).
+    execs: usize,
+}
+
+impl Exits {
+    fn revive(&mut self, slots: &mut [Slot], at_us: u64) {
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let (sidecar, exec) = slot.revive(i);
+            if let Some(how) = sidecar {
+                self.sidecars.push((i, at_us, how));
+            }
+            self.execs += usize::from(exec);
+        }
+    }
+
+    fn print(&self, faults: &[Fault]) {
+        eprintln!(
+            "chaos: sidecars that exited on their own (restarted): {}; exec restarts: {}",
+            self.sidecars.len(),
+            self.execs
+        );
+        let starts: Vec<u64> = faults.iter().map(|f| f.start_us).collect();
+        for (slot, at_us, how) in &self.sidecars {
+            let last = checker::last_at_or_before(&starts, *at_us).map(|i| faults[i].kind);
+            eprintln!(
+                "chaos: sidecar {slot} exited by {:.3} s (last fault before: {last:?}): {how}",
+                *at_us as f64 / 1e6
+            );
+        }
     }
 }
 
@@ -438,7 +734,7 @@ fn apply(
         Kind::RedisRestart => {
             match redis {
                 Backend::Standalone(server) => server.restart(),
-                Backend::Sentinel(_) => unreachable!("Sentinel runs use KillPrimary"),
+                _ => unreachable!("only standalone runs restart Redis empty"),
             }
             return None;
         }
@@ -463,6 +759,23 @@ fn apply(
             settle(topo);
             return None;
         }
+        Kind::DnsFailover => {
+            redis.managed().fail_over(ms(rng.random_range(0..1500)));
+            return None;
+        }
+        Kind::ReplicaOf => {
+            redis.managed().replica_of(ms(rng.random_range(500..4000)));
+            return None;
+        }
+        Kind::CaRotation => {
+            redis.managed().rotate_ca(ms(rng.random_range(500..3000)));
+            return None;
+        }
+        Kind::PasswordRotation => {
+            redis.managed().rotate_password();
+            return None;
+        }
+        Kind::SidecarClockStep | Kind::ExecClockStep => step_clock(kind, slot, rng),
         Kind::Blackhole => hold(slot, Mode::Blackhole, rng.random_range(300..4000)),
         Kind::Delay => {
             let delay = ms(rng.random_range(50..1500));
@@ -475,7 +788,7 @@ fn apply(
             slot.proxy().set_mode(Mode::Pass);
         }
         Kind::Overwrite => {
-            let id = rng.random_range(0..=MAX_ID);
+            let id = rng.random_range(0..=slot.max_id);
             let _: () = redis.primary().query(
                 redis::cmd("SET")
                     .arg(worker_key(APP, id))
@@ -498,13 +811,40 @@ fn settle(topo: &SentinelTopology) {
     thread::sleep(ms(4000));
 }
 
+/// Steps the wall clock of the slot's sidecar or `exec` by +-30 s; half the time the sidecar
+/// is frozen past its TTL meanwhile, so the lease ends while the clock is off (the deadline
+/// that `exec` judges, and the one the sidecar publishes, must not move with it).
+fn step_clock(kind: Kind, slot: &Slot, rng: &mut StdRng) {
+    let m = slot
+        .managed
+        .as_ref()
+        .expect("clock steps run in the managed setup");
+    let stamp = if kind == Kind::SidecarClockStep {
+        &m.sidecar_clock
+    } else {
+        &m.exec_clock
+    };
+    set_clock(stamp, if rng.random_bool(0.5) { "+30" } else { "-30" });
+    // libfaketime re-reads the file once a second (FAKETIME_CACHE_DURATION).
+    thread::sleep(ms(1100));
+    if rng.random_bool(0.5) {
+        slot.sidecar().pause();
+        thread::sleep(ms(TTL_MS + rng.random_range(100..1500)));
+        slot.sidecar().resume();
+    } else {
+        thread::sleep(ms(rng.random_range(400..3000)));
+    }
+    set_clock(stamp, "+0");
+}
+
 fn hold(slot: &Slot, mode: Mode, for_ms: u64) {
     slot.proxy().set_mode(mode);
     thread::sleep(ms(for_ms));
     slot.proxy().set_mode(Mode::Pass);
 }
 
-/// Samples slot `index` every 10-20 ms until `stop`: `/id`, then the ID file.
+/// Samples slot `index` every 10-20 ms until `stop`: `/id`, then the ID file, then (with
+/// `apps`) the app under the slot's `exec`.
 fn record(
     index: usize,
     view: Arc<Mutex<SlotView>>,
@@ -512,6 +852,7 @@ fn record(
     start: Instant,
     stop: Arc<AtomicBool>,
     seed: u64,
+    apps: bool,
 ) -> thread::JoinHandle<Vec<Sample>> {
     thread::spawn(move || {
         let http = ureq::AgentBuilder::new()
@@ -530,16 +871,49 @@ fn record(
                 .and_then(|t| t.trim().parse().ok());
             samples.push(Sample {
                 sidecar: index,
+                source: Source::Sidecar,
                 generation: v.generation,
                 sent_us,
                 recv_us,
                 obs,
                 file,
             });
+            if apps {
+                let sent_us = elapsed_us(start);
+                let (obs, generation) = v
+                    .exec_pid
+                    .and_then(app_worker_id)
+                    .map_or((Obs::NotPublished { readopting: false }, 0), |(pid, id)| {
+                        (Obs::Published(id), pid as u32)
+                    });
+                samples.push(Sample {
+                    sidecar: index,
+                    source: Source::App,
+                    generation,
+                    sent_us,
+                    recv_us: elapsed_us(start),
+                    obs,
+                    file: None,
+                });
+            }
             thread::sleep(ms(rng.random_range(10..=20)));
         }
         samples
     })
+}
+
+/// The live app below `exec` (PID `exec_pid`) and the `WORKER_ID` in its environment, read
+/// from `/proc`: (app PID, ID). None when no app runs (a zombie's environment is empty).
+fn app_worker_id(exec_pid: i32) -> Option<(i32, u32)> {
+    child_pids(nix::unistd::Pid::from_raw(exec_pid))
+        .into_iter()
+        .find_map(|app| {
+            let env = std::fs::read(format!("/proc/{app}/environ")).ok()?;
+            let id = env
+                .split(|b| *b == 0)
+                .find_map(|kv| kv.strip_prefix(b"WORKER_ID="))?;
+            Some((app.as_raw(), std::str::from_utf8(id).ok()?.parse().ok()?))
+        })
 }
 
 /// One `GET /id`.
@@ -559,6 +933,7 @@ fn ask(http: &ureq::Agent, addr: SocketAddr) -> Obs {
 /// Prints the figures; Err when the history breaks a rule.
 fn report(
     seed: u64,
+    ids: usize,
     min_acks: u32,
     samples: &[Sample],
     faults: &[Fault],
@@ -576,18 +951,27 @@ fn report(
         min_acks == 0 && checker::follows_failover(o, &failovers, 3 * TTL_MS * 1000)
     });
     let stale = checker::stale_files(samples);
+    // ID-seconds published by sidecars (apps' intervals counted apart).
     let published_s: f64 = intervals
         .iter()
+        .filter(|i| i.source == Source::Sidecar)
         .map(|i| (i.end_us - i.start_us) as f64 / 1e6)
         .sum();
-    let runs = checker::per_sidecar(samples);
+    let app_intervals = intervals.iter().filter(|i| i.source == Source::App).count();
+    let sidecar_samples: Vec<Sample> = samples
+        .iter()
+        .filter(|s| s.source == Source::Sidecar)
+        .copied()
+        .collect();
+    let runs = checker::per_sidecar(&sidecar_samples);
+    let sidecars = runs.len();
     let mut by_kind: BTreeMap<Kind, (usize, usize, u64, usize)> = BTreeMap::new();
     for (n, f) in faults.iter().enumerate() {
         // A gap is this fault's when it begins before the next fault (or 2 TTLs after this one).
         let until = faults
             .get(n + 1)
             .map_or(f.end_us + 2 * TTL_MS * 1000, |next| next.start_us);
-        let hit: Vec<usize> = f.target.map_or((0..SIDECARS).collect(), |t| vec![t]);
+        let hit: Vec<usize> = f.target.map_or((0..sidecars).collect(), |t| vec![t]);
         let entry = by_kind.entry(f.kind).or_default();
         entry.0 += 1;
         for s in hit {
@@ -601,13 +985,13 @@ fn report(
     }
     eprintln!("chaos: seed {seed}");
     eprintln!(
-        "chaos: {} trials (faults) in {:.0} s, {} samples, {} publish intervals ({published_s:.0} sidecar-s published)",
+        "chaos: {} trials (faults) in {:.0} s, {} samples, {} publish intervals ({published_s:.0} sidecar-s published; {app_intervals} of them apps under exec)",
         faults.len(),
         end_us as f64 / 1e6,
         samples.len(),
         intervals.len()
     );
-    eprintln!("chaos: kind          faults  IDs lost  longest gap without an ID");
+    eprintln!("chaos: kind              faults  IDs lost  longest gap without an ID");
     for (kind, (n, lost, gap, open)) in &by_kind {
         let open = if *open > 0 {
             format!(" ({open} still without an ID at the end)")
@@ -615,7 +999,7 @@ fn report(
             String::new()
         };
         eprintln!(
-            "chaos: {:<13} {n:>6}  {lost:>8}  {:.2} s{open}",
+            "chaos: {:<17} {n:>6}  {lost:>8}  {:.2} s{open}",
             kind.to_string(),
             *gap as f64 / 1e6
         );
@@ -649,7 +1033,7 @@ fn report(
     for s in &stale {
         eprintln!("chaos: STALE FILE {s:?}");
     }
-    if intervals.len() < SIDECARS.min(MAX_ID as usize + 1) {
+    if intervals.len() < sidecars.min(ids) {
         return Err(format!(
             "only {} publish intervals: vacuous run",
             intervals.len()
@@ -688,13 +1072,15 @@ fn before_overlap(o: &checker::Overlap, faults: &[Fault]) -> String {
         .iter()
         .rev()
         .find(|f| f.start_us <= began && f.kind.is_failover());
+    let holder = |i: &checker::Interval| match i.source {
+        Source::Sidecar => format!("sidecar {} (gen {})", i.sidecar, i.generation),
+        Source::App => format!("the app of sidecar {} (pid {})", i.sidecar, i.generation),
+    };
     format!(
-        "ID {} held by sidecar {} (gen {}) and sidecar {} (gen {}) from {:.3} s for {:.3} s; last fault before: {}; last failover before: {}",
+        "ID {} held by {} and {} from {:.3} s for {:.3} s; last fault before: {}; last failover before: {}",
         o.id,
-        o.a.sidecar,
-        o.a.generation,
-        o.b.sidecar,
-        o.b.generation,
+        holder(&o.a),
+        holder(&o.b),
         began as f64 / 1e6,
         o.a.end_us.min(o.b.end_us).saturating_sub(began) as f64 / 1e6,
         describe(last),

@@ -14,6 +14,13 @@
 //! from different sidecars are reported only when these certain parts intersect, so a report
 //! is a proven double publish (no false positives). The price: overlaps shorter than about one
 //! sample period plus one request are missed, and a run of one sample proves nothing.
+//!
+//! # Apps under `snowlease exec`
+//! A slot may also run an app under `snowlease exec`; its samples ([`Source::App`]) say which
+//! `WORKER_ID` a live app process of that slot had (read from `/proc`, the process's own
+//! environment). An app is a holder like its sidecar: an app still running with ID n while a
+//! sidecar (or app) of another slot publishes n is an overlap. The app and the sidecar of one
+//! slot are one pod: they never overlap each other.
 
 use std::collections::BTreeMap;
 
@@ -28,12 +35,23 @@ pub enum Obs {
     NoAnswer,
 }
 
-/// One sample of one sidecar.
+/// What a sample looked at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    /// The sidecar's `/id` and ID file.
+    #[default]
+    Sidecar,
+    /// The app `snowlease exec` runs in the same slot (its `WORKER_ID`).
+    App,
+}
+
+/// One sample of one sidecar, or of the app beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sample {
     /// Sidecar slot (its pod folder).
     pub sidecar: usize,
-    /// Process generation in that slot (bumped at each restart).
+    pub source: Source,
+    /// Process generation in that slot (bumped at each sidecar restart; for an app, its PID).
     pub generation: u32,
     /// Request sent / answered (or given up), µs on the run's monotonic clock.
     pub sent_us: u64,
@@ -59,6 +77,7 @@ impl Sample {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interval {
     pub sidecar: usize,
+    pub source: Source,
     pub generation: u32,
     pub id: u32,
     pub start_us: u64,
@@ -105,10 +124,23 @@ pub struct StaleFile {
     pub samples: usize,
 }
 
-/// Publish intervals of `samples` (any order; sorted here per sidecar by send time).
-/// Runs of a single sample are dropped: they prove no interval.
+/// Publish intervals of `samples` (any order; sorted here per sidecar and source by send
+/// time). Runs of a single sample are dropped: they prove no interval.
 pub fn intervals(samples: &[Sample]) -> Vec<Interval> {
     let mut out = Vec::new();
+    for source in [Source::Sidecar, Source::App] {
+        let of_source: Vec<Sample> = samples
+            .iter()
+            .filter(|s| s.source == source)
+            .copied()
+            .collect();
+        intervals_of(&of_source, &mut out);
+    }
+    out
+}
+
+/// [`intervals`] of samples of one source.
+fn intervals_of(samples: &[Sample], out: &mut Vec<Interval>) {
     for run in per_sidecar(samples).values() {
         let mut open: Option<(Sample, Sample, usize)> = None;
         for s in run {
@@ -121,14 +153,13 @@ pub fn intervals(samples: &[Sample]) -> Vec<Interval> {
                     *n += 1;
                 }
                 _ => {
-                    close(&mut out, open.take());
+                    close(out, open.take());
                     open = s.published().map(|_| (*s, *s, 1));
                 }
             }
         }
-        close(&mut out, open);
+        close(out, open);
     }
-    out
 }
 
 fn close(out: &mut Vec<Interval>, run: Option<(Sample, Sample, usize)>) {
@@ -138,6 +169,7 @@ fn close(out: &mut Vec<Interval>, run: Option<(Sample, Sample, usize)>) {
     }
     out.push(Interval {
         sidecar: first.sidecar,
+        source: first.source,
         generation: first.generation,
         id: first.published().expect("a run is published"),
         start_us: first.recv_us,
@@ -146,7 +178,8 @@ fn close(out: &mut Vec<Interval>, run: Option<(Sample, Sample, usize)>) {
     });
 }
 
-/// Samples grouped by sidecar, each group sorted by send time.
+/// Samples of one source grouped by sidecar, each group sorted by send time (the caller
+/// keeps sidecar and app samples apart).
 pub fn per_sidecar(samples: &[Sample]) -> BTreeMap<usize, Vec<Sample>> {
     let mut by: BTreeMap<usize, Vec<Sample>> = BTreeMap::new();
     for s in samples {
@@ -158,8 +191,8 @@ pub fn per_sidecar(samples: &[Sample]) -> BTreeMap<usize, Vec<Sample>> {
     by
 }
 
-/// Every pair of intervals of one ID from different sidecars that intersect (touching ends
-/// do not: `[1, 5]` and `[5, 9]` prove nothing).
+/// Every pair of intervals of one ID from different slots (sidecar or app) that intersect
+/// (touching ends do not: `[1, 5]` and `[5, 9]` prove nothing).
 pub fn overlaps(intervals: &[Interval]) -> Vec<Overlap> {
     let mut out = Vec::new();
     for (i, a) in intervals.iter().enumerate() {
@@ -179,9 +212,15 @@ pub fn overlaps(intervals: &[Interval]) -> Vec<Overlap> {
 
 /// Runs of two or more samples in a row where the file named an ID while `/id` answered
 /// "none" (not re-adopting). No-answer samples end a run: they prove nothing about `/id`.
+/// App samples are left out (they read no file).
 pub fn stale_files(samples: &[Sample]) -> Vec<StaleFile> {
     let mut out = Vec::new();
-    for run in per_sidecar(samples).values() {
+    let sidecars: Vec<Sample> = samples
+        .iter()
+        .filter(|s| s.source == Source::Sidecar)
+        .copied()
+        .collect();
+    for run in per_sidecar(&sidecars).values() {
         let mut cur: Option<StaleFile> = None;
         for s in run {
             let stale = match (s.obs, s.file) {
@@ -249,6 +288,7 @@ mod tests {
     fn s(sidecar: usize, sent_ms: u64, obs: Obs, file: Option<u32>) -> Sample {
         Sample {
             sidecar,
+            source: Source::Sidecar,
             generation: 0,
             sent_us: sent_ms * 1000,
             recv_us: sent_ms * 1000 + 2000,
@@ -327,6 +367,35 @@ mod tests {
         ];
         h.extend(held(1, 5, &[10, 20, 40]));
         assert_eq!(overlaps(&intervals(&h)).len(), 1);
+    }
+
+    /// An app under `exec` that still runs with ID 3 while another slot's sidecar publishes
+    /// 3 is an overlap; the same app beside its own sidecar publishing 3 is not.
+    #[test]
+    fn app_living_past_its_lease_overlaps() {
+        let app = |sidecar, times: &[u64]| -> Vec<Sample> {
+            held(sidecar, 3, times)
+                .into_iter()
+                .map(|s| Sample {
+                    source: Source::App,
+                    file: None,
+                    ..s
+                })
+                .collect()
+        };
+        let mut h = held(0, 3, &[0, 15, 30]);
+        h.extend(app(0, &[5, 20, 35, 50, 65, 80]));
+        h.extend(held(1, 3, &[60, 75, 90]));
+        let found = overlaps(&intervals(&h));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].a.source, found[0].b.source),
+            (Source::Sidecar, Source::App)
+        );
+        assert_eq!(stale_files(&h), vec![]);
+        let mut own = held(0, 3, &[0, 15, 30, 45]);
+        own.extend(app(0, &[5, 20, 35]));
+        assert_eq!(overlaps(&intervals(&own)), vec![]);
     }
 
     /// A file naming an ID while /id says none: one sample is lag, two are a failure.

@@ -3,26 +3,11 @@
 //! of a timestamp file the test rewrites; Redis keeps the machine's clock. The boot clock,
 //! which lease validity uses, is left alone (`FAKETIME_DONT_FAKE_MONOTONIC`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::harness::*;
 
 const APP: &str = "skew";
-
-/// libfaketime's preload library; `.ci/run` installs the `faketime` package.
-pub(crate) fn libfaketime() -> PathBuf {
-    let candidates = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-        "/usr/local/lib/faketime/libfaketime.so.1",
-    ];
-    candidates
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("libfaketime not found: apt-get install faketime (.ci/run does)")
-}
 
 /// A worker whose wall clock is offset by what `stamp` says (e.g. `+2s`, `+0`).
 fn skewed_worker(redis: &RedisServer, stamp: &Path) -> Sidecar {

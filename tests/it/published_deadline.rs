@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use snowlease::boot_clock::BootInstant;
 
-use crate::clock_skew::{libfaketime, set_offset};
+use crate::clock_skew::set_offset;
 use crate::exec::{APP as SLEEPING_APP, app_pid, exec_app, wait_app_saw};
 use crate::harness::*;
 

@@ -3,6 +3,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -183,4 +184,22 @@ pub fn run_command(mut cmd: Command, timeout: Duration) -> Run {
         stderr: join(err),
         timed_out,
     }
+}
+
+/// libfaketime's preload library (Debian package `faketime`; `.ci/run` installs it), for a
+/// process whose wall clock a test offsets: `LD_PRELOAD` it with `FAKETIME_TIMESTAMP_FILE`
+/// naming a file that holds the offset (e.g. `+2s`, `-30`) and `FAKETIME_DONT_FAKE_MONOTONIC=1`
+/// (CLOCK_MONOTONIC and CLOCK_BOOTTIME then stay real).
+pub fn libfaketime() -> PathBuf {
+    let candidates = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+        "/usr/local/lib/faketime/libfaketime.so.1",
+    ];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("libfaketime not found: apt-get install faketime (.ci/run does)")
 }
