@@ -115,13 +115,28 @@ pub fn follows_failover(overlap: &Overlap, failovers: &[(u64, u64)], window_us: 
 }
 
 /// A sidecar whose ID file named an ID while `/id` said "none" for two samples or more in a
-/// row (one sample is the allowed lag between the answer and the file being removed).
+/// row and for longer than [`FILE_LAG_US`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StaleFile {
     pub sidecar: usize,
     pub id: u32,
     pub from_us: u64,
+    /// Send time of the last sample of the run.
+    pub until_us: u64,
     pub samples: usize,
+}
+
+/// How long the ID file may outlive `/id`'s "none": `/id` answers from the sidecar's HTTP
+/// thread the moment the keeper's state changes, while the publisher removes the file on the
+/// main thread once it has finished a write in flight (the state and ID files, each written
+/// with an fsync, at every renewal), which takes tens of ms on a loaded 2-core machine. The
+/// file's validity is not at stake meanwhile: its state file still names the deadline.
+pub const FILE_LAG_US: u64 = 250_000;
+
+impl StaleFile {
+    fn counts(&self) -> bool {
+        self.samples >= 2 && self.until_us - self.from_us > FILE_LAG_US
+    }
 }
 
 /// Publish intervals of `samples` (any order; sorted here per sidecar and source by send
@@ -210,8 +225,8 @@ pub fn overlaps(intervals: &[Interval]) -> Vec<Overlap> {
     out
 }
 
-/// Runs of two or more samples in a row where the file named an ID while `/id` answered
-/// "none" (not re-adopting). No-answer samples end a run: they prove nothing about `/id`.
+/// Runs of two or more samples in a row, longer than [`FILE_LAG_US`], where the file named an
+/// ID while `/id` answered "none" (not re-adopting). No-answer samples end a run: they prove nothing about `/id`.
 /// App samples are left out (they read no file).
 pub fn stale_files(samples: &[Sample]) -> Vec<StaleFile> {
     let mut out = Vec::new();
@@ -228,19 +243,23 @@ pub fn stale_files(samples: &[Sample]) -> Vec<StaleFile> {
                 _ => None,
             };
             match (&mut cur, stale) {
-                (Some(c), Some(id)) if c.id == id => c.samples += 1,
+                (Some(c), Some(id)) if c.id == id => {
+                    c.samples += 1;
+                    c.until_us = s.sent_us;
+                }
                 (_, stale) => {
-                    out.extend(cur.take().filter(|c| c.samples >= 2));
+                    out.extend(cur.take().filter(StaleFile::counts));
                     cur = stale.map(|id| StaleFile {
                         sidecar: s.sidecar,
                         id,
                         from_us: s.sent_us,
+                        until_us: s.sent_us,
                         samples: 1,
                     });
                 }
             }
         }
-        out.extend(cur.filter(|c| c.samples >= 2));
+        out.extend(cur.filter(StaleFile::counts));
     }
     out
 }
@@ -400,16 +419,20 @@ mod tests {
 
     /// A file naming an ID while /id says none: one sample is lag, two are a failure.
     #[test]
-    fn stale_file_needs_two_samples() {
+    fn stale_file_needs_two_samples_past_the_write_lag() {
         let mut h = held(0, 2, &[0, 15]);
         h.push(s(0, 30, NONE, Some(2)));
         h.push(s(0, 45, NONE, None));
         assert_eq!(stale_files(&h), vec![]);
+        // Two samples within the lag of a write in flight: not stale.
         h.push(s(0, 60, NONE, Some(2)));
         h.push(s(0, 75, NONE, Some(2)));
+        assert_eq!(stale_files(&h), vec![]);
+        // Past it: stale.
+        h.push(s(0, 400, NONE, Some(2)));
         let found = stale_files(&h);
         assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].samples, 2);
+        assert_eq!(found[0].samples, 3);
     }
 
     /// The fault named before an overlap is the last one that started at or before it.
