@@ -400,7 +400,7 @@ fn deploy_steps_rule_covers_every_step() {
     let lease = sidecar.wait_for_lease(secs(10));
 
     let file = sidecar.output_file().to_string_lossy().into_owned();
-    let id = run_snowlease(&["id", "--file", &file], &[], secs(10));
+    let id = run_snowlease(&["id", "--file", &file, "--wait", "5s"], &[], secs(10));
     assert_eq!(id.stdout.trim(), lease.worker_id.to_string(), "{id:?}");
     let status = run_snowlease(
         &["status", "--app", "orders", "--json"],
