@@ -191,7 +191,7 @@ pub fn stdout_line(text: &str) -> anyhow::Result<()> {
 /// names the variable, not only the flag clap reports; the usage line is
 /// the command's own (clap lists the flags given as if required); `--listen`
 /// gets an example; a command without `--` before it gets a hint.
-/// `root` is the built top command, `argv` the arguments without argv[0].
+/// `root` is the built top command, `argv` the arguments without `argv[0]`.
 pub fn explain(mut err: clap::Error, root: &clap::Command, argv: &[String]) -> clap::Error {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let leaf = leaf_command(root, argv);

@@ -164,8 +164,8 @@ impl Failure {
 
 /// Classifies a redis-rs error by its kind and error code, never by its
 /// message (except the two texts that have no code: an ACL refusal inside
-/// a script, [`is_permission_error`], and a TLS certificate error,
-/// [`is_certificate_error`]).
+/// a script, `is_permission_error`, and a TLS certificate error,
+/// `is_certificate_error`).
 pub fn classify(err: &RedisError) -> Failure {
     verdict(err).failure
 }

@@ -190,7 +190,7 @@ impl RedisTarget {
     /// system store, and presents the certificate in `cert` with the key in
     /// `key` (PEM files) when both are given. The files are read now, to
     /// refuse bad ones at start, and again at every connection open
-    /// ([`RedisTarget::certs`]).
+    /// (`RedisTarget::certs`).
     ///
     /// Errors (naming the flag): TLS files for a URL without TLS, a
     /// certificate without its key (or the other way round), a file that
@@ -226,7 +226,7 @@ impl RedisTarget {
     /// Takes the data nodes' password from the file `path` (a mounted
     /// Kubernetes Secret) instead of the URL's. The file is read now, to
     /// refuse a bad one at start, and again at every connection open
-    /// ([`RedisTarget::node_password`]).
+    /// (`RedisTarget::node_password`).
     ///
     /// Errors (naming `--redis-password-file`, never the content): the file
     /// cannot be read, is empty, holds more than one line or is not UTF-8.
