@@ -237,7 +237,7 @@ pub(crate) async fn probe<C: ConnectionLike>(
 pub(crate) fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError {
     move |err| {
         if is_auth_error(&err) {
-            let hint = "wrong user name or password in --redis-url";
+            let hint = "wrong user name or password: the user of --redis-url, the password of --redis-url or --redis-password-file";
             match err.detail() {
                 Some(detail) => (err.kind(), hint, detail.to_owned()).into(),
                 None => (err.kind(), hint).into(),

@@ -65,7 +65,7 @@ fn log_outage_budget(settings: &LeaseSettings) {
         outage_ridden_best_ms = ms(budget.best),
         crashed_pod_id_taken_min_ms = ms(held_min),
         crashed_pod_id_taken_max_ms = ms(held_max),
-        "the ID stays published through a Redis outage of outage_ridden_ms (outage_ridden_best_ms if it starts right after a renew); an app under exec stops --grace + --poll sooner"
+        "the ID stays published through a Redis outage of outage_ridden_ms (outage_ridden_best_ms if it starts right after a renew); an app under exec rides through less: a renewal must come --grace + --poll before the deadline (table in docs/operations.md, Sizing for Redis outages)"
     );
 }
 

@@ -126,7 +126,7 @@ fn wrong_password_at_start_exits_1(redis: &Deployment) {
     let log = sidecar.log_lines().join("\n");
     assert_eq!(status.code(), Some(1), "{redis}: {log}");
     assert!(
-        log.contains("wrong user name or password in --redis-url"),
+        log.contains("wrong user name or password: the user of --redis-url"),
         "{redis}: {log}"
     );
     crate::acl::assert_no_kind_names(&log);
