@@ -521,10 +521,15 @@ fn run_pod(test: &str, folder: &str, prefix: &str, first: Option<&str>) {
     ]);
     let states: Vec<&str> = states.stdout.lines().collect();
     let sidecar_state = format!("{} true 0", pod.container("snowlease"));
-    // The app (`snowlease sleep`) dies of the SIGTERM `exec` passed on: 128 + 15.
-    let app_state = format!("{} true 143", pod.container("app"));
+    // The app (`snowlease sleep`) dies of the SIGTERM `exec` passed on: 128 + 15. Or, where
+    // both containers get SIGTERM at once (the plain sidecar: podman ignores the preStop hook
+    // that holds the sidecar), `exec` may see the release first and stop the app: 75.
+    let app_stopped = |code: u8| format!("{} true {code}", pod.container("app"));
     assert!(states.contains(&sidecar_state.as_str()), "{states:?}");
-    assert!(states.contains(&app_state.as_str()), "{states:?}");
+    assert!(
+        states.contains(&app_stopped(143).as_str()) || states.contains(&app_stopped(75).as_str()),
+        "{states:?}"
+    );
     assert!(states.iter().all(|s| s.contains(" true ")), "{states:?}");
     // Well inside the 30 s grace period: nothing waited for SIGKILL.
     assert!(took < secs(20), "pod stop took {took:?}");
