@@ -46,11 +46,6 @@ fn valid_until(sent: BootInstant, ttl: Duration) -> BootInstant {
     lease::validity_deadline(sent, ttl)
 }
 
-/// `deadline` on the monotonic clock, as seen at `now`.
-fn on_monotonic(deadline: BootInstant, now: Instant) -> Instant {
-    now + deadline.remaining()
-}
-
 /// Holds the lock while `child` runs; `sent` is when the winning acquire
 /// was sent. Returns once the child has exited (it is reaped).
 pub(crate) fn hold(
@@ -65,7 +60,7 @@ pub(crate) fn hold(
     let mut valid = valid_until(sent, config.ttl);
     let mut rules = Deadlines::new(config.grace);
     rules.observe(
-        Some(on_monotonic(valid, Instant::now())),
+        Some(valid.on_monotonic(Instant::now())),
         Instant::now() - sent.elapsed(),
     );
     let mut next_renew = Instant::now() + interval.saturating_sub(sent.elapsed());
@@ -81,7 +76,7 @@ pub(crate) fn hold(
             };
         }
         let now = Instant::now();
-        let deadline = on_monotonic(valid, now);
+        let deadline = valid.on_monotonic(now);
         match &mut stopping {
             Some(stop) if !stop.killed && now >= stop.kill_at => {
                 warn!(
@@ -121,7 +116,7 @@ pub(crate) fn hold(
                     (Ok(RenewOutcome::Extended), sent) => {
                         valid = valid_until(sent, config.ttl);
                         let sent_at = Instant::now() - sent.elapsed();
-                        rules.observe(Some(on_monotonic(valid, Instant::now())), sent_at);
+                        rules.observe(Some(valid.on_monotonic(Instant::now())), sent_at);
                         next_renew = sent_at + interval;
                         debug!(lock = session.keys().name(), "lease renewed");
                     }

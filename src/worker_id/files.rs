@@ -241,15 +241,7 @@ mod tests {
     fn state_for_another_app_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("worker-id");
-        let record = StateFile {
-            app: "orders".into(),
-            worker_id: 3,
-            owner: "10.0.0.1#00".into(),
-            valid_until_ms: 1,
-            release_unconfirmed: false,
-            valid_until_boot_ms: None,
-            boot_id: None,
-        };
+        let record = with_boot(None, None);
         write_atomic(&state_path(&path), &serde_json::to_vec(&record).unwrap()).unwrap();
         assert!(read_state(&path, "billing").is_none());
         assert_eq!(read_state(&path, "orders").map(|r| r.worker_id), Some(3));
@@ -259,15 +251,7 @@ mod tests {
     /// sidecar's, or one written while the lease is held) reads as `false`.
     #[test]
     fn release_unconfirmed_is_optional() {
-        let mut record = StateFile {
-            app: "orders".into(),
-            worker_id: 3,
-            owner: "10.0.0.1#00".into(),
-            valid_until_ms: 1,
-            release_unconfirmed: false,
-            valid_until_boot_ms: None,
-            boot_id: None,
-        };
+        let mut record = with_boot(None, None);
         let held = serde_json::to_string(&record).unwrap();
         assert!(!held.contains("release_unconfirmed"), "{held}");
         record.release_unconfirmed = true;
