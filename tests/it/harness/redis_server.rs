@@ -193,8 +193,13 @@ impl RedisServer {
     /// `info_field("stats", "total_connections_received")` -> `Some("12")`, or
     /// `info_field("commandstats", "cmdstat_evalsha")` -> `Some("calls=3,usec=...")`. None when
     /// the section has no such field (a command never called has no `cmdstat_` line).
+    /// `None` too when the reply does not come: a node that changes role closes its clients,
+    /// and callers poll this through failovers.
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
-        let info: String = self.query(redis::cmd("INFO").arg(section));
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.conn())
+            .ok()?;
         info.lines().find_map(|line| {
             let (name, value) = line.trim_end().split_once(':')?;
             (name == field).then(|| value.to_owned())
