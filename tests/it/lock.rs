@@ -114,24 +114,26 @@ impl Jobs {
     /// A value the job wrote (once it parses), waiting up to 10 s.
     fn wait<T: std::str::FromStr>(&self, job: &str, what: &str) -> Option<T> {
         let path = self.path(job, what);
-        poll_some(secs(10), || {
-            fs::read_to_string(&path).ok()?.trim().parse().ok()
-        })
+        poll_some(secs(10), || read_value(&path))
     }
 
     /// A value the job wrote, if it has.
     fn read<T: std::str::FromStr>(&self, job: &str, what: &str) -> Option<T> {
-        fs::read_to_string(self.path(job, what))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        read_value(&self.path(job, what))
     }
 
     /// Lets job `job` finish.
     fn go(&self, job: &str) {
         fs::write(self.path(job, "go"), "").expect("write go file");
     }
+}
+
+/// The value in `path`, once written: the shell's `>` creates the file before `echo` writes
+/// the line, so an empty file is "not yet" (an empty owner was read once under CI load).
+fn read_value<T: std::str::FromStr>(path: &std::path::Path) -> Option<T> {
+    let text = fs::read_to_string(path).ok()?;
+    let value = text.trim();
+    (!value.is_empty()).then(|| value.parse().ok()).flatten()
 }
 
 /// A holder dropped by its test is SIGKILLed, and a SIGKILLed `lock` leaves its command
