@@ -98,7 +98,7 @@ impl PartialEq<Failure> for Verdict {
 /// a script, `is_permission_error`, and a TLS certificate error,
 /// `is_certificate_error`): the one table, for callers (the failure) and
 /// for the connection (whether to leave it). Error replies that redis-rs
-/// hands back inside an `Ok` reply are read by [`leaves_connection`] with
+/// hands back inside an `Ok` reply are read by `leaves_connection` with
 /// the same table.
 pub fn classify(err: &RedisError) -> Verdict {
     let (transient, permanent) = (Failure::Transient, Failure::Permanent);

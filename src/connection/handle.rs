@@ -20,7 +20,6 @@
 //!   ([`Redis::reconnects`]), and [`Redis::confirm_primary`] tells whether the
 //!   last call ran on the node the Sentinels name now.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,7 +27,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::cluster_routing::Slot;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -153,46 +151,6 @@ impl Redis {
             Ok(live) => live.map(|_| of(self.shared.mode.get())),
             Err(_) => Err(timed_out(self.shared.timeout * 5)),
         }
-    }
-
-    /// Runs `call` on each group of `keys` that one script may touch, all
-    /// groups at once, each on a clone of this handle: on one server one
-    /// call with every key; on a Cluster one call per hash slot (a script's
-    /// keys must share one). Returns the results, one per group, in no set
-    /// order, for the caller to merge.
-    ///
-    /// Errors: the first connect failed; the first error of any call (the
-    /// others still ran).
-    pub async fn per_slot<T, F, Fut>(&self, keys: &[String], call: F) -> RedisResult<Vec<T>>
-    where
-        F: Fn(Redis, Vec<String>) -> Fut,
-        Fut: Future<Output = RedisResult<T>> + Send + 'static,
-        T: Send + 'static,
-    {
-        if self.keyspace().await? == Keyspace::Whole {
-            return Ok(vec![call(self.clone(), keys.to_vec()).await?]);
-        }
-        let mut slots: HashMap<Slot, Vec<String>> = HashMap::new();
-        for key in keys {
-            slots
-                .entry(Slot::for_key(key))
-                .or_default()
-                .push(key.clone());
-        }
-        let mut calls = tokio::task::JoinSet::new();
-        for (_, group) in slots {
-            calls.spawn(call(self.clone(), group));
-        }
-        let (mut results, mut failed) = (Vec::new(), None);
-        while let Some(joined) = calls.join_next().await {
-            match joined.map_err(|e| RedisError::from(std::io::Error::other(e)))? {
-                Ok(result) => results.push(result),
-                Err(err) => {
-                    failed.get_or_insert(err);
-                }
-            }
-        }
-        failed.map_or(Ok(results), Err)
     }
 
     /// Sentinel: true when this clone's last call ran on the connection that
