@@ -34,15 +34,8 @@ impl Redis {
         if self.keyspace().await? == Keyspace::Whole {
             return Ok(vec![call(self.clone(), keys.to_vec()).await?]);
         }
-        let mut slots: HashMap<Slot, Vec<String>> = HashMap::new();
-        for key in keys {
-            slots
-                .entry(Slot::for_key(key))
-                .or_default()
-                .push(key.clone());
-        }
         let mut calls = tokio::task::JoinSet::new();
-        for (_, group) in slots {
+        for group in by_slot(keys) {
             calls.spawn(call(self.clone(), group));
         }
         let (mut results, mut failed) = (Vec::new(), None);
@@ -56,6 +49,18 @@ impl Redis {
         }
         failed.map_or(Ok(results), Err)
     }
+}
+
+/// `keys` grouped by hash slot, each group in key order.
+fn by_slot(keys: &[String]) -> Vec<Vec<String>> {
+    let mut slots: HashMap<Slot, Vec<String>> = HashMap::new();
+    for key in keys {
+        slots
+            .entry(Slot::for_key(key))
+            .or_default()
+            .push(key.clone());
+    }
+    slots.into_values().collect()
 }
 
 /// One live connection.
@@ -136,4 +141,27 @@ async fn scatter(conn: &ClusterConnection, pipeline: &Pipeline) -> RedisResult<V
         values[index] = reply?;
     }
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A script's keys must share a slot: keys with one hash tag form one
+    /// group (in key order), keys of other slots their own.
+    #[test]
+    fn keys_are_grouped_by_slot() {
+        let keys: Vec<String> = ["a:{x}:1", "b", "a:{x}:2", "c", "{x}"]
+            .map(String::from)
+            .to_vec();
+        let mut groups = by_slot(&keys);
+        groups.sort();
+        let tagged = vec!["a:{x}:1".to_owned(), "a:{x}:2".into(), "{x}".into()];
+        assert!(groups.contains(&tagged), "{groups:?}");
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), keys.len());
+        for group in &groups {
+            let slot = Slot::for_key(&group[0]);
+            assert!(group.iter().all(|k| Slot::for_key(k) == slot), "{group:?}");
+        }
+    }
 }
