@@ -68,7 +68,6 @@ impl Pinger {
 /// `n`, and the median of all PING samples.
 async fn claim_latency(
     url: &str,
-    cluster: bool,
     ping_port: u16,
     taken: &[u16],
 ) -> (Vec<(Duration, Duration)>, Duration) {
@@ -78,7 +77,8 @@ async fn claim_latency(
         .unwrap();
     let mut pinger = Pinger::connect(ping_port).await;
     let keys = LeaseKeys::new("snowflake:worker:", "bench");
-    for guard in keys.guards(31, cluster) {
+    let keyspace = conn.keyspace().await.unwrap();
+    for guard in keys.guards(31, keyspace) {
         let _: () = redis::cmd("SET")
             .arg(guard)
             .arg(0)
@@ -110,7 +110,7 @@ async fn claim_latency(
         for trial in 0..TRIALS + 20 {
             let ping = pinger.sample().await;
             let start = Instant::now();
-            let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl, cluster)
+            let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl)
                 .await
                 .unwrap();
             let claim = start.elapsed();
@@ -305,12 +305,12 @@ fn main() {
     let taken = [0, 16, 31];
     let redis = RedisServer::start();
     let url = redis.url();
-    let (claims, ping) = runtime.block_on(claim_latency(&url, false, redis.port(), &taken));
+    let (claims, ping) = runtime.block_on(claim_latency(&url, redis.port(), &taken));
 
     let (cluster_claims, cluster_ping) = {
         let topo = ClusterTopology::start_primaries_only();
         let busiest = busiest_node(&topo);
-        runtime.block_on(claim_latency(&topo.url(), true, busiest, &taken))
+        runtime.block_on(claim_latency(&topo.url(), busiest, &taken))
     };
 
     let bins: Vec<(&str, &str)> = [("dynamic", BIN), ("static", STATIC_BIN)]

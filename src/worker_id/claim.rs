@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use crate::connection::Reconnects;
+use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;
 use crate::lease::{step, ttl_ms};
 
@@ -73,12 +73,13 @@ impl LeaseKeys {
     }
 
     /// The guard of each ID, in ID order: the app guard for every ID on
-    /// one server, the per-ID guards on Cluster.
-    pub fn guards(&self, max_worker_id: u16, cluster: bool) -> Vec<String> {
+    /// one server ([`Keyspace::Whole`]), the per-ID guards on Cluster
+    /// ([`Keyspace::Slots`]).
+    pub fn guards(&self, max_worker_id: u16, keyspace: Keyspace) -> Vec<String> {
         (0..=max_worker_id)
-            .map(|id| match cluster {
-                true => self.id_guard(id),
-                false => self.guard(),
+            .map(|id| match keyspace {
+                Keyspace::Slots => self.id_guard(id),
+                Keyspace::Whole => self.guard(),
             })
             .collect()
     }
@@ -201,9 +202,9 @@ pub async fn claim_pairs<C: ConnectionLike>(
 /// Claims the lowest free worker ID of `0..=max_worker_id`, or adopts a key
 /// that already holds our owner string (docs/worker.md, "Claim").
 ///
-/// One server (`cluster` false): one `claim.lua` call with every pair, all
-/// naming the app guard: one round trip. Cluster: a single-key `MGET` of
-/// every lease key ([`Reconnects::read_each`]: one pipeline per node, at
+/// One server ([`Redis::keyspace`] whole): one `claim.lua` call with every
+/// pair, all naming the app guard: one round trip. Cluster: a single-key
+/// `MGET` of every lease key ([`Redis::read_each`]: one pipeline per node, at
 /// once) finds our own key and the free ones;
 /// then `claim.lua` runs on one (lease key, per-ID guard) pair per call,
 /// free IDs in ID order, until one is taken. A free ID behind a closed
@@ -212,19 +213,20 @@ pub async fn claim_pairs<C: ConnectionLike>(
 /// script call decides on its own slot.
 ///
 /// A transient error may hide a claim that ran; calling this again finds and
-/// adopts that key instead of taking a second one.
-pub async fn claim_lowest<C: Reconnects>(
-    conn: &mut C,
+/// adopts that key instead of taking a second one. Errors: Redis errors (the
+/// first connect's included).
+pub async fn claim_lowest(
+    conn: &mut Redis,
     keys: &LeaseKeys,
     max_worker_id: u16,
     owner: &Owner,
     ttl: Duration,
-    cluster: bool,
 ) -> redis::RedisResult<ClaimReply> {
+    let keyspace = conn.keyspace().await?;
     let ids = keys.ids(max_worker_id);
-    let guards = keys.guards(max_worker_id, cluster);
+    let guards = keys.guards(max_worker_id, keyspace);
     let pairs: Vec<(String, String)> = ids.iter().cloned().zip(guards).collect();
-    if !cluster {
+    if keyspace == Keyspace::Whole {
         return claim_pairs(conn, &pairs, owner, ttl).await;
     }
     // One single-key MGET per ID (nil for a key of another type too), one
@@ -366,9 +368,12 @@ mod tests {
     #[test]
     fn guards_follow_the_topology() {
         let keys = LeaseKeys::new("p:", "a");
-        assert_eq!(keys.guards(1, false), vec!["p:a:guard", "p:a:guard"]);
         assert_eq!(
-            keys.guards(1, true),
+            keys.guards(1, Keyspace::Whole),
+            vec!["p:a:guard", "p:a:guard"]
+        );
+        assert_eq!(
+            keys.guards(1, Keyspace::Slots),
             vec!["p:a:guard:{p:a:0}", "p:a:guard:{p:a:1}"]
         );
     }

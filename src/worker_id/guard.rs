@@ -16,7 +16,7 @@ use redis::Script;
 use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
-use crate::connection::RedisTarget;
+use crate::connection::{Keyspace, RedisTarget};
 
 static OPEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("guard_open.lua")));
 
@@ -162,7 +162,7 @@ impl Found {
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
-    let cluster = conn.is_cluster().await.with_context(context)?;
+    let keyspace = conn.keyspace().await.with_context(context)?;
     // Sidecars claim nothing there: opening would only hide the cause.
     if !config.allow_evicting_redis {
         let evicting = crate::eviction::check(&mut conn).await;
@@ -173,15 +173,15 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     let ids = config.keys.ids(config.max_worker_id);
     let pairs: Vec<(String, String)> = ids
         .into_iter()
-        .zip(config.keys.guards(config.max_worker_id, cluster))
+        .zip(config.keys.guards(config.max_worker_id, keyspace))
         .collect();
     // One server: keys beyond the range, which the script counts with its
     // own. Cluster: the pre-read only gates (the scripts count every key).
-    let beyond = match cluster {
-        false => beyond_range(config, &mut conn)
+    let beyond = match keyspace {
+        Keyspace::Whole => beyond_range(config, &mut conn)
             .await
             .with_context(context)?,
-        true => {
+        Keyspace::Slots => {
             let read = pre_read(config, &mut conn, &pairs).await;
             if let Some(refused) = read.with_context(context)?.refusal(config) {
                 return Err(refused.into());
@@ -189,9 +189,9 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
             0
         }
     };
-    let batches: Vec<&[(String, String)]> = match cluster {
-        false => vec![&pairs[..]],
-        true => pairs.chunks(1).collect(),
+    let batches: Vec<&[(String, String)]> = match keyspace {
+        Keyspace::Whole => vec![&pairs[..]],
+        Keyspace::Slots => pairs.chunks(1).collect(),
     };
     let (mut refused, mut already_open, mut total, mut at_ms) = (false, true, Found::default(), 0);
     for batch in &batches {
@@ -224,7 +224,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         "opened_at_ms": at_ms,
         "already_open": already_open,
         "lease_keys": total.held,
-        "guards": if cluster { batches.len() } else { 1 },
+        "guards": batches.len(),
     });
     stdout_line(&line.to_string())
 }

@@ -20,7 +20,7 @@ use super::state::{HeldLease, RecordedLease, WorkerState};
 use super::status;
 use super::timing::{self, ClaimBackoff};
 use crate::boot_clock::{self, BootInstant};
-use crate::connection::{Failure, Readable, Reconnects, classify};
+use crate::connection::{Failure, Keyspace, Readable, Redis, classify};
 use crate::eviction::{self, EvictingRedis};
 use crate::identity::{Owner, identity_of};
 use crate::lease::{self, RenewOutcome};
@@ -110,8 +110,8 @@ pub struct Stopped {
 
 /// The keeper of one worker-ID lease: claims, renews, reclaims; the only
 /// writer of [`WorkerState`].
-pub struct Worker<C> {
-    conn: C,
+pub struct Worker {
+    conn: Redis,
     params: WorkerParams,
     /// Owner string of this process (replaced by a re-adopted one).
     owner: Owner,
@@ -161,12 +161,12 @@ enum Round {
     Evicting(EvictingRedis),
 }
 
-impl<C: Reconnects + Send> Worker<C> {
+impl Worker {
     /// A keeper that will first try to re-adopt `recorded` (the state file
     /// of an earlier process in this pod), and the receiver of its state:
     /// `Readopting` while that record is valid, else `Claiming`.
     pub fn new(
-        conn: C,
+        conn: Redis,
         owner: Owner,
         params: WorkerParams,
         recorded: Option<RecordedLease>,
@@ -316,8 +316,7 @@ impl<C: Reconnects + Send> Worker<C> {
                     self.advise_replica_count().await;
                     *probed = true;
                 }
-                let cluster = self.conn.is_cluster().await?;
-                self.claim_round(recorded, cluster, &mut warned).await
+                self.claim_round(recorded, &mut warned).await
             };
             let mut pause = backoff.pause();
             match timeout_at(deadline, round).await {
@@ -485,11 +484,11 @@ impl<C: Reconnects + Send> Worker<C> {
     }
 
     /// One pass: re-adopt the recorded lease, else claim
-    /// ([`claim::claim_lowest`]; `cluster` picks the guard layout).
+    /// ([`claim::claim_lowest`]; the connection's keyspace picks the guard
+    /// layout).
     async fn claim_round(
         &mut self,
         recorded: &mut Option<RecordedLease>,
-        cluster: bool,
         warned: &mut HashSet<usize>,
     ) -> redis::RedisResult<Round> {
         self.claim_started = true;
@@ -510,7 +509,6 @@ impl<C: Reconnects + Send> Worker<C> {
                 self.params.settings.max_worker_id,
                 &self.owner,
                 self.params.settings.ttl,
-                cluster,
             ),
         )
         .await
@@ -578,7 +576,7 @@ impl<C: Reconnects + Send> Worker<C> {
     /// [`SCAN_ROUNDS`] `SCAN MATCH <prefix>*` rounds (best effort: without
     /// `+scan`, or on no answer, [`MissingGuard::Unknown`]).
     async fn missing_guard(&mut self, others_kept: bool) -> MissingGuard {
-        if self.conn.is_cluster().await.unwrap_or(false) {
+        if matches!(self.conn.keyspace().await, Ok(Keyspace::Slots)) {
             return match others_kept {
                 true => MissingGuard::ShardLost,
                 false => MissingGuard::NoGuardOnAnyShard,
@@ -632,13 +630,11 @@ impl<C: Reconnects + Send> Worker<C> {
     /// Who holds the IDs, by identity only (nonces stay out of logs), read
     /// the way `snowlease status` reads them, under the call timeout.
     async fn holders(&mut self) -> String {
-        let cluster = self.conn.is_cluster().await.unwrap_or(false);
         let read = status::read(
             &mut self.conn,
             &self.params.app,
             &self.params.settings.key_prefix,
             self.params.settings.max_worker_id,
-            cluster,
         );
         let Ok(Ok(report)) = timeout(self.params.settings.call_timeout(), read).await else {
             return "holders unknown: redis unavailable".to_owned();
@@ -728,7 +724,7 @@ impl<C: Reconnects + Send> Worker<C> {
         match self.evicting().await {
             Ok(Some(evicting)) => Some(RenewRound::Evicting(evicting)),
             Ok(None) => None,
-            Err(err) => match classify(&err) {
+            Err(err) => match classify(&err).failure {
                 Failure::Permanent => {
                     error!(error = %Readable(&err), "eviction check refused by redis");
                     Some(RenewRound::Lost("redis refused INFO memory"))
@@ -964,25 +960,24 @@ async fn bounded<T>(
 ///
 /// Returns whether Redis confirmed that no key holds `owner` any more (no
 /// keys: nothing can); `false` when it refused or did not answer in time.
-pub(crate) async fn release<C>(
-    conn: &mut C,
+pub(crate) async fn release(
+    conn: &mut Redis,
     keys: &[String],
     owner: &Owner,
     held: Option<u16>,
     handover: Duration,
     limit: Duration,
-) -> bool
-where
-    C: Reconnects + Clone + Send + Sync + 'static,
-{
+) -> bool {
     if keys.is_empty() {
         return true;
     }
+    let release = |mut conn: Redis, keys: Vec<String>| {
+        let owner = owner.clone();
+        async move { lease::release_keys(&mut conn, &keys, &owner, handover).await }
+    };
     let outcome = timeout(limit, async {
-        match conn.is_cluster().await? {
-            true => lease::release_keys_by_slot(conn, keys, owner, handover).await,
-            false => lease::release_keys(conn, keys, owner, handover).await,
-        }
+        let counts = conn.per_slot(keys, release).await?;
+        Ok::<u64, redis::RedisError>(counts.iter().sum())
     })
     .await;
     let confirmed = matches!(outcome, Ok(Ok(_)));

@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
-use crate::connection::RedisTarget;
+use crate::connection::{Keyspace, Redis, RedisTarget};
 use crate::lease::TOMBSTONE_PREFIX;
 
 /// Timeout of each Redis round trip of `status`.
@@ -163,23 +163,23 @@ impl Entry {
 }
 
 /// Reads every lease key of `app`: one pipeline of TYPE + PTTL for all
-/// keys and GET of the claim guard (`cluster`: of every per-ID guard), then
+/// keys and GET of the claim guard (Cluster: of every per-ID guard), then
 /// one of GET for the string keys. A key that expires between the two
 /// counts as free.
 ///
 /// Errors: the first Redis error (NOPERM, connection, timeout).
-pub async fn read<C: ConnectionLike>(
-    conn: &mut C,
+pub async fn read(
+    conn: &mut Redis,
     app: &str,
     key_prefix: &str,
     max_worker_id: u16,
-    cluster: bool,
 ) -> RedisResult<Report> {
+    let keyspace = conn.keyspace().await?;
     let names = LeaseKeys::new(key_prefix, app);
     let keys = names.ids(max_worker_id);
-    let guards = match cluster {
-        true => names.guards(max_worker_id, true),
-        false => vec![names.guard()],
+    let guards = match keyspace {
+        Keyspace::Slots => names.guards(max_worker_id, keyspace),
+        Keyspace::Whole => vec![names.guard()],
     };
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
@@ -202,9 +202,9 @@ pub async fn read<C: ConnectionLike>(
         .drain(first_guard..)
         .map(|guard| claim_guard(guard, now_ms))
         .collect::<RedisResult<Vec<_>>>()?;
-    let claim_guard = match cluster {
-        true => ClaimGuard::PerId(summarise(&found)),
-        false => found.pop().ok_or_else(short_reply)?,
+    let claim_guard = match keyspace {
+        Keyspace::Slots => ClaimGuard::PerId(summarise(&found)),
+        Keyspace::Whole => found.pop().ok_or_else(short_reply)?,
     };
     let mut entries = Vec::new();
     for ((worker_id, key), pair) in (0u16..).zip(&keys).zip(replies.chunks(2)) {
@@ -326,7 +326,8 @@ fn short_reply() -> redis::RedisError {
 /// (password redacted).
 pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
-    let cluster = conn.is_cluster().await.with_context(|| {
+    // The first connect, under its own bound (not the read's).
+    conn.keyspace().await.with_context(|| {
         format!(
             "cannot read the leases of {} from {}",
             config.app, config.redis
@@ -339,7 +340,6 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
             &config.app,
             &config.key_prefix,
             config.max_worker_id,
-            cluster,
         ),
     )
     .await

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use snowlease::connection::{Redis, RedisTarget};
+use snowlease::connection::{Keyspace, Redis, RedisTarget};
 use snowlease::identity::Owner;
 use snowlease::worker_id::claim::{ClaimOutcome, LeaseKeys, claim_lowest};
 
@@ -308,7 +308,7 @@ async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
         .unwrap();
     let (ttl, owner) = (secs(30), Owner::generate("test"));
     let keys = LeaseKeys::new(PREFIX, "spread");
-    for guard in keys.guards(31, true) {
+    for guard in keys.guards(31, Keyspace::Slots) {
         set(&mut conn, &guard, "0").await;
     }
     let node: Vec<u16> = (0..32)
@@ -321,7 +321,7 @@ async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
         set(&mut conn, &keys.id(id as u16), "other#0").await;
     }
     let lowest_free = (0..32).find(|id| node[*id] != node[0]).unwrap();
-    let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl, true)
+    let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl)
         .await
         .unwrap();
     assert_eq!(
@@ -335,7 +335,7 @@ async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
         topo.server(node[lowest_free]).get(&key).as_deref(),
         Some(owner.as_str())
     );
-    let again = claim_lowest(&mut conn, &keys, 31, &owner, ttl, true)
+    let again = claim_lowest(&mut conn, &keys, 31, &owner, ttl)
         .await
         .unwrap();
     assert_eq!(
@@ -354,9 +354,7 @@ async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
     let ours = keys.id(31);
     set(&mut conn, &ours, owner.as_str()).await;
     let adopt = async |conn: &mut Redis| {
-        let reply = claim_lowest(conn, &keys, 31, &owner, ttl, true)
-            .await
-            .unwrap();
+        let reply = claim_lowest(conn, &keys, 31, &owner, ttl).await.unwrap();
         assert_eq!(reply.outcome, ClaimOutcome::Adopted(31), "{reply:?}");
     };
     adopt(&mut conn).await;

@@ -18,8 +18,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult};
 use tokio::time::timeout;
 
-use super::super::Readable;
-use super::RedisTarget;
+use super::handle::timed_out;
+use super::{Readable, RedisTarget, classify};
 
 /// The same dissent (which Sentinel names which node) is warned about at most this often; a
 /// new dissent at once.
@@ -75,7 +75,7 @@ impl Sentinels {
                     }
                     Err(_) => {
                         *self.conns[i].lock().expect("sentinel slot") = None;
-                        Answer::Failed(super::timed_out(limit))
+                        Answer::Failed(timed_out(limit))
                     }
                 }
             });
@@ -183,7 +183,7 @@ fn tally(target: &RedisTarget, answers: &[Answer]) -> RedisResult<Node> {
         .iter()
         .map(|(node, count)| format!("{} by {count}", show(node)))
         .collect();
-    Err(super::in_failover(&format!(
+    Err(in_failover(&format!(
         "no majority of the Sentinels in the URL names one primary yet ({} of {} answered; named: {})",
         answered,
         answers.len(),
@@ -212,19 +212,37 @@ fn no_answer(target: &RedisTarget, answers: &[Answer]) -> RedisError {
             )
                 .into();
         }
-        if super::super::classify(err) == super::super::Failure::Permanent {
+        if classify(err) == super::Failure::Permanent {
             return err.clone();
         }
         last = Some(err);
     }
-    super::no_sentinel_answers(&target.hosts, last.expect("at least one Sentinel"))
+    no_sentinel_answers(&target.hosts, last.expect("at least one Sentinel"))
 }
 
-fn show((host, port): &Node) -> String {
+/// `host:port` (`[v6]:port`).
+pub(super) fn show((host, port): &Node) -> String {
     match host.contains(':') {
         true => format!("[{host}]:{port}"),
         false => format!("{host}:{port}"),
     }
+}
+
+/// A transient error (I/O kind): a Sentinel failover in progress.
+pub(super) fn in_failover(what: &str) -> RedisError {
+    std::io::Error::other(format!("{what} (failover in progress?)")).into()
+}
+
+/// A transient error (I/O kind): none of the Sentinels in the URL answers
+/// (`hosts` as `host:port`, never credentials).
+fn no_sentinel_answers(hosts: &[Node], last: &RedisError) -> RedisError {
+    let hosts: Vec<String> = hosts.iter().map(show).collect();
+    std::io::Error::other(format!(
+        "no Sentinel answers ({}): {}",
+        hosts.join(", "),
+        Readable(last)
+    ))
+    .into()
 }
 
 #[cfg(test)]
