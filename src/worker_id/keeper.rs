@@ -324,3 +324,70 @@ async fn bounded<T>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(worker_id: u16) -> HeldLease {
+        HeldLease {
+            worker_id,
+            owner: Owner::from_recorded("pod-a#00ff".into()),
+            valid_until: BootInstant::now(),
+            valid_until_unix_ms: 0,
+            redis_expires_ms: 0,
+        }
+    }
+
+    /// Shutdown drains with the ID held; a loss goes to `--on-loss`; a
+    /// lasting refusal drains with exit 1; an evicting Redis claims again.
+    #[test]
+    fn each_end_of_a_hold_leads_to_its_phase() {
+        let shutdown = after_hold(HoldEnd::Shutdown(lease(3)));
+        assert!(
+            matches!(shutdown, Phase::Draining(Ok(Some(3)))),
+            "{shutdown:?}"
+        );
+        assert!(matches!(after_hold(HoldEnd::Lost(5)), Phase::Lost(5)));
+        let refused =
+            redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"));
+        let refused = after_hold(HoldEnd::Refused(refused));
+        assert!(
+            matches!(refused, Phase::Draining(Err(WorkerError::Redis(_)))),
+            "{refused:?}"
+        );
+        assert!(matches!(after_hold(HoldEnd::GaveUp), Phase::Claiming));
+    }
+
+    /// `--on-loss exit` drains with the lost ID (exit 4); `reclaim` claims.
+    #[test]
+    fn on_loss_decides_between_exit_and_a_new_claim() {
+        let exit = after_loss(7, OnLoss::Exit);
+        assert!(
+            matches!(
+                exit,
+                Phase::Draining(Err(WorkerError::LeaseLost { worker_id: 7 }))
+            ),
+            "{exit:?}"
+        );
+        assert!(matches!(after_loss(7, OnLoss::Reclaim), Phase::Claiming));
+    }
+
+    /// Before the first claim round no key can hold our owner string, so
+    /// the stop sends nothing; after it, every key of the app is released.
+    #[test]
+    fn keys_are_released_only_after_a_claim_round_started() {
+        let keys = LeaseKeys::new("p:", "a");
+        let mut ours = Ours {
+            owner: Owner::from_recorded("pod-a#00ff".into()),
+            claim_started: false,
+        };
+        assert!(ours.keys(&keys, 31).is_empty());
+        ours.claim_started = true;
+        let all = ours.keys(&keys, 31);
+        assert_eq!(
+            (all.len(), all[0].as_str(), all[31].as_str()),
+            (32, "p:a:0", "p:a:31")
+        );
+    }
+}

@@ -324,3 +324,53 @@ impl<C: Reconnects + Send> Worker<C> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> redis::RedisError {
+        redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"))
+    }
+
+    /// A permanent error ends the lease now; a refusal is retried and
+    /// kept; anything else is retried.
+    #[test]
+    fn a_failed_renew_is_judged_by_its_class() {
+        assert_eq!(on_failure(Failure::Permanent), OnFailure::Ends);
+        assert_eq!(on_failure(Failure::Refused), OnFailure::RetryRefused);
+        assert_eq!(on_failure(Failure::Transient), OnFailure::Retry);
+    }
+
+    /// A loss is named a refusal only when Redis refused until the
+    /// deadline; the refusal is taken then, and kept across failed rounds.
+    #[test]
+    fn a_loss_after_a_lasting_refusal_ends_in_refused() {
+        let mut refusal = None;
+        let end = hold_end(RenewRound::Lost("gone"), 4, &mut refusal);
+        assert!(matches!(end, Err(HoldEnd::Lost(4))), "{end:?}");
+
+        let mut refusal = Some(refused());
+        let end = hold_end(RenewRound::Failed, 4, &mut refusal);
+        assert!(matches!(end, Ok(RenewRound::Failed)), "{end:?}");
+        assert!(refusal.is_some(), "a failed round keeps the refusal");
+        let end = hold_end(RenewRound::Lost("deadline"), 4, &mut refusal);
+        assert!(matches!(end, Err(HoldEnd::Refused(_))), "{end:?}");
+        assert!(refusal.is_none());
+    }
+
+    /// A confirmed renewal keeps the hold; an evicting Redis ends it.
+    #[test]
+    fn renewed_keeps_the_hold_and_evicting_gives_up() {
+        let mut refusal = None;
+        let sent = BootInstant::now();
+        let end = hold_end(RenewRound::Renewed(sent, 9), 4, &mut refusal);
+        assert!(matches!(end, Ok(RenewRound::Renewed(_, 9))), "{end:?}");
+        let evicting = EvictingRedis {
+            policy: "allkeys-lru".into(),
+            maxmemory: 1 << 20,
+        };
+        let end = hold_end(RenewRound::Evicting(evicting), 4, &mut refusal);
+        assert!(matches!(end, Err(HoldEnd::GaveUp)), "{end:?}");
+    }
+}
