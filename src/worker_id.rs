@@ -7,7 +7,7 @@
 //! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
 //! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
 //! - [`state`]: [`WorkerState`](state::WorkerState), the one value the keeper writes and every publisher reads.
-//! - [`keeper`]: the claim / renew / loss loop, the only writer of the state.
+//! - [`keeper`]: the claim / renew / loss loop, the only writer of the state; releases at the stop.
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
 //! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
@@ -45,10 +45,6 @@ use self::metrics::WorkerMetrics;
 use self::routes::WorkerHttp;
 use crate::identity::{Owner, resolve_identity};
 use crate::{atomic_file, http};
-
-/// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
-/// grace period is 30 s, and a Redis outage must not stretch the stop.
-const RELEASE_LIMIT: Duration = Duration::from_secs(1);
 
 /// Logs at start what the lease settings ride through (docs/operations.md, "Sizing for Redis
 /// outages"): the Redis outage during which the ID stays published, wherever it starts and
@@ -121,7 +117,6 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         .set(i64::from(config.lease.max_worker_id) + 1);
     http::register_build_info(&mut registry);
     let recorded = files::read_state(&config.output_file, &config.app);
-    let mut release_conn = conn.clone();
     let params = WorkerParams {
         app: config.app.clone(),
         settings: config.lease.clone(),
@@ -130,6 +125,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         allow_evicting_redis: config.allow_evicting_redis,
         min_replicas_ack: config.min_replicas_ack,
         max_clock_skew: config.max_clock_skew,
+        handover_delay: config.handover_delay,
     };
     if config.allow_evicting_redis {
         warn!(
@@ -155,27 +151,19 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             async move { publisher::run_publisher(state_rx, folder, &output_file, app).await },
         );
 
-    let stopped = worker.run(shutdown).await;
+    // The keeper unpublishes (awaits the publisher), then removes every
+    // key of ours, also one a claim left whose reply was lost.
+    let unpublished = async {
+        let _ = publisher.await;
+    };
+    let stopped = worker.run(shutdown, unpublished).await;
 
-    // The worker dropped its sender: the publisher removes the files and
-    // ends. Only then may the key go, so no two processes publish one ID.
-    // Every key of ours goes, also one a claim left whose reply was lost.
-    let _ = publisher.await;
-    let released = keeper::release(
-        &mut release_conn,
-        &stopped.keys,
-        &stopped.owner,
-        stopped.held,
-        config.handover_delay,
-        RELEASE_LIMIT,
-    )
-    .await;
     // The state file stays, marked `release_unconfirmed`, while its key may
     // still hold its owner string: the next start re-adopts it at once
     // (issue 20 item 5). A record of an earlier process that this one never
     // adopted is not ours to drop.
     let recorded = files::read_state(&config.output_file, &config.app);
-    if released && recorded.is_none_or(|r| r.owner == stopped.owner.as_str()) {
+    if stopped.released && recorded.is_none_or(|r| r.owner == stopped.owner.as_str()) {
         publisher::remove_state(&config.output_file);
     }
     http_stop.cancel();

@@ -151,7 +151,17 @@ mod tests {
     /// Every outcome the keeper counts is one of the pre-created ones.
     #[test]
     fn counted_outcomes_are_listed() {
-        let keeper = include_str!("keeper.rs");
+        // Every file of the keeper: a count may move between them.
+        let keeper = [
+            include_str!("keeper.rs"),
+            include_str!("keeper/advice.rs"),
+            include_str!("keeper/claiming.rs"),
+            include_str!("keeper/gate.rs"),
+            include_str!("keeper/holding.rs"),
+            include_str!("keeper/release.rs"),
+            include_str!("keeper/setup.rs"),
+        ]
+        .concat();
         for (family, listed) in [
             ("renewals", &RENEW_OUTCOMES[..]),
             ("claim_attempts", &CLAIM_OUTCOMES[..]),
@@ -161,7 +171,7 @@ mod tests {
                 .match_indices(&call)
                 .map(|(i, _)| keeper[i + call.len()..].split('"').next().unwrap())
                 .collect();
-            assert!(!counted.is_empty(), "no {call} in keeper.rs");
+            assert!(!counted.is_empty(), "no {call} in keeper/");
             for outcome in counted {
                 assert!(listed.contains(&outcome), "{family}: {outcome} not listed");
             }

@@ -66,7 +66,7 @@ pub fn crashed_pod_holds(settings: &LeaseSettings) -> (Duration, Duration) {
 
 /// The send time (from the last confirmed renew's send) of the last renew attempt before
 /// `limit` while Redis is down and every attempt fails after `took`: the keeper's schedule
-/// (keeper.rs `hold` and `renew_round`): the first renew one interval after the confirmed
+/// (keeper/holding.rs `holding` and `renew_round`): the first renew one interval after the confirmed
 /// one, `retries` retries per round with doubling pauses, the next round 4 retry bases after
 /// a failed one. `None` when no attempt comes before `limit`.
 fn last_attempt_before(
