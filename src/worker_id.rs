@@ -44,6 +44,7 @@ use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::routes::WorkerHttp;
 use crate::identity::{Owner, resolve_identity};
+use crate::timing::ms;
 use crate::{atomic_file, http};
 
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
@@ -56,7 +57,6 @@ const RELEASE_LIMIT: Duration = Duration::from_secs(1);
 fn log_outage_budget(settings: &LeaseSettings) {
     let budget = sizing::OutageBudget::sidecar(settings);
     let (held_min, held_max) = sizing::crashed_pod_holds(settings);
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     info!(
         ttl_ms = ms(settings.ttl),
         renew_interval_ms = ms(settings.renew_interval),
@@ -84,8 +84,8 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     // Two nodes within the skew bound differ by up to twice it (docs/worker.md, "ID handover").
     if config.handover_delay < 2 * config.max_clock_skew {
         warn!(
-            handover_delay_ms = config.handover_delay.as_millis() as u64,
-            max_clock_skew_ms = config.max_clock_skew.as_millis() as u64,
+            handover_delay_ms = ms(config.handover_delay),
+            max_clock_skew_ms = ms(config.max_clock_skew),
             "--handover-delay is below twice --max-clock-skew: the next holder of a released ID may mint in milliseconds the last one used"
         );
     }

@@ -309,7 +309,7 @@ mod tests {
 
     /// A state file as the sidecar writes it: both deadlines `left` ahead.
     fn state(worker_id: u16, left: Duration) -> Vec<u8> {
-        let wall = unix_ms(SystemTime::now()) + left.as_millis() as u64;
+        let wall = unix_ms(SystemTime::now()) + crate::timing::ms(left);
         state_at(worker_id, wall, Some(BootInstant::now() + left))
     }
 

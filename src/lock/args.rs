@@ -76,7 +76,7 @@ pub struct LockConfig {
     pub ttl: Duration,
     /// Longest wait for the lock; zero tries once.
     pub wait: Duration,
-    /// SIGTERM-to-SIGKILL time (capped as in `exec`, see `exec/deadline.rs`).
+    /// SIGTERM-to-SIGKILL time (capped as in `exec`, see `supervise/deadline.rs`).
     pub grace: Duration,
     /// Program and arguments.
     pub command: Vec<OsString>,

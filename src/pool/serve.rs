@@ -397,7 +397,7 @@ async fn acquire(
         }
         Ok(Acquired::Empty { next_due_in, at_ms }) => {
             metrics.acquired(&served.label, "empty", started.elapsed());
-            let next_due_in_ms = next_due_in.map(|d| d.as_millis() as u64);
+            let next_due_in_ms = next_due_in.map(crate::timing::ms);
             let body = json!({
                 "error": "no id due",
                 "next_due_in_ms": next_due_in_ms,
@@ -422,9 +422,7 @@ async fn acquire(
 /// `Retry-After` of an empty acquire: the hint in whole seconds, rounded
 /// up, at least 1 (also when nothing will come due by itself).
 fn retry_after_secs(next_due_in: Option<Duration>) -> u64 {
-    next_due_in
-        .map_or(1, |d| d.as_millis().div_ceil(1000) as u64)
-        .max(1)
+    next_due_in.map_or(1, crate::timing::secs_ceil).max(1)
 }
 
 async fn extend(

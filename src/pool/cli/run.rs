@@ -259,7 +259,7 @@ fn config_json(pool: &str, strikes: Option<StrikePolicy>) -> serde_json::Value {
     json!({
         "pool": pool,
         "max_strikes": strikes.map(|s| s.max_strikes),
-        "strike_window_ms": strikes.map(|s| s.window.as_millis() as u64),
+        "strike_window_ms": strikes.map(|s| crate::timing::ms(s.window)),
     })
 }
 
