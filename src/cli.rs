@@ -73,6 +73,23 @@ pub fn show_duration(d: Duration) -> String {
         .unwrap_or_else(|| format!("{ns}ns"))
 }
 
+/// Key prefixes of `worker`, `status` and `lock`: 1-128 printable ASCII characters without spaces or braces
+/// (braces would form a Redis Cluster hash tag).
+pub fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let ok = (1..=128).contains(&prefix.len())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "--key-prefix",
+            "must be 1-128 printable ASCII characters without spaces or braces",
+        ))
+    }
+}
+
 /// Checks `min <= value <= max`; the error names `flag` and the range, in
 /// the docs' form (`25h is outside 1s-24h`).
 pub fn check_range(

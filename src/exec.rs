@@ -301,7 +301,7 @@ mod tests {
             program: "x".into(),
             error: std::io::Error::from(kind),
         };
-        let code = |kind| exit::code_of(&spawn(kind).into());
+        let code = |kind| crate::failure::code_of(&spawn(kind).into());
         assert_eq!(code(std::io::ErrorKind::NotFound), exit::NOT_FOUND);
         assert_eq!(
             code(std::io::ErrorKind::PermissionDenied),

@@ -15,6 +15,7 @@
 //! - [`lease`]: the lease core: owner-checked renew and release of one key; validity math.
 //! - [`cli`]: shared flag groups (Redis URL, log format), duration and range parsers.
 //! - [`exit`]: the exit codes of every command, one table.
+//! - [`failure`]: how a failed command ends: the error-to-code map and the last line.
 //! - [`connection`]: the Redis connection, URL redaction, error classification.
 //! - [`eviction`]: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
 //! - [`identity`]: the owner identity and the per-process owner string.
@@ -34,6 +35,7 @@ pub mod connection;
 pub mod eviction;
 pub mod exec;
 pub mod exit;
+pub mod failure;
 pub mod http;
 pub mod identity;
 pub mod lease;

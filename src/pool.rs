@@ -16,6 +16,7 @@
 // Shared with `lock`, whose waiters back off the same way.
 pub mod cli;
 mod error;
+mod hint;
 mod lease;
 pub mod limits;
 mod metrics;

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration};
+use crate::cli::{
+    ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration, validate_key_prefix,
+};
 use crate::connection::RedisTarget;
-use crate::worker_id::args::validate_key_prefix;
 
 /// Shortest `--ttl`: the renew interval (ttl/3) stays above 300 ms and the
 /// validity margin (at least 100 ms) below a tenth of the TTL.

@@ -402,7 +402,7 @@ async fn acquire(
                 "error": "no id due",
                 "next_due_in_ms": next_due_in_ms,
                 "at_ms": at_ms,
-                "detail": super::cli::hint_words(next_due_in),
+                "detail": super::hint::hint_words(next_due_in),
             });
             let retry_after = retry_after_secs(next_due_in).to_string();
             Ok((

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration, show_duration};
+use crate::cli::{
+    ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration, show_duration,
+    validate_key_prefix,
+};
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
 use crate::http::{ConnectionLimits, HttpArgs};
@@ -371,23 +374,6 @@ fn validate_identity(identity: &str) -> Result<(), ConfigError> {
         Err(ConfigError::new(
             "--identity",
             "must be 1-200 printable ASCII characters without spaces or '#'",
-        ))
-    }
-}
-
-/// Key prefixes: 1-128 printable ASCII characters without spaces or braces
-/// (braces would form a Redis Cluster hash tag).
-pub fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
-    let ok = (1..=128).contains(&prefix.len())
-        && prefix
-            .chars()
-            .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(
-            "--key-prefix",
-            "must be 1-128 printable ASCII characters without spaces or braces",
         ))
     }
 }
