@@ -30,6 +30,7 @@ pub use args::{LockArgs, LockConfig, LockKeys, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 use session::Session;
 use wait::Waited;
 
+use crate::eviction::Eviction;
 use crate::exit;
 use crate::identity::{Owner, resolve_identity};
 use crate::supervise::child::{Child, Exit, Signals};
@@ -104,8 +105,10 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
     if !config.allow_evicting_redis {
         // Checked once before the first attempt; an unreachable Redis is
         // left to the wait below.
-        match session.evicting(limit) {
-            Ok(Some(evicting)) => return Err(LockError::Other(anyhow::Error::new(evicting))),
+        match session.eviction(limit) {
+            Ok(Eviction::Evicting(evicting)) => {
+                return Err(LockError::Other(anyhow::Error::new(evicting)));
+            }
             Err(err) if !crate::connection::classify(&err).retried_at_start() => {
                 return Err(LockError::Other(anyhow::Error::new(err)));
             }

@@ -172,7 +172,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     .await;
     // The state file stays, marked `release_unconfirmed`, while its key may
     // still hold its owner string: the next start re-adopts it at once
-    // (issue 20 item 5). A record of an earlier process that this one never
+    // (docs/worker.md, "How the worker-ID sidecar behaves"). A record of an earlier process that this one never
     // adopted is not ours to drop.
     let recorded = files::read_state(&config.output_file, &config.app);
     if released && recorded.is_none_or(|r| r.owner == stopped.owner.as_str()) {

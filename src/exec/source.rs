@@ -382,7 +382,8 @@ mod tests {
         assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
         write_atomic(&state_path(&file), &state(9, Duration::from_secs(5))).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(_)));
-        // The record the sidecar keeps after it stopped publishing (issue 20 item 5).
+        // The record the sidecar keeps after it stopped publishing while its
+        // release is unconfirmed (`release_unconfirmed`).
         let mut kept: StateFile =
             serde_json::from_slice(&state(7, Duration::from_secs(5))).unwrap();
         kept.release_unconfirmed = true;

@@ -13,7 +13,7 @@ use super::LockKeys;
 use super::acquire::{self, Acquired};
 use crate::boot_clock::BootInstant;
 use crate::connection::RedisTarget;
-use crate::eviction::EvictingRedis;
+use crate::eviction::Eviction;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
 use crate::timing;
@@ -76,11 +76,11 @@ impl Session {
         bounded(&self.rt, limit, probe)
     }
 
-    /// `INFO memory`: `Some` when Redis may evict keys (a lock key evicted
+    /// `INFO memory`: whether Redis may evict keys (a lock key evicted
     /// while held lets a second holder in).
-    pub(crate) fn evicting(&mut self, limit: Duration) -> RedisResult<Option<EvictingRedis>> {
+    pub(crate) fn eviction(&mut self, limit: Duration) -> RedisResult<Eviction> {
         let check = crate::eviction::check(&mut self.conn);
-        bounded(&self.rt, limit, check)
+        bounded(&self.rt, limit, check).map(Eviction::from)
     }
 
     /// One run of `acquire.lua`, sent now.

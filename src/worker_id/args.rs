@@ -19,7 +19,7 @@ use crate::http::{ConnectionLimits, HttpArgs};
 pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 
 /// Shortest `--renew-interval`: each renew is a Redis call and rewrites the
-/// state file (fsync), so `1ns` meant ~740 renewals a second (issue 8).
+/// state file (fsync), so `1ns` once meant ~740 renewals a second.
 pub const RENEW_INTERVAL_MIN: Duration = Duration::from_millis(100);
 /// Default `--listen` of the sidecar. Port 7391: the sidecar shares the pod's network
 /// namespace with the app, so not 8080/8000/3000/5000 (app defaults), not 9100-9999 (Prometheus
@@ -188,11 +188,11 @@ pub struct WorkerConfig {
     /// mint in a millisecond the previous holder may have used).
     pub handover_delay: Duration,
     /// Replicas that must acknowledge each claim and renew before the ID
-    /// is published or stays published (`WAIT`), 0-16 (README
+    /// is published or stays published (`WAIT`), 0-16 (docs/worker.md,
     /// "Guarantees": a failover to an acknowledging replica keeps the key).
     pub min_replicas_ack: u32,
     /// Largest |wall clock - Redis TIME| at which a newly claimed ID is
-    /// published, 10 ms-60 s (README "ID handover").
+    /// published, 10 ms-60 s (docs/worker.md, "ID handover").
     pub max_clock_skew: Duration,
 }
 
@@ -342,7 +342,7 @@ const APP_ENV: &str = "SNOWLEASE_APP";
 ///
 /// Errors: `--app` with the allowed form; an empty name set through `SNOWLEASE_APP` says so and
 /// where the Kustomize Component takes it from (a downward-API field of a missing annotation
-/// is an empty string, issue 21.2).
+/// is an empty string).
 pub fn validate_app(app: &str) -> Result<(), ConfigError> {
     let ok = (1..=64).contains(&app.len())
         && app
