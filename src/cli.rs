@@ -14,6 +14,9 @@ use clap::{Args, ValueEnum};
 
 use crate::connection::RedisTarget;
 
+pub(crate) mod limit;
+pub use limit::{CountLimit, DurationLimit};
+
 /// A configuration value outside its allowed range; names the flag.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid value for {flag}: {reason}")]

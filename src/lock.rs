@@ -17,6 +17,7 @@
 mod acquire;
 mod args;
 mod hold;
+pub mod limits;
 mod session;
 mod wait;
 
@@ -26,7 +27,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tracing::{error, info};
 
-pub use args::{LockArgs, LockConfig, LockKeys, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use args::{LockArgs, LockConfig, LockKeys};
 use session::Session;
 use wait::Waited;
 

@@ -17,10 +17,10 @@ const RETRY_BASE_MAX: Duration = Duration::from_secs(1);
 /// at once.
 const HINT_JITTER: Duration = Duration::from_millis(10);
 /// The shortest pause between two acquire attempts of a waiter (no hot loop).
-pub(crate) const MIN_WAIT_PAUSE: Duration = Duration::from_millis(5);
+pub const MIN_WAIT_PAUSE: Duration = Duration::from_millis(5);
 /// The waiters' backoff (`pool acquire --wait`, HTTP acquire, `lock --wait`):
 /// 10 ms doubling per empty attempt up to 500 ms.
-pub(crate) const WAIT_BACKOFF: Backoff =
+pub const WAIT_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
 
 /// `d` in whole milliseconds (rounded down), `u64::MAX` past it.

@@ -22,6 +22,7 @@ pub mod claim;
 pub mod files;
 pub mod guard;
 pub mod keeper;
+pub mod limits;
 pub mod metrics;
 pub mod publisher;
 pub mod routes;
