@@ -10,31 +10,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
+pub use crate::config_error::ConfigError;
 use crate::connection::RedisTarget;
+pub use crate::logging::LogFormat;
 
 pub(crate) mod limit;
 pub use limit::{CountLimit, DurationLimit};
-
-/// A configuration value outside its allowed range; names the flag.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid value for {flag}: {reason}")]
-pub struct ConfigError {
-    /// The flag, as typed on the command line (e.g. `--ttl`).
-    pub flag: &'static str,
-    /// What is wrong and which values are allowed.
-    pub reason: String,
-}
-
-impl ConfigError {
-    pub(crate) fn new(flag: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            flag,
-            reason: reason.into(),
-        }
-    }
-}
 
 /// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
 ///
@@ -113,15 +96,6 @@ pub fn check_range(
         ));
     }
     Ok(())
-}
-
-/// Log line format on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line (for log shippers).
-    Json,
 }
 
 /// `--log-format`, shared by every long-running command.

@@ -162,8 +162,8 @@ fn supervise(
                             format!(
                                 "the published worker ID goes stale in {} ms, within the grace \
                                  of {} ms, and was not renewed",
-                                p.valid_until.map_or(0, |t| t.remaining().as_millis()),
-                                rules.grace().as_millis()
+                                p.valid_until.map_or(0, |t| timing::ms(t.remaining())),
+                                timing::ms(rules.grace())
                             )
                         })
                     }
@@ -175,7 +175,7 @@ fn supervise(
                     Reading::Unreachable(reason) if rules.expiring(until(&current, now), now) => {
                         Some(format!(
                             "{reason}; the last reading goes stale within the grace of {} ms",
-                            rules.grace().as_millis()
+                            timing::ms(rules.grace())
                         ))
                     }
                     Reading::Unreachable(reason) => {

@@ -13,7 +13,8 @@
 //!
 //! Shared by the modes:
 //! - [`lease`]: the lease core: owner-checked renew and release of one key; validity math.
-//! - [`cli`]: shared flag groups (Redis URL, log format), duration and range parsers.
+//! - [`cli`]: shared flag groups (Redis URL, log format), duration and range parsers, limit types.
+//! - [`config_error`]: the stage-two validation error (exit 2), naming its flag.
 //! - [`exit`]: the exit codes of every command, one table.
 //! - [`failure`]: how a failed command ends: the error-to-code map and the last line.
 //! - [`connection`]: the Redis connection, URL redaction, error classification.
@@ -31,6 +32,7 @@
 pub mod atomic_file;
 pub mod boot_clock;
 pub mod cli;
+pub mod config_error;
 pub mod connection;
 pub mod eviction;
 pub mod exec;

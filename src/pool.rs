@@ -478,7 +478,7 @@ where
                 "ttl",
                 format!(
                     "at most max_lease ({} ms)",
-                    self.options.max_lease.as_millis()
+                    timing::ms(self.options.max_lease)
                 ),
             ));
         }

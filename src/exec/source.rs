@@ -191,7 +191,7 @@ fn read_file(path: &std::path::Path) -> Reading {
     if valid_until <= now {
         return Reading::Absent(format!(
             "stale: the state file's deadline passed {} ms ago (sidecar gone?)",
-            now.saturating_duration_since(valid_until).as_millis()
+            crate::timing::ms(now.saturating_duration_since(valid_until))
         ));
     }
     Reading::Published(Published {
