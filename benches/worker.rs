@@ -3,7 +3,7 @@
 //! claim-round counters), the time a Sentinel failover leaves sidecars
 //! without an ID, idle RSS, binary size. Starts its own Redis processes on
 //! free loopback ports through the test harness (`tests/it/harness`);
-//! prints a table with the goals (issues 7 and 10). `-- claims` runs the
+//! prints a table with the goals (docs/worker.md, "Benchmarks"). `-- claims` runs the
 //! claim rows only.
 
 use std::collections::BTreeMap;

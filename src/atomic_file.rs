@@ -40,7 +40,7 @@ pub fn write_atomic_from(path: &Path, mode: u32, contents: &mut impl Read) -> st
 /// name relative to it (openat, renameat, unlinkat): a write then needs one
 /// new descriptor, for the temporary file, and a check or a removal none.
 /// The sidecar's ID and state files are written this way, so a process
-/// short of descriptors still keeps them fresh (issue 20).
+/// short of descriptors (a flood of HTTP connections) still keeps them fresh.
 #[derive(Debug)]
 pub struct Folder {
     fd: OwnedFd,

@@ -49,7 +49,7 @@ impl BootInstant {
     /// Milliseconds since boot, rounded down: a deadline written this way
     /// ends no later than the instant itself.
     pub fn as_millis(self) -> u64 {
-        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+        crate::timing::ms(self.0)
     }
 
     /// This instant on the monotonic clock (tokio and `std` timers), as

@@ -10,28 +10,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
+pub use crate::config_error::ConfigError;
 use crate::connection::RedisTarget;
+pub use crate::logging::LogFormat;
 
-/// A configuration value outside its allowed range; names the flag.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid value for {flag}: {reason}")]
-pub struct ConfigError {
-    /// The flag, as typed on the command line (e.g. `--ttl`).
-    pub flag: &'static str,
-    /// What is wrong and which values are allowed.
-    pub reason: String,
-}
-
-impl ConfigError {
-    pub(crate) fn new(flag: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            flag,
-            reason: reason.into(),
-        }
-    }
-}
+pub(crate) mod limit;
+pub use limit::{CountLimit, DurationLimit};
 
 /// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
 ///
@@ -73,6 +59,23 @@ pub fn show_duration(d: Duration) -> String {
         .unwrap_or_else(|| format!("{ns}ns"))
 }
 
+/// Key prefixes of `worker`, `status` and `lock`: 1-128 printable ASCII characters without spaces or braces
+/// (braces would form a Redis Cluster hash tag).
+pub fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let ok = (1..=128).contains(&prefix.len())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "--key-prefix",
+            "must be 1-128 printable ASCII characters without spaces or braces",
+        ))
+    }
+}
+
 /// Checks `min <= value <= max`; the error names `flag` and the range, in
 /// the docs' form (`25h is outside 1s-24h`).
 pub fn check_range(
@@ -93,15 +96,6 @@ pub fn check_range(
         ));
     }
     Ok(())
-}
-
-/// Log line format on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line (for log shippers).
-    Json,
 }
 
 /// `--log-format`, shared by every long-running command.

@@ -1,6 +1,6 @@
 //! The Redis setting every lease relies on: Redis must never evict keys.
 //! A lease key (or a pool key) that Redis drops under memory pressure looks
-//! free to the next claimant while its holder still publishes it (issue 8:
+//! free to the next claimant while its holder still publishes it (seen:
 //! `volatile-ttl` evicted the lease key with the shortest TTL, a second
 //! sidecar took the ID at once). So snowlease holds no lease on a Redis
 //! with `maxmemory` set and a `maxmemory-policy` other than `noeviction`
@@ -84,6 +84,35 @@ pub struct EvictingRedis {
     pub policy: String,
     /// The `maxmemory` in effect, bytes.
     pub maxmemory: u64,
+}
+
+/// What is known of Redis' eviction setting: the one model for every
+/// holder of a check's answer (no `Option<Option<_>>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// No check has answered yet.
+    Unchecked,
+    /// The last check found Redis never evicts.
+    Safe,
+    /// The last check found Redis may evict keys.
+    Evicting(EvictingRedis),
+}
+
+impl Eviction {
+    /// The evicting setting, when the last check found one.
+    pub fn evicting(&self) -> Option<&EvictingRedis> {
+        match self {
+            Self::Evicting(evicting) => Some(evicting),
+            Self::Unchecked | Self::Safe => None,
+        }
+    }
+}
+
+/// The answer of [`check`].
+impl From<Option<EvictingRedis>> for Eviction {
+    fn from(answer: Option<EvictingRedis>) -> Self {
+        answer.map_or(Self::Safe, Self::Evicting)
+    }
 }
 
 /// Reads `INFO memory` and judges it: `Ok(None)` when Redis never evicts

@@ -8,13 +8,10 @@
 //! stops it (SIGTERM to its process group, SIGKILL after `--grace`) the
 //! moment the ID disappears or changes, makes sure it is gone by the lease's
 //! validity deadline (SIGTERM `--grace` before it, SIGKILL at it; the rules
-//! are in `exec/deadline.rs`), then exits 75 so the kubelet restarts the app
+//! are in `supervise/deadline.rs`), then exits 75 so the kubelet restarts the app
 //! container with the sidecar's next ID.
 
 mod args;
-// Shared with `lock`, which supervises its command the same way.
-pub(crate) mod child;
-pub(crate) mod deadline;
 mod source;
 
 use std::ffi::OsString;
@@ -24,12 +21,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::exit;
+use crate::timing;
 use nix::sys::signal::Signal;
 use tracing::{debug, error, info, warn};
 
+use crate::supervise::child::{self, Child, Exit, Signals};
+use crate::supervise::deadline::Deadlines;
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
-use child::{Child, Exit, Signals};
-use deadline::Deadlines;
 pub use source::{Published, Reading, Source};
 
 /// Timeout of one `GET /id`: the poll interval within 100-500 ms (signals
@@ -125,9 +123,9 @@ fn supervise(
         if warned_cap {
             warn!(
                 worker_id,
-                grace_ms = config.grace.as_millis() as u64,
-                used_ms = rules.grace().as_millis() as u64,
-                validity_ms = rules.longest().unwrap_or_default().as_millis() as u64,
+                grace_ms = timing::ms(config.grace),
+                used_ms = timing::ms(rules.grace()),
+                validity_ms = timing::ms(rules.longest().unwrap_or_default()),
                 "--grace is more than a quarter of the lease's validity; using a quarter, \
                  so the command is gone by the lease's deadline (set --grace well below \
                  TTL - renew interval)"
@@ -142,7 +140,7 @@ fn supervise(
             Some(at) if !killed && now >= at => {
                 warn!(
                     worker_id,
-                    grace_ms = rules.grace().as_millis() as u64,
+                    grace_ms = timing::ms(rules.grace()),
                     "command still running after the grace (or at the lease's deadline); SIGKILL"
                 );
                 child.signal_all(Signal::SIGKILL);
@@ -164,8 +162,8 @@ fn supervise(
                             format!(
                                 "the published worker ID goes stale in {} ms, within the grace \
                                  of {} ms, and was not renewed",
-                                p.valid_until.map_or(0, |t| t.remaining().as_millis()),
-                                rules.grace().as_millis()
+                                p.valid_until.map_or(0, |t| timing::ms(t.remaining())),
+                                timing::ms(rules.grace())
                             )
                         })
                     }
@@ -177,7 +175,7 @@ fn supervise(
                     Reading::Unreachable(reason) if rules.expiring(until(&current, now), now) => {
                         Some(format!(
                             "{reason}; the last reading goes stale within the grace of {} ms",
-                            rules.grace().as_millis()
+                            timing::ms(rules.grace())
                         ))
                     }
                     Reading::Unreachable(reason) => {
@@ -195,7 +193,7 @@ fn supervise(
                     error!(
                         worker_id,
                         reason = %reason,
-                        kill_in_ms = at.saturating_duration_since(now).as_millis() as u64,
+                        kill_in_ms = timing::ms(at.saturating_duration_since(now)),
                         "worker ID no longer published; stopping the command (SIGTERM)"
                     );
                     child.signal_all(Signal::SIGTERM);
@@ -303,7 +301,7 @@ mod tests {
             program: "x".into(),
             error: std::io::Error::from(kind),
         };
-        let code = |kind| exit::code_of(&spawn(kind).into());
+        let code = |kind| crate::failure::code_of(&spawn(kind).into());
         assert_eq!(code(std::io::ErrorKind::NotFound), exit::NOT_FOUND);
         assert_eq!(
             code(std::io::ErrorKind::PermissionDenied),

@@ -1,6 +1,7 @@
 //! Exit codes of every command, in one table (docs/operations.md, "Exit codes"): a code
-//! means the same in every command. [`code_of`] is the one place that maps
-//! an error to its code; `main` calls it.
+//! means the same in every command. [`crate::failure::code_of`] is the one
+//! place that maps an error to its code; `main` calls it. This module
+//! imports nothing, so every command may name a code without a circle.
 //!
 //! | code | meaning |
 //! | --- | --- |
@@ -15,17 +16,6 @@
 //! | 126, 127 | `exec`, `lock`: the command cannot be executed, or was not found (shell convention) |
 //! | 128+N | a signal N ended the wait or the command |
 //! | 130 | `worker`, `pool serve`: a second stop signal during the stop aborted it without cleanup ([`crate::shutdown`]) |
-
-use redis::RedisError;
-
-use crate::cli::ConfigError;
-use crate::connection::Readable;
-use crate::exec::ExecError;
-use crate::lock::LockError;
-use crate::pool::PoolError;
-use crate::pool::cli::PoolCliError;
-use crate::worker_id::guard::GuardRefused;
-use crate::worker_id::keeper::WorkerError;
 
 /// The table for `--help` of the long-running commands, with the log
 /// filter variable.
@@ -65,193 +55,81 @@ pub const LEASE_LOST: u8 = 75;
 pub const CANNOT_EXECUTE: u8 = 126;
 /// `exec`: the command was not found (shell convention).
 pub const NOT_FOUND: u8 = 127;
+/// Signal N ended the wait or the command: `SIGNALLED + N`.
+pub const SIGNALLED: u8 = 128;
+/// `worker`, `pool serve`: a second stop signal during the stop aborted it
+/// without cleanup (128 + SIGINT, the shell's code for Ctrl-C).
+pub const ABORTED: u8 = 130;
 
-/// The exit code of a command that failed with `err` (see the table above).
-pub fn code_of(err: &anyhow::Error) -> u8 {
-    if err.downcast_ref::<ConfigError>().is_some() {
-        return BAD_INPUT;
-    }
-    if let Some(err) = err.downcast_ref::<WorkerError>() {
-        return match err {
-            WorkerError::ClaimTimeout { .. } => UNAVAILABLE,
-            WorkerError::LeaseLost { .. } => NOT_HELD,
-            WorkerError::Redis(_) => FAILURE,
-        };
-    }
-    if err.downcast_ref::<GuardRefused>().is_some() {
-        return REFUSED;
-    }
-    if let Some(err) = err.downcast_ref::<ExecError>() {
-        return match err {
-            ExecError::NoId { .. } => UNAVAILABLE,
-            ExecError::Spawn { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
-                NOT_FOUND
-            }
-            ExecError::Spawn { .. } => CANNOT_EXECUTE,
-            ExecError::Other(_) => FAILURE,
-        };
-    }
-    if let Some(err) = err.downcast_ref::<LockError>() {
-        return match err {
-            LockError::NotAcquired { .. } => NOT_ACQUIRED,
-            LockError::Spawn { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
-                NOT_FOUND
-            }
-            LockError::Spawn { .. } => CANNOT_EXECUTE,
-            LockError::Other(_) => FAILURE,
-        };
-    }
-    if let Some(err) = err.downcast_ref::<PoolCliError>() {
-        return match err {
-            PoolCliError::NothingDue { .. } => UNAVAILABLE,
-            PoolCliError::NotOwner { .. } => NOT_HELD,
-        };
-    }
-    match err.downcast_ref::<PoolError>() {
-        Some(
-            PoolError::BadInput { .. }
-            | PoolError::DuplicateId { .. }
-            | PoolError::UnknownId { .. }
-            | PoolError::NoPool { .. }
-            | PoolError::AlreadyInitialized { .. },
-        ) => BAD_INPUT,
-        _ => FAILURE,
-    }
-}
-
-/// The last line of a failed command: `err` with its causes, each said
-/// once. A redis-rs error is rendered by [`Readable`] (no kind names) and
-/// ends the walk (its sources repeat it); a part of a cause (between `": "`)
-/// already in the line is not said again, e.g. the URL a context named.
-pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
-    let shown = |e: &(dyn std::error::Error + 'static)| match e.downcast_ref::<RedisError>() {
-        Some(redis) => (Readable(redis).to_string(), true),
-        None => (e.to_string(), false),
-    };
-    let (mut text, mut last) = shown(err);
-    let mut source = err.source();
-    while let (false, Some(cause)) = (last, source) {
-        let cause_text;
-        (cause_text, last) = shown(cause);
-        let new: Vec<&str> = cause_text
-            .split(": ")
-            .filter(|part| part.len() < 4 || !text.contains(part))
-            .collect();
-        if !new.is_empty() {
-            text = format!("{text}: {}", new.join(": "));
-        }
-        source = cause.source();
-    }
-    text
-}
+/// Every code with a name, for the test that the table, `--help` and
+/// docs/operations.md agree.
+pub const ALL: [u8; 12] = [
+    0,
+    FAILURE,
+    BAD_INPUT,
+    UNAVAILABLE,
+    NOT_HELD,
+    REFUSED,
+    NOT_ACQUIRED,
+    LEASE_LOST,
+    CANNOT_EXECUTE,
+    NOT_FOUND,
+    SIGNALLED,
+    ABORTED,
+];
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::pool::LostReason;
 
-    /// `--help`, this module and docs/operations.md list the same codes.
+    /// The codes a table names: the first cell of each row (`| 126, 127 |`,
+    /// `| 128 + N |`), or in `--help` the first word of a line and any
+    /// `; 127:` after it.
+    fn named_codes(table: &str) -> Vec<u8> {
+        let mut codes = Vec::new();
+        for line in table.lines() {
+            let line = line.trim_start_matches("//!").trim();
+            let cells: Vec<&str> = match line.strip_prefix("| ") {
+                Some(row) => row.split(" |").next().unwrap_or("").split(", ").collect(),
+                None => line
+                    .split_whitespace()
+                    .take(1)
+                    .chain(
+                        line.split("; ")
+                            .skip(1)
+                            .filter_map(|p| Some(p.split_once(": ")?.0)),
+                    )
+                    .collect(),
+            };
+            let code = |cell: &str| cell.split('+').next()?.trim().parse::<u8>().ok();
+            codes.extend(cells.into_iter().filter_map(code));
+        }
+        codes
+    }
+
+    /// `--help`, this module's table and docs/operations.md list every code
+    /// of [`ALL`], and name none that is not there.
     #[test]
     fn help_and_docs_list_every_code() {
         let doc = include_str!("../docs/operations.md");
-        let table = &doc[doc
+        let section = &doc[doc
             .find("## Exit codes")
             .expect("docs/operations.md has the table")..];
-        for code in [
-            FAILURE,
-            BAD_INPUT,
-            UNAVAILABLE,
-            NOT_HELD,
-            NOT_ACQUIRED,
-            LEASE_LOST,
-            CANNOT_EXECUTE,
-        ] {
-            assert!(
-                HELP.contains(&format!("\n  {code} ")),
-                "--help lacks {code}"
-            );
-            let row = |sep| table.contains(&format!("\n| {code}{sep}"));
-            assert!(row(" |") || row(", "), "docs/operations.md lacks {code}");
+        let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+        let module: String = include_str!("exit.rs")
+            .lines()
+            .filter(|line| line.starts_with("//! |"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let help = &HELP[HELP.find("Exit codes").expect("--help has the table")..];
+        for (name, table) in [("--help", help), ("exit.rs", &module), ("docs", section)] {
+            let named = named_codes(table);
+            for code in ALL {
+                assert!(named.contains(&code), "{name} lacks {code}: {named:?}");
+            }
+            for code in named {
+                assert!(ALL.contains(&code), "{name} names {code}, not in ALL");
+            }
         }
-    }
-
-    #[test]
-    fn each_error_has_its_code() {
-        let code = |e: anyhow::Error| code_of(&e);
-        assert_eq!(code(ConfigError::new("--ttl", "0s").into()), BAD_INPUT);
-        assert_eq!(code(PoolError::bad("ttl", "1-2").into()), BAD_INPUT);
-        assert_eq!(
-            code(anyhow::Error::from(PoolError::DuplicateId { id: "a".into() }).context("redis x")),
-            BAD_INPUT
-        );
-        let timeout = WorkerError::ClaimTimeout {
-            timeout: Duration::from_secs(1),
-            detail: String::new(),
-        };
-        assert_eq!(code(timeout.into()), UNAVAILABLE);
-        assert_eq!(
-            code(WorkerError::LeaseLost { worker_id: 1 }.into()),
-            NOT_HELD
-        );
-        let no_id = ExecError::NoId {
-            at: "f".into(),
-            waited: Duration::ZERO,
-            reason: String::new(),
-        };
-        assert_eq!(code(no_id.into()), UNAVAILABLE);
-        let lost = PoolCliError::NotOwner {
-            pool: "p".into(),
-            id: "a".into(),
-            reason: LostReason::Expired,
-        };
-        assert_eq!(code(lost.into()), NOT_HELD);
-        let due = PoolCliError::NothingDue {
-            pool: "p".into(),
-            wait: "1s".into(),
-            hint: String::new(),
-        };
-        assert_eq!(code(due.into()), UNAVAILABLE);
-        let not_acquired = LockError::NotAcquired {
-            name: "n".into(),
-            waited: Duration::ZERO,
-            reason: String::new(),
-            held: true,
-        };
-        assert_eq!(code(not_acquired.into()), NOT_ACQUIRED);
-        assert_eq!(code(anyhow::anyhow!("redis down")), FAILURE);
-    }
-
-    /// The last line names no redis-rs kind and says the URL a context
-    /// gave once (it said "... from URL: no Sentinel knows the master named
-    /// in the URL - InvalidClientConfig: URL").
-    #[test]
-    fn describe_says_a_redis_error_once_without_kind_names() {
-        let url = "redis+sentinel://127.0.0.1:1/nomaster/0";
-        let unknown: redis::RedisError = (
-            redis::ErrorKind::InvalidClientConfig,
-            "no Sentinel knows the master named in the URL",
-            url.to_owned(),
-        )
-            .into();
-        let err =
-            anyhow::Error::new(unknown).context(format!("cannot read the leases of a from {url}"));
-        assert_eq!(
-            describe(err.as_ref()),
-            format!(
-                "cannot read the leases of a from {url}: no Sentinel knows the master named in the URL"
-            )
-        );
-        let reply = b"-NOPERM this user has no permissions to run the 'time' command\r\n";
-        let Ok(redis::Value::ServerError(noperm)) = redis::parse_redis_value(reply) else {
-            panic!("not a server error")
-        };
-        let err = anyhow::Error::new(PoolError::from(redis::RedisError::from(noperm)))
-            .context("redis redis://127.0.0.1:1/0");
-        assert_eq!(
-            describe(err.as_ref()),
-            "redis redis://127.0.0.1:1/0: NOPERM this user has no permissions to run the 'time' command"
-        );
     }
 }

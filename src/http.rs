@@ -176,7 +176,7 @@ pub async fn serve(
         info!(
             addr = %addr,
             max_connections = cap,
-            header_timeout_ms = limits.header_timeout.as_millis() as u64,
+            header_timeout_ms = crate::timing::ms(limits.header_timeout),
             "http listening"
         );
     }

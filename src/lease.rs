@@ -19,6 +19,7 @@ use redis::{RedisError, Script};
 
 use crate::connection::{Readable, is_auth_error, is_permission_error};
 use crate::identity::Owner;
+use crate::timing;
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/release.lua")));
@@ -45,8 +46,7 @@ pub fn validity_deadline(sent: BootInstant, ttl: Duration) -> BootInstant {
 /// Unix time of `t` in ms (the unit of the state file's `valid_until_ms`);
 /// 0 before 1970, saturating.
 pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    t.duration_since(UNIX_EPOCH).map_or(0, timing::ms)
 }
 
 /// Time left until the Unix time `ms`; `None` once it has passed.
@@ -148,7 +148,7 @@ pub async fn release_keys<C: ConnectionLike>(
     }
     invocation
         .arg(owner.as_str())
-        .arg(u64::try_from(handover.as_millis()).unwrap_or(u64::MAX))
+        .arg(timing::ms(handover))
         .invoke_async(conn)
         .await
 }
@@ -250,9 +250,9 @@ pub(crate) fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError 
     }
 }
 
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
-}
+/// The TTL rule's home is the timing kit; re-exported for the worker's
+/// keeper, which still calls it `lease::ttl_ms`.
+pub(crate) use crate::timing::ttl_ms;
 
 #[cfg(test)]
 mod tests {

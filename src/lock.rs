@@ -11,13 +11,15 @@
 //! confirmed before its validity deadline. When the command exits the lease
 //! is released (compare-and-delete) and `lock` exits with its code.
 //!
-//! The command is supervised with `exec`'s pieces: its own process group,
+//! The command is supervised with the pieces `exec` uses too (`crate::supervise`): its own process group,
 //! signals passed on, SIGTERM then SIGKILL by the deadline.
 
 mod acquire;
 mod args;
 mod hold;
+pub mod limits;
 mod session;
+mod wait;
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -25,13 +27,14 @@ use std::time::Duration;
 use anyhow::Context;
 use tracing::{error, info};
 
-use acquire::Waited;
-pub use args::{LockArgs, LockConfig, LockKeys, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use args::{LockArgs, LockConfig, LockKeys};
 use session::Session;
+use wait::Waited;
 
-use crate::exec::child::{Child, Exit, Signals};
+use crate::eviction::Eviction;
 use crate::exit;
 use crate::identity::{Owner, resolve_identity};
+use crate::supervise::child::{Child, Exit, Signals};
 
 /// Env var that carries the fencing token (decimal, >= 1) to the command.
 pub const ENV_FENCE: &str = "SNOWLEASE_FENCE";
@@ -103,15 +106,17 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
     if !config.allow_evicting_redis {
         // Checked once before the first attempt; an unreachable Redis is
         // left to the wait below.
-        match session.evicting(limit) {
-            Ok(Some(evicting)) => return Err(LockError::Other(anyhow::Error::new(evicting))),
+        match session.eviction(limit) {
+            Ok(Eviction::Evicting(evicting)) => {
+                return Err(LockError::Other(anyhow::Error::new(evicting)));
+            }
             Err(err) if !crate::connection::classify(&err).retried_at_start() => {
                 return Err(LockError::Other(anyhow::Error::new(err)));
             }
             _ => {}
         }
     }
-    let (waited, maybe_held) = acquire::wait(&mut session, config.wait, limit, &signals);
+    let (waited, maybe_held) = wait::wait(&mut session, config.wait, limit, &signals);
     // An attempt whose reply was lost may have taken the key after all.
     if maybe_held && !matches!(waited, Ok(Waited::Acquired { .. })) {
         session.release(limit);

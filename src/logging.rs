@@ -11,7 +11,16 @@ use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::cli::{ConfigError, LogFormat};
+use crate::config_error::ConfigError;
+
+/// Log line format on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log shippers).
+    Json,
+}
 
 /// Lines queued for stderr at most; beyond that new lines are dropped.
 const QUEUE_LINES: usize = 1024;

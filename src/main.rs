@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use snowlease::cli::{ConfigError, LogFormat, check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard, Run};
-use snowlease::{exec, exit, lock, open_files, pool, shutdown, worker_id};
+use snowlease::{exec, exit, failure, lock, open_files, pool, shutdown, worker_id};
 
 /// `--version`: the crate version and the commit it was built from.
 const VERSION: &str = concat!(
@@ -105,13 +105,13 @@ fn main() -> ExitCode {
     match run(command, &mut log) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            let code = exit::code_of(&err);
+            let code = failure::code_of(&err);
             // `lock --quiet`: held by another host is an outcome cron
             // expects, not a failure to mail.
             if quiet && lock::held_elsewhere(&err) {
                 return ExitCode::from(code);
             }
-            let mut text = exit::describe(err.as_ref());
+            let mut text = failure::describe(err.as_ref());
             // A bad value read from the environment names its variable.
             if let Some(flag) = err.downcast_ref::<ConfigError>().map(|e| e.flag)
                 && let Some(env) = snowlease::cli::env_source(&root, &matches, flag)

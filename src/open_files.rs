@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 /// Descriptors kept free below the soft limit for everything but HTTP
 /// connections: Redis connections (one per Cluster node or Sentinel), the
 /// ID, state, temporary and lock files, stdio and the runtime's own. The
-/// HTTP connection cap never reaches into them (issue 20: a flood of idle
+/// HTTP connection cap never reaches into them (without it, a flood of idle
 /// connections made every ID-file write fail with EMFILE).
 pub const RESERVED: u64 = 128;
 

@@ -14,9 +14,9 @@
 //! any language, with a background reaper and metrics.
 
 // Shared with `lock`, whose waiters back off the same way.
-pub(crate) mod backoff;
 pub mod cli;
 mod error;
+mod hint;
 mod lease;
 pub mod limits;
 mod metrics;
@@ -30,6 +30,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use crate::connection::Redis;
+use crate::timing;
 use redis::{ScriptInvocation, Value};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -477,7 +478,7 @@ where
                 "ttl",
                 format!(
                     "at most max_lease ({} ms)",
-                    self.options.max_lease.as_millis()
+                    timing::ms(self.options.max_lease)
                 ),
             ));
         }
@@ -557,7 +558,7 @@ where
             if remaining.is_zero() || stop.is_cancelled() {
                 return Ok(acquired);
             }
-            let sleep = backoff::sleep_for(*next_due_in, attempt, remaining, &mut rand::rng());
+            let sleep = timing::wait_pause(*next_due_in, attempt, remaining, &mut rand::rng());
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
                 () = stop.cancelled() => return Ok(acquired),

@@ -1,6 +1,6 @@
 //! One shutdown source: SIGTERM, SIGINT (or SIGHUP, SIGQUIT, SIGUSR1,
 //! SIGUSR2) cancels a token that every task watches; a second signal aborts
-//! at once (exit 130).
+//! at once (exit 130, [`crate::exit::ABORTED`]).
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use tokio::signal::unix::{SignalKind, signal};
@@ -42,7 +42,7 @@ pub fn listen() -> std::io::Result<CancellationToken> {
                 signal = signal_name(signal),
                 "second signal; aborting without cleanup"
             );
-            std::process::exit(130);
+            std::process::exit(crate::exit::ABORTED.into());
         }
     });
     Ok(token)

@@ -22,6 +22,7 @@ pub mod claim;
 pub mod files;
 pub mod guard;
 pub mod keeper;
+pub mod limits;
 pub mod metrics;
 pub mod publisher;
 pub mod routes;
@@ -44,6 +45,7 @@ use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::routes::WorkerHttp;
 use crate::identity::{Owner, resolve_identity};
+use crate::timing::ms;
 use crate::{atomic_file, http};
 
 /// Logs at start what the lease settings ride through (docs/operations.md, "Sizing for Redis
@@ -52,7 +54,6 @@ use crate::{atomic_file, http};
 fn log_outage_budget(settings: &LeaseSettings) {
     let budget = sizing::OutageBudget::sidecar(settings);
     let (held_min, held_max) = sizing::crashed_pod_holds(settings);
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     info!(
         ttl_ms = ms(settings.ttl),
         renew_interval_ms = ms(settings.renew_interval),
@@ -80,8 +81,8 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     // Two nodes within the skew bound differ by up to twice it (docs/worker.md, "ID handover").
     if config.handover_delay < 2 * config.max_clock_skew {
         warn!(
-            handover_delay_ms = config.handover_delay.as_millis() as u64,
-            max_clock_skew_ms = config.max_clock_skew.as_millis() as u64,
+            handover_delay_ms = ms(config.handover_delay),
+            max_clock_skew_ms = ms(config.max_clock_skew),
             "--handover-delay is below twice --max-clock-skew: the next holder of a released ID may mint in milliseconds the last one used"
         );
     }
@@ -160,7 +161,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
 
     // The state file stays, marked `release_unconfirmed`, while its key may
     // still hold its owner string: the next start re-adopts it at once
-    // (issue 20 item 5). A record of an earlier process that this one never
+    // (docs/worker.md, "How the worker-ID sidecar behaves"). A record of an earlier process that this one never
     // adopted is not ours to drop.
     let recorded = files::read_state(&config.output_file, &config.app);
     if stopped.released && recorded.is_none_or(|r| r.owner == stopped.owner.as_str()) {

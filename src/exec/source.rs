@@ -191,7 +191,7 @@ fn read_file(path: &std::path::Path) -> Reading {
     if valid_until <= now {
         return Reading::Absent(format!(
             "stale: the state file's deadline passed {} ms ago (sidecar gone?)",
-            now.saturating_duration_since(valid_until).as_millis()
+            crate::timing::ms(now.saturating_duration_since(valid_until))
         ));
     }
     Reading::Published(Published {
@@ -309,7 +309,7 @@ mod tests {
 
     /// A state file as the sidecar writes it: both deadlines `left` ahead.
     fn state(worker_id: u16, left: Duration) -> Vec<u8> {
-        let wall = unix_ms(SystemTime::now()) + left.as_millis() as u64;
+        let wall = unix_ms(SystemTime::now()) + crate::timing::ms(left);
         state_at(worker_id, wall, Some(BootInstant::now() + left))
     }
 
@@ -382,7 +382,8 @@ mod tests {
         assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stale")));
         write_atomic(&state_path(&file), &state(9, Duration::from_secs(5))).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(_)));
-        // The record the sidecar keeps after it stopped publishing (issue 20 item 5).
+        // The record the sidecar keeps after it stopped publishing while its
+        // release is unconfirmed (`release_unconfirmed`).
         let mut kept: StateFile =
             serde_json::from_slice(&state(7, Duration::from_secs(5))).unwrap();
         kept.release_unconfirmed = true;

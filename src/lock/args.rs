@@ -6,17 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration};
+use crate::cli::{ConfigError, LogArgs, RedisUrlArg, parse_duration, validate_key_prefix};
 use crate::connection::RedisTarget;
-use crate::worker_id::args::validate_key_prefix;
 
-/// Shortest `--ttl`: the renew interval (ttl/3) stays above 300 ms and the
-/// validity margin (at least 100 ms) below a tenth of the TTL.
-pub const MIN_TTL: Duration = Duration::from_secs(1);
-/// Longest `--ttl`, as in worker mode.
-pub const MAX_TTL: Duration = Duration::from_secs(3600);
-/// Longest lock name in bytes.
-pub const MAX_NAME_LEN: usize = 128;
+use super::limits::{DEFAULT_KEY_PREFIX, GRACE, MAX_NAME_LEN, TTL, WAIT};
 
 /// Flags of `snowlease lock`; docs/lock.md.
 #[derive(Debug, Clone, Args)]
@@ -30,19 +23,19 @@ pub struct LockArgs {
     pub redis: RedisUrlArg,
 
     /// Prefix of the lock's keys: <prefix>{<name>} and <prefix>{<name>}:fence.
-    #[arg(long, env = "SNOWLEASE_LOCK_PREFIX", default_value = "snowlease:lock:")]
+    #[arg(long, env = "SNOWLEASE_LOCK_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
 
     /// Lease TTL in Redis (PX), renewed every ttl/3: 1s-1h.
-    #[arg(long, env = "SNOWLEASE_LOCK_TTL", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_LOCK_TTL", default_value = TTL.default, value_parser = parse_duration)]
     pub ttl: Duration,
 
     /// How long to wait for the lock (exit 69 when not acquired); 0s tries once; 0s-24h.
-    #[arg(long, env = "SNOWLEASE_LOCK_WAIT", default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_LOCK_WAIT", default_value = WAIT.default, value_parser = parse_duration)]
     pub wait: Duration,
 
     /// SIGTERM this long before the lease's deadline (SIGKILL at it), or before SIGKILL after a loss; at most a quarter of TTL - margin is used; 0s-10m.
-    #[arg(long, env = "SNOWLEASE_LOCK_GRACE", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_LOCK_GRACE", default_value = GRACE.default, value_parser = parse_duration)]
     pub grace: Duration,
 
     /// Log format.
@@ -76,7 +69,7 @@ pub struct LockConfig {
     pub ttl: Duration,
     /// Longest wait for the lock; zero tries once.
     pub wait: Duration,
-    /// SIGTERM-to-SIGKILL time (capped as in `exec`, see `exec/deadline.rs`).
+    /// SIGTERM-to-SIGKILL time (capped as in `exec`, see `supervise/deadline.rs`).
     pub grace: Duration,
     /// Program and arguments.
     pub command: Vec<OsString>,
@@ -114,19 +107,9 @@ impl LockArgs {
         validate_name(&self.name)?;
         let redis = self.redis.target()?;
         validate_key_prefix(&self.key_prefix)?;
-        check_range("--ttl", self.ttl, MIN_TTL, MAX_TTL)?;
-        check_range(
-            "--wait",
-            self.wait,
-            Duration::ZERO,
-            Duration::from_secs(86_400),
-        )?;
-        check_range(
-            "--grace",
-            self.grace,
-            Duration::ZERO,
-            Duration::from_secs(600),
-        )?;
+        TTL.check(self.ttl)?;
+        WAIT.check(self.wait)?;
+        GRACE.check(self.grace)?;
         if self.command.first().is_none_or(|c| c.is_empty()) {
             return Err(ConfigError::new("CMD", "give the command after --"));
         }

@@ -6,7 +6,7 @@
 //! until `sent + TTL - margin` of the last confirmed acquire or renew (a
 //! late reply proves nothing beyond its send instant); the command gets
 //! SIGTERM `grace` before that deadline unless a renewal is confirmed first,
-//! and SIGKILL at it (`exec/deadline.rs`). After a loss (another owner, the
+//! and SIGKILL at it (`supervise/deadline.rs`). After a loss (another owner, the
 //! key gone, a permanent error) SIGTERM at once and SIGKILL after the grace,
 //! never after the deadline. A refusal (password, ACL, certificate:
 //! `Failure::Refused`) is no loss: the renewal is retried until the
@@ -21,9 +21,10 @@ use super::LockConfig;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
 use crate::connection::{Failure, Readable, classify};
-use crate::exec::child::{self, Child, Exit, Signals};
-use crate::exec::deadline::Deadlines;
 use crate::lease::{self, RenewOutcome};
+use crate::supervise::child::{self, Child, Exit, Signals};
+use crate::supervise::deadline::Deadlines;
+use crate::timing;
 
 /// How the command ended, and why it was stopped (`None`: it exited by
 /// itself or after a passed-on signal).
@@ -56,7 +57,7 @@ pub(crate) fn hold(
     sent: BootInstant,
 ) -> HoldEnd {
     let interval = config.renew_interval();
-    let retry = (interval / 4).min(Duration::from_secs(1));
+    let retry = timing::retry_base(interval);
     let mut valid = valid_until(sent, config.ttl);
     let mut rules = Deadlines::new(config.grace);
     rules.observe(
@@ -176,7 +177,7 @@ fn stop(
     let kill_at = rules.kill_at(now, Some(deadline));
     error!(
         reason = %reason,
-        kill_in_ms = kill_at.saturating_duration_since(now).as_millis() as u64,
+        kill_in_ms = timing::ms(kill_at.saturating_duration_since(now)),
         "lock lost; stopping the command (SIGTERM)"
     );
     child.signal_all(Signal::SIGTERM);

@@ -13,9 +13,10 @@ use super::LockKeys;
 use super::acquire::{self, Acquired};
 use crate::boot_clock::BootInstant;
 use crate::connection::RedisTarget;
-use crate::eviction::EvictingRedis;
+use crate::eviction::Eviction;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
+use crate::timing;
 
 /// One process's connection and owner string for one lock.
 pub(crate) struct Session {
@@ -75,11 +76,11 @@ impl Session {
         bounded(&self.rt, limit, probe)
     }
 
-    /// `INFO memory`: `Some` when Redis may evict keys (issue 8: a lock
-    /// key evicted while held lets a second holder in).
-    pub(crate) fn evicting(&mut self, limit: Duration) -> RedisResult<Option<EvictingRedis>> {
+    /// `INFO memory`: whether Redis may evict keys (a lock key evicted
+    /// while held lets a second holder in).
+    pub(crate) fn eviction(&mut self, limit: Duration) -> RedisResult<Eviction> {
         let check = crate::eviction::check(&mut self.conn);
-        bounded(&self.rt, limit, check)
+        bounded(&self.rt, limit, check).map(Eviction::from)
     }
 
     /// One run of `acquire.lua`, sent now.
@@ -117,21 +118,11 @@ impl Session {
     }
 }
 
-/// Runs one Redis call on `rt` under `limit`; a timeout becomes an I/O
-/// timeout error, so it classifies as transient (the call may have run).
+/// Runs one Redis call on `rt` under `limit` ([`timing::bounded`]).
 fn bounded<T>(
     rt: &Runtime,
     limit: Duration,
     call: impl Future<Output = RedisResult<T>>,
 ) -> RedisResult<T> {
-    rt.block_on(async {
-        match tokio::time::timeout(limit, call).await {
-            Ok(result) => result,
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "redis call timed out",
-            )
-            .into()),
-        }
-    })
+    rt.block_on(timing::bounded(limit, call))
 }

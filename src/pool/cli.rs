@@ -1,12 +1,11 @@
 //! `snowlease pool ...`: the flags, with env twins. `cli/validate.rs` turns
 //! them into a [`PoolCliConfig`] before Redis is touched; [`run`] executes
-//! it and prints one JSON object (or the status table); [`crate::exit`] maps
+//! it and prints one JSON object (or the status table); `failure::code_of` maps
 //! the outcome to an exit code.
 
 mod run;
 mod validate;
 
-pub(crate) use run::hint_words;
 pub use run::{PoolCliError, run};
 pub use validate::PoolCliConfig;
 use validate::{Op, human};

@@ -77,6 +77,19 @@ impl PoolError {
         }
     }
 
+    /// True for a request the pool refuses as it stands (exit 2): a bad
+    /// value, an unknown or duplicate id, no such pool, already set up.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            Self::BadInput { .. }
+                | Self::DuplicateId { .. }
+                | Self::UnknownId { .. }
+                | Self::NoPool { .. }
+                | Self::AlreadyInitialized { .. }
+        )
+    }
+
     /// The Redis error inside, for a caller's transient/permanent decision.
     pub fn redis_error(&self) -> Option<&RedisError> {
         match self {

@@ -26,7 +26,7 @@ use super::limits::{REAP_LIMIT, Range, TTL_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
 use crate::connection::RedisTarget;
-use crate::eviction::{self, EvictingRedis};
+use crate::eviction::{self, EvictingRedis, Eviction};
 use crate::http;
 
 mod body;
@@ -68,8 +68,8 @@ struct Inner {
     registry: Registry,
     /// True once Redis answered, false from the first call it did not.
     redis_up: AtomicBool,
-    /// The eviction check's last answer; `None` until the first one.
-    evicting: Mutex<Option<Option<EvictingRedis>>>,
+    /// The eviction check's last answer.
+    evicting: Mutex<Eviction>,
     shutdown: CancellationToken,
 }
 
@@ -101,7 +101,7 @@ impl ServeState {
                 redis_up: AtomicBool::new(false),
                 // The router alone trusts its caller; run() marks it
                 // unchecked until its eviction loop answers.
-                evicting: Mutex::new(Some(None)),
+                evicting: Mutex::new(Eviction::Safe),
                 shutdown,
             }),
         }
@@ -129,27 +129,25 @@ impl ServeState {
     /// eviction check answered (acquire and extend).
     fn refuse_if_evicting(&self) -> Result<(), ApiError> {
         match self.eviction() {
-            Some(None) => Ok(()),
-            Some(Some(evicting)) => Err(ApiError::Evicting(evicting)),
-            None => Err(ApiError::Pool(PoolError::Redis(
+            Eviction::Safe => Ok(()),
+            Eviction::Evicting(evicting) => Err(ApiError::Evicting(evicting)),
+            Eviction::Unchecked => Err(ApiError::Pool(PoolError::Redis(
                 (redis::ErrorKind::Io, "eviction check not answered yet").into(),
             ))),
         }
     }
 
-    fn eviction(&self) -> Option<Option<EvictingRedis>> {
+    fn eviction(&self) -> Eviction {
         self.inner.evicting.lock().expect("not poisoned").clone()
     }
 
     /// Records the eviction check's answer; logs when it changes.
     fn note_eviction(&self, now: Option<EvictingRedis>) {
-        let before = self
-            .inner
-            .evicting
-            .lock()
-            .expect("not poisoned")
-            .replace(now.clone());
-        match (before.flatten(), now) {
+        let before = std::mem::replace(
+            &mut *self.inner.evicting.lock().expect("not poisoned"),
+            Eviction::from(now.clone()),
+        );
+        match (before.evicting(), now) {
             (None, Some(evicting)) => {
                 error!(policy = %evicting.policy, error = %evicting, "not ready: no lease is granted or extended")
             }
@@ -246,7 +244,7 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Re
         );
         None
     } else {
-        *state.inner.evicting.lock().expect("not poisoned") = None;
+        *state.inner.evicting.lock().expect("not poisoned") = Eviction::Unchecked;
         let every = config.reap_interval.max(EVICTION_CHECK_MIN);
         Some(tokio::spawn(eviction_loop(
             state.clone(),
@@ -330,8 +328,6 @@ async fn eviction_loop(state: ServeState, mut conn: Redis, every: Duration) {
     }
 }
 
-/// Reaps `name` every `every` until shutdown; a round in flight is dropped
-/// at shutdown (a reap is safe to cut: it runs whole in Redis or not).
 /// Logs a warning when `pool` has no key in Redis (never created, or a typo
 /// in `--pool`): it is served anyway, acquires answer 503 until it has ids.
 /// Other errors (Redis down) are left to the requests and readiness.
@@ -344,6 +340,8 @@ async fn warn_if_missing(pool: Pool) {
     }
 }
 
+/// Reaps `name` every `every` until shutdown; a round in flight is dropped
+/// at shutdown (a reap is safe to cut: it runs whole in Redis or not).
 async fn reap_loop(state: ServeState, name: String, every: Duration, cooldown: Duration) {
     let shutdown = state.inner.shutdown.clone();
     let mut tick = tokio::time::interval(every);
@@ -397,12 +395,12 @@ async fn acquire(
         }
         Ok(Acquired::Empty { next_due_in, at_ms }) => {
             metrics.acquired(&served.label, "empty", started.elapsed());
-            let next_due_in_ms = next_due_in.map(|d| d.as_millis() as u64);
+            let next_due_in_ms = next_due_in.map(crate::timing::ms);
             let body = json!({
                 "error": "no id due",
                 "next_due_in_ms": next_due_in_ms,
                 "at_ms": at_ms,
-                "detail": super::cli::hint_words(next_due_in),
+                "detail": super::hint::hint_words(next_due_in),
             });
             let retry_after = retry_after_secs(next_due_in).to_string();
             Ok((
@@ -422,9 +420,7 @@ async fn acquire(
 /// `Retry-After` of an empty acquire: the hint in whole seconds, rounded
 /// up, at least 1 (also when nothing will come due by itself).
 fn retry_after_secs(next_due_in: Option<Duration>) -> u64 {
-    next_due_in
-        .map_or(1, |d| d.as_millis().div_ceil(1000) as u64)
-        .max(1)
+    next_due_in.map_or(1, crate::timing::secs_ceil).max(1)
 }
 
 async fn extend(
@@ -541,13 +537,13 @@ async fn readyz(State(state): State<ServeState>) -> Response {
             "not ready: redis not answering\n",
         )
             .into_response()
-    } else if let Some(Some(evicting)) = state.eviction() {
+    } else if let Eviction::Evicting(evicting) = state.eviction() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {evicting}\n"),
         )
             .into_response()
-    } else if state.eviction().is_none() {
+    } else if state.eviction() == Eviction::Unchecked {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: maxmemory-policy not checked yet\n",

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::cli::{ConfigError, LogArgs, RedisUrlArg, check_range, parse_duration, show_duration};
+use crate::cli::{
+    ConfigError, LogArgs, RedisUrlArg, parse_duration, show_duration, validate_key_prefix,
+};
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
 use crate::http::{ConnectionLimits, HttpArgs};
@@ -15,9 +17,6 @@ use crate::http::{ConnectionLimits, HttpArgs};
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 
-/// Shortest `--renew-interval`: each renew is a Redis call and rewrites the
-/// state file (fsync), so `1ns` meant ~740 renewals a second (issue 8).
-pub const RENEW_INTERVAL_MIN: Duration = Duration::from_millis(100);
 /// Default `--listen` of the sidecar. Port 7391: the sidecar shares the pod's network
 /// namespace with the app, so not 8080/8000/3000/5000 (app defaults), not 9100-9999 (Prometheus
 /// exporters), 15000-15090 (Istio/Envoy), 4140-4191 (Linkerd), 3500/50001 (Dapr), 8200 (Vault
@@ -26,14 +25,12 @@ pub const RENEW_INTERVAL_MIN: Duration = Duration::from_millis(100);
 /// and docs/ must name the same port (`scripts/validate_k8s.py` reads it from here).
 pub const DEFAULT_LISTEN: &str = "[::]:7391";
 
-/// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
-pub const WORKER_ID_LIMIT: u16 = 1023;
-
-/// `--key-prefix` by default: lease keys are `snowflake:worker:<app>:<id>`.
-pub const DEFAULT_KEY_PREFIX: &str = "snowflake:worker:";
-
-/// `--max-worker-id` by default: 32 IDs, 0-31 (5 bits of a Snowflake ID).
-pub const DEFAULT_MAX_WORKER_ID: u16 = 31;
+// Where `keeper`, `exec` and `status` have always found them; defined in the table.
+use super::limits::{
+    CLAIM_TIMEOUT, HANDOVER_DELAY, MAX_CLOCK_SKEW, MAX_WORKER_ID, MIN_REPLICAS_ACK, RENEW_INTERVAL,
+    RETRIES, TTL,
+};
+pub use super::limits::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID, WORKER_ID_LIMIT};
 
 /// What the worker does after it lost its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -57,7 +54,7 @@ pub struct AppKeysArgs {
     pub key_prefix: String,
 
     /// Highest worker ID handed out (0-1023); IDs run from 0 to this value.
-    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = DEFAULT_MAX_WORKER_ID.into())]
+    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = MAX_WORKER_ID.default)]
     pub max_worker_id: u32,
 }
 
@@ -101,15 +98,15 @@ pub struct WorkerArgs {
     pub identity: Option<String>,
 
     /// Lease TTL in Redis (PX): 1s-1h, e.g. 120s.
-    #[arg(long, env = "SNOWLEASE_TTL", default_value = "120s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_TTL", default_value = TTL.default, value_parser = parse_duration)]
     pub ttl: Duration,
 
     /// Time between renewals: 100ms-ttl/2.
-    #[arg(long, env = "SNOWLEASE_RENEW_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_RENEW_INTERVAL", default_value = RENEW_INTERVAL.default, value_parser = parse_duration)]
     pub renew_interval: Duration,
 
     /// Retries of a failed renew round (0-10), with doubling backoff.
-    #[arg(long, env = "SNOWLEASE_RETRIES", default_value_t = 3)]
+    #[arg(long, env = "SNOWLEASE_RETRIES", default_value_t = RETRIES.default)]
     pub retries: u32,
 
     /// File the worker ID is published to (decimal ID and a newline).
@@ -133,19 +130,19 @@ pub struct WorkerArgs {
     pub on_loss: OnLoss,
 
     /// Give up (exit 3) when no ID could be claimed for this long (1s-24h).
-    #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = CLAIM_TIMEOUT.default, value_parser = parse_duration)]
     pub claim_timeout: Duration,
 
     /// At SIGTERM, keep the released ID blocked this long (100ms-60s): at least twice the clock skew you allow between nodes.
-    #[arg(long, env = "SNOWLEASE_HANDOVER_DELAY", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_HANDOVER_DELAY", default_value = HANDOVER_DELAY.default, value_parser = parse_duration)]
     pub handover_delay: Duration,
 
     /// Publish a claimed or renewed ID only once this many replicas acknowledged the write (`WAIT`), 0-16; 0: do not wait. Needs `+wait` in the ACL when >= 1.
-    #[arg(long, env = "SNOWLEASE_MIN_REPLICAS_ACK", default_value_t = 0)]
+    #[arg(long, env = "SNOWLEASE_MIN_REPLICAS_ACK", default_value_t = MIN_REPLICAS_ACK.default)]
     pub min_replicas_ack: u32,
 
     /// Largest difference between this node's wall clock and Redis' TIME (10ms-60s) at which a newly claimed ID is published.
-    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
     pub max_clock_skew: Duration,
 
     /// `--allow-evicting-redis`.
@@ -185,16 +182,13 @@ pub struct WorkerConfig {
     /// mint in a millisecond the previous holder may have used).
     pub handover_delay: Duration,
     /// Replicas that must acknowledge each claim and renew before the ID
-    /// is published or stays published (`WAIT`), 0-16 (README
+    /// is published or stays published (`WAIT`), 0-16 (docs/worker.md,
     /// "Guarantees": a failover to an acknowledging replica keeps the key).
     pub min_replicas_ack: u32,
     /// Largest |wall clock - Redis TIME| at which a newly claimed ID is
-    /// published, 10 ms-60 s (README "ID handover").
+    /// published, 10 ms-60 s (docs/worker.md, "ID handover").
     pub max_clock_skew: Duration,
 }
-
-/// Largest `--min-replicas-ack`: more replicas than any sane deployment.
-pub const MIN_REPLICAS_ACK_LIMIT: u32 = 16;
 
 /// The lease parameters the worker loop needs, nothing else.
 #[derive(Debug, Clone)]
@@ -212,15 +206,15 @@ pub struct LeaseSettings {
 }
 
 impl Default for LeaseSettings {
-    /// The CLI's defaults: prefix `snowflake:worker:`, IDs 0-31, TTL 120 s,
-    /// renew every 60 s, 3 retries.
+    /// The CLI's defaults (the `limits` table): prefix `snowflake:worker:`,
+    /// IDs 0-31, TTL 120 s, renew every 60 s, 3 retries.
     fn default() -> Self {
         Self {
             key_prefix: DEFAULT_KEY_PREFIX.into(),
             max_worker_id: DEFAULT_MAX_WORKER_ID,
-            ttl: Duration::from_secs(120),
-            renew_interval: Duration::from_secs(60),
-            retries: 3,
+            ttl: TTL.default_value(),
+            renew_interval: RENEW_INTERVAL.default_value(),
+            retries: RETRIES.default,
         }
     }
 }
@@ -241,55 +235,23 @@ impl WorkerArgs {
         if let Some(identity) = &self.identity {
             validate_identity(identity)?;
         }
-        check_range(
-            "--ttl",
-            self.ttl,
-            Duration::from_secs(1),
-            Duration::from_secs(3600),
-        )?;
-        if self.renew_interval < RENEW_INTERVAL_MIN || self.renew_interval > self.ttl / 2 {
+        TTL.check(self.ttl)?;
+        if self.renew_interval < RENEW_INTERVAL.min || self.renew_interval > self.ttl / 2 {
             return Err(ConfigError::new(
-                "--renew-interval",
+                RENEW_INTERVAL.flag,
                 format!(
-                    "{} is outside 100ms-ttl/2 ({})",
+                    "{} is outside {}-ttl/2 ({})",
                     show_duration(self.renew_interval),
+                    show_duration(RENEW_INTERVAL.min),
                     show_duration(self.ttl / 2)
                 ),
             ));
         }
-        if self.retries > 10 {
-            return Err(ConfigError::new(
-                "--retries",
-                format!("{} is outside 0-10", self.retries),
-            ));
-        }
-        check_range(
-            "--claim-timeout",
-            self.claim_timeout,
-            Duration::from_secs(1),
-            Duration::from_secs(86_400),
-        )?;
-        check_range(
-            "--handover-delay",
-            self.handover_delay,
-            Duration::from_millis(100),
-            Duration::from_secs(60),
-        )?;
-        if self.min_replicas_ack > MIN_REPLICAS_ACK_LIMIT {
-            return Err(ConfigError::new(
-                "--min-replicas-ack",
-                format!(
-                    "{} is outside 0-{MIN_REPLICAS_ACK_LIMIT}",
-                    self.min_replicas_ack
-                ),
-            ));
-        }
-        check_range(
-            "--max-clock-skew",
-            self.max_clock_skew,
-            Duration::from_millis(10),
-            Duration::from_secs(60),
-        )?;
+        RETRIES.check(self.retries)?;
+        CLAIM_TIMEOUT.check(self.claim_timeout)?;
+        HANDOVER_DELAY.check(self.handover_delay)?;
+        MIN_REPLICAS_ACK.check(self.min_replicas_ack)?;
+        MAX_CLOCK_SKEW.check(self.max_clock_skew)?;
         if self.output_file.file_name().is_none() {
             return Err(ConfigError::new("--output-file", "must name a file"));
         }
@@ -325,8 +287,11 @@ pub fn validate_max_worker_id(value: u32) -> Result<u16, ConfigError> {
         .filter(|id| *id <= WORKER_ID_LIMIT)
         .ok_or_else(|| {
             ConfigError::new(
-                "--max-worker-id",
-                format!("{value} is outside 0-1023 (10 bits)"),
+                MAX_WORKER_ID.flag,
+                format!(
+                    "{value} is outside {}-{} (10 bits)",
+                    MAX_WORKER_ID.min, MAX_WORKER_ID.max
+                ),
             )
         })
 }
@@ -339,7 +304,7 @@ const APP_ENV: &str = "SNOWLEASE_APP";
 ///
 /// Errors: `--app` with the allowed form; an empty name set through `SNOWLEASE_APP` says so and
 /// where the Kustomize Component takes it from (a downward-API field of a missing annotation
-/// is an empty string, issue 21.2).
+/// is an empty string).
 pub fn validate_app(app: &str) -> Result<(), ConfigError> {
     let ok = (1..=64).contains(&app.len())
         && app
@@ -371,23 +336,6 @@ fn validate_identity(identity: &str) -> Result<(), ConfigError> {
         Err(ConfigError::new(
             "--identity",
             "must be 1-200 printable ASCII characters without spaces or '#'",
-        ))
-    }
-}
-
-/// Key prefixes: 1-128 printable ASCII characters without spaces or braces
-/// (braces would form a Redis Cluster hash tag).
-pub fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
-    let ok = (1..=128).contains(&prefix.len())
-        && prefix
-            .chars()
-            .all(|c| c.is_ascii_graphic() && c != '{' && c != '}');
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(
-            "--key-prefix",
-            "must be 1-128 printable ASCII characters without spaces or braces",
         ))
     }
 }

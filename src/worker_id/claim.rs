@@ -12,7 +12,8 @@ use redis::aio::ConnectionLike;
 
 use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;
-use crate::lease::{step, ttl_ms};
+use crate::lease::step;
+use crate::timing::ttl_ms;
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
 

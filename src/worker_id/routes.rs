@@ -58,7 +58,7 @@ async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Respon
         "app": &*http.app,
         "worker_id": held.worker_id,
         "owner": held.owner.as_str(),
-        "lease_expires_in_ms": u64::try_from(held.remaining().as_millis()).unwrap_or(u64::MAX),
+        "lease_expires_in_ms": crate::timing::ms(held.remaining()),
     }))
     .into_response()
 }
@@ -78,7 +78,7 @@ fn unpublished(state: &WorkerState) -> serde_json::Value {
     match state {
         WorkerState::GuardClosed(opens_at) => json!({
             "state": state_name(state),
-            "opens_in_ms": u64::try_from(opens_at.remaining().as_millis()).unwrap_or(u64::MAX),
+            "opens_in_ms": crate::timing::ms(opens_at.remaining()),
         }),
         WorkerState::ClockSkewed(skew_ms) => json!({
             "state": state_name(state),

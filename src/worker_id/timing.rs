@@ -5,21 +5,21 @@
 //! `Instant` for the claim timeout) and passes the readings in, so the
 //! unit tests below drive these rules under tokio's paused clock.
 //!
-//! Backoff steps come from `backon`'s [`ExponentialBuilder`] (factor 2);
-//! the jitter is ours (75-125% of a step, see [`jitter`]): backon's adds
-//! 0-100%, which would stretch a pause to twice its cap.
+//! The backoff, the jitter (75-125% of a step) and the retry base are the
+//! crate's one timing kit ([`crate::timing`]); this file only sets the
+//! worker's steps and caps.
 
 use std::ops::Add;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+/// The keeper's name for the sidecars' retry spread (75-125%).
+pub(super) use crate::timing::spread as jitter;
+use crate::timing::{Backoff, retry_base};
 
 /// First pause between claim rounds (100 ms), unless the cap is shorter.
 const CLAIM_BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest claim backoff step (5 s), unless the renew interval is shorter.
 const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Longest first renew retry pause (1 s).
-const RETRY_BASE_MAX: Duration = Duration::from_secs(1);
 /// After a renew round whose attempts all failed, the next round starts
 /// this many retry bases later (until the validity deadline ends it).
 const FAILED_ROUND_BASES: u32 = 4;
@@ -28,27 +28,23 @@ const FAILED_ROUND_BASES: u32 = 4;
 /// [`claim_backoff_cap`]; a step grows only after a round that found no ID
 /// (all held, Redis unavailable, Redis may evict).
 pub(super) struct ClaimBackoff {
-    steps: ExponentialBackoff,
-    step: Duration,
+    steps: Backoff,
+    attempt: u32,
 }
 
 impl ClaimBackoff {
     /// The backoff of one claim phase, for `renew_interval`.
     pub(super) fn new(renew_interval: Duration) -> Self {
         let cap = claim_backoff_cap(renew_interval);
-        let mut steps = ExponentialBuilder::new()
-            .with_min_delay(CLAIM_BACKOFF_MIN.min(cap))
-            .with_max_delay(cap)
-            .with_factor(2.0)
-            .without_max_times()
-            .build();
-        let step = steps.next().unwrap_or(cap);
-        Self { steps, step }
+        Self {
+            steps: Backoff::new(CLAIM_BACKOFF_MIN.min(cap), cap),
+            attempt: 0,
+        }
     }
 
     /// The current step, before jitter.
     pub(super) fn step(&self) -> Duration {
-        self.step
+        self.steps.step(self.attempt)
     }
 
     /// The pause after a round: the current step, jittered (75-125%).
@@ -58,9 +54,7 @@ impl ClaimBackoff {
 
     /// Doubles the step, up to the cap.
     pub(super) fn grow(&mut self) {
-        if let Some(step) = self.steps.next() {
-            self.step = step;
-        }
+        self.attempt = self.attempt.saturating_add(1);
     }
 }
 
@@ -76,21 +70,15 @@ pub(super) fn claim_pause(pause: Duration, left: Duration) -> Option<Duration> {
     (!left.is_zero()).then(|| pause.min(left))
 }
 
-/// First renew retry pause: a quarter of the renew interval, at most 1 s.
-pub(super) fn retry_base(renew_interval: Duration) -> Duration {
-    (renew_interval / 4).min(RETRY_BASE_MAX)
-}
-
 /// The pauses between the attempts of one renew round: `retries` of them,
 /// doubling from [`retry_base`], uncapped (at most 10 retries; each pause
 /// is cut by [`retry_pause`]).
-pub(super) fn renew_retries(renew_interval: Duration, retries: u32) -> ExponentialBackoff {
-    ExponentialBuilder::new()
-        .with_min_delay(retry_base(renew_interval))
-        .without_max_delay()
-        .with_factor(2.0)
-        .with_max_times(usize::try_from(retries).unwrap_or(usize::MAX))
-        .build()
+pub(super) fn renew_retries(
+    renew_interval: Duration,
+    retries: u32,
+) -> impl Iterator<Item = Duration> {
+    let steps = Backoff::new(retry_base(renew_interval), Duration::MAX).steps();
+    steps.take(usize::try_from(retries).unwrap_or(usize::MAX))
 }
 
 /// The pause before the next renew attempt, `left` before the validity
@@ -124,11 +112,6 @@ pub(super) fn wake_at<I: Ord>(next_renew: I, valid_until: I) -> I {
     next_renew.min(valid_until)
 }
 
-/// Spreads retries of many sidecars: 75-125% of `base`.
-pub(super) fn jitter(base: Duration) -> Duration {
-    base.mul_f64(rand::random_range(0.75..1.25))
-}
-
 #[cfg(test)]
 mod tests {
     use tokio::time::{Instant, sleep, sleep_until, timeout_at};
@@ -137,7 +120,7 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// backon multiplies in f32: allow a microsecond of rounding.
+    /// Allows a microsecond of rounding (the steps were once backon's f32).
     fn near(got: Duration, want: Duration) -> bool {
         got.abs_diff(want) < Duration::from_micros(1)
     }

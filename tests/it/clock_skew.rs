@@ -63,7 +63,7 @@ fn new_id_is_not_published_while_the_clock_is_skewed() {
     skewed.wait_for_lease(secs(10));
 }
 
-/// A held ID stays published when the clock steps 2 s ahead (README "Guarantees"): the skew
+/// A held ID stays published when the clock steps 2 s ahead (docs/worker.md, "Guarantees"): the skew
 /// is logged and reported, the renewals go on.
 #[test]
 fn held_id_stays_published_when_the_clock_steps() {

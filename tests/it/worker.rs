@@ -196,7 +196,7 @@ fn sigterm_as_pid_1_releases() {
     assert!(!sidecar.output_file().exists());
 }
 
-/// `publish::write_atomic`: a reader in a tight loop during 1000 rewrites never sees a
+/// `atomic_file::write_atomic`: a reader in a tight loop during 1000 rewrites never sees a
 /// missing, empty or partial ID file (the file exists before the first rewrite).
 #[test]
 fn id_file_rewrites_are_atomic() {

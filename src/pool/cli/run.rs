@@ -10,6 +10,7 @@ use crate::connection::Redis;
 use serde_json::json;
 
 use super::{Op, PoolCliConfig, human};
+use crate::pool::hint::hint_words;
 use crate::pool::{
     Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released, StrikePolicy,
 };
@@ -56,7 +57,7 @@ impl PoolCliError {
 /// until SIGTERM/SIGINT.
 ///
 /// Errors: [`PoolCliError`] (exit 3, 4), [`crate::pool::PoolError`] and others; see
-/// [`crate::exit::code_of`].
+/// `failure::code_of`.
 pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
     if let Op::Serve(serve) = config.op {
         let shutdown = crate::shutdown::listen()?;
@@ -82,7 +83,7 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
     let out = match execute(conn, config.op).await {
         Ok(out) => out,
         // Only failures of Redis itself need to say which Redis.
-        Err(err) if crate::exit::code_of(&err) == crate::exit::FAILURE => {
+        Err(err) if !is_pool_answer(&err) => {
             return Err(err.context(format!("redis {}", config.redis)));
         }
         Err(err) => return Err(err),
@@ -91,6 +92,15 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
         crate::cli::stdout_line(&out)?;
     }
     Ok(())
+}
+
+/// True for the errors that are the pool's answer (exit 2, 3, 4), not a
+/// failure of Redis itself (exit 1), which must say which Redis.
+fn is_pool_answer(err: &anyhow::Error) -> bool {
+    err.is::<PoolCliError>()
+        || err
+            .downcast_ref::<crate::pool::PoolError>()
+            .is_some_and(crate::pool::PoolError::is_bad_input)
 }
 
 /// Runs `op`; returns what to print, or `None` when it printed itself
@@ -259,19 +269,8 @@ fn config_json(pool: &str, strikes: Option<StrikePolicy>) -> serde_json::Value {
     json!({
         "pool": pool,
         "max_strikes": strikes.map(|s| s.max_strikes),
-        "strike_window_ms": strikes.map(|s| s.window.as_millis() as u64),
+        "strike_window_ms": strikes.map(|s| crate::timing::ms(s.window)),
     })
-}
-
-/// The next-due hint in words.
-pub(crate) fn hint_words(next_due_in: Option<Duration>) -> String {
-    match next_due_in {
-        Some(d) => format!(
-            "the next id is due in {} (sooner if a lease is released early)",
-            human(Duration::from_millis(d.as_millis() as u64))
-        ),
-        None => "no id will become due by itself (every id disabled, the pool empty, or no pool of that name: `pool status` tells)".into(),
-    }
 }
 
 fn status_table(pool: &str, s: &PoolStatus) -> String {

@@ -1,4 +1,4 @@
-//! When `exec` stops the command: the deadline math.
+//! When `exec` and `lock` stop the command: the deadline math (in `exec`'s words; `lock` maps its lease deadline the same way).
 //!
 //! The published deadline (`valid_until`: the state file's
 //! `valid_until_boot_ms` on the boot clock, or `lease_expires_in_ms` of

@@ -82,7 +82,9 @@ impl Exit {
     pub fn code(self) -> u8 {
         match self {
             Self::Code(code) => u8::try_from(code & 0xff).unwrap_or(1),
-            Self::Signal(signal) => u8::try_from(128 + (signal & 0x7f)).unwrap_or(255),
+            Self::Signal(signal) => {
+                u8::try_from(i32::from(crate::exit::SIGNALLED) + (signal & 0x7f)).unwrap_or(255)
+            }
         }
     }
 }

@@ -1,0 +1,99 @@
+//! Waiting for a lock: acquire attempts until `--wait` has passed, with the
+//! waiters' capped, jittered backoff between them ([`crate::timing::wait_pause`]).
+
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use super::acquire::Acquired;
+use super::session::Session;
+use crate::boot_clock::BootInstant;
+use crate::connection::{Readable, classify};
+use crate::supervise::child::{self, Signals};
+use crate::timing;
+
+/// How the wait for the lock ended.
+#[derive(Debug)]
+pub(crate) enum Waited {
+    /// Ours: the fencing token, and when the winning attempt was sent (the
+    /// validity is counted from there).
+    Acquired { fence: u64, sent: BootInstant },
+    /// Not acquired within `--wait`: why the last attempt failed, and
+    /// whether it found the lock held (false: Redis did not answer).
+    NotAcquired(String, bool),
+    /// A signal that stops `lock` arrived first.
+    Signal(i32),
+}
+
+/// Tries to acquire until `wait` has passed (once when `wait` is zero),
+/// sleeping between attempts as the pool's waiters do
+/// ([`timing::wait_pause`]: doubling from 10 ms up to 500 ms, jittered,
+/// never past the holder's expiry hint nor past `wait`).
+///
+/// Returns also whether the key may be ours: true once an acquire failed
+/// after it was sent (it may have run with its reply lost, or up to a
+/// refused command), so the caller must release it.
+///
+/// Errors: a permanent Redis error (ACL refusal, wrong key type).
+pub(crate) fn wait(
+    session: &mut Session,
+    wait: Duration,
+    limit: Duration,
+    signals: &Signals,
+) -> (redis::RedisResult<Waited>, bool) {
+    let deadline = Instant::now() + wait;
+    let mut maybe_held = false;
+    let mut probed = false;
+    let mut logged = false;
+    let mut attempt = 0u32;
+    loop {
+        // The validity counts from the acquire's send, after any probe.
+        let mut sent = BootInstant::now();
+        let reply = if probed {
+            session.acquire(limit)
+        } else {
+            session.probe(limit).and_then(|()| {
+                probed = true;
+                sent = BootInstant::now();
+                session.acquire(limit)
+            })
+        };
+        let held = matches!(reply, Ok(Acquired::Held(_)));
+        let (reason, hint) = match reply {
+            Ok(Acquired::Ours { fence }) => return (Ok(Waited::Acquired { fence, sent }), true),
+            Ok(Acquired::Held(expires_in)) => (
+                match expires_in {
+                    Some(t) => format!(
+                        "held by another owner (its lease runs {} ms more unless its holder renews it)",
+                        timing::ms(t)
+                    ),
+                    None => "held by a key without expiry (set by hand?)".to_owned(),
+                },
+                expires_in,
+            ),
+            Err(err) => {
+                // Our script may have run: all of it with the reply lost, or
+                // up to a refused command (scripts are not rolled back).
+                maybe_held |= probed;
+                if !classify(&err).retried_at_start() {
+                    return (Err(err), maybe_held);
+                }
+                warn!(lock = session.keys().name(), attempt, error = %Readable(&err), "acquire failed");
+                (format!("redis unavailable: {}", Readable(&err)), None)
+            }
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return (Ok(Waited::NotAcquired(reason, held)), maybe_held);
+        }
+        if !logged {
+            info!(lock = session.keys().name(), reason = %reason, "waiting for the lock");
+            logged = true;
+        }
+        let pause = timing::wait_pause(hint, attempt, deadline - now, &mut rand::rng());
+        if let Some(signal) = signals.next(pause).filter(|s| child::ends_wait(*s)) {
+            return (Ok(Waited::Signal(signal)), maybe_held);
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
