@@ -266,8 +266,10 @@ mod tests {
         let recorded = read_state(&path, "orders").unwrap();
         assert!(recorded.release_unconfirmed);
         // Nothing of it is published, whatever its deadline says; adoption is still tried.
+        // (A deadline 2 s ahead: one that would be believed without the mark.)
         let future = RecordedLease {
-            valid_until_ms: u64::MAX / 2,
+            valid_until_ms: crate::lease::unix_ms(std::time::SystemTime::now()) + 2_000,
+            valid_until_boot: None,
             ..recorded
         };
         assert!(

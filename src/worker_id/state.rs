@@ -98,22 +98,24 @@ pub struct RecordedLease {
 
 impl RecordedLease {
     /// The recorded deadline on the boot clock (from the wall-clock record
-    /// when the file has none for this boot), never more than one validity
-    /// span (TTL - margin) away: a wall-clock step or an edit must not keep
-    /// a stale ID published longer. `None` once passed, or when the earlier
-    /// process had already unpublished it (re-adoption is still tried: the
-    /// key may be ours).
+    /// when the file has none for this boot). `None` once passed, when the
+    /// earlier process had already unpublished it, and when it lies more
+    /// than one validity span (TTL - margin) away: no process ever wrote
+    /// that (each write counts from a send that is already past), so the
+    /// record was edited or its wall clock stepped, and nothing in it says
+    /// how old the lease is; capping it at now + one span would keep the ID
+    /// file up to the restart's delay past the key's expiry, when another
+    /// pod may claim it. Re-adoption is still tried: the key may be ours.
     pub fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
         if self.release_unconfirmed {
             return None;
         }
         let now = BootInstant::now();
-        let cap = now + lease::validity(ttl);
         let until = match self.valid_until_boot {
             Some(until) => until,
             None => now + lease::until_unix_ms(self.valid_until_ms)?,
         };
-        Some(until.min(cap)).filter(|until| *until > now)
+        (until > now && until <= now + lease::validity(ttl)).then_some(until)
     }
 }
 
@@ -132,9 +134,10 @@ mod tests {
     }
 
     /// The boot-clock deadline wins over the wall-clock one (a stepped
-    /// clock moves only the latter); both are capped at one validity span.
+    /// clock moves only the latter); a deadline beyond one validity span is
+    /// not believed at all.
     #[test]
-    fn recorded_deadline_prefers_the_boot_clock_and_is_capped() {
+    fn recorded_deadline_prefers_the_boot_clock_and_distrusts_a_far_one() {
         let ttl = Duration::from_secs(10);
         let wall_now = lease::unix_ms(std::time::SystemTime::now());
         let soon = BootInstant::now() + Duration::from_secs(2);
@@ -150,16 +153,15 @@ mod tests {
             recorded(wall_now + 30_000, Some(passed)).deadline(ttl),
             None
         );
-        // Without a boot deadline the wall one counts, capped at TTL - margin.
+        // Without a boot deadline the wall one counts, when it is plausible.
+        let near = recorded(wall_now + 2_000, None).deadline(ttl).unwrap();
+        assert!(near <= BootInstant::now() + Duration::from_secs(2));
+        // Beyond TTL - margin (an edit, a stepped clock): not believed.
+        assert_eq!(recorded(wall_now + 60_000, None).deadline(ttl), None);
         let far = BootInstant::now() + Duration::from_secs(60);
-        let capped = recorded(wall_now + 60_000, None).deadline(ttl).unwrap();
-        assert!(capped <= BootInstant::now() + lease::validity(ttl));
-        assert!(
-            recorded(wall_now + 60_000, Some(far))
-                .deadline(ttl)
-                .unwrap()
-                <= capped + Duration::from_millis(50)
-        );
+        assert_eq!(recorded(wall_now + 60_000, Some(far)).deadline(ttl), None);
+        let just_beyond = BootInstant::now() + lease::validity(ttl) + Duration::from_millis(200);
+        assert_eq!(recorded(wall_now, Some(just_beyond)).deadline(ttl), None);
         assert_eq!(
             recorded(wall_now.saturating_sub(1), None).deadline(ttl),
             None
