@@ -88,9 +88,10 @@ pub struct EvictingRedis {
 
 /// What is known of Redis' eviction setting: the one model for every
 /// holder of a check's answer (no `Option<Option<_>>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Eviction {
     /// No check has answered yet.
+    #[default]
     Unchecked,
     /// The last check found Redis never evicts.
     Safe,

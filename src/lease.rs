@@ -19,7 +19,7 @@ use redis::{RedisError, Script};
 
 use crate::connection::{Readable, is_auth_error, is_permission_error};
 use crate::identity::Owner;
-use crate::timing;
+use crate::timing::{self, ttl_ms};
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/release.lua")));
@@ -249,10 +249,6 @@ pub(crate) fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError 
         }
     }
 }
-
-/// The TTL rule's home is the timing kit; re-exported for the worker's
-/// keeper, which still calls it `lease::ttl_ms`.
-pub(crate) use crate::timing::ttl_ms;
 
 #[cfg(test)]
 mod tests {

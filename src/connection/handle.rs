@@ -36,6 +36,7 @@ use super::open::Primary;
 use super::route::Conn;
 use super::sentinel::Sentinels;
 use super::target::{RedisTarget, Topology};
+use crate::timing::{bounded, ms, timed_out};
 
 /// A cheap-to-clone handle on one Redis deployment; clones share the
 /// connection. Connects lazily: an unreachable server shows as errors of
@@ -147,10 +148,9 @@ impl Redis {
         if let Some(mode) = self.shared.mode.get() {
             return Ok(of(Some(mode)));
         }
-        match timeout(self.shared.timeout * 5, self.shared.live()).await {
-            Ok(live) => live.map(|_| of(self.shared.mode.get())),
-            Err(_) => Err(timed_out(self.shared.timeout * 5)),
-        }
+        bounded(self.shared.timeout * 5, self.shared.live())
+            .await
+            .map(|_| of(self.shared.mode.get()))
     }
 
     /// Sentinel: true when this clone's last call ran on the connection that
@@ -215,9 +215,7 @@ impl Redis {
         timeout: Duration,
     ) -> RedisResult<u32> {
         let wrote_on = self.ran_on;
-        let timeout_ms = u64::try_from(timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let timeout_ms = ms(timeout).max(1);
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(timeout_ms);
         let value = self.call_on_key_node(&wait, key).await?;
@@ -316,10 +314,7 @@ impl Redis {
             // A connection opened for this call is not condemned when the
             // caller gives up meanwhile: connecting may have used its budget.
             let fresh = shared.current().is_none();
-            let live = match timeout(shared.timeout, shared.live()).await {
-                Ok(live) => live?,
-                Err(_) => return Err(timed_out(shared.timeout)),
-            };
+            let live = bounded(shared.timeout, shared.live()).await?;
             let deadline = Instant::now() + shared.timeout;
             let mut suspect = Suspect {
                 shared: &shared,
@@ -384,14 +379,6 @@ impl Drop for Suspect<'_> {
     }
 }
 
-pub(super) fn timed_out(limit: Duration) -> RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("redis call timed out after {} ms", limit.as_millis()),
-    )
-    .into()
-}
-
 // === the shared connection ===
 
 impl Shared {
@@ -426,9 +413,7 @@ impl Shared {
         }
         // Several round trips (TCP, TLS, AUTH/SELECT, INFO, Sentinel lookup).
         let limit = (self.timeout * 4).max(CONNECT_MIN);
-        let opened = timeout(limit, self.open())
-            .await
-            .unwrap_or_else(|_| Err(timed_out(limit)));
+        let opened = bounded(limit, self.open()).await;
         let ran_before = *self.generation.borrow() > 0;
         let (conn, primary) = opened.map_err(|e| super::explain(&self.target, e, ran_before))?;
         let mut generation = 0;

@@ -13,13 +13,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::{Readable, RedisTarget, classify};
+use crate::timing::bounded;
 use futures_util::future::join_all;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult};
-use tokio::time::timeout;
-
-use super::handle::timed_out;
-use super::{Readable, RedisTarget, classify};
 
 /// The same dissent (which Sentinel names which node) is warned about at most this often; a
 /// new dissent at once.
@@ -65,17 +63,12 @@ impl Sentinels {
             .iter()
             .enumerate()
             .map(|(i, (host, port))| async move {
-                let asked = timeout(limit, self.ask(target, i, host, *port, limit)).await;
-                match asked {
-                    Ok(Ok(Some(node))) => Answer::Names(node),
-                    Ok(Ok(None)) => Answer::Unknown,
-                    Ok(Err(err)) => {
+                match bounded(limit, self.ask(target, i, host, *port, limit)).await {
+                    Ok(Some(node)) => Answer::Names(node),
+                    Ok(None) => Answer::Unknown,
+                    Err(err) => {
                         *self.conns[i].lock().expect("sentinel slot") = None;
                         Answer::Failed(err)
-                    }
-                    Err(_) => {
-                        *self.conns[i].lock().expect("sentinel slot") = None;
-                        Answer::Failed(timed_out(limit))
                     }
                 }
             });

@@ -20,8 +20,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::boot_clock::BootInstant;
-use crate::worker_id::args::WORKER_ID_LIMIT;
 use crate::worker_id::files::{StateFile, state_path};
+use crate::worker_id::limits::WORKER_ID_LIMIT;
 
 /// Where the sidecar publishes the worker ID.
 #[derive(Debug, Clone, PartialEq, Eq)]

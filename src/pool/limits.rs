@@ -242,8 +242,9 @@ pub(crate) fn millis(field: &str, d: Duration, range: Range) -> Result<u64, Pool
     if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(PoolError::bad(field, expected()));
     }
-    match u64::try_from(d.as_millis()) {
-        Ok(ms) if range.allows(ms) => Ok(ms),
+    // Saturating: past u64 ms is past every range's max.
+    match crate::timing::ms(d) {
+        ms if range.allows(ms) => Ok(ms),
         _ => Err(PoolError::bad(field, expected())),
     }
 }

@@ -25,12 +25,10 @@ pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 /// and docs/ must name the same port (`scripts/validate_k8s.py` reads it from here).
 pub const DEFAULT_LISTEN: &str = "[::]:7391";
 
-// Where `keeper`, `exec` and `status` have always found them; defined in the table.
 use super::limits::{
-    CLAIM_TIMEOUT, HANDOVER_DELAY, MAX_CLOCK_SKEW, MAX_WORKER_ID, MIN_REPLICAS_ACK, RENEW_INTERVAL,
-    RETRIES, TTL,
+    CLAIM_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID, HANDOVER_DELAY, MAX_CLOCK_SKEW,
+    MAX_WORKER_ID, MIN_REPLICAS_ACK, RENEW_INTERVAL, RETRIES, TTL, WORKER_ID_LIMIT,
 };
-pub use super::limits::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID, WORKER_ID_LIMIT};
 
 /// What the worker does after it lost its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

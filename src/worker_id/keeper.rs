@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
-use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -68,7 +67,7 @@ pub enum WorkerError {
 }
 
 /// What the keeper needs besides its connection and owner; nothing about
-/// files or HTTP. `Default` gives the CLI's defaults (app `default`).
+/// files or HTTP.
 #[derive(Debug, Clone)]
 pub struct WorkerParams {
     /// Application name (validated by the caller).
@@ -90,21 +89,6 @@ pub struct WorkerParams {
     /// Expiry of the tombstone each released key becomes, 100 ms-60 s
     /// (`--handover-delay`).
     pub handover_delay: Duration,
-}
-
-impl Default for WorkerParams {
-    fn default() -> Self {
-        Self {
-            app: "default".into(),
-            settings: LeaseSettings::default(),
-            on_loss: OnLoss::Reclaim,
-            claim_timeout: Duration::from_secs(300),
-            allow_evicting_redis: false,
-            min_replicas_ack: 0,
-            max_clock_skew: Duration::from_millis(500),
-            handover_delay: Duration::from_secs(1),
-        }
-    }
 }
 
 /// How a keeper ended, after it unpublished and released.
@@ -307,20 +291,6 @@ fn after_loss(worker_id: u16, on_loss: OnLoss) -> Phase {
         OnLoss::Reclaim => {
             info!("on-loss reclaim: claiming a worker ID again");
             Phase::Claiming
-        }
-    }
-}
-
-/// Runs one Redis call under a timeout; a timeout becomes an I/O timeout
-/// error, so it classifies as transient.
-async fn bounded<T>(
-    limit: Duration,
-    fut: impl Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match timeout(limit, fut).await {
-        Ok(result) => result,
-        Err(_) => {
-            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "redis call timed out").into())
         }
     }
 }

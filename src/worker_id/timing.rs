@@ -12,9 +12,7 @@
 use std::ops::Add;
 use std::time::Duration;
 
-/// The keeper's name for the sidecars' retry spread (75-125%).
-pub(super) use crate::timing::spread as jitter;
-use crate::timing::{Backoff, retry_base};
+use crate::timing::{Backoff, retry_base, spread};
 
 /// First pause between claim rounds (100 ms), unless the cap is shorter.
 const CLAIM_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -49,7 +47,7 @@ impl ClaimBackoff {
 
     /// The pause after a round: the current step, jittered (75-125%).
     pub(super) fn pause(&self) -> Duration {
-        jitter(self.step())
+        spread(self.step())
     }
 
     /// Doubles the step, up to the cap.

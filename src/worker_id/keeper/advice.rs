@@ -9,13 +9,14 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{Instant, timeout};
 use tracing::{debug, info, warn};
 
-use super::{Worker, bounded};
+use super::Worker;
 use crate::boot_clock::BootInstant;
 use crate::connection::{Keyspace, Readable};
 use crate::identity::identity_of;
 use crate::lease;
-use crate::worker_id::args::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID};
+use crate::timing::{bounded, ms, ttl_ms};
 use crate::worker_id::claim::{GuardFound, glob_escape};
+use crate::worker_id::limits::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID};
 use crate::worker_id::status;
 
 /// `SCAN` rounds (`COUNT 100` each) [`Worker::missing_guard`] spends at most.
@@ -92,7 +93,7 @@ impl ClockSkew {
 
     /// The last skew seen is beyond `--max-clock-skew`.
     pub(super) fn exceeded(&self) -> bool {
-        self.ms.unsigned_abs() > millis(self.max)
+        self.ms.unsigned_abs() > ms(self.max)
     }
 
     /// Whether a skew beyond the bound is to be logged now (at most every
@@ -109,13 +110,8 @@ impl ClockSkew {
 /// Skew (ms, local - Redis) from a script reply `expires_ms` (Redis TIME +
 /// `ttl`) and local Unix ms at the middle of its round trip.
 fn skew_ms(local_mid_ms: u64, expires_ms: u64, ttl: Duration) -> i64 {
-    let redis_ms = expires_ms.saturating_sub(lease::ttl_ms(ttl));
+    let redis_ms = expires_ms.saturating_sub(ttl_ms(ttl));
     i64::try_from(local_mid_ms).unwrap_or(i64::MAX) - i64::try_from(redis_ms).unwrap_or(i64::MAX)
-}
-
-/// Whole ms of `d`, saturating.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Holders by identity only (nonces stay out of logs): `identity: count`,
@@ -270,8 +266,8 @@ impl Worker {
         if self.skew.log_now() {
             warn!(
                 skew_ms,
-                max_ms = millis(self.skew.max),
-                round_trip_ms = millis(round_trip),
+                max_ms = ms(self.skew.max),
+                round_trip_ms = ms(round_trip),
                 "wall clock differs from Redis' TIME beyond --max-clock-skew; a held ID stays published, a new one is not"
             );
         }
@@ -288,7 +284,7 @@ pub(super) fn log_paused(
     guard: GuardFound,
     found: Option<MissingGuard>,
 ) {
-    let wait_ms = millis(wait);
+    let wait_ms = ms(wait);
     match guard {
         GuardFound::Missing => {
             let why = missing_guard_why(app, found.unwrap_or(MissingGuard::Unknown));

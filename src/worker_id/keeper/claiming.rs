@@ -11,12 +11,13 @@ use tracing::{error, info, warn};
 
 use super::advice::log_paused;
 use super::gate::{Refusal, Write};
-use super::{Worker, WorkerError, bounded};
+use super::{Worker, WorkerError};
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, classify};
 use crate::eviction::EvictingRedis;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
+use crate::timing::{bounded, ms, spread};
 use crate::worker_id::claim::{self, ClaimOutcome, GuardFound};
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, RecordedLease, WorkerState};
@@ -111,7 +112,7 @@ impl Worker {
                 }
                 Ok(Ok(Round::Evicting(evicting))) => self.claim_evicting(&mut phase, evicting),
                 Ok(Err(err)) if classify(&err).retried_at_start() => {
-                    warn!(error = %Readable(&err), retry_in_ms = pause.as_millis() as u64, "redis unavailable; retrying claim");
+                    warn!(error = %Readable(&err), retry_in_ms = ms(pause), "redis unavailable; retrying claim");
                     phase.detail = format!("redis unavailable: {}", Readable(&err));
                     phase.backoff.grow();
                 }
@@ -202,7 +203,7 @@ impl Worker {
         self.set_state(WorkerState::GuardClosed(BootInstant::now() + wait));
         // Look again at least every GUARD_RECHECK: `guard open --force`
         // may open it early.
-        wait.min(GUARD_RECHECK) + timing::jitter(Duration::from_millis(50))
+        wait.min(GUARD_RECHECK) + spread(Duration::from_millis(50))
     }
 
     /// Redis may evict lease keys: no claim until it is safe.

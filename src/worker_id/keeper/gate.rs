@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::{Worker, bounded};
+use super::Worker;
 use crate::connection::Readable;
+use crate::timing::bounded;
 use crate::worker_id::state::HeldLease;
 
 /// Which write the gate judges.

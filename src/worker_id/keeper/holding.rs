@@ -7,12 +7,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::Worker;
-use super::bounded;
 use super::gate::{Refusal, Write};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Failure, Readable, classify};
 use crate::eviction::EvictingRedis;
 use crate::lease::{self, RenewOutcome};
+use crate::timing::bounded;
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, WorkerState};
 use crate::worker_id::timing;

@@ -12,6 +12,7 @@ use super::{Stopped, Worker, WorkerError};
 use crate::connection::{Readable, Redis};
 use crate::identity::Owner;
 use crate::lease;
+use crate::timing::ms;
 use crate::worker_id::state::WorkerState;
 
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
@@ -107,7 +108,7 @@ async fn release(
         ),
         (Err(_), Some(worker_id)) => warn!(
             worker_id,
-            limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+            limit_ms = ms(limit),
             "lease release not confirmed in time; if it did not run, the key expires after its TTL"
         ),
         (_, None) => info!(

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use super::{Worker, bounded};
+use super::Worker;
 use crate::connection::{Failure, Readable, classify};
-use crate::eviction::{self, EvictingRedis};
+use crate::eviction::{self, EvictingRedis, Eviction};
 use crate::lease;
+use crate::timing::bounded;
 use crate::worker_id::claim;
 
 /// Round trips of the start-up probe: `claim::load` (1) and `lease::probe`
@@ -22,30 +23,16 @@ pub(super) struct Setup {
     /// The ACL probe passed; once per process: the ACL check does not
     /// change on a reclaim.
     pub(super) probed: bool,
-    /// The last answer of the eviction check.
-    eviction: LastEviction,
+    /// The last answer of the eviction check, which stands while Redis
+    /// does not answer.
+    eviction: Eviction,
 }
 
-/// The last answer of the eviction check, which stands while Redis does
-/// not answer.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum LastEviction {
-    /// Never answered yet.
-    #[default]
-    Unanswered,
-    /// Redis never evicts lease keys.
-    Safe,
-    /// Redis may evict lease keys.
-    Evicting,
-}
-
-impl LastEviction {
-    /// What a check that failed with `failure` means: `true` when the
-    /// last answer "safe" stands (the call after it meets the same
-    /// trouble), `false` when the error must be returned.
-    fn stands_through(self, failure: Failure) -> bool {
-        self == Self::Safe && failure == Failure::Transient
-    }
+/// What a check that failed with `failure` means after the answer `last`:
+/// `true` when the last answer "safe" stands (the call after it meets the
+/// same trouble), `false` when the error must be returned.
+fn stands_through(last: &Eviction, failure: Failure) -> bool {
+    matches!(last, Eviction::Safe) && failure == Failure::Transient
 }
 
 // === impl Worker ===
@@ -95,13 +82,10 @@ impl Worker {
         .await;
         match answer {
             Ok(evicting) => {
-                self.setup.eviction = match evicting {
-                    None => LastEviction::Safe,
-                    Some(_) => LastEviction::Evicting,
-                };
+                self.setup.eviction = Eviction::from(evicting.clone());
                 Ok(evicting)
             }
-            Err(err) if self.setup.eviction.stands_through(classify(&err).failure) => {
+            Err(err) if stands_through(&self.setup.eviction, classify(&err).failure) => {
                 debug!(error = %Readable(&err), "eviction check not answered; the last answer stands");
                 Ok(None)
             }
@@ -118,10 +102,14 @@ mod tests {
     /// refusal, or no answer yet, is an error the caller handles.
     #[test]
     fn only_a_safe_answer_stands_through_a_transient_failure() {
-        assert!(LastEviction::Safe.stands_through(Failure::Transient));
-        assert!(!LastEviction::Safe.stands_through(Failure::Refused));
-        assert!(!LastEviction::Safe.stands_through(Failure::Permanent));
-        assert!(!LastEviction::Unanswered.stands_through(Failure::Transient));
-        assert!(!LastEviction::Evicting.stands_through(Failure::Transient));
+        let evicting = Eviction::Evicting(EvictingRedis {
+            policy: "allkeys-lru".into(),
+            maxmemory: 1 << 20,
+        });
+        assert!(stands_through(&Eviction::Safe, Failure::Transient));
+        assert!(!stands_through(&Eviction::Safe, Failure::Refused));
+        assert!(!stands_through(&Eviction::Safe, Failure::Permanent));
+        assert!(!stands_through(&Eviction::Unchecked, Failure::Transient));
+        assert!(!stands_through(&evicting, Failure::Transient));
     }
 }
