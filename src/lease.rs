@@ -8,13 +8,11 @@
 //! suspended time, [`crate::boot_clock`]) from the moment the command was
 //! *sent*; and only a confirmed reply extends it.
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::boot_clock::BootInstant;
 use redis::aio::ConnectionLike;
-use redis::cluster_routing::Slot;
 use redis::{RedisError, Script};
 
 use crate::connection::{Readable, is_auth_error, is_permission_error};
@@ -151,42 +149,6 @@ pub async fn release_keys<C: ConnectionLike>(
         .arg(timing::ms(handover))
         .invoke_async(conn)
         .await
-}
-
-/// [`release_keys`] on Redis Cluster: one call per hash slot (a script's
-/// keys must share one), all slots at once; returns how many it released
-/// in all. Errors: the first error of any call (the others still ran).
-pub async fn release_keys_by_slot<C>(
-    conn: &C,
-    keys: &[String],
-    owner: &Owner,
-    handover: Duration,
-) -> redis::RedisResult<u64>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let mut slots: HashMap<Slot, Vec<String>> = HashMap::new();
-    for key in keys {
-        slots
-            .entry(Slot::for_key(key))
-            .or_default()
-            .push(key.clone());
-    }
-    let mut calls = tokio::task::JoinSet::new();
-    for (_, keys) in slots {
-        let (mut conn, owner) = (conn.clone(), owner.clone());
-        calls.spawn(async move { release_keys(&mut conn, &keys, &owner, handover).await });
-    }
-    let (mut released, mut failed) = (0, None);
-    while let Some(joined) = calls.join_next().await {
-        match joined.map_err(|e| RedisError::from(std::io::Error::other(e)))? {
-            Ok(count) => released += count,
-            Err(err) => {
-                failed.get_or_insert(err);
-            }
-        }
-    }
-    failed.map_or(Ok(released), Err)
 }
 
 /// Loads the scripts into the script cache (`SCRIPT LOAD`), so a missing
