@@ -36,12 +36,12 @@ fn install_crypto_provider() {
 
 /// Turns connect errors that no retry fixes into configuration errors
 /// (`InvalidClientConfig`, classified permanent) that name the cause: an
-/// untrusted TLS certificate (issue 9.2), a master name no Sentinel knows.
+/// untrusted TLS certificate, a master name no Sentinel knows.
 ///
 /// A certificate error once a connection was opened before (`ran_before`)
 /// is a failed connect (I/O kind, transient), retried until the lease's
 /// deadline: certificates and CA bundles rotate during a run (cert-manager),
-/// and the files are read again at the next attempt (issue 20.4). At the
+/// and the files are read again at the next attempt (credentials rotate during a run). At the
 /// first connect it is a configuration error.
 fn explain(target: &RedisTarget, err: RedisError, ran_before: bool) -> RedisError {
     if is_certificate_error(&err) {

@@ -1,4 +1,4 @@
-//! The randomized fault run (issue 11): N worker sidecars over 8 worker IDs, each behind its
+//! The randomized fault run: N worker sidecars over 8 worker IDs, each behind its
 //! own [`FaultProxy`] to one standalone Redis, under faults drawn from a seeded RNG, while a
 //! recorder samples every sidecar's `/id` and ID file; the [`checker`] then proves that no two
 //! sidecars published one ID at the same time.
@@ -16,7 +16,7 @@
 //!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` the `--min-replicas-ack` of
 //!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default: every
 //!   replica). Each overlap is printed with the last fault and the last failover before it.
-//! - The managed-Redis variant ([`managed`], issue 20): a primary and a replica behind one
+//! - The managed-Redis variant ([`managed`]): a primary and a replica behind one
 //!   host name that the sidecars resolve through a private `/etc/hosts`, TLS with a CA bundle
 //!   file, an ACL user whose password comes from `--redis-password-file`; 8 sidecars over 6
 //!   IDs, each with an app under `snowlease exec` whose `WORKER_ID` the recorder reads from

@@ -369,7 +369,7 @@ mod tests {
         }
     }
 
-    /// Issue 20.2: a node that is not a usable primary is left: the next
+    /// A node that is not a usable primary is left: the next
     /// call opens a new connection (resolving the name, or asking the
     /// Sentinels, again).
     #[test]
@@ -412,7 +412,7 @@ mod tests {
         assert!(is_auth_error(&auth) && !is_permission_error(&auth));
     }
 
-    /// Issue 20.4: an untrusted certificate is a configuration error at the
+    /// An untrusted certificate is a configuration error at the
     /// first connect, a failed attempt (retried) at a reconnect during a
     /// run, when a CA or certificate may be in the middle of a rotation.
     #[test]
@@ -442,7 +442,7 @@ mod tests {
         redis::parse_redis_value(reply.as_bytes()).expect("a server error")
     }
 
-    /// Issue 20.2: redis-rs hands error replies back inside `Ok` (one command, a pipeline,
+    /// redis-rs hands error replies back inside `Ok` (one command, a pipeline,
     /// an `EXEC` array); those that say the node is not a usable primary condemn the
     /// connection wherever they sit, the others do not.
     #[test]

@@ -1,14 +1,15 @@
 //! [`Redis`]: the one connection handle of every mode, over a standalone
 //! server, a Sentinel-managed primary, or a Cluster.
 //!
-//! Rules (issues 8.3, 8.4, 9.1, 10 "Connecting"):
+//! Rules:
 //! - every call (connecting included) ends by the call timeout; a call that
 //!   timed out, was cancelled, or failed on the connection marks that
 //!   connection broken, and the next call opens a new one (resolving the
 //!   host name again; for Sentinel: asking the Sentinels for the primary
 //!   again); so does a reply that says the node is not a usable primary
 //!   (`READONLY`, `MASTERDOWN`, `LOADING`), also inside an `Ok` reply
-//!   (issue 20.2; the one table: [`super::classify`]);
+//!   (a demoted node behind an unchanged URL; the one table:
+//!   [`super::classify`]);
 //! - a new connection to one server (`redis://`) or to the primary the
 //!   Sentinels name is used only when the node answers `ROLE` as master;
 //!   which node the Sentinels name: the majority rule of `sentinel.rs`;
@@ -324,7 +325,8 @@ impl Redis {
             let mut request = pin!(send(live.conn));
             let first = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
             let result = match first {
-                // Failed before the driver took it: it never left (issue 9.1).
+                // Failed before the driver took it: it never left (e.g. the
+                // server had closed the idle connection).
                 Poll::Ready(Err(err)) if !resent && err.is_connection_dropped() => {
                     shared.mark_broken(live.generation);
                     suspect.armed = false;

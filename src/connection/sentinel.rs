@@ -1,7 +1,7 @@
 //! Which node the Sentinels of a `redis+sentinel://` URL name as the primary.
 //!
 //! The rule (Redis' Sentinel client guidelines,
-//! <https://redis.io/docs/latest/develop/reference/sentinel-clients/>, and issue 20.3): every
+//! <https://redis.io/docs/latest/develop/reference/sentinel-clients/>): every
 //! Sentinel of the URL is asked at once (`SENTINEL GET-MASTER-ADDR-BY-NAME`, each bounded by the
 //! call timeout); the primary is the node named by more than half of the Sentinels in the URL
 //! (not of those that answered: behind a partition one stale Sentinel that alone answers must not
@@ -250,7 +250,7 @@ mod tests {
         Answer::Failed(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into())
     }
 
-    /// Issue 20.3: the first Sentinel is stale, the second down, three agree.
+    /// After a failover: the first Sentinel is stale, the second down, three agree.
     #[test]
     fn a_majority_of_the_listed_sentinels_names_the_primary() {
         let target = RedisTarget::parse("redis+sentinel://s1,s2,s3,s4,s5/mymaster").expect("url");

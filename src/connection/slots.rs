@@ -1,4 +1,4 @@
-//! Reads of many keys on a Cluster grouped by node (issue 10, "Claim"):
+//! Reads of many keys on a Cluster grouped by node (the claim on Cluster):
 //! one pipeline per node, all at once, instead of one request per key.
 //!
 //! redis-rs keeps its slot map to itself, so [`SlotView`] holds our own

@@ -13,7 +13,7 @@
 //! The TLS files and the password file are read again at every connection
 //! open ([`RedisTarget::certs`], [`RedisTarget::node_password`]): cert-manager
 //! rotates a CA bundle and certificates, Kubernetes updates a mounted Secret,
-//! and a long-running sidecar follows without a restart (issue 20.4).
+//! and a long-running sidecar follows without a restart.
 
 mod files;
 
@@ -174,7 +174,7 @@ impl RedisTarget {
     }
 
     /// Credentials and db of a data node; the password as its file holds
-    /// it now (read at every connection open, issue 20.4).
+    /// it now (read at every connection open: a rotated Secret is used).
     fn node_settings(&self) -> RedisResult<RedisConnectionInfo> {
         let mut info = RedisConnectionInfo::default().set_db(self.db);
         if let Some(user) = &self.username {
@@ -436,7 +436,7 @@ mod tests {
         assert_eq!((t.master.as_str(), t.hosts[0].1), ("m", 26379));
     }
 
-    /// Issue 9.5: URLs that do not parse cleanly are refused, suggest
+    /// URLs that do not parse cleanly are refused, suggest
     /// percent-encoding and never echo any part of the URL.
     #[test]
     fn unclean_urls_are_refused_without_echo() {

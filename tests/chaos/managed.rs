@@ -1,4 +1,4 @@
-//! The managed-Redis setup of the fault run (issue 20): what a hosted Redis service does to its
+//! The managed-Redis setup of the fault run: what a hosted Redis service does to its
 //! clients. A primary and a replica on two loopback addresses share one TLS port behind one
 //! host name ([`NAME`]), which the sidecars resolve through a private `/etc/hosts` ([`HostsFile`]: a
 //! file bind-mounted over it under `unshare --mount`, rewritten in place to move the name). The

@@ -30,7 +30,7 @@ fn worker_help_lists_exit_codes_and_the_log_variable() {
 }
 
 /// `status`, `id`, `guard` and `guard open --help` end with the exit-code table the others have
-/// (they had none, issue 21).
+/// (they had none).
 #[test]
 fn every_command_help_lists_exit_codes() {
     for args in [
@@ -51,7 +51,7 @@ fn every_command_help_lists_exit_codes() {
 
 /// `pool acquire --help` names the reclaim cooldown for what it is: the cooldown of expired
 /// leases the call reclaims, not one after the caller's lease (`--cooldown` read as that,
-/// issue 21); the old name is still read but not shown.
+/// once); the old name is still read but not shown.
 #[test]
 fn acquire_help_explains_the_reclaim_cooldown() {
     let run = run_snowlease(&["pool", "acquire", "--help"], &[], secs(5));
@@ -65,7 +65,7 @@ fn acquire_help_explains_the_reclaim_cooldown() {
     assert!(!help.contains("--cooldown <"), "{help}");
 }
 
-/// First-hour mistakes get messages that say what to do (issue 21): a bad value from an
+/// First-hour mistakes get messages that say what to do: a bad value from an
 /// environment variable names the variable (clap named only the flag), at parse time and at
 /// range check; the usage line never shows optional flags as required; `--listen 7391` gets an
 /// example; `exec ./app` without `--` gets a hint.

@@ -1,4 +1,4 @@
-//! `--max-clock-skew` (issue 11, safety feature 3) with a real clock difference: the sidecar
+//! `--max-clock-skew` with a real clock difference: the sidecar
 //! runs under libfaketime (Debian package `faketime`), its wall clock offset by the contents
 //! of a timestamp file the test rewrites; Redis keeps the machine's clock. The boot clock,
 //! which lease validity uses, is left alone (`FAKETIME_DONT_FAKE_MONOTONIC`).

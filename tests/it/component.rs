@@ -1,4 +1,4 @@
-//! The Kustomize Component's app name (issue 21.2): `SNOWLEASE_APP` comes from the pod
+//! The Kustomize Component's app name: `SNOWLEASE_APP` comes from the pod
 //! annotation `snowlease/app` through the downward API, which gives an empty string when the
 //! annotation is missing. The sidecar's error then names the variable and that source.
 //! (Rendering the Component on Deployments, StatefulSets and commands: scripts/validate-k8s.sh.)

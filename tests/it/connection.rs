@@ -1,6 +1,6 @@
 //! The Redis connection of every mode: dead and idle-closed connections
-//! replaced (issues 8.3, 9.1), slow start-up probe (8.4), TLS with a private
-//! CA (9.2), URLs never echoed (9.5), bad topology input (10).
+//! replaced, slow start-up probe, TLS with a private CA, URLs never echoed,
+//! bad topology input.
 
 use std::path::Path;
 use std::process::Command;
@@ -50,7 +50,7 @@ fn init_pool(url: &str) {
     assert_eq!(init.code, Some(0), "{init:?}");
 }
 
-/// Issue 8.3: with every existing connection frozen (new ones pass), the worker keeps its ID
+/// With every existing connection frozen (new ones pass), the worker keeps its ID
 /// (renewals go on over a new connection) and `pool serve` serves again.
 #[test]
 fn frozen_connections_are_replaced() {
@@ -84,7 +84,7 @@ fn frozen_connections_are_replaced() {
     assert!(poll_until(secs(5), || serve.readyz() == 200));
 }
 
-/// Issue 8.4: with 50 ms added each way (100 ms round trips) and `--renew-interval 1s` (250 ms call
+/// With 50 ms added each way (100 ms round trips) and `--renew-interval 1s` (250 ms call
 /// timeout), the start-up probe (7 round trips) passes: each step has its own timeout.
 #[test]
 fn slow_replies_do_not_fail_the_probe() {
@@ -99,7 +99,7 @@ fn slow_replies_do_not_fail_the_probe() {
     worker.wait_for_lease(secs(15));
 }
 
-/// Issue 9.1: a server that closes idle connections (`timeout 1`) costs no failed renewal:
+/// A server that closes idle connections (`timeout 1`) costs no failed renewal:
 /// the command that never left is sent again at once on a new connection.
 #[test]
 fn idle_timeout_is_not_a_failed_renewal() {
@@ -128,7 +128,7 @@ fn idle_timeout_is_not_a_failed_renewal() {
     assert_eq!(worker.count_log("renew failed"), 0);
 }
 
-/// Issue 9.5: a URL that does not parse cleanly exits 2, suggests percent-encoding and
+/// A URL that does not parse cleanly exits 2, suggests percent-encoding and
 /// echoes no part of it.
 #[test]
 fn unclean_url_exits_2_without_echo() {
@@ -175,7 +175,7 @@ pub(crate) fn make_certs(dir: &Path) {
     ));
 }
 
-/// Issue 9.2: `rediss://` to a server whose certificate comes from a private CA and that
+/// `rediss://` to a server whose certificate comes from a private CA and that
 /// requires client certificates. Untrusted or missing client certificate: a named
 /// configuration error, exit 1 at once; `--redis-ca-file` or `SSL_CERT_FILE` trust the CA.
 #[test]
@@ -257,7 +257,7 @@ fn tls_with_a_private_ca() {
     );
 }
 
-/// Issue 10 test 5, for `worker` (which writes keys and files), `status` and `pool init`: a
+/// Bad topology input, for `worker` (which writes keys and files), `status` and `pool init`: a
 /// Sentinel URL naming a master no Sentinel knows, a Sentinel URL at a plain server, a cluster
 /// URL at a plain server and several hosts of one plain server exit 1 (docs/operations.md: a
 /// topology that does not match the URL); Sentinels that are all down exit 3 in `worker` at
@@ -346,7 +346,7 @@ fn a_topology_that_does_not_match_is_named() {
     assert_eq!(sentinel.keys("*mismatch*"), Vec::<String>::new());
 }
 
-/// Issue 8.3: the sidecar's sockets to Redis carry a keepalive timer (`/proc/net/tcp`
+/// The sidecar's sockets to Redis carry a keepalive timer (`/proc/net/tcp`
 /// timer kind 2), so a peer that vanished is noticed on an idle connection too.
 #[test]
 fn sockets_to_redis_have_keepalive() {

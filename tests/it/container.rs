@@ -1,4 +1,4 @@
-//! The image and the pod in real containers (issue 21.1): the image is built from the repo's
+//! The image and the pod in real containers: the image is built from the repo's
 //! one recipe (`Dockerfile`, through `scripts/build-image.sh`) around the static binary the
 //! suite already built (`SNOWLEASE_STATIC_BIN`), and the repo's own manifests run as pods with
 //! `podman kube play`.

@@ -33,7 +33,7 @@ fn config_set(redis: &RedisServer, name: &str, value: &str) {
     let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
 }
 
-/// The reproduction of issue 8 item 1: `volatile-ttl` with `maxmemory 3mb`, a holder of ID 0,
+/// A lease lost to eviction: `volatile-ttl` with `maxmemory 3mb`, a holder of ID 0,
 /// 3000 keys of 1 KB with `EX 3600`: Redis evicts the lease key (shortest TTL) and a newcomer
 /// claims ID 0 while the holder still publishes it. Expected: nobody holds a lease on such a
 /// Redis, the log names the setting and the fix, so ID 0 is never published twice.
@@ -152,7 +152,7 @@ fn policy_changed_at_run_time_unpublishes_then_holds_again() {
 }
 
 /// `/readyz` (and `/id`) of a worker on an evicting Redis: 503 with `"state": "evicting"`, the
-/// policy and the reason (it said `claiming`, issue 21).
+/// policy and the reason (it said `claiming`).
 fn assert_readyz_names_eviction(sidecar: &Sidecar, policy: &str) {
     for path in ["/readyz", "/id"] {
         let (status, body) = sidecar.http_get(path, None);
@@ -191,7 +191,7 @@ fn override_flag_holds_on_an_evicting_redis() {
 }
 
 /// `pool init`, `pool add`, `pool acquire` and `pool extend` on an evicting Redis exit 1 naming
-/// the setting, writing nothing (init and add succeeded silently, issue 21);
+/// the setting, writing nothing (init and add succeeded silently);
 /// `--allow-evicting-redis` lets them run; `release` is never refused.
 #[test]
 fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
@@ -335,7 +335,7 @@ fn lock_refuses_an_evicting_redis() {
 }
 
 /// `guard open` on an evicting Redis exits 1 naming the policy and writes nothing (it opened the
-/// guard silently, issue 21); `--allow-evicting-redis` opens it.
+/// guard silently); `--allow-evicting-redis` opens it.
 #[test]
 fn guard_open_refuses_an_evicting_redis() {
     let redis = evicting_redis("volatile-lru");

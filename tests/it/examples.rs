@@ -157,8 +157,8 @@ fn examples_read_the_published_id_and_refuse_without_one() {
     }
 }
 
-/// Each example judges the state file by its boot-clock deadline, as `exec` does (issue 20,
-/// item 1): a wall-clock deadline 30 s past with the boot one ahead (wall clock stepped ahead)
+/// Each example judges the state file by its boot-clock deadline, as `exec` does: a
+/// wall-clock deadline 30 s past with the boot one ahead (wall clock stepped ahead)
 /// is published; a wall-clock deadline 30 s ahead with the boot one past (stepped back), a
 /// state file without the boot deadline, or one from another boot, is not.
 #[test]

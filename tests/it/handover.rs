@@ -1,4 +1,4 @@
-//! ID handover (issue 11, safety features 2 and 4): a claim whose reply was lost on the wire
+//! ID handover: a claim whose reply was lost on the wire
 //! is adopted, never orphaned. That a released ID stays blocked for the handover delay is
 //! shown on every topology by `scenarios::*::thirty_three_sidecars_share_thirty_two_ids`.
 

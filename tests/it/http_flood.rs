@@ -1,4 +1,4 @@
-//! Idle HTTP connections (issue 20, item 6): a flood of idle connections under a soft
+//! Idle HTTP connections: a flood of idle connections under a soft
 //! open-file limit of 1024 starves neither the renewals, nor the ID and state files, nor
 //! `GET /id` (worker) or the pool endpoints (`pool serve`); connections without a complete
 //! header are closed after `--http-header-timeout`; the soft limit is raised to the hard one

@@ -248,7 +248,7 @@ fn wait_zero_exits_not_acquired_at_once() {
 
 /// The cron recipe of docs/lock.md on two hosts, with `--quiet`: the loser (exit 69) and the
 /// winner (exit 0) print nothing on stderr (the loser said "not acquired" even with
-/// `SNOWLEASE_LOG=off`, the winner three INFO lines; cron mailed both, issue 21); the recipe's
+/// `SNOWLEASE_LOG=off`, the winner three INFO lines; cron mailed both); the recipe's
 /// `|| [ $? -eq 69 ]` makes the loser's line exit 0. A Redis that does not answer (no host runs
 /// the command) is still said.
 #[test]
@@ -629,7 +629,7 @@ fn a_refused_renewal_is_logged_in_redis_words() {
     crate::acl::assert_no_kind_names(&log);
 }
 
-/// Renewals refused mid-run (issue 20 item 5): a refusal never read the key, so `lock` keeps
+/// Renewals refused mid-run: a refusal never read the key, so `lock` keeps
 /// the command running and retries until the deadline rules stop it (SIGTERM `--grace` before
 /// the validity deadline that the key's PTTL just before the refusal bounds), not at the first
 /// refused renewal (before the fix: at most one renew interval, 3 s, after it); exit 75 naming

@@ -52,7 +52,7 @@ mod pool_http;
 mod pool_limits;
 /// Pool quarantine and strikes: the end to the ms, strikes, the state table, bad input.
 mod pool_quarantine;
-/// Pool lease rules broken once (issue 8): replay after extend, cap, next-due hint, cooldowns.
+/// Pool lease rules broken once: replay after extend, cap, next-due hint, cooldowns.
 mod pool_rules;
 /// The published deadline: the margin before the key's expiry; `exec`/`id` under wall-clock steps.
 mod published_deadline;

@@ -1,4 +1,4 @@
-//! Issue 20.2 and 20.7: a node that stops being the primary under a plain `redis://` URL.
+//! A node that stops being the primary under a plain `redis://` URL.
 //! `READONLY` (which redis-rs returns inside `Ok` as a server-error value) makes the next call
 //! open a new connection, which resolves the name again and must find a node that answers
 //! `ROLE` as master: through a `REPLICAOF` on the sidecar's own node (worker, lock, pool serve,
@@ -118,7 +118,7 @@ fn the_client(server: &RedisServer) -> u64 {
     .unwrap_or_else(|| panic!("not one client: {:?}", client_ids(server)))
 }
 
-/// The fault of issue 20.2 without a DNS change, for one long-running mode already connected
+/// A demoted primary without a DNS change, for one long-running mode already connected
 /// to `pair.a` (as client `before`): `a` is demoted, so the mode's next call is answered
 /// READONLY and must leave that connection (on today's main its client id stayed through 4 s
 /// of READONLY); `a` is promoted again, and the mode runs on a new connection.
@@ -249,7 +249,7 @@ fn pool_cli_refuses_a_replica_and_runs_once_promoted() {
     assert_eq!(run.code, Some(0), "{run:?}");
 }
 
-/// Issue 20.2, managed-Redis failover: the URL names `redis.test`, which resolves to the
+/// Managed-Redis failover: the URL names `redis.test`, which resolves to the
 /// primary on 127.0.0.2; the replica on 127.0.0.3 (same port) is promoted, the old primary
 /// demoted, the name moved (the sidecar's private /etc/hosts rewritten). The sidecar follows:
 /// its renewals run on the new primary and it keeps ID 0, a newcomer on the new primary finds
@@ -329,7 +329,7 @@ fn worker_follows_a_dns_failover_and_reclaims_its_id() {
     assert_eq!(new.get(&key), Some(again.owner));
 }
 
-/// Issue 20.7: a Redis at `maxclients` refuses new connections with `ERR max number of clients
+/// A Redis at `maxclients` refuses new connections with `ERR max number of clients
 /// reached` and closes them; the error says so (on today's main: "Connection reset by peer"
 /// or "broken pipe").
 #[test]

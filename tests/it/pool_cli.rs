@@ -193,7 +193,7 @@ fn cli_acquire_wait_on_an_empty_pool_exits_3() {
 }
 
 /// `pool status` lists disabled and leased ids, as it lists quarantined ones, in the table and
-/// in `--json` (it gave counts only, issue 21); leases soonest deadline first, never a token.
+/// in `--json` (it gave counts only); leases soonest deadline first, never a token.
 #[test]
 fn status_lists_disabled_and_leased_ids() {
     let redis = RedisServer::start();

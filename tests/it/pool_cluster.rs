@@ -1,4 +1,4 @@
-//! Pool mode on a Redis Cluster (issue 10, test item 4). Every key of pool
+//! Pool mode on a Redis Cluster. Every key of pool
 //! `P` carries the hash tag `{P}`, so a pool lives in one slot, on the
 //! primary that owns it; the test bodies of `pool.rs` read the keys there
 //! ([`PoolOn`]) while the pool client goes through snowlease's own handle
@@ -140,7 +140,7 @@ fn post(serve: &Sidecar, path: &str, body: serde_json::Value) -> (u16, serde_jso
     (status, reply.into_json().unwrap_or_default())
 }
 
-/// Issue 10 "Pool mode on Cluster": `pool init` and `pool add` of more ids
+/// `pool init` and `pool add` of more ids
 /// than one script call takes (calls of at most 1000, every call on the
 /// pool's one slot) and `pool serve` with two pools on different primaries:
 /// each lease is written on its pool's primary, released over HTTP.
@@ -373,7 +373,7 @@ fn lost_write_effects(leases: &[Confirmed], boundary_ms: u64) -> (Vec<String>, V
     (overlaps, fences)
 }
 
-/// Issue 10 item 4: the primary that holds a pool of 20 ids is SIGKILLed
+/// Failover under load: the primary that holds a pool of 20 ids is SIGKILLed
 /// (its replica promoted) while 16 workers acquire, extend and release. Once
 /// the cluster is ok: the pool's invariants hold on the new primary, every
 /// id is in exactly one state (ready or leased), acquire and release work

@@ -1,4 +1,4 @@
-//! Quarantine and strikes (issue 14) against a real redis-server: the
+//! Quarantine and strikes against a real redis-server: the
 //! quarantine holds to the Redis ms, strikes disable within their window,
 //! each cell of the state table, stale tokens change nothing, bad input
 //! through the API, the CLI and HTTP writes nothing.

@@ -1,4 +1,4 @@
-//! Pool lease rules that a review broke (issue 8, items 5 and 7), each
+//! Pool lease rules that a review broke (replay after extend, the cap), each
 //! reproduced against a real redis-server.
 
 use snowlease::pool::{AcquireRequest, Extended, PoolOptions, Released};

@@ -1,5 +1,5 @@
-//! The deadline the sidecar publishes in its state file for `exec` and `id` (issue 20, items 1
-//! and 8): it ends the margin before Redis can expire the key, and `exec` and `id` judge it on
+//! The deadline the sidecar publishes in its state file for `exec` and `id`:
+//! it ends the margin before Redis can expire the key, and `exec` and `id` judge it on
 //! the boot clock, so a wall-clock step (NTP) of the app container moves nothing. The wall
 //! clock of `exec` or `id` is stepped with libfaketime (boot and monotonic clocks left alone,
 //! as an NTP step leaves them).
@@ -68,7 +68,7 @@ fn logged_unix_ms(event: &serde_json::Value) -> u64 {
     at.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// The reproduction of issue 20, item 1: sidecar A holds ID 0 and freezes (SIGSTOP); the wall
+/// A wall clock stepped back: sidecar A holds ID 0 and freezes (SIGSTOP); the wall
 /// clock of A's `exec` steps back 30 s; sidecar B in another pod claims ID 0 once A's key
 /// expires. A's app must be gone before B publishes ID 0: `exec` judges the deadline on the
 /// boot clock, which the step does not move.
@@ -212,7 +212,7 @@ fn margins(redis: &RedisServer, sidecar: &Sidecar, key: &str) -> (i64, f64) {
     )
 }
 
-/// Issue 20, item 8: both published deadlines (wall and boot clock) end at least the margin
+/// Both published deadlines (wall and boot clock) end at least the margin
 /// before Redis can expire the key (its `PEXPIRETIME`), at several renewals. A deadline written
 /// as send + TTL fails this.
 #[test]

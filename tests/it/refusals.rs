@@ -1,4 +1,4 @@
-//! Redis refusing the sidecar while it holds an ID (issue 20 item 5): a rotated password
+//! Redis refusing the sidecar while it holds an ID: a rotated password
 //! (`WRONGPASS` at the reconnect) or a revoked command (`NOPERM`) never read the key, so the ID
 //! stays published until the validity deadline; the state file outlives the stop, so a
 //! restart with the new password on the same volume re-adopts the same ID at once.

@@ -60,7 +60,7 @@ async fn renew_recreates_only_before_the_recorded_expiry() {
     );
 }
 
-/// Issue 8 item 2: the holder's connection black-holed, its last renew queued in the proxy
+/// A late renew: the holder's connection black-holed, its last renew queued in the proxy
 /// across its deadline, the key expires, a newcomer claims the ID, Redis loses its data
 /// (FLUSHALL), then the queued renew is delivered within its call timeout. It must answer
 /// "lost" (Redis' time is past the key's expiry), not re-create the key and publish the ID
@@ -103,7 +103,7 @@ fn late_renew_never_recreates_a_key_that_may_have_expired() {
     assert!(holder.wait_for_log("lease lost", secs(2)));
 }
 
-/// Issue 8 item 7, the file publisher's timer: with the connection black-holed and a renew
+/// Validity, the file publisher's timer: with the connection black-holed and a renew
 /// in flight across the validity deadline (the keeper only declares the loss when that call
 /// times out, after Redis expired the key), the ID file must be gone by the deadline: never
 /// there while Redis has no key.
@@ -131,7 +131,7 @@ fn id_file_is_gone_by_the_deadline_while_a_renew_hangs() {
     );
 }
 
-/// Issue 8 item 7, validity from the send: a renew whose bytes are delayed 400 ms each way (a
+/// Validity from the send: a renew whose bytes are delayed 400 ms each way (a
 /// round trip of 0.8 s, inside the 1 s call timeout), then the connection black-holed. Counted
 /// from the reply, validity would end 0.3 s after Redis expires the key; the ID (`/id` and
 /// the file) must be gone before.
@@ -161,7 +161,7 @@ fn validity_counts_from_the_send_when_replies_are_slow() {
     assert_eq!(late, None, "ID published after Redis expired the key");
 }
 
-/// Issue 8 item 7, re-adoption: a sidecar restarted in the same pod after Redis lost its
+/// Validity at re-adoption: a sidecar restarted in the same pod after Redis lost its
 /// data (key and claim guard gone) must not re-create its recorded key; it claims anew through
 /// the claim guard, so nothing is published for one TTL.
 #[test]

@@ -1,4 +1,4 @@
-//! `--min-replicas-ack` (issue 11, safety feature 1): a claim or renew counts only once the
+//! `--min-replicas-ack`: a claim or renew counts only once the
 //! replicas acknowledged it (`WAIT`). The replica of a real Sentinel topology is SIGSTOPped,
 //! so the primary's `WAIT` really times out.
 

@@ -1,4 +1,4 @@
-//! Credentials rotated during a run (issue 20.4): a CA bundle and certificates
+//! Credentials rotated during a run: a CA bundle and certificates
 //! (cert-manager's order), a certificate the client cannot verify for a while,
 //! an ACL password in a mounted file. The files are read again at every
 //! connection open; the worker keeps its ID through each.
@@ -178,7 +178,7 @@ fn status_with_ca(url: &str, certs: &Certs, ca_file: &Path) -> Run {
     )
 }
 
-/// Issue 20.4 (a): cert-manager rotates the CA. The client's CA bundle gains CA2 and its
+/// (a) cert-manager rotates the CA. The client's CA bundle gains CA2 and its
 /// client certificate is re-issued by CA2; Redis trusts CA2 clients and serves a CA2
 /// certificate; its clients are closed. The worker reconnects with the files as they are
 /// now: same ID, same owner in the key, still running (it exited 1 at the reconnect with
@@ -236,7 +236,7 @@ fn a_rotated_ca_is_followed_without_a_restart() {
     assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
 }
 
-/// Issue 20.4 (b): during a run Redis switches to a certificate from a CA the client's
+/// (b) During a run Redis switches to a certificate from a CA the client's
 /// file does not hold. The reconnects fail with a named certificate error and are
 /// retried: the worker neither exits nor unpublishes before its validity deadline; once
 /// the file gains the CA (before the deadline) it renews and keeps the ID. At the first
@@ -291,7 +291,7 @@ fn an_unverifiable_certificate_during_a_run_is_retried() {
     assert_eq!(redis.get(&key).as_deref(), Some(lease.owner.as_str()));
 }
 
-/// Issue 20.4 (b) for `lock`: the same unverifiable certificate during a run is a failed
+/// (b) for `lock`: the same unverifiable certificate during a run is a failed
 /// renewal, retried; the command keeps running and, once the file gains the CA before the
 /// lease's deadline, the lock is renewed again and the command ends on its own (exit 0).
 #[test]
@@ -355,7 +355,7 @@ fn lock_retries_an_unverifiable_certificate_during_a_run() {
     assert_eq!(status, Some(0), "{:?}", lock.log_lines());
 }
 
-/// Issue 20.4 for `pool serve`: while the server's certificate comes from a CA the file
+/// For `pool serve`: while the server's certificate comes from a CA the file
 /// lacks, acquires answer 503 (Redis unavailable) and the process stays up; once the file
 /// gains the CA, the next connection uses it and acquires succeed again, without a restart
 /// (it answered 503 until restarted: the file was read once).
@@ -446,7 +446,7 @@ fn acl(redis: &RedisServer, rules: &[&str]) {
     let _: () = redis.query(&mut cmd);
 }
 
-/// Issue 20.4, passwords: `--redis-password-file` (a mounted Secret) is read at every
+/// Passwords: `--redis-password-file` (a mounted Secret) is read at every
 /// connection open. The documented rotation (new password added to the ACL user, the
 /// file updated, the old one removed) with the worker's connection closed: it keeps its
 /// ID. `lock` and the pool CLI log in with the file's password too; the URL names only
@@ -519,7 +519,7 @@ fn a_rotated_password_file_is_followed_without_a_restart() {
     }
 }
 
-/// Issue 20.4, passwords on Sentinel and Cluster: the same rotation for a user of this
+/// Passwords on Sentinel and Cluster: the same rotation for a user of this
 /// test on every data node of the shared topology, only that user's connections closed
 /// (`CLIENT KILL USER`). The Sentinel lookup and the Cluster client are built again with
 /// the file's password: the worker keeps its ID.
@@ -586,7 +586,7 @@ fn a_rotated_password_file_is_followed_on_sentinel_and_cluster() {
     }
 }
 
-/// Issue 20.4: credential files that cannot be used are refused at start, exit 2, the
+/// Credential files that cannot be used are refused at start, exit 2, the
 /// message naming the flag (never the file's content), and nothing is written.
 #[test]
 fn unusable_credential_files_are_refused_at_start() {

@@ -1,6 +1,6 @@
-//! Worker scenarios written once and run on every topology (issue 10, "What the tests must
-//! show" item 1): each scenario is a function of a [`Deployment`], and [`scenarios!`] makes one
-//! test per (topology, scenario), named `scenarios::<topology>::<scenario>`.
+//! Worker scenarios written once and run on every topology: each scenario is a function of a
+//! [`Deployment`], and [`scenarios!`] makes one test per (topology, scenario), named
+//! `scenarios::<topology>::<scenario>`.
 //!
 //! Sentinel and Cluster are shared by the tests running at the same time (see
 //! `harness/deployment.rs`); every scenario uses its own app name and opens its claim guard
@@ -56,7 +56,7 @@ scenarios!(
 );
 
 /// Two sidecars hold the two IDs of the app (TTL 30 s) as an ACL user whose password is then
-/// rotated (issue 20 item 5): both keep their IDs published after the failure; stopped and
+/// rotated: both keep their IDs published after the failure; stopped and
 /// restarted with the new password on the same output files, both publish their old IDs (same
 /// owner strings) within 5 s, well under the TTL, since the state files outlive a stop whose
 /// release Redis did not confirm.

@@ -1,5 +1,5 @@
-//! The worker's start-up line on what its lease settings ride through (issue 21.5;
-//! docs/operations.md, "Sizing for Redis outages"; the computation's unit tests are in
+//! The worker's start-up line on what its lease settings ride through
+//! (docs/operations.md, "Sizing for Redis outages"; the computation's unit tests are in
 //! src/worker_id/sizing.rs).
 
 use crate::harness::*;

@@ -1,11 +1,11 @@
-//! Every mode on Sentinel and Cluster, on real topologies from the harness (issue 10).
+//! Every mode on Sentinel and Cluster, on real topologies from the harness.
 
 use std::time::Instant;
 
 use crate::connection::{acquire_over_http, pool_serve};
 use crate::harness::*;
 
-/// Issue 10: 8 sidecars claim, renew and release through `redis+sentinel://`; through a
+/// 8 sidecars claim, renew and release through `redis+sentinel://`; through a
 /// planned failover and a killed primary every sidecar keeps or re-gets an ID within a
 /// bounded time (printed), no two publish one ID at once, none exits. (Bad Sentinel input:
 /// `connection::a_topology_that_does_not_match_is_named`.)
@@ -52,7 +52,7 @@ fn sentinel_failovers_keep_ids_unique() {
     );
 }
 
-/// Issue 10: `status`, the pool CLI and `pool serve` work on a Cluster reached by a plain
+/// `status`, the pool CLI and `pool serve` work on a Cluster reached by a plain
 /// `redis://` URL (detected) and by `redis+cluster://`.
 #[test]
 fn cluster_status_and_pool_basics() {
@@ -105,7 +105,7 @@ fn cluster_status_and_pool_basics() {
     assert_eq!(acquire_over_http(&serve), 201);
 }
 
-/// Issue 10 "Connecting": a renewal counts only when it ran on the node the Sentinels name.
+/// A renewal counts only when it ran on the node the Sentinels name.
 /// The Sentinels are pointed at another server while the old primary still accepts writes:
 /// the sidecar notices at its next renewal, moves to the named node and sets its key there.
 #[test]
@@ -144,7 +144,7 @@ fn sentinel_renewals_follow_the_named_primary() {
     assert_eq!(sidecar.id().map(|id| id.worker_id), Some(lease.worker_id));
 }
 
-/// Issue 10 "Connecting": a claim counts only when it ran on the node the Sentinels name.
+/// A claim counts only when it ran on the node the Sentinels name.
 /// Sidecar Y waits for ID 0 on the old primary while the Sentinels are pointed at another
 /// server, where X renews ID 0; when X's key expires on the old primary, Y must not claim and
 /// publish ID 0 there.
@@ -194,7 +194,7 @@ fn sentinel_claims_follow_the_named_primary() {
     }
 }
 
-/// Issue 13: `lock` runs on a Cluster (the lock key and its fence share a hash slot) and behind
+/// `lock` runs on a Cluster (the lock key and its fence share a hash slot) and behind
 /// Sentinel, with the fence counted and the key released after the command.
 #[test]
 fn lock_runs_on_cluster_and_sentinel() {
@@ -223,7 +223,7 @@ fn lock_runs_on_cluster_and_sentinel() {
     }
 }
 
-/// Issue 20.3: five Sentinels in the URL after a failover: the first is stale (it still names
+/// A stale Sentinel: five Sentinels in the URL after a failover: the first is stale (it still names
 /// the old primary, now a replica), the second is down, three agree on the new primary. The
 /// stale one is a real Sentinel that monitors the old primary under the same name but cannot
 /// hear or send hello messages (its ACL user on the data nodes has no channels), and cannot
@@ -356,7 +356,7 @@ fn a_stale_sentinel_listed_first_is_outvoted() {
     assert_ne!(new_port, old_port);
 }
 
-/// Issue 20.2 behind Sentinel: the primary is demoted behind the Sentinels' back (`REPLICAOF`
+/// Behind Sentinel: the primary is demoted behind the Sentinels' back (`REPLICAOF`
 /// another server), so renewals are answered `READONLY` (inside `Ok`, as redis-rs returns
 /// script errors); then the Sentinels are pointed at that server. The sidecar leaves the
 /// demoted node (a new connection, which finds it answers `ROLE` as a replica and waits),

@@ -631,7 +631,7 @@ fn files_are_readable_by_other_users_whatever_the_umask() {
 
 /// First use: `guard open` on a Redis without any lease key of the app opens claims at once, so
 /// a sidecar with a 30 s TTL publishes its ID in its first claim round (no round paused behind
-/// the guard) and under 1 s after it was spawned (issue 12), not after one TTL. The 1 s bound is
+/// the guard) and under 1 s after it was spawned, not after one TTL. The 1 s bound is
 /// 30x below the TTL it replaces; `cargo bench --bench worker` measures the real figure
 /// ("1 sidecar, spawn to published", a few ms).
 #[test]
@@ -706,7 +706,7 @@ fn guard_open_again_under_an_open_guard_succeeds_and_writes_nothing() {
 
 /// `guard open` run twice before any sidecar (no lease key of the app): the second run is a no-op,
 /// `"already_open": true` and the guard's time untouched (it rewrote the guard and said
-/// `false`, issue 21), as README and docs/worker.md promise.
+/// `false`), as README and docs/worker.md promise.
 #[test]
 fn guard_open_twice_without_lease_keys_is_a_no_op() {
     let redis = RedisServer::start();
@@ -980,7 +980,7 @@ fn no_id_file_is_published_without_its_state_file() {
 
 /// A sidecar that may not write the output folder (run as nobody, the folder root's) exits 1
 /// naming `--output-file` beside the lock file it could not create (it named only the lock
-/// file, a path the user never typed; issue 21).
+/// file, a path the user never typed).
 #[test]
 fn unwritable_output_folder_names_output_file() {
     use std::os::unix::fs::PermissionsExt;

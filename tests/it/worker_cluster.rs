@@ -1,4 +1,4 @@
-//! Worker mode on Redis Cluster (issue 10): lease keys spread over slots and shards, one claim
+//! Worker mode on Redis Cluster: lease keys spread over slots and shards, one claim
 //! guard per ID key in its slot. Real topologies: a killed primary, a slot migrated while
 //! leases renew, a shard that comes back empty; `/id` of every sidecar sampled every 20 ms.
 

@@ -1,4 +1,4 @@
-//! The worker's stop and its log lines (issue 8 item 6): every key holding our owner string
+//! The worker's stop and its log lines: every key holding our owner string
 //! is released (also one a claim left whose reply was lost), the logs say only what is true (a
 //! slow release reply is not "not released", a closed claim guard is not "missing"), and a
 //! renew interval below 100 ms is refused.
@@ -121,7 +121,7 @@ fn closed_claim_guard_is_not_reported_missing() {
     assert_eq!(sidecar.count_log("no claim guard"), 0);
 }
 
-/// A missing claim guard is explained as far as Redis can tell (issue 12 item 1): keys of
+/// A missing claim guard is explained as far as Redis can tell: keys of
 /// another app under the prefix mean first use of this app on a Redis that kept its data; no
 /// key under the prefix means a fresh Redis or one that lost its data. Both name `guard open`;
 /// a second sidecar that finds the guard closed waits at INFO without either wording.

@@ -1,6 +1,6 @@
 //! The credential files of a [`RedisTarget`]: TLS material and the data
 //! nodes' password, checked when given and read again at every connection
-//! open (issue 20.4), never kept.
+//! open (so rotated files are used without a restart), never kept.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -245,7 +245,7 @@ mod tests {
         assert!(none.certs().unwrap().is_none());
     }
 
-    /// Issue 20.4: the password file's one line, read again at each call
+    /// The password file's one line, read again at each call
     /// (a rotated Secret); refused when empty or of several lines, never
     /// with its content in the message.
     #[test]

@@ -25,7 +25,7 @@ const SCAN_ROUNDS: u32 = 10;
 /// Least time between two warnings of a skew beyond the bound.
 const SKEW_LOG_EVERY: Duration = Duration::from_secs(30);
 
-/// What Redis can tell about a missing claim guard (issue 12 item 1).
+/// What Redis can tell about a missing claim guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum MissingGuard {
     /// One server: keys of other apps exist under the prefix, none of this

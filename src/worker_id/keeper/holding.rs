@@ -112,7 +112,7 @@ impl Worker {
         };
         self.set_state(WorkerState::Held(hold.held.clone()));
         // A new connection (reconnect, new primary) may have lost the key or
-        // met another owner: renew at once, not at the interval (issue 10).
+        // met another owner: renew at once, not at the interval.
         let mut reconnects = self.conn.reconnects();
         reconnects.mark_unchanged();
         loop {

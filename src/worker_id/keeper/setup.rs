@@ -59,7 +59,7 @@ impl Worker {
             Ok(())
         };
         // Each round trip has its own call timeout (the connection's); this
-        // only bounds the whole (issue 8.4: 7 round trips never fit one).
+        // only bounds the whole (on a slow link 7 round trips never fit one).
         bounded(
             self.params.settings.call_timeout() * PROBE_ROUND_TRIPS,
             steps,

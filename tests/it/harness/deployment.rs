@@ -1,5 +1,5 @@
 //! One Redis deployment of any topology, so that a worker scenario is written once and run on
-//! each ([`Topo`], [`Deployment`]; issue 10 "What the tests must show" item 1).
+//! each ([`Topo`], [`Deployment`]): every scenario on every topology.
 //!
 //! Standalone: a fresh [`RedisServer`] per test. Sentinel (1 primary + 2 replicas + 3
 //! sentinels) and Cluster (3 primaries + 3 replicas): one topology shared by every test that

@@ -242,7 +242,7 @@ impl SentinelTopology {
             .collect()
     }
 
-    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/<master name>` (issue 10).
+    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/<master name>`.
     pub fn url(&self) -> String {
         format!(
             "redis+sentinel://{}/{}",
@@ -624,7 +624,7 @@ impl ClusterTopology {
         );
     }
 
-    /// Seed URL in the comma form of issue 10: `redis://127.0.0.1:P1,127.0.0.1:P2,...` (every
+    /// Seed URL in the comma form: `redis://127.0.0.1:P1,127.0.0.1:P2,...` (every
     /// node, in start order).
     pub fn url(&self) -> String {
         let addrs: Vec<String> = self
