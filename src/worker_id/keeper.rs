@@ -3,7 +3,7 @@
 //!
 //! The loop here is the only writer of [`WorkerState`]; the file publisher,
 //! HTTP and metrics read it through a `watch` channel (kubert's pattern).
-//! The loop is a [`Phase`] and one `match` that hands each phase to its
+//! The loop is a `Phase` and one `match` that hands each phase to its
 //! own file:
 //! - `claiming`: the claim phase (re-adopt, else lowest free ID, backoff).
 //! - `setup`: what Redis must allow before a claim (ACL probe, eviction).

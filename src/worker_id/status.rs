@@ -3,7 +3,6 @@
 //! count; a warning when Redis may evict lease keys. Read-only: TYPE, PTTL
 //! and GET, in two pipelined round trips, then `INFO memory`.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,6 +11,9 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Value};
 use serde::Serialize;
 
+mod render;
+
+use self::render::render;
 use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
@@ -407,176 +409,11 @@ impl Eviction {
             },
         }
     }
-
-    /// The table's first line, when Redis is not known to be safe.
-    fn warning(&self) -> Option<String> {
-        match self {
-            Self::Safe => None,
-            Self::Evicting { reason, .. } => Some(format!(
-                "WARNING: no sidecar claims on this Redis: {reason}\n"
-            )),
-            Self::Unchecked { reason } => Some(format!(
-                "WARNING: cannot tell whether redis may evict lease keys: {reason}\n"
-            )),
-        }
-    }
-}
-
-/// The per-ID guards of a Cluster, one line; nothing while all are open.
-fn render_summary(out: &mut String, s: &GuardSummary) {
-    if s.closed == 0 && s.missing == 0 && s.unreadable == 0 {
-        return;
-    }
-    let _ = write!(out, "claim guards (one per ID): {} open", s.open);
-    if let Some(ms) = s.soonest_opens_in_ms {
-        let _ = write!(
-            out,
-            ", {} closed (new claims of those IDs wait; the soonest opens in {:.1}s)",
-            s.closed,
-            ms as f64 / 1000.0
-        );
-    }
-    if s.missing > 0 {
-        let _ = write!(
-            out,
-            ", {} missing (a claim of such an ID sets its guard and waits one TTL: first use, or the shard lost its data)",
-            s.missing
-        );
-    }
-    if s.unreadable > 0 {
-        let _ = write!(out, ", {} unreadable or of another type", s.unreadable);
-    }
-    out.push('\n');
-}
-
-/// The report as a table, one line per ID that is not free.
-pub fn render(report: &Report) -> String {
-    let mut out = format!(
-        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:0-{})\n",
-        report.app,
-        report.free,
-        report.ids,
-        report.held,
-        match report.released {
-            0 => String::new(),
-            n => format!(", {n} released (handover delay running)"),
-        },
-        report.wrong_type,
-        report.key_prefix,
-        report.app,
-        report.ids - 1
-    );
-    match &report.claim_guard {
-        ClaimGuard::Open => {}
-        ClaimGuard::Missing => out.push_str(
-            "claim guard missing (first use of the app, a fresh Redis, or one that lost its data): the next claim sets it and waits one TTL; on first use `snowlease guard open` skips the wait\n",
-        ),
-        ClaimGuard::Closed { opens_in_ms } => {
-            let _ = writeln!(
-                out,
-                "claim guard closed: new claims wait another {:.1}s",
-                *opens_in_ms as f64 / 1000.0
-            );
-        }
-        ClaimGuard::PerId(summary) => render_summary(&mut out, summary),
-        ClaimGuard::Unreadable => {
-            out.push_str("claim guard unreadable: the next claim resets it\n");
-        }
-        ClaimGuard::WrongType => {
-            out.push_str("claim guard has the wrong type: claims fail until the key is removed\n");
-        }
-    }
-    if report.leases.is_empty() {
-        return out;
-    }
-    let _ = writeln!(out, "{:>4}  {:<10}  {:>10}  OWNER", "ID", "STATE", "TTL");
-    for entry in &report.leases {
-        let state = match (entry.is_lease(), entry.is_tombstone()) {
-            (_, true) => "released",
-            (true, false) => "held",
-            (false, _) => "wrong-type",
-        };
-        let ttl = entry.ttl_ms.map_or("no expiry".to_owned(), |ms| {
-            format!("{:.1}s", ms as f64 / 1000.0)
-        });
-        // A tombstone's STATE says released; OWNER names who released it.
-        let owner = entry.owner.as_deref().map_or_else(
-            || format!("({} key, not touched)", entry.key_type),
-            |o| o.strip_prefix(TOMBSTONE_PREFIX).unwrap_or(o).to_owned(),
-        );
-        let _ = writeln!(
-            out,
-            "{:>4}  {state:<10}  {ttl:>10}  {owner}",
-            entry.worker_id
-        );
-    }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn table_marks_wrong_types_and_keys_without_expiry() {
-        let report = Report {
-            app: "orders".into(),
-            key_prefix: "snowflake:worker:".into(),
-            ids: 5,
-            held: 2,
-            released: 1,
-            wrong_type: 1,
-            free: 1,
-            leases: vec![
-                Entry {
-                    worker_id: 0,
-                    key_type: "string".into(),
-                    owner: Some("10.0.0.7#00aa".into()),
-                    ttl_ms: Some(119_250),
-                },
-                Entry {
-                    worker_id: 1,
-                    key_type: "string".into(),
-                    owner: Some("legacy".into()),
-                    ttl_ms: None,
-                },
-                Entry {
-                    worker_id: 2,
-                    key_type: "string".into(),
-                    owner: Some("released:10.0.0.8#00bb".into()),
-                    ttl_ms: Some(800),
-                },
-                Entry {
-                    worker_id: 3,
-                    key_type: "hash".into(),
-                    owner: None,
-                    ttl_ms: None,
-                },
-            ],
-            claim_guard: ClaimGuard::Closed { opens_in_ms: 1500 },
-        };
-        let text = render(&report);
-        assert!(
-            text.starts_with(
-                "app orders: 1 of 5 worker IDs free, 2 held, 1 released (handover delay running), 1 wrong type"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("new claims wait another 1.5s"), "{text}");
-        assert!(
-            text.contains("119.2s  10.0.0.7#00aa") || text.contains("119.3s  10.0.0.7#00aa"),
-            "{text}"
-        );
-        assert!(text.contains("no expiry  legacy"), "{text}");
-        assert!(
-            text.contains("2  released          0.8s  10.0.0.8#00bb"),
-            "{text}"
-        );
-        assert!(
-            text.contains("wrong-type") && text.contains("(hash key, not touched)"),
-            "{text}"
-        );
-    }
 
     #[test]
     fn bad_flags_are_named() {
