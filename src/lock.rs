@@ -17,7 +17,7 @@
 mod acquire;
 mod args;
 mod hold;
-pub mod limits;
+pub(crate) mod limits;
 mod session;
 mod wait;
 

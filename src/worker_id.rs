@@ -19,15 +19,15 @@
 
 pub mod args;
 pub mod claim;
-pub mod files;
+pub(crate) mod files;
 pub mod guard;
-pub mod keeper;
-pub mod limits;
-pub mod metrics;
-pub mod publisher;
-pub mod routes;
+pub(crate) mod keeper;
+pub(crate) mod limits;
+pub(crate) mod metrics;
+pub(crate) mod publisher;
+pub(crate) mod routes;
 mod sizing;
-pub mod state;
+pub(crate) mod state;
 pub mod status;
 mod timing;
 
