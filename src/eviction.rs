@@ -25,7 +25,7 @@ use redis::aio::ConnectionLike;
 use crate::lease::step;
 
 /// The one policy under which Redis never drops a key to free memory.
-pub const SAFE_POLICY: &str = "noeviction";
+pub(crate) const SAFE_POLICY: &str = "noeviction";
 
 /// `--allow-evicting-redis`, shared by `worker` and `pool`.
 #[derive(Debug, Clone, Copy, Default, Args)]
@@ -39,7 +39,7 @@ pub struct EvictionArgs {
 
 /// What `INFO memory` says about eviction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemorySettings {
+pub(crate) struct MemorySettings {
     /// `maxmemory` in bytes; 0 means no limit (nothing is ever evicted).
     pub maxmemory: u64,
     /// `maxmemory-policy`, e.g. `noeviction`, `volatile-ttl`, `allkeys-lru`.
@@ -49,7 +49,7 @@ pub struct MemorySettings {
 impl MemorySettings {
     /// Parses the `maxmemory:` and `maxmemory_policy:` lines of `INFO memory`.
     /// `None` when either is missing (a server that does not report them).
-    pub fn parse(info: &str) -> Option<Self> {
+    pub(crate) fn parse(info: &str) -> Option<Self> {
         let field = |name: &str| {
             info.lines().find_map(|line| {
                 let (key, value) = line.trim_end().split_once(':')?;
@@ -65,7 +65,7 @@ impl MemorySettings {
     /// True when Redis may drop keys to free memory: a limit is set and the
     /// policy is not `noeviction`. `volatile-*` policies count too: every
     /// lease key has a TTL, so they are the first to go.
-    pub fn may_evict(&self) -> bool {
+    pub(crate) fn may_evict(&self) -> bool {
         self.maxmemory > 0 && self.policy != SAFE_POLICY
     }
 }
@@ -79,7 +79,7 @@ impl MemorySettings {
      parameters), or pass --allow-evicting-redis (SNOWLEASE_ALLOW_EVICTING_REDIS=true) to accept \
      that risk"
 )]
-pub struct EvictingRedis {
+pub(crate) struct EvictingRedis {
     /// The `maxmemory-policy` in effect.
     pub policy: String,
     /// The `maxmemory` in effect, bytes.
@@ -89,7 +89,7 @@ pub struct EvictingRedis {
 /// What is known of Redis' eviction setting: the one model for every
 /// holder of a check's answer (no `Option<Option<_>>`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Eviction {
+pub(crate) enum Eviction {
     /// No check has answered yet.
     #[default]
     Unchecked,
@@ -101,7 +101,7 @@ pub enum Eviction {
 
 impl Eviction {
     /// The evicting setting, when the last check found one.
-    pub fn evicting(&self) -> Option<&EvictingRedis> {
+    pub(crate) fn evicting(&self) -> Option<&EvictingRedis> {
         match self {
             Self::Evicting(evicting) => Some(evicting),
             Self::Unchecked | Self::Safe => None,
@@ -121,7 +121,9 @@ impl From<Option<EvictingRedis>> for Eviction {
 ///
 /// Errors: the Redis error of `INFO`; a permission error says it needs
 /// `+info`.
-pub async fn check<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult<Option<EvictingRedis>> {
+pub(crate) async fn check<C: ConnectionLike>(
+    conn: &mut C,
+) -> redis::RedisResult<Option<EvictingRedis>> {
     let reply: redis::Value = redis::cmd("INFO")
         .arg("memory")
         .query_async(conn)

@@ -33,14 +33,14 @@ use crate::open_files;
 
 /// `/livez` and `/healthz`: 200 while the process serves HTTP; never
 /// depends on Redis (a Redis outage must not restart the pod).
-pub fn liveness_routes() -> Router {
+pub(crate) fn liveness_routes() -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/healthz", get(|| async { "ok\n" }))
 }
 
 /// Encodes a registry in the Prometheus/OpenMetrics text format.
-pub fn encode_metrics(registry: &Registry) -> Response {
+pub(crate) fn encode_metrics(registry: &Registry) -> Response {
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, registry) {
         Ok(()) => (
@@ -64,7 +64,7 @@ struct BuildLabels {
 
 /// Registers `snowlease_build_info{version,commit} 1` (the commit from
 /// build.rs), so dashboards can tell which build runs where.
-pub fn register_build_info(registry: &mut Registry) {
+pub(crate) fn register_build_info(registry: &mut Registry) {
     let info = Family::<BuildLabels, Gauge>::default();
     info.get_or_create(&BuildLabels {
         version: env!("CARGO_PKG_VERSION"),
@@ -93,16 +93,16 @@ pub struct HttpArgs {
 
 /// `--max-connections` by default: far more than a pod's app, kubelet and
 /// Prometheus open (a handful), and about 3 MB of idle connections.
-pub const DEFAULT_MAX_CONNECTIONS: u32 = 512;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 512;
 
 /// Largest request body (bytes): the JSON bodies of `pool serve` are well
 /// under 1 KiB (ids and tokens of at most 128 characters, a reason of at
 /// most 200 bytes), and the worker's routes take none. At the cap of 512
 /// connections, bodies in flight hold 8 MiB at most.
-pub const BODY_LIMIT: usize = 16 * 1024;
+pub(crate) const BODY_LIMIT: usize = 16 * 1024;
 
 /// Largest `--max-connections`.
-pub const MAX_CONNECTIONS_LIMIT: u32 = 65_536;
+pub(crate) const MAX_CONNECTIONS_LIMIT: u32 = 65_536;
 
 /// The validated [`HttpArgs`]: what [`serve`] enforces on each connection.
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +164,7 @@ impl HttpArgs {
 /// request) it waits in the listen backlog until one ends.
 ///
 /// Errors: the listener's I/O error.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: std::net::TcpListener,
     router: Router,
     limits: ConnectionLimits,
@@ -218,7 +218,7 @@ pub async fn serve(
 /// unpublishing at the deadline). The receiver gets [`serve`]'s result.
 ///
 /// Errors: the thread or its runtime cannot be started.
-pub fn serve_on_own_thread(
+pub(crate) fn serve_on_own_thread(
     listener: std::net::TcpListener,
     router: Router,
     limits: ConnectionLimits,
@@ -481,7 +481,7 @@ impl Drop for InRequest {
 /// as given.
 ///
 /// Errors: the bind error of `addr` (or of the IPv4 fallback).
-pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let dual = match addr {
         SocketAddr::V6(v6) if v6.ip().is_unspecified() => true,
         _ => return listen_on(addr, false),

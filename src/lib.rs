@@ -9,25 +9,29 @@
 //! - [`worker_id`]: worker-ID mode: the sidecar (claim, renew, publish) and `status`.
 //! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
 //! - [`exec`]: the app side: `exec` runs the app only while an ID is published; `id`, `install`.
-//! - [`lock`]: `lock`: a distributed mutex around a command (lease core + [`supervise`]).
+//! - [`lock`]: `lock`: a distributed mutex around a command (lease core + `supervise`).
 //!
 //! Shared by the modes:
 //! - [`lease`]: the lease core: owner-checked renew and release of one key; validity math.
 //! - [`cli`]: shared flag groups (Redis URL, log format), duration and range parsers, limit types.
-//! - [`config_error`]: the stage-two validation error (exit 2), naming its flag.
+//! - `config_error`: the stage-two validation error (exit 2), naming its flag.
 //! - [`exit`]: the exit codes of every command, one table.
 //! - [`failure`]: how a failed command ends: the error-to-code map and the last line.
 //! - [`connection`]: the Redis connection, URL redaction, error classification.
-//! - [`eviction`]: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
+//! - `eviction`: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
 //! - [`identity`]: the owner identity and the per-process owner string.
-//! - [`http`]: serving a router, liveness routes, metrics encoding.
+//! - `http`: serving a router, liveness routes, metrics encoding.
 //! - [`atomic_file`]: files written whole or not at all.
 //! - [`boot_clock`]: lease deadlines on CLOCK_BOOTTIME (counts suspended time; no wall-clock step moves it) and the boot ID; timers only wake.
 //! - [`logging`]: log lines that never block: a bounded, lossy queue to stderr.
 //! - [`open_files`]: the open-file limit: raised at start, the HTTP connection cap kept below it.
 //! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
-//! - [`supervise`]: the command `exec` and `lock` run: its process group, signals, deadline rules.
-//! - [`timing`]: bounded Redis calls, ms conversions, the retry base, one backoff with one jitter.
+//! - `supervise`: the command `exec` and `lock` run: its process group, signals, deadline rules.
+//! - `timing`: bounded Redis calls, ms conversions, the retry base, one backoff with one jitter.
+
+// `pub` only for what main, tests and benches reach; a `pub` item no path
+// exports is flagged, so visibility never hides dead code from the compiler.
+#![warn(unreachable_pub)]
 
 pub mod atomic_file;
 pub mod boot_clock;

@@ -17,43 +17,43 @@ const RETRY_BASE_MAX: Duration = Duration::from_secs(1);
 /// at once.
 const HINT_JITTER: Duration = Duration::from_millis(10);
 /// The shortest pause between two acquire attempts of a waiter (no hot loop).
-pub const MIN_WAIT_PAUSE: Duration = Duration::from_millis(5);
+pub(crate) const MIN_WAIT_PAUSE: Duration = Duration::from_millis(5);
 /// The waiters' backoff (`pool acquire --wait`, HTTP acquire, `lock --wait`):
 /// 10 ms doubling per empty attempt up to 500 ms.
-pub const WAIT_BACKOFF: Backoff =
+pub(crate) const WAIT_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
 
 /// `d` in whole milliseconds (rounded down), `u64::MAX` past it.
-pub fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A lease TTL in the ms of `PX` / `PEXPIRE`: rounded down, at least 1 (Redis
 /// refuses 0), saturating.
-pub fn ttl_ms(ttl: Duration) -> u64 {
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     ms(ttl).max(1)
 }
 
 /// `d` cut to whole milliseconds (what a ms field can say of it).
-pub fn whole_ms(d: Duration) -> Duration {
+pub(crate) fn whole_ms(d: Duration) -> Duration {
     Duration::from_millis(ms(d))
 }
 
 /// `d` in whole seconds, rounded up (e.g. `Retry-After`), saturating.
-pub fn secs_ceil(d: Duration) -> u64 {
+pub(crate) fn secs_ceil(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// First renew retry pause, for worker and lock alike: a quarter of the
 /// renew interval, at most 1 s.
-pub fn retry_base(renew_interval: Duration) -> Duration {
+pub(crate) fn retry_base(renew_interval: Duration) -> Duration {
     (renew_interval / 4).min(RETRY_BASE_MAX)
 }
 
 /// Runs one Redis call under `limit`; a timeout becomes an I/O timeout
 /// error (see [`timed_out`]), so it classifies as transient: the call may
 /// have run.
-pub async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     limit: Duration,
     call: impl Future<Output = RedisResult<T>>,
 ) -> RedisResult<T> {
@@ -65,7 +65,7 @@ pub async fn bounded<T>(
 
 /// The error of a Redis call that got no reply within `limit`: an I/O
 /// error of kind `TimedOut`, "redis call timed out after N ms".
-pub fn timed_out(limit: Duration) -> RedisError {
+pub(crate) fn timed_out(limit: Duration) -> RedisError {
     std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         format!("redis call timed out after {} ms", ms(limit)),
@@ -76,7 +76,7 @@ pub fn timed_out(limit: Duration) -> RedisError {
 /// An exponential backoff: `first`, doubling per attempt, at most `cap`
 /// (`Duration::MAX`: uncapped). Steps before jitter; see [`jitter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     first: Duration,
     cap: Duration,
 }
@@ -84,25 +84,25 @@ pub struct Backoff {
 impl Backoff {
     /// Steps from `first` doubling up to `cap`; a `cap` below `first` is
     /// also the first step.
-    pub const fn new(first: Duration, cap: Duration) -> Self {
+    pub(crate) const fn new(first: Duration, cap: Duration) -> Self {
         Self { first, cap }
     }
 
     /// The step of attempt `attempt` (0: the first), saturating.
-    pub fn step(&self, attempt: u32) -> Duration {
+    pub(crate) fn step(&self, attempt: u32) -> Duration {
         let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
         self.first.saturating_mul(factor).min(self.cap)
     }
 
     /// The steps from the first, one per attempt, endless.
-    pub fn steps(self) -> impl Iterator<Item = Duration> {
+    pub(crate) fn steps(self) -> impl Iterator<Item = Duration> {
         (0u32..).map(move |attempt| self.step(attempt))
     }
 }
 
 /// A random pause from `lo` to `hi` (microsecond steps): spreads the
 /// retries of many processes.
-pub fn jitter(lo: Duration, hi: Duration, rng: &mut impl Rng) -> Duration {
+pub(crate) fn jitter(lo: Duration, hi: Duration, rng: &mut impl Rng) -> Duration {
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     let (lo, hi) = (micros(lo), micros(hi));
     Duration::from_micros(rng.random_range(lo.min(hi)..=hi))
@@ -110,7 +110,7 @@ pub fn jitter(lo: Duration, hi: Duration, rng: &mut impl Rng) -> Duration {
 
 /// 75-125% of `base`: the sidecars' retry spread. Not backon's 0-100%,
 /// which would stretch a pause to twice its cap.
-pub fn spread(base: Duration) -> Duration {
+pub(crate) fn spread(base: Duration) -> Duration {
     jitter(base * 3 / 4, base * 5 / 4, &mut rand::rng())
 }
 
@@ -121,7 +121,7 @@ pub fn spread(base: Duration) -> Duration {
 /// `remaining`. `hint` is exact for a cooling pool id, an upper bound when
 /// it comes from a lease deadline (leases are often released early), so
 /// the backoff bounds it; `None` means nothing becomes due by itself.
-pub fn wait_pause(
+pub(crate) fn wait_pause(
     hint: Option<Duration>,
     attempt: u32,
     remaining: Duration,

@@ -6,15 +6,15 @@
 //! # Layout
 //! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
 //! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
-//! - [`state`]: [`WorkerState`](state::WorkerState), the one value the keeper writes and every publisher reads.
-//! - [`keeper`]: the claim / renew / loss loop, the only writer of the state; releases at the stop.
+//! - `state`: `WorkerState`, the one value the keeper writes and every publisher reads.
+//! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop.
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
 //! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
-//! - [`files`]: the ID file, the state file format (read by `exec` too), the lock file.
-//! - [`publisher`]: keeps the files in step with the state.
-//! - [`routes`]: `/id`, `/readyz`, `/metrics`.
-//! - [`metrics`]: Prometheus metrics of worker mode.
+//! - `files`: the ID file, the state file format (read by `exec` too), the lock file.
+//! - `publisher`: keeps the files in step with the state.
+//! - `routes`: `/id`, `/readyz`, `/metrics`.
+//! - `metrics`: Prometheus metrics of worker mode.
 //! - [`status`]: `snowlease status`, a read-only view of an app's leases.
 
 pub mod args;
@@ -69,9 +69,9 @@ fn log_outage_budget(settings: &LeaseSettings) {
 /// Runs the worker-ID sidecar until `shutdown` fires or the lease cannot be
 /// (re)claimed.
 ///
-/// Errors: [`keeper::WorkerError`] inside the `anyhow::Error` for claim
+/// Errors: `keeper::WorkerError` inside the `anyhow::Error` for claim
 /// timeout (exit 3) and loss with `--on-loss exit` (exit 4);
-/// [`files::OutputLockError`] when another live process uses the same
+/// `files::OutputLockError` when another live process uses the same
 /// `--output-file`; I/O errors for the listener and the output folder.
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let (identity, source) = resolve_identity(config.identity.as_deref());

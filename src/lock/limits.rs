@@ -8,27 +8,27 @@ use std::time::Duration;
 use crate::cli::DurationLimit;
 
 /// Longest lock name in bytes.
-pub const MAX_NAME_LEN: usize = 128;
+pub(crate) const MAX_NAME_LEN: usize = 128;
 /// `--key-prefix` by default: the key is `snowlease:lock:{<name>}`.
-pub const DEFAULT_KEY_PREFIX: &str = "snowlease:lock:";
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "snowlease:lock:";
 /// `--ttl`: 1 s (the renew interval, ttl/3, stays above 300 ms and the
 /// validity margin, at least 100 ms, below a tenth of the TTL) to 1 h, as in
 /// worker mode.
-pub const TTL: DurationLimit = DurationLimit {
+pub(crate) const TTL: DurationLimit = DurationLimit {
     flag: "--ttl",
     default: "30s",
     min: Duration::from_secs(1),
     max: Duration::from_secs(3600),
 };
 /// `--wait`: how long to wait for the lock, 0 s (try once) to 24 h.
-pub const WAIT: DurationLimit = DurationLimit {
+pub(crate) const WAIT: DurationLimit = DurationLimit {
     flag: "--wait",
     default: "0s",
     min: Duration::ZERO,
     max: Duration::from_secs(86_400),
 };
 /// `--grace`: SIGTERM this long before SIGKILL, 0 s to 10 min.
-pub const GRACE: DurationLimit = DurationLimit {
+pub(crate) const GRACE: DurationLimit = DurationLimit {
     flag: "--grace",
     default: "5s",
     min: Duration::ZERO,

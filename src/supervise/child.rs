@@ -20,15 +20,15 @@ use tracing::debug;
 
 /// Signals passed on to the child as they arrive: the ones that stop the
 /// sidecar cleanly, so both behave alike.
-pub const FORWARDED: [i32; 6] = crate::shutdown::SHUTDOWN_SIGNALS;
+pub(crate) const FORWARDED: [i32; 6] = crate::shutdown::SHUTDOWN_SIGNALS;
 
 /// Signals that end `exec` while no child runs yet.
-pub fn ends_wait(signal: i32) -> bool {
+pub(crate) fn ends_wait(signal: i32) -> bool {
     matches!(signal, SIGTERM | SIGINT | SIGHUP | SIGQUIT)
 }
 
 /// Arriving signals, delivered through a channel by a helper thread.
-pub struct Signals {
+pub(crate) struct Signals {
     rx: Receiver<i32>,
     handle: Handle,
 }
@@ -38,7 +38,7 @@ impl Signals {
     /// default action for SIGTERM/SIGINT, hence explicit handlers.
     ///
     /// Errors: when a handler cannot be registered.
-    pub fn install() -> std::io::Result<Self> {
+    pub(crate) fn install() -> std::io::Result<Self> {
         let mut wanted = FORWARDED.to_vec();
         wanted.push(SIGCHLD);
         let mut signals = signal_hook::iterator::Signals::new(wanted)?;
@@ -57,7 +57,7 @@ impl Signals {
     }
 
     /// The next signal, or `None` after `timeout`.
-    pub fn next(&self, timeout: Duration) -> Option<i32> {
+    pub(crate) fn next(&self, timeout: Duration) -> Option<i32> {
         self.rx.recv_timeout(timeout).ok()
     }
 }
@@ -70,7 +70,7 @@ impl Drop for Signals {
 
 /// How the child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// Exited with this code.
     Code(i32),
     /// Killed by this signal.
@@ -79,7 +79,7 @@ pub enum Exit {
 
 impl Exit {
     /// Shell convention: the code, or 128 + signal number.
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Self::Code(code) => u8::try_from(code & 0xff).unwrap_or(1),
             Self::Signal(signal) => {
@@ -91,7 +91,7 @@ impl Exit {
 
 /// A running child in its own process group (its PID is the group ID),
 /// so a stop reaches whatever it started, too.
-pub struct Child {
+pub(crate) struct Child {
     pid: Pid,
 }
 
@@ -104,7 +104,7 @@ impl Child {
     ///
     /// Errors: the spawn error (not found, not executable, ...), or the
     /// prctl error.
-    pub fn spawn(command: &[OsString], env: &[(&str, String)]) -> std::io::Result<Self> {
+    pub(crate) fn spawn(command: &[OsString], env: &[(&str, String)]) -> std::io::Result<Self> {
         nix::sys::prctl::set_child_subreaper(true)?;
         let (program, args) = command
             .split_first()
@@ -122,13 +122,13 @@ impl Child {
     }
 
     /// Process ID (and process group ID) of the child.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid.as_raw().unsigned_abs()
     }
 
     /// Reaps every exited child without blocking (as PID 1 that includes
     /// orphans handed to us); returns our child's exit once it happened.
-    pub fn reap(&self) -> Option<Exit> {
+    pub(crate) fn reap(&self) -> Option<Exit> {
         let mut ours = None;
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
@@ -151,7 +151,7 @@ impl Child {
 
     /// Sends `signal` to the child only (as a signal from the kubelet would
     /// reach the command if it ran without us).
-    pub fn signal(&self, signal: i32) {
+    pub(crate) fn signal(&self, signal: i32) {
         if let Ok(signal) = Signal::try_from(signal) {
             let _ = kill(self.pid, signal);
         }
@@ -160,7 +160,7 @@ impl Child {
     /// Sends `signal` to the child's whole process group and to every other
     /// descendant of this process (one that called `setsid` left the group
     /// but still carries the worker ID in its environment).
-    pub fn signal_all(&self, signal: Signal) {
+    pub(crate) fn signal_all(&self, signal: Signal) {
         let _ = killpg(self.pid, signal);
         for pid in descendants(Pid::this()) {
             let _ = kill(pid, signal);
@@ -169,7 +169,7 @@ impl Child {
 
     /// SIGKILLs and reaps every descendant until none is left (bounded:
     /// 2 s; a process in uninterruptible sleep may outlast it).
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         for _ in 0..200 {
             self.signal_all(Signal::SIGKILL);
             self.reap();

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 /// The grace rules of one `exec` run (see the module docs).
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     /// `--grace`.
     grace: Duration,
     /// Longest time left until the deadline seen in a reading.
@@ -39,7 +39,7 @@ pub struct Deadlines {
 
 impl Deadlines {
     /// Rules for `--grace`, before any reading.
-    pub fn new(grace: Duration) -> Self {
+    pub(crate) fn new(grace: Duration) -> Self {
         Self {
             grace,
             longest: None,
@@ -49,7 +49,7 @@ impl Deadlines {
     /// Notes a reading taken at `read_at` that is valid until `valid_until`
     /// (`None`: no deadline). Returns true when this shortened the grace
     /// used below `--grace` for the first time (worth a warning).
-    pub fn observe(&mut self, valid_until: Option<Instant>, read_at: Instant) -> bool {
+    pub(crate) fn observe(&mut self, valid_until: Option<Instant>, read_at: Instant) -> bool {
         let Some(valid_until) = valid_until else {
             return false;
         };
@@ -61,30 +61,30 @@ impl Deadlines {
 
     /// The grace used: `--grace`, at most a quarter of the longest validity
     /// seen.
-    pub fn grace(&self) -> Duration {
+    pub(crate) fn grace(&self) -> Duration {
         self.longest.map_or(self.grace, |l| self.grace.min(l / 4))
     }
 
     /// The longest validity seen so far (for logs).
-    pub fn longest(&self) -> Option<Duration> {
+    pub(crate) fn longest(&self) -> Option<Duration> {
         self.longest
     }
 
     /// When to send SIGTERM unless a re-read finds the lease renewed: the
     /// grace before the deadline; `None` without a deadline.
-    pub fn term_at(&self, valid_until: Option<Instant>) -> Option<Instant> {
+    pub(crate) fn term_at(&self, valid_until: Option<Instant>) -> Option<Instant> {
         valid_until.map(|t| t.checked_sub(self.grace()).unwrap_or(t.min(Instant::now())))
     }
 
     /// True when a reading valid until `valid_until` is due for SIGTERM at
     /// `now` (its deadline is within the grace).
-    pub fn expiring(&self, valid_until: Option<Instant>, now: Instant) -> bool {
+    pub(crate) fn expiring(&self, valid_until: Option<Instant>, now: Instant) -> bool {
         self.term_at(valid_until).is_some_and(|t| now >= t)
     }
 
     /// When to send SIGKILL after SIGTERM at `stopped`: after the grace, but
     /// never after the deadline `valid_until` of the last fresh reading.
-    pub fn kill_at(&self, stopped: Instant, valid_until: Option<Instant>) -> Instant {
+    pub(crate) fn kill_at(&self, stopped: Instant, valid_until: Option<Instant>) -> Instant {
         let after_grace = stopped + self.grace();
         valid_until.map_or(after_grace, |t| t.min(after_grace))
     }

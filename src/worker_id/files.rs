@@ -18,7 +18,7 @@ use crate::lease;
 /// Contents of the state file beside the ID file (`<output-file>.state.json`).
 /// Fields added later are optional, so files of older sidecars still read.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StateFile {
+pub(crate) struct StateFile {
     /// Application name.
     pub app: String,
     /// The worker ID.
@@ -69,7 +69,7 @@ impl StateFile {
     /// be read (no /proc), the earlier of that and `valid_until_ms`.
     ///
     /// Errors: [`NoBootDeadline`], why the file gives none here.
-    pub fn boot_deadline(&self) -> Result<BootInstant, NoBootDeadline> {
+    pub(crate) fn boot_deadline(&self) -> Result<BootInstant, NoBootDeadline> {
         self.boot_deadline_under(boot_clock::boot_id())
     }
 
@@ -99,7 +99,7 @@ impl StateFile {
 
 /// Why a state file gives no deadline on this node's boot clock.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NoBootDeadline {
+pub(crate) enum NoBootDeadline {
     /// Written by a sidecar that did not record it (older version).
     #[error("the state file has no valid_until_boot_ms and boot_id (written by an older sidecar?)")]
     Missing,
@@ -116,7 +116,7 @@ pub enum NoBootDeadline {
 }
 
 /// Path of the state file for an ID file: `<output-file>.state.json`.
-pub fn state_path(output_file: &Path) -> PathBuf {
+pub(crate) fn state_path(output_file: &Path) -> PathBuf {
     with_suffix(output_file, ".state.json")
 }
 
@@ -140,7 +140,7 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 ///
 /// Errors: [`OutputLockError::InUse`] when another live process holds it;
 /// [`OutputLockError::Io`] when the lock file cannot be opened or locked.
-pub fn lock_output(output_file: &Path) -> Result<File, OutputLockError> {
+pub(crate) fn lock_output(output_file: &Path) -> Result<File, OutputLockError> {
     let path = lock_path(output_file);
     let file = OpenOptions::new()
         .create(true)
@@ -171,7 +171,7 @@ pub fn lock_output(output_file: &Path) -> Result<File, OutputLockError> {
 
 /// Why [`lock_output`] failed.
 #[derive(Debug, thiserror::Error)]
-pub enum OutputLockError {
+pub(crate) enum OutputLockError {
     /// Another live process holds the lock.
     #[error("another snowlease worker is using --output-file {}", .0.display())]
     InUse(PathBuf),
@@ -187,7 +187,7 @@ pub enum OutputLockError {
 
 /// Reads a state file left by an earlier process in this pod; `None` when
 /// missing, unreadable, or for another app.
-pub fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease> {
+pub(crate) fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease> {
     let text = std::fs::read(state_path(output_file)).ok()?;
     let state: StateFile = match serde_json::from_slice(&text) {
         Ok(state) => state,

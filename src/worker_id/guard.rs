@@ -156,7 +156,7 @@ impl Found {
 /// is written and the line says `"already_open": true` (exit 0), so a
 /// deploy hook can run this on every deploy.
 ///
-/// Errors: [`GuardRefused`] without `--force`; [`crate::eviction::EvictingRedis`]
+/// Errors: [`GuardRefused`] without `--force`; `EvictingRedis`
 /// without `--allow-evicting-redis` (exit 1, nothing written); a Redis error
 /// (unreachable, refused, guard key of another type).
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {

@@ -42,7 +42,7 @@ use crate::lease;
 
 /// Why the worker loop stopped other than by shutdown.
 #[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
+pub(crate) enum WorkerError {
     /// No ID could be claimed before `--claim-timeout` (exit 3).
     #[error("no worker ID claimed within {timeout:?}: {detail}")]
     ClaimTimeout {
@@ -69,7 +69,7 @@ pub enum WorkerError {
 /// What the keeper needs besides its connection and owner; nothing about
 /// files or HTTP.
 #[derive(Debug, Clone)]
-pub struct WorkerParams {
+pub(crate) struct WorkerParams {
     /// Application name (validated by the caller).
     pub app: String,
     /// Lease timing and ID range.
@@ -93,7 +93,7 @@ pub struct WorkerParams {
 
 /// How a keeper ended, after it unpublished and released.
 #[derive(Debug)]
-pub struct Stopped {
+pub(crate) struct Stopped {
     /// The owner string used last (a re-adopted one replaces the process's
     /// own): a state file holding another is not this process's to drop.
     pub owner: Owner,
@@ -145,7 +145,7 @@ impl Ours {
 
 /// The keeper of one worker-ID lease: claims, renews, reclaims, releases;
 /// the only writer of [`WorkerState`].
-pub struct Worker {
+pub(crate) struct Worker {
     conn: Redis,
     /// A clone taken before any call, for the release at the stop.
     release_conn: Redis,
@@ -165,7 +165,7 @@ impl Worker {
     /// A keeper that will first try to re-adopt `recorded` (the state file
     /// of an earlier process in this pod), and the receiver of its state:
     /// `Readopting` while that record is valid, else `Claiming`.
-    pub fn new(
+    pub(crate) fn new(
         conn: Redis,
         owner: Owner,
         params: WorkerParams,
@@ -201,7 +201,7 @@ impl Worker {
     /// ends the state channel, awaits `unpublished` (the publisher removing
     /// the files), and only then removes every key of ours, so no two
     /// processes publish one ID.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         shutdown: CancellationToken,
         unpublished: impl Future<Output = ()>,

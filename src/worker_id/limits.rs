@@ -9,20 +9,20 @@ use std::time::Duration;
 use crate::cli::{CountLimit, DurationLimit};
 
 /// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
-pub const WORKER_ID_LIMIT: u16 = 1023;
+pub(crate) const WORKER_ID_LIMIT: u16 = 1023;
 /// `--max-worker-id` by default: 32 IDs, 0-31 (5 bits of a Snowflake ID).
-pub const DEFAULT_MAX_WORKER_ID: u16 = 31;
+pub(crate) const DEFAULT_MAX_WORKER_ID: u16 = 31;
 /// `--max-worker-id`: the highest ID handed out, 0-1023 (10 bits).
-pub const MAX_WORKER_ID: CountLimit = CountLimit {
+pub(crate) const MAX_WORKER_ID: CountLimit = CountLimit {
     flag: "--max-worker-id",
     default: DEFAULT_MAX_WORKER_ID as u32,
     min: 0,
     max: WORKER_ID_LIMIT as u32,
 };
 /// `--key-prefix` by default: lease keys are `snowflake:worker:<app>:<id>`.
-pub const DEFAULT_KEY_PREFIX: &str = "snowflake:worker:";
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "snowflake:worker:";
 /// `--ttl`: the lease key's PX, 1 s to 1 h.
-pub const TTL: DurationLimit = DurationLimit {
+pub(crate) const TTL: DurationLimit = DurationLimit {
     flag: "--ttl",
     default: "120s",
     min: Duration::from_secs(1),
@@ -31,28 +31,28 @@ pub const TTL: DurationLimit = DurationLimit {
 /// `--renew-interval`: 100 ms up to half the TTL (`max`: half the longest
 /// TTL; `args.rs` checks the TTL's half). Each renew is a Redis call and
 /// rewrites the state file (fsync), so `1ns` once meant ~740 renewals a second.
-pub const RENEW_INTERVAL: DurationLimit = DurationLimit {
+pub(crate) const RENEW_INTERVAL: DurationLimit = DurationLimit {
     flag: "--renew-interval",
     default: "60s",
     min: Duration::from_millis(100),
     max: Duration::from_secs(1800),
 };
 /// `--retries`: retries of a failed renew round, 0-10.
-pub const RETRIES: CountLimit = CountLimit {
+pub(crate) const RETRIES: CountLimit = CountLimit {
     flag: "--retries",
     default: 3,
     min: 0,
     max: 10,
 };
 /// `--claim-timeout`: no ID claimed for this long is exit 3; 1 s to 24 h.
-pub const CLAIM_TIMEOUT: DurationLimit = DurationLimit {
+pub(crate) const CLAIM_TIMEOUT: DurationLimit = DurationLimit {
     flag: "--claim-timeout",
     default: "5m",
     min: Duration::from_secs(1),
     max: Duration::from_secs(86_400),
 };
 /// `--handover-delay`: the released ID stays blocked this long, 100 ms to 60 s.
-pub const HANDOVER_DELAY: DurationLimit = DurationLimit {
+pub(crate) const HANDOVER_DELAY: DurationLimit = DurationLimit {
     flag: "--handover-delay",
     default: "1s",
     min: Duration::from_millis(100),
@@ -60,7 +60,7 @@ pub const HANDOVER_DELAY: DurationLimit = DurationLimit {
 };
 /// `--min-replicas-ack`: replicas that must acknowledge (`WAIT`), 0-16
 /// (more than any sane deployment).
-pub const MIN_REPLICAS_ACK: CountLimit = CountLimit {
+pub(crate) const MIN_REPLICAS_ACK: CountLimit = CountLimit {
     flag: "--min-replicas-ack",
     default: 0,
     min: 0,
@@ -68,7 +68,7 @@ pub const MIN_REPLICAS_ACK: CountLimit = CountLimit {
 };
 /// `--max-clock-skew`: largest |wall clock - Redis TIME| at which a claimed
 /// ID is published, 10 ms to 60 s.
-pub const MAX_CLOCK_SKEW: DurationLimit = DurationLimit {
+pub(crate) const MAX_CLOCK_SKEW: DurationLimit = DurationLimit {
     flag: "--max-clock-skew",
     default: "500ms",
     min: Duration::from_millis(10),

@@ -10,14 +10,14 @@ use std::sync::atomic::AtomicU64;
 
 /// The `outcome` label of the counters below; a closed set of values.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// e.g. `renewed`, `recreated`, `lost`, `failed`.
     pub outcome: &'static str,
 }
 
 /// Every `outcome` of `snowlease_renewals_total` (`unconfirmed`: the node that ran it is no
 /// longer the Sentinel primary).
-pub const RENEW_OUTCOMES: [&str; 6] = [
+pub(crate) const RENEW_OUTCOMES: [&str; 6] = [
     "renewed",
     "recreated",
     "lost",
@@ -26,7 +26,7 @@ pub const RENEW_OUTCOMES: [&str; 6] = [
     "unacknowledged",
 ];
 /// Every `outcome` of `snowlease_claim_attempts_total`.
-pub const CLAIM_OUTCOMES: [&str; 8] = [
+pub(crate) const CLAIM_OUTCOMES: [&str; 8] = [
     "claimed",
     "adopted",
     "full",
@@ -39,7 +39,7 @@ pub const CLAIM_OUTCOMES: [&str; 8] = [
 
 /// Counters and gauges of one worker sidecar.
 #[derive(Debug, Default)]
-pub struct WorkerMetrics {
+pub(crate) struct WorkerMetrics {
     /// 1 while a valid lease is held, else 0.
     pub lease_held: Gauge,
     /// The published worker ID, -1 while none.
@@ -67,7 +67,7 @@ pub struct WorkerMetrics {
 
 impl WorkerMetrics {
     /// Registers every metric under the `snowlease_` prefix.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("snowlease");
         r.register(
             "lease_held",

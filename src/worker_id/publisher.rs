@@ -25,7 +25,7 @@ use crate::atomic_file::{Folder, Stamp};
 /// `folder` is the folder of `output_file`, kept open: every write, check
 /// and removal goes relative to it, so a write needs one new descriptor
 /// (the temporary file) and a check none.
-pub async fn run_publisher(
+pub(crate) async fn run_publisher(
     mut state: watch::Receiver<WorkerState>,
     folder: Folder,
     output_file: &Path,

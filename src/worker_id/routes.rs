@@ -18,7 +18,7 @@ use crate::http::{encode_metrics, liveness_routes};
 
 /// What the worker-mode handlers read.
 #[derive(Clone)]
-pub struct WorkerHttp {
+pub(crate) struct WorkerHttp {
     /// Application name, echoed in `/id`.
     pub app: Arc<str>,
     /// Latest worker state (written only by the worker loop).
@@ -28,7 +28,7 @@ pub struct WorkerHttp {
 }
 
 /// Routes of the worker sidecar. Pure: tests drive it with `oneshot`.
-pub fn worker_router(http: WorkerHttp) -> Router {
+pub(crate) fn worker_router(http: WorkerHttp) -> Router {
     Router::new()
         .route("/id", get(worker_id))
         .route("/readyz", get(readyz))

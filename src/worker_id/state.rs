@@ -12,7 +12,7 @@ use crate::lease;
 
 /// What the sidecar can say about its lease right now.
 #[derive(Debug, Clone, PartialEq)]
-pub enum WorkerState {
+pub(crate) enum WorkerState {
     /// No lease yet; claiming.
     Claiming,
     /// Start-up with a lease recorded by an earlier process in this pod,
@@ -42,7 +42,7 @@ pub enum WorkerState {
 
 impl WorkerState {
     /// The lease, only while it is still within its local validity deadline.
-    pub fn valid_lease(&self) -> Option<&HeldLease> {
+    pub(crate) fn valid_lease(&self) -> Option<&HeldLease> {
         match self {
             Self::Held(held) if held.is_valid() => Some(held),
             _ => None,
@@ -52,7 +52,7 @@ impl WorkerState {
 
 /// A held worker-ID lease as the publishers see it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HeldLease {
+pub(crate) struct HeldLease {
     /// The worker ID (0..=max_worker_id).
     pub worker_id: u16,
     /// Owner string stored in the key.
@@ -69,19 +69,19 @@ pub struct HeldLease {
 
 impl HeldLease {
     /// True while the local validity deadline is in the future.
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         BootInstant::now() < self.valid_until
     }
 
     /// Time left until the validity deadline (zero once passed).
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.valid_until.remaining()
     }
 }
 
 /// A lease recorded in the pod-local state file, to be re-adopted at start.
 #[derive(Debug, Clone)]
-pub struct RecordedLease {
+pub(crate) struct RecordedLease {
     /// Worker ID the previous process held.
     pub worker_id: u16,
     /// Its owner string; adopted only if the key still holds exactly this.
@@ -106,7 +106,7 @@ impl RecordedLease {
     /// how old the lease is; capping it at now + one span would keep the ID
     /// file up to the restart's delay past the key's expiry, when another
     /// pod may claim it. Re-adoption is still tried: the key may be ours.
-    pub fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
+    pub(crate) fn deadline(&self, ttl: Duration) -> Option<BootInstant> {
         if self.release_unconfirmed {
             return None;
         }
