@@ -1,6 +1,6 @@
 //! Files that readers see whole or not at all: a temporary file in the same
 //! folder, fsync, rename. Used for the ID and state files (through a kept
-//! open [`Folder`]) and by `install`.
+//! open `Folder`) and by `install`.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -24,7 +24,11 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 /// [`write_atomic`] with the file mode and the contents from a reader.
 ///
 /// Errors: any I/O error; `path` is then unchanged.
-pub fn write_atomic_from(path: &Path, mode: u32, contents: &mut impl Read) -> std::io::Result<()> {
+pub(crate) fn write_atomic_from(
+    path: &Path,
+    mode: u32,
+    contents: &mut impl Read,
+) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -42,7 +46,7 @@ pub fn write_atomic_from(path: &Path, mode: u32, contents: &mut impl Read) -> st
 /// The sidecar's ID and state files are written this way, so a process
 /// short of descriptors (a flood of HTTP connections) still keeps them fresh.
 #[derive(Debug)]
-pub struct Folder {
+pub(crate) struct Folder {
     fd: OwnedFd,
     path: PathBuf,
 }
@@ -51,7 +55,7 @@ pub struct Folder {
 /// device, inode, size and modification time. A rename over the file gives
 /// another inode; an edit in place another mtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     dev: u64,
     ino: u64,
     size: i64,
@@ -76,7 +80,7 @@ impl Folder {
     /// Opens the folder `path` (which must exist) and keeps it open.
     ///
     /// Errors: the open error (not found, not a folder, no permission).
-    pub fn open(path: &Path) -> std::io::Result<Self> {
+    pub(crate) fn open(path: &Path) -> std::io::Result<Self> {
         let fd = rustix::fs::open(
             path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -89,7 +93,7 @@ impl Folder {
     }
 
     /// The path the folder was opened at (for messages).
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -100,7 +104,7 @@ impl Folder {
     ///
     /// Errors: any I/O error; the file is then unchanged and no temporary
     /// file is left.
-    pub fn write_atomic(
+    pub(crate) fn write_atomic(
         &self,
         name: &OsStr,
         mode: u32,
@@ -126,7 +130,7 @@ impl Folder {
     /// The [`Stamp`] of the file `name` (a symlink's own, not its target's).
     ///
     /// Errors: the stat error (`NotFound` when there is no such file).
-    pub fn stamp(&self, name: &OsStr) -> std::io::Result<Stamp> {
+    pub(crate) fn stamp(&self, name: &OsStr) -> std::io::Result<Stamp> {
         let stat = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
         Ok(Stamp::of(&stat))
     }
@@ -134,7 +138,7 @@ impl Folder {
     /// Removes the file `name`.
     ///
     /// Errors: the unlink error (`NotFound` when there is no such file).
-    pub fn remove(&self, name: &OsStr) -> std::io::Result<()> {
+    pub(crate) fn remove(&self, name: &OsStr) -> std::io::Result<()> {
         Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::empty())?)
     }
 }
@@ -155,7 +159,7 @@ fn fill(mut file: File, mode: u32, contents: &mut impl Read) -> std::io::Result<
 /// folders that already exist keep their mode.
 ///
 /// Errors: the first I/O error.
-pub fn create_dir_all_readable(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_dir_all_readable(dir: &Path) -> std::io::Result<()> {
     if dir.as_os_str().is_empty() || dir.is_dir() {
         return Ok(());
     }

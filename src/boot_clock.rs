@@ -6,7 +6,7 @@
 //!
 //! Every validity check compares [`BootInstant::now`] with the deadline.
 //! Tokio's timers run on CLOCK_MONOTONIC, so they serve as wake-ups only:
-//! [`sleep_until`] sleeps at most [`WAKE_MAX`] at a time, so after a resume
+//! `sleep_until` sleeps at most `WAKE_MAX` at a time, so after a resume
 //! a passed deadline is acted on within that bound (decisions in between,
 //! e.g. before sending a renew, see it at once).
 //!
@@ -22,7 +22,7 @@ use std::time::Duration;
 use nix::time::{ClockId, clock_gettime};
 
 /// Longest single timer sleep while waiting for a boot-clock deadline.
-pub const WAKE_MAX: Duration = Duration::from_secs(1);
+pub(crate) const WAKE_MAX: Duration = Duration::from_secs(1);
 
 /// A point on CLOCK_BOOTTIME (time since boot, suspend included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,7 +54,7 @@ impl BootInstant {
 
     /// This instant on the monotonic clock (tokio and `std` timers), as
     /// seen at `now`: after a suspend it is that much closer.
-    pub fn on_monotonic(self, now: std::time::Instant) -> std::time::Instant {
+    pub(crate) fn on_monotonic(self, now: std::time::Instant) -> std::time::Instant {
         now + self.remaining()
     }
 
@@ -64,12 +64,12 @@ impl BootInstant {
     }
 
     /// Time since `self` (suspend included); zero for a future instant.
-    pub fn elapsed(self) -> Duration {
+    pub(crate) fn elapsed(self) -> Duration {
         Self::now().saturating_duration_since(self)
     }
 
     /// Time until `self`; zero once passed.
-    pub fn remaining(self) -> Duration {
+    pub(crate) fn remaining(self) -> Duration {
         self.saturating_duration_since(Self::now())
     }
 }
@@ -108,7 +108,7 @@ pub fn boot_id() -> Option<&'static str> {
 
 /// Waits until `deadline` has passed on the boot clock, waking at least
 /// every [`WAKE_MAX`] (a suspend stretches each timer sleep by its length).
-pub async fn sleep_until(deadline: BootInstant) {
+pub(crate) async fn sleep_until(deadline: BootInstant) {
     loop {
         let left = deadline.remaining();
         if left.is_zero() {

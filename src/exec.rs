@@ -65,7 +65,7 @@ pub enum ExecError {
 
 /// Runs `exec`: wait for an ID, run the command with it, watch the ID.
 /// Returns the exit code: the command's (128 + signal when killed),
-/// [`exit::LEASE_LOST`] after a loss, 128 + signal when a signal ended the
+/// `exit::LEASE_LOST` after a loss, 128 + signal when a signal ended the
 /// wait.
 ///
 /// Errors: [`ExecError`] when no ID came or the command cannot start.

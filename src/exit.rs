@@ -35,35 +35,36 @@ Exit codes (the same meaning in every command):
   130 a second stop signal during the stop: aborted without cleanup";
 
 /// Anything not listed below.
-pub const FAILURE: u8 = 1;
+pub(crate) const FAILURE: u8 = 1;
 /// Bad input; nothing was written.
-pub const BAD_INPUT: u8 = 2;
+pub(crate) const BAD_INPUT: u8 = 2;
 /// What was asked for could not be had in time.
-pub const UNAVAILABLE: u8 = 3;
+pub(crate) const UNAVAILABLE: u8 = 3;
 /// The lease is not (or no longer) ours.
-pub const NOT_HELD: u8 = 4;
+pub(crate) const NOT_HELD: u8 = 4;
 /// Refused because it could break the safety property; nothing written.
-pub const REFUSED: u8 = 5;
+pub(crate) const REFUSED: u8 = 5;
 /// `lock`: not acquired within `--wait` (EX_UNAVAILABLE, sysexits.h). Not
 /// [`UNAVAILABLE`]: `lock` passes its command's code through, and 3 is a
 /// code a command may well use itself; 69 rarely is.
-pub const NOT_ACQUIRED: u8 = 69;
+pub(crate) const NOT_ACQUIRED: u8 = 69;
 /// `exec`: the ID was lost while the command ran; `lock`: the lock was lost
 /// or not renewed in time while the command ran (EX_TEMPFAIL, sysexits.h).
-pub const LEASE_LOST: u8 = 75;
+pub(crate) const LEASE_LOST: u8 = 75;
 /// `exec`: the command exists but cannot be executed (shell convention).
-pub const CANNOT_EXECUTE: u8 = 126;
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// `exec`: the command was not found (shell convention).
-pub const NOT_FOUND: u8 = 127;
+pub(crate) const NOT_FOUND: u8 = 127;
 /// Signal N ended the wait or the command: `SIGNALLED + N`.
-pub const SIGNALLED: u8 = 128;
+pub(crate) const SIGNALLED: u8 = 128;
 /// `worker`, `pool serve`: a second stop signal during the stop aborted it
 /// without cleanup (128 + SIGINT, the shell's code for Ctrl-C).
-pub const ABORTED: u8 = 130;
+pub(crate) const ABORTED: u8 = 130;
 
 /// Every code with a name, for the test that the table, `--help` and
 /// docs/operations.md agree.
-pub const ALL: [u8; 12] = [
+#[cfg(test)]
+pub(crate) const ALL: [u8; 12] = [
     0,
     FAILURE,
     BAD_INPUT,

@@ -5,7 +5,7 @@ use std::fmt;
 
 /// Where the identity came from, for the start-up log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentitySource {
+pub(crate) enum IdentitySource {
     /// `--identity` / `SNOWLEASE_IDENTITY`.
     Flag,
     /// The `POD_IP` env var (Kubernetes downward API `status.podIP`).
@@ -18,7 +18,7 @@ pub enum IdentitySource {
 
 /// Resolves the identity once, first that exists: the flag, `POD_IP`, the
 /// primary non-loopback local IP, the hostname (docs/worker.md, "Keys").
-pub fn resolve_identity(flag: Option<&str>) -> (String, IdentitySource) {
+pub(crate) fn resolve_identity(flag: Option<&str>) -> (String, IdentitySource) {
     if let Some(identity) = flag.filter(|s| !s.is_empty()) {
         return (identity.to_owned(), IdentitySource::Flag);
     }
@@ -43,7 +43,7 @@ pub fn resolve_identity(flag: Option<&str>) -> (String, IdentitySource) {
 
 /// The identity part of an owner string (before the last `#`; all of it
 /// when there is no `#`, as with keys written by other tools).
-pub fn identity_of(owner: &str) -> &str {
+pub(crate) fn identity_of(owner: &str) -> &str {
     owner
         .rsplit_once('#')
         .map_or(owner, |(identity, _)| identity)
@@ -62,7 +62,7 @@ impl Owner {
     }
 
     /// An owner string recorded earlier (state file re-adoption).
-    pub fn from_recorded(value: String) -> Self {
+    pub(crate) fn from_recorded(value: String) -> Self {
         Self(value)
     }
 
@@ -72,12 +72,12 @@ impl Owner {
     }
 
     /// The nonce part (after the last `#`), for names of this process only.
-    pub fn nonce(&self) -> &str {
+    pub(crate) fn nonce(&self) -> &str {
         self.0.rsplit_once('#').map_or("", |(_, nonce)| nonce)
     }
 
     /// The owner with the nonce shortened to 4 hex digits, for logs.
-    pub fn redacted(&self) -> String {
+    pub(crate) fn redacted(&self) -> String {
         match self.0.rsplit_once('#') {
             Some((identity, nonce)) => {
                 format!("{identity}#{}…", nonce.get(..4).unwrap_or(nonce))

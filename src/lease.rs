@@ -30,25 +30,25 @@ pub(crate) fn margin(ttl: Duration) -> Duration {
 
 /// How long after sending a claim or renew the lease may be treated as
 /// held: TTL - margin.
-pub fn validity(ttl: Duration) -> Duration {
+pub(crate) fn validity(ttl: Duration) -> Duration {
     ttl.saturating_sub(margin(ttl))
 }
 
 /// The instant until which a lease whose claim or renew was sent at `sent`
 /// may be treated as held. Redis starts its TTL later than `sent`, so this
 /// always ends before Redis lets another owner in.
-pub fn validity_deadline(sent: BootInstant, ttl: Duration) -> BootInstant {
+pub(crate) fn validity_deadline(sent: BootInstant, ttl: Duration) -> BootInstant {
     sent + validity(ttl)
 }
 
 /// Unix time of `t` in ms (the unit of the state file's `valid_until_ms`);
 /// 0 before 1970, saturating.
-pub fn unix_ms(t: SystemTime) -> u64 {
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, timing::ms)
 }
 
 /// Time left until the Unix time `ms`; `None` once it has passed.
-pub fn until_unix_ms(ms: u64) -> Option<Duration> {
+pub(crate) fn until_unix_ms(ms: u64) -> Option<Duration> {
     let left = ms.checked_sub(unix_ms(SystemTime::now()))?;
     (left > 0).then(|| Duration::from_millis(left))
 }
@@ -117,7 +117,7 @@ pub async fn renew<C: ConnectionLike>(
 
 /// Runs `release.lua` (compare-and-delete) on one key: true when the key
 /// was ours and is now gone, false when it held something else or nothing.
-pub async fn release<C: ConnectionLike>(
+pub(crate) async fn release<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
     owner: &Owner,
@@ -127,14 +127,14 @@ pub async fn release<C: ConnectionLike>(
 
 /// How a released key's value starts (`release.lua` writes
 /// `released:<owner>`): claims treat it as held until it expires.
-pub const TOMBSTONE_PREFIX: &str = "released:";
+pub(crate) const TOMBSTONE_PREFIX: &str = "released:";
 
 /// Runs `release.lua` on `keys` in one call: each that still holds `owner`
 /// is deleted (`handover` zero) or becomes the tombstone
 /// `released:<owner>` expiring after `handover` (ms precision, docs/worker.md
 /// "ID handover"); returns how many it released (0: none was ours, nothing
 /// written).
-pub async fn release_keys<C: ConnectionLike>(
+pub(crate) async fn release_keys<C: ConnectionLike>(
     conn: &mut C,
     keys: &[String],
     owner: &Owner,

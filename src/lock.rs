@@ -44,7 +44,7 @@ pub const ENV_OWNER: &str = "SNOWLEASE_LOCK_OWNER";
 /// Why `lock` did not run the command to its end.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    /// Not acquired within `--wait` (exit 69, [`exit::NOT_ACQUIRED`]).
+    /// Not acquired within `--wait` (exit 69, `exit::NOT_ACQUIRED`).
     #[error("lock {name:?} not acquired within {}: {reason}", humantime::format_duration(*waited))]
     NotAcquired {
         /// `--name`.
@@ -84,7 +84,7 @@ pub fn held_elsewhere(err: &anyhow::Error) -> bool {
 
 /// Runs `lock`: acquire, run the command with the fence, hold, release.
 /// Returns the exit code: the command's (128 + signal when killed),
-/// [`exit::LEASE_LOST`] after a loss, 128 + signal when a signal ended the
+/// `exit::LEASE_LOST` after a loss, 128 + signal when a signal ended the
 /// wait.
 ///
 /// Errors: [`LockError`] (exit codes in `exit.rs`); whatever may be ours in

@@ -1,6 +1,6 @@
 //! One shutdown source: SIGTERM, SIGINT (or SIGHUP, SIGQUIT, SIGUSR1,
 //! SIGUSR2) cancels a token that every task watches; a second signal aborts
-//! at once (exit 130, [`crate::exit::ABORTED`]).
+//! at once (exit 130, `crate::exit::ABORTED`).
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use tokio::signal::unix::{SignalKind, signal};
