@@ -17,7 +17,7 @@ use crate::connection::RedisTarget;
 pub use crate::logging::LogFormat;
 
 pub(crate) mod limit;
-pub use limit::{CountLimit, DurationLimit};
+pub(crate) use limit::{CountLimit, DurationLimit};
 
 /// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
 ///
@@ -37,7 +37,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// A duration in the docs' form: one number and the largest unit that
 /// divides it exactly (`25h`, `90m`, `1500ms`, `0s`); days only beyond one
 /// (`24h`, `30d`). A value typed with one unit is shown as typed.
-pub fn show_duration(d: Duration) -> String {
+pub(crate) fn show_duration(d: Duration) -> String {
     const UNITS: [(u128, &str); 7] = [
         (86_400_000_000_000, "d"),
         (3_600_000_000_000, "h"),
@@ -61,7 +61,7 @@ pub fn show_duration(d: Duration) -> String {
 
 /// Key prefixes of `worker`, `status` and `lock`: 1-128 printable ASCII characters without spaces or braces
 /// (braces would form a Redis Cluster hash tag).
-pub fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
     let ok = (1..=128).contains(&prefix.len())
         && prefix
             .chars()
@@ -151,7 +151,7 @@ impl RedisUrlArg {
     /// bad ones before anything starts (they are read again at every
     /// connection open); the error names the flag and never shows the URL
     /// or the password.
-    pub fn target(&self) -> Result<RedisTarget, ConfigError> {
+    pub(crate) fn target(&self) -> Result<RedisTarget, ConfigError> {
         RedisTarget::parse(&self.redis_url)
             .map_err(|reason| ConfigError::new("--redis-url", reason))?
             .with_sentinel_auth(

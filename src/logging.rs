@@ -4,9 +4,8 @@
 //! stalling renewals, HTTP or the release at shutdown.
 
 use std::io::IsTerminal;
-use std::sync::OnceLock;
 
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -24,8 +23,6 @@ pub enum LogFormat {
 
 /// Lines queued for stderr at most; beyond that new lines are dropped.
 const QUEUE_LINES: usize = 1024;
-
-static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 
 /// Flushes queued lines when dropped, waiting about 1 s at most (a stuck
 /// stderr must not hold up the exit). Keep it until the process ends.
@@ -70,7 +67,7 @@ fn filter_from_env(default: &str) -> Result<Targets, ConfigError> {
 /// Target of start-up facts a long-running command logs (e.g. the Redis
 /// topology it detected) and a one-shot command keeps to itself unless
 /// `SNOWLEASE_LOG` asks.
-pub const START_TARGET: &str = "snowlease::start";
+pub(crate) const START_TARGET: &str = "snowlease::start";
 
 /// Reads a `SNOWLEASE_LOG` value (see [`filter_from_env`]); `default`
 /// when it is empty.
@@ -107,7 +104,7 @@ fn parse_filter(value: &str, default: &str) -> Result<Targets, ConfigError> {
 /// docs/flags.md), `format` on stderr, colours only on a terminal. Errors: an unreadable `SNOWLEASE_LOG` (nothing is installed).
 ///
 /// `Run::Once` (a command that does one thing and exits: pool commands
-/// but `serve`, `lock`) leaves out the [`START_TARGET`] events by default.
+/// but `serve`, `lock`) leaves out the `START_TARGET` events by default.
 pub fn init(format: LogFormat, run: Run) -> Result<LogGuard, ConfigError> {
     let default = match run {
         Run::UntilStopped => "info".to_owned(),
@@ -120,7 +117,6 @@ pub fn init(format: LogFormat, run: Run) -> Result<LogGuard, ConfigError> {
         .buffered_lines_limit(QUEUE_LINES)
         .thread_name("log-writer")
         .finish(std::io::stderr());
-    let _ = DROPPED.set(writer.error_counter());
     let layer = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(writer)
@@ -146,14 +142,6 @@ pub fn init(format: LogFormat, run: Run) -> Result<LogGuard, ConfigError> {
         _flush: guard,
         format,
     })
-}
-
-/// Log lines dropped so far because stderr did not keep up (0 before
-/// [`init`]).
-pub fn dropped_lines() -> u64 {
-    DROPPED
-        .get()
-        .map_or(0, |counter| counter.dropped_lines() as u64)
 }
 
 #[cfg(test)]

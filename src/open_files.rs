@@ -1,5 +1,5 @@
 //! The open-file limit (`RLIMIT_NOFILE`): the soft limit is raised to the
-//! hard one at start, the HTTP connection cap stays [`RESERVED`] descriptors
+//! hard one at start, the HTTP connection cap stays `RESERVED` descriptors
 //! below it, and children get the limit they would have had without us.
 
 use std::sync::OnceLock;
@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 /// ID, state, temporary and lock files, stdio and the runtime's own. The
 /// HTTP connection cap never reaches into them (without it, a flood of idle
 /// connections made every ID-file write fail with EMFILE).
-pub const RESERVED: u64 = 128;
+pub(crate) const RESERVED: u64 = 128;
 
 /// The soft limit found at start, before [`raise_soft_limit`] raised it;
 /// children get it back (see [`with_inherited_limit`]).
@@ -47,7 +47,7 @@ pub fn raise_soft_limit() {
 }
 
 /// The current soft `RLIMIT_NOFILE`; `None` when it cannot be read.
-pub fn soft_limit() -> Option<u64> {
+pub(crate) fn soft_limit() -> Option<u64> {
     getrlimit(Resource::RLIMIT_NOFILE)
         .ok()
         .map(|(soft, _)| soft)
@@ -56,7 +56,7 @@ pub fn soft_limit() -> Option<u64> {
 /// Most HTTP connections that fit under `soft` open files, keeping
 /// [`RESERVED`] descriptors for the rest; at least 1 (a limit that low
 /// leaves the sidecar short of descriptors anyway).
-pub fn connection_bound(soft: u64) -> usize {
+pub(crate) fn connection_bound(soft: u64) -> usize {
     usize::try_from(soft.saturating_sub(RESERVED))
         .unwrap_or(usize::MAX)
         .max(1)
@@ -68,7 +68,7 @@ pub fn connection_bound(soft: u64) -> usize {
 /// that use select(2) break on descriptors above 1024, which is why the
 /// soft limit is usually 1024 (systemd's advice: raise it only in the
 /// process that needs it, and give children the original).
-pub fn with_inherited_limit<T>(spawn: impl FnOnce() -> T) -> T {
+pub(crate) fn with_inherited_limit<T>(spawn: impl FnOnce() -> T) -> T {
     let current = getrlimit(Resource::RLIMIT_NOFILE).ok();
     let restore = match (INHERITED_SOFT.get(), current) {
         (Some(&inherited), Some((soft, hard))) if inherited < soft => {

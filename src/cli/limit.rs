@@ -9,7 +9,7 @@ use super::{ConfigError, check_range, parse_duration};
 
 /// A duration flag: default as typed in the docs, range inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DurationLimit {
+pub(crate) struct DurationLimit {
     /// The flag as typed, e.g. `--ttl`.
     pub flag: &'static str,
     /// The default as clap shows it, e.g. `120s`.
@@ -24,21 +24,21 @@ impl DurationLimit {
     /// The default as a `Duration`.
     ///
     /// Panics when `default` does not parse (each table's test proves it does).
-    pub fn default_value(&self) -> Duration {
+    pub(crate) fn default_value(&self) -> Duration {
         parse_duration(self.default).expect("the table's defaults parse")
     }
 
     /// `value` within the range; the error names the flag and the range.
     ///
     /// Errors: [`ConfigError`] for `value` outside `min..=max`.
-    pub fn check(&self, value: Duration) -> Result<(), ConfigError> {
+    pub(crate) fn check(&self, value: Duration) -> Result<(), ConfigError> {
         check_range(self.flag, value, self.min, self.max)
     }
 }
 
 /// A count flag: default and range inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CountLimit {
+pub(crate) struct CountLimit {
     /// The flag as typed, e.g. `--retries`.
     pub flag: &'static str,
     /// The default.
@@ -54,7 +54,7 @@ impl CountLimit {
     /// (`11 is outside 0-10`).
     ///
     /// Errors: [`ConfigError`] for `value` outside `min..=max`.
-    pub fn check(&self, value: u32) -> Result<(), ConfigError> {
+    pub(crate) fn check(&self, value: u32) -> Result<(), ConfigError> {
         if (self.min..=self.max).contains(&value) {
             return Ok(());
         }

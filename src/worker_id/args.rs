@@ -15,7 +15,7 @@ use crate::eviction::EvictionArgs;
 use crate::http::{ConnectionLimits, HttpArgs};
 
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
-pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
+pub(crate) const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 
 /// Default `--listen` of the sidecar. Port 7391: the sidecar shares the pod's network
 /// namespace with the app, so not 8080/8000/3000/5000 (app defaults), not 9100-9999 (Prometheus
@@ -23,7 +23,7 @@ pub const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
 /// agent), 8300-8600 (Consul), 4317/4318/8888/13133 (OpenTelemetry collector), 9901 (Envoy
 /// admin); below the ephemeral (32768+) and NodePort (30000-32767) ranges. Manifests, Dockerfile
 /// and docs/ must name the same port (`scripts/validate_k8s.py` reads it from here).
-pub const DEFAULT_LISTEN: &str = "[::]:7391";
+pub(crate) const DEFAULT_LISTEN: &str = "[::]:7391";
 
 use super::limits::{
     CLAIM_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID, HANDOVER_DELAY, MAX_CLOCK_SKEW,
@@ -58,7 +58,7 @@ pub struct AppKeysArgs {
 
 /// The validated [`AppKeysArgs`].
 #[derive(Debug, Clone)]
-pub struct AppKeys {
+pub(crate) struct AppKeys {
     /// Application name.
     pub app: String,
     /// Key prefix, e.g. `snowflake:worker:`.
@@ -69,7 +69,7 @@ pub struct AppKeys {
 
 impl AppKeysArgs {
     /// Checks the three flags; the first violation names its flag.
-    pub fn validate(&self) -> Result<AppKeys, ConfigError> {
+    pub(crate) fn validate(&self) -> Result<AppKeys, ConfigError> {
         validate_app(&self.app)?;
         validate_key_prefix(&self.key_prefix)?;
         Ok(AppKeys {
@@ -220,7 +220,7 @@ impl Default for LeaseSettings {
 impl LeaseSettings {
     /// Timeout of one Redis call: a quarter of the renew interval, within
     /// 100 ms-5 s, so a whole round of retries fits before the deadline.
-    pub fn call_timeout(&self) -> Duration {
+    pub(crate) fn call_timeout(&self) -> Duration {
         (self.renew_interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
     }
 }
@@ -279,7 +279,7 @@ impl WorkerArgs {
 }
 
 /// Highest worker ID: 0-1023, the 10 worker bits of a Snowflake ID.
-pub fn validate_max_worker_id(value: u32) -> Result<u16, ConfigError> {
+pub(crate) fn validate_max_worker_id(value: u32) -> Result<u16, ConfigError> {
     u16::try_from(value)
         .ok()
         .filter(|id| *id <= WORKER_ID_LIMIT)
@@ -303,7 +303,7 @@ const APP_ENV: &str = "SNOWLEASE_APP";
 /// Errors: `--app` with the allowed form; an empty name set through `SNOWLEASE_APP` says so and
 /// where the Kustomize Component takes it from (a downward-API field of a missing annotation
 /// is an empty string).
-pub fn validate_app(app: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_app(app: &str) -> Result<(), ConfigError> {
     let ok = (1..=64).contains(&app.len())
         && app
             .bytes()

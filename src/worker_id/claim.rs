@@ -42,13 +42,13 @@ impl LeaseKeys {
 
     /// A `SCAN MATCH` pattern for every key of the app (lease keys, guards,
     /// probes; [`Self::worker_id_of`] picks the lease keys).
-    pub fn pattern(&self) -> String {
+    pub(crate) fn pattern(&self) -> String {
         format!("{}*", glob_escape(&self.base))
     }
 
     /// The worker ID a key of this app is the lease key of (`<base><digits>`,
     /// as [`Self::id`] writes it), or None for any other key.
-    pub fn worker_id_of(&self, key: &str) -> Option<u32> {
+    pub(crate) fn worker_id_of(&self, key: &str) -> Option<u32> {
         let digits = key.strip_prefix(&self.base)?;
         let canonical = digits == "0" || !digits.starts_with('0');
         let id = digits.parse::<u32>().ok()?;
@@ -56,20 +56,20 @@ impl LeaseKeys {
     }
 
     /// The lease keys of IDs `0..=max_worker_id`, in ID order.
-    pub fn ids(&self, max_worker_id: u16) -> Vec<String> {
+    pub(crate) fn ids(&self, max_worker_id: u16) -> Vec<String> {
         (0..=max_worker_id).map(|id| self.id(id)).collect()
     }
 
     /// The app's claim guard on one server (standalone, Sentinel): the
     /// whole dataset is one failure domain (see `claim.lua`).
-    pub fn guard(&self) -> String {
+    pub(crate) fn guard(&self) -> String {
         format!("{}guard", self.base)
     }
 
     /// The claim guard of one worker ID on Cluster: its hash tag is the
     /// lease key itself, so it lives in the lease key's slot and is lost
     /// with it when that shard loses its data.
-    pub fn id_guard(&self, worker_id: u16) -> String {
+    pub(crate) fn id_guard(&self, worker_id: u16) -> String {
         format!("{}guard:{{{}}}", self.base, self.id(worker_id))
     }
 
@@ -86,7 +86,7 @@ impl LeaseKeys {
     }
 
     /// The start-up probe key of one process.
-    pub fn probe(&self, nonce: &str) -> String {
+    pub(crate) fn probe(&self, nonce: &str) -> String {
         format!("{}probe:{nonce}", self.base)
     }
 }

@@ -88,7 +88,7 @@ impl GuardArgs {
 
 /// `guard open` found what makes opening unsafe and was not forced (exit 5).
 #[derive(Debug, thiserror::Error)]
-pub enum GuardRefused {
+pub(crate) enum GuardRefused {
     /// Lease keys of the app exist and a guard is missing: a holder may
     /// still publish its ID (not a first use; the guard was lost).
     #[error(
@@ -156,7 +156,7 @@ impl Found {
 /// is written and the line says `"already_open": true` (exit 0), so a
 /// deploy hook can run this on every deploy.
 ///
-/// Errors: [`GuardRefused`] without `--force`; `EvictingRedis`
+/// Errors: `GuardRefused` without `--force`; `EvictingRedis`
 /// without `--allow-evicting-redis` (exit 1, nothing written); a Redis error
 /// (unreachable, refused, guard key of another type).
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {

@@ -71,7 +71,7 @@ impl StatusArgs {
 
 /// The leases of one app as Redis holds them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Application name.
     pub app: String,
     /// Key prefix; keys are `<prefix><app>:<id>`.
@@ -97,7 +97,7 @@ pub struct Report {
 /// The claim guard as `status` sees it (docs/worker.md, "Claim guard").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "state")]
-pub enum ClaimGuard {
+pub(crate) enum ClaimGuard {
     /// No guard: the next claim sets it and waits one TTL.
     Missing,
     /// New claims are allowed.
@@ -118,7 +118,7 @@ pub enum ClaimGuard {
 
 /// The per-ID claim guards of an app on Cluster, counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct GuardSummary {
+pub(crate) struct GuardSummary {
     /// Guards that let claims in now.
     pub open: u32,
     /// Guards that hold claims back.
@@ -135,7 +135,7 @@ pub struct GuardSummary {
 
 /// One ID that is not free.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The worker ID.
     pub worker_id: u16,
     /// The key's Redis type: `string` for a lease, anything else is wrong.
@@ -149,13 +149,13 @@ pub struct Entry {
 
 impl Entry {
     /// True for a lease key (string), false for a key of the wrong type.
-    pub fn is_lease(&self) -> bool {
+    pub(crate) fn is_lease(&self) -> bool {
         self.key_type == "string"
     }
 
     /// True for a release tombstone: the holder stopped, the handover
     /// delay still runs.
-    pub fn is_tombstone(&self) -> bool {
+    pub(crate) fn is_tombstone(&self) -> bool {
         self.is_lease()
             && self
                 .owner
@@ -170,7 +170,7 @@ impl Entry {
 /// counts as free.
 ///
 /// Errors: the first Redis error (NOPERM, connection, timeout).
-pub async fn read(
+pub(crate) async fn read(
     conn: &mut Redis,
     app: &str,
     key_prefix: &str,
@@ -371,7 +371,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
 /// while something is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "state")]
-pub enum Eviction {
+pub(crate) enum Eviction {
     /// `maxmemory` is 0 or the policy is `noeviction`.
     Safe,
     /// Redis may drop lease keys: sidecars claim nothing on it.
