@@ -20,10 +20,10 @@ use std::sync::Once;
 
 use redis::{ErrorKind, RedisError};
 
-pub use classify::{Failure, Verdict, classify};
+pub(crate) use classify::{Failure, classify};
 pub(crate) use classify::{is_auth_error, is_certificate_error, is_permission_error};
 pub use handle::{Keyspace, Redis};
-pub use target::{FileRefused, RedisTarget, Topology};
+pub use target::RedisTarget;
 
 /// Installs ring as rustls's process-wide crypto provider; without one the
 /// first `rediss://` connection panics. Harmless when already installed.
@@ -81,7 +81,7 @@ fn explain(target: &RedisTarget, err: RedisError, ran_before: bool) -> RedisErro
 /// (`NOPERM this user has no permissions to run the 'info' command`), a
 /// pipeline's failures by command. Errors this crate builds around another
 /// one render the inner one with it too, so no kind name leaks.
-pub struct Readable<'a>(pub &'a RedisError);
+pub(crate) struct Readable<'a>(pub &'a RedisError);
 
 impl fmt::Display for Readable<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -28,7 +28,8 @@ use tracing::{debug, error, info, warn};
 use crate::supervise::child::{self, Child, Exit, Signals};
 use crate::supervise::deadline::Deadlines;
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
-pub use source::{Published, Reading, Source};
+pub use source::Source;
+pub(crate) use source::{Published, Reading};
 
 /// Timeout of one `GET /id`: the poll interval within 100-500 ms (signals
 /// wait meanwhile, so keep it short; the sidecar is local).

@@ -65,7 +65,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
 }
 
 /// The last line of a failed command: `err` with its causes, each said
-/// once. A redis-rs error is rendered by [`Readable`] (no kind names) and
+/// once. A redis-rs error is rendered by `Readable` (no kind names) and
 /// ends the walk (its sources repeat it); a part of a cause (between `": "`)
 /// already in the line is not said again, e.g. the URL a context named.
 pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {

@@ -37,9 +37,9 @@ use crate::identity::{Owner, resolve_identity};
 use crate::supervise::child::{Child, Exit, Signals};
 
 /// Env var that carries the fencing token (decimal, >= 1) to the command.
-pub const ENV_FENCE: &str = "SNOWLEASE_FENCE";
+pub(crate) const ENV_FENCE: &str = "SNOWLEASE_FENCE";
 /// Env var that carries the owner string (the lock key's value) to the command.
-pub const ENV_OWNER: &str = "SNOWLEASE_LOCK_OWNER";
+pub(crate) const ENV_OWNER: &str = "SNOWLEASE_LOCK_OWNER";
 
 /// Why `lock` did not run the command to its end.
 #[derive(Debug, thiserror::Error)]

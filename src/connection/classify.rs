@@ -25,7 +25,7 @@ pub(crate) fn is_certificate_error(err: &RedisError) -> bool {
 /// someone else's is never an error: only a script's answer says so
 /// ([`crate::lease::RenewOutcome::Lost`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Connection trouble, timeouts, loading, failover: the same call may
     /// succeed later. The command may or may not have run. Retried at start
     /// (until `--claim-timeout`, `--wait`) and while a lease is held (until
@@ -47,13 +47,13 @@ pub enum Failure {
 impl Failure {
     /// Whether a call that failed so is tried again before anything is
     /// held (start-up probe, claim, acquire): only when transient.
-    pub fn retried_at_start(self) -> bool {
+    pub(crate) fn retried_at_start(self) -> bool {
         self == Self::Transient
     }
 
     /// Whether a renewal that failed so is tried again while a lease is
     /// held, until its validity deadline: all but [`Failure::Permanent`].
-    pub fn retried_while_held(self) -> bool {
+    pub(crate) fn retried_while_held(self) -> bool {
         self != Self::Permanent
     }
 }
@@ -62,7 +62,7 @@ impl Failure {
 /// connection it failed on is left. Compares equal to its [`Failure`], so
 /// `classify(&err) == Failure::Refused` reads as it says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// How the caller treats the failure (retry, refusal, give up).
     pub failure: Failure,
     /// True when the connection the call failed on is not to be used again
@@ -77,12 +77,12 @@ pub struct Verdict {
 
 impl Verdict {
     /// See [`Failure::retried_at_start`].
-    pub fn retried_at_start(self) -> bool {
+    pub(crate) fn retried_at_start(self) -> bool {
         self.failure.retried_at_start()
     }
 
     /// See [`Failure::retried_while_held`].
-    pub fn retried_while_held(self) -> bool {
+    pub(crate) fn retried_while_held(self) -> bool {
         self.failure.retried_while_held()
     }
 }
@@ -100,7 +100,7 @@ impl PartialEq<Failure> for Verdict {
 /// for the connection (whether to leave it). Error replies that redis-rs
 /// hands back inside an `Ok` reply are read by `leaves_connection` with
 /// the same table.
-pub fn classify(err: &RedisError) -> Verdict {
+pub(crate) fn classify(err: &RedisError) -> Verdict {
     let (transient, permanent) = (Failure::Transient, Failure::Permanent);
     let verdict = |failure, new_connection| Verdict {
         failure,

@@ -119,20 +119,10 @@ impl RedisTarget {
 // === what callers ask beyond commands ===
 
 impl Redis {
-    /// The URL this handle connects to, redacted.
-    pub fn target(&self) -> &RedisTarget {
-        &self.shared.target
-    }
-
     /// Watches the connection generation: it grows by one with every new
     /// connection (first connect, reconnect, new primary, new cluster view).
-    pub fn reconnects(&self) -> watch::Receiver<u64> {
+    pub(crate) fn reconnects(&self) -> watch::Receiver<u64> {
         self.shared.generation.subscribe()
-    }
-
-    /// Generation of the connection this clone's last call ran on (0: none).
-    pub fn ran_on(&self) -> u64 {
-        self.ran_on
     }
 
     /// What a script's keys must share here: [`Keyspace::Slots`] on a Redis
@@ -161,7 +151,7 @@ impl Redis {
     /// within the call timeout). A majority that names another node, or a
     /// `ROLE` other than master, marks the connection broken. Standalone and
     /// Cluster: always true.
-    pub async fn confirm_primary(&mut self) -> bool {
+    pub(crate) async fn confirm_primary(&mut self) -> bool {
         let Some(sentinels) = &self.shared.sentinel else {
             return true;
         };
@@ -230,7 +220,7 @@ impl Redis {
     ///
     /// Errors: as any call (`NOPERM` without `+info`); a reply without the
     /// field is a parse error.
-    pub async fn connected_replicas(&mut self, key: &str) -> RedisResult<u32> {
+    pub(crate) async fn connected_replicas(&mut self, key: &str) -> RedisResult<u32> {
         let mut info = redis::cmd("INFO");
         info.arg("replication");
         let value = self.call_on_key_node(&info, key).await?;
@@ -254,7 +244,7 @@ impl Redis {
     /// slot migration, is read again key by key as redis-rs routes each).
     ///
     /// Errors: as any call; one key's error fails the whole read.
-    pub async fn read_each(&mut self, keys: &[String]) -> RedisResult<Vec<Option<String>>> {
+    pub(crate) async fn read_each(&mut self, keys: &[String]) -> RedisResult<Vec<Option<String>>> {
         let values = self
             .call(|mut conn| async move { conn.read_each(keys).await })
             .await?;
@@ -274,7 +264,7 @@ impl Redis {
     /// One command (on a Cluster routed by its key).
     ///
     /// Errors: the call timeout, a failed connect, the command's own error.
-    pub async fn call_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    pub(crate) async fn call_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         self.call(|mut conn| async move { conn.one(cmd).await })
             .await
     }
@@ -284,7 +274,7 @@ impl Redis {
     ///
     /// Errors: as [`Redis::call_one`]; on a Cluster the first command's
     /// error fails the pipeline.
-    pub async fn call_many(
+    pub(crate) async fn call_many(
         &mut self,
         pipeline: &Pipeline,
         offset: usize,

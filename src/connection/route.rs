@@ -25,7 +25,7 @@ impl Redis {
     ///
     /// Errors: the first connect failed; the first error of any call (the
     /// others still ran).
-    pub async fn per_slot<T, F, Fut>(&self, keys: &[String], call: F) -> RedisResult<Vec<T>>
+    pub(crate) async fn per_slot<T, F, Fut>(&self, keys: &[String], call: F) -> RedisResult<Vec<T>>
     where
         F: Fn(Redis, Vec<String>) -> Fut,
         Fut: Future<Output = RedisResult<T>> + Send + 'static,

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use percent_encoding::percent_decode_str;
 
 use files::CredentialFiles;
-pub use files::FileRefused;
 
 /// Said with every URL error: the usual cause is an unencoded `@`, `#`, `/` or `:`
 /// in a password.
@@ -33,7 +32,7 @@ const ENCODE_HINT: &str = "percent-encode special characters in the user name an
 
 /// How to reach Redis, as the URL's scheme says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Topology {
+pub(crate) enum Topology {
     /// `redis://`: one server, or a Cluster detected at start (`INFO cluster`).
     Detect,
     /// `redis+cluster://`: a Cluster.
@@ -137,7 +136,11 @@ impl RedisTarget {
 
     /// Sets the Sentinel credentials where the URL's query gave none
     /// (`--redis-sentinel-username`, `--redis-sentinel-password`).
-    pub fn with_sentinel_auth(mut self, user: Option<String>, password: Option<String>) -> Self {
+    pub(crate) fn with_sentinel_auth(
+        mut self,
+        user: Option<String>,
+        password: Option<String>,
+    ) -> Self {
         let parts = Arc::make_mut(&mut self.0);
         parts.sentinel_username = parts.sentinel_username.take().or(user);
         parts.sentinel_password = parts.sentinel_password.take().or(password);

@@ -35,7 +35,7 @@ pub enum Source {
 
 /// A published worker ID and how long it may be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Published {
+pub(crate) struct Published {
     /// The worker ID.
     pub worker_id: u16,
     /// Deadline on the boot clock after which the ID is stale unless read
@@ -46,14 +46,14 @@ pub struct Published {
 
 impl Published {
     /// True while the deadline (if any) is in the future.
-    pub fn is_fresh(&self) -> bool {
+    pub(crate) fn is_fresh(&self) -> bool {
         self.valid_until.is_none_or(|t| BootInstant::now() < t)
     }
 }
 
 /// What one read of the source found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reading {
+pub(crate) enum Reading {
     /// A fresh ID.
     Published(Published),
     /// No ID is published; the reason is for logs.
@@ -68,7 +68,7 @@ impl Source {
     ///
     /// Errors: a message naming what is wrong.
     /// The text is never echoed whole: it may carry a password.
-    pub fn parse_url(text: &str) -> Result<url::Url, String> {
+    pub(crate) fn parse_url(text: &str) -> Result<url::Url, String> {
         let url = url::Url::parse(text).map_err(|e| format!("cannot parse it: {e}"))?;
         let mut shown = url.clone();
         // Cannot fail for http(s) URLs with a host; the checks below refuse the rest.
@@ -95,7 +95,7 @@ impl Source {
     }
 
     /// Reads the source once; `timeout` bounds an HTTP request.
-    pub fn read(&self, timeout: Duration) -> Reading {
+    pub(crate) fn read(&self, timeout: Duration) -> Reading {
         match self {
             Self::File(path) => read_file(path),
             Self::Url(base) => read_url(base, timeout),

@@ -80,13 +80,13 @@ pub struct LockConfig {
 impl LockConfig {
     /// Time between renewals: a third of the TTL, so two renewals can fail
     /// before the validity deadline.
-    pub fn renew_interval(&self) -> Duration {
+    pub(crate) fn renew_interval(&self) -> Duration {
         self.ttl / 3
     }
 
     /// Timeout of one renew call: a quarter of the renew interval, within
     /// 100 ms-5 s (the worker's rule), so retries fit before the deadline.
-    pub fn call_timeout(&self) -> Duration {
+    pub(crate) fn call_timeout(&self) -> Duration {
         (self.renew_interval() / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
     }
 
@@ -95,7 +95,7 @@ impl LockConfig {
     /// margin), within 100 ms-5 s. Nothing runs under the lock yet, so only
     /// the acquire is bound by the lease at all: a reply later than the
     /// validity would leave no time to run the command.
-    pub fn setup_timeout(&self) -> Duration {
+    pub(crate) fn setup_timeout(&self) -> Duration {
         (crate::lease::validity(self.ttl) / 2)
             .clamp(Duration::from_millis(100), Duration::from_secs(5))
     }
@@ -152,7 +152,7 @@ pub struct LockKeys {
 
 impl LockKeys {
     /// Keys of lock `name` under `prefix` (both validated by the caller).
-    pub fn new(prefix: &str, name: &str) -> Self {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
         Self {
             lock: format!("{prefix}{{{name}}}"),
             name: name.to_owned(),
@@ -160,22 +160,22 @@ impl LockKeys {
     }
 
     /// The lock name, for logs.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// The lease key: holds the owner string while the lock is held.
-    pub fn lock(&self) -> &str {
+    pub(crate) fn lock(&self) -> &str {
         &self.lock
     }
 
     /// The fence counter: counted up by every acquire, never expires.
-    pub fn fence(&self) -> String {
+    pub(crate) fn fence(&self) -> String {
         format!("{}:fence", self.lock)
     }
 
     /// The start-up probe key of one process (see `lease::probe`).
-    pub fn probe(&self, nonce: &str) -> String {
+    pub(crate) fn probe(&self, nonce: &str) -> String {
         format!("{}:probe:{nonce}", self.lock)
     }
 }

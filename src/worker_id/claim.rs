@@ -205,7 +205,7 @@ pub async fn claim_pairs<C: ConnectionLike>(
 ///
 /// One server ([`Redis::keyspace`] whole): one `claim.lua` call with every
 /// pair, all naming the app guard: one round trip. Cluster: a single-key
-/// `MGET` of every lease key ([`Redis::read_each`]: one pipeline per node, at
+/// `MGET` of every lease key (`Redis::read_each`: one pipeline per node, at
 /// once) finds our own key and the free ones;
 /// then `claim.lua` runs on one (lease key, per-ID guard) pair per call,
 /// free IDs in ID order, until one is taken. A free ID behind a closed

@@ -28,7 +28,7 @@ pub(super) struct CredentialFiles {
 /// [`redis::RedisError`]: a file in the middle of a rotation).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{flag}: {reason}")]
-pub struct FileRefused {
+pub(crate) struct FileRefused {
     /// The flag that names the file, e.g. `--redis-ca-file`.
     pub flag: &'static str,
     /// What is wrong.
@@ -65,7 +65,7 @@ impl RedisTarget {
     /// Errors (naming the flag): TLS files for a URL without TLS, a
     /// certificate without its key (or the other way round), a file that
     /// cannot be read or holds no PEM certificate or key.
-    pub fn with_tls_files(
+    pub(crate) fn with_tls_files(
         mut self,
         ca: Option<PathBuf>,
         cert: Option<PathBuf>,
@@ -100,7 +100,7 @@ impl RedisTarget {
     ///
     /// Errors (naming `--redis-password-file`, never the content): the file
     /// cannot be read, is empty, holds more than one line or is not UTF-8.
-    pub fn with_password_file(mut self, path: Option<PathBuf>) -> Result<Self, FileRefused> {
+    pub(crate) fn with_password_file(mut self, path: Option<PathBuf>) -> Result<Self, FileRefused> {
         if path.is_some() {
             Arc::make_mut(&mut self.0).files.password = path;
             self.node_password()?;
