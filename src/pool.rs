@@ -156,15 +156,15 @@ pub struct PoolStatus {
     /// Ids disabled by strikes (they count in `disabled` too).
     pub auto_disabled: u64,
     /// Quarantines, soonest end first (at most
-    /// [`limits::STATUS_LIST_MAX`]), disabled ones included.
+    /// `limits::STATUS_LIST_MAX`), disabled ones included.
     pub quarantine: Vec<Quarantined>,
-    /// Ids disabled by strikes (at most [`limits::STATUS_LIST_MAX`]).
+    /// Ids disabled by strikes (at most `limits::STATUS_LIST_MAX`).
     pub auto_disabled_ids: Vec<AutoDisabled>,
     /// Disabled ids, by hand or by strikes, sorted (at most
-    /// [`limits::STATUS_LIST_MAX`]).
+    /// `limits::STATUS_LIST_MAX`).
     pub disabled_ids: Vec<String>,
     /// Leased ids, soonest deadline first, expired ones included (at most
-    /// [`limits::STATUS_LIST_MAX`]); never tokens.
+    /// `limits::STATUS_LIST_MAX`); never tokens.
     pub leases: Vec<Leased>,
 }
 
@@ -211,10 +211,10 @@ pub struct AutoDisabled {
 /// `window` is disabled, until `enable`. Stored in `{P}:config`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StrikePolicy {
-    /// Quarantines that disable an id, 1-100 ([`limits::MAX_STRIKES`]).
+    /// Quarantines that disable an id, 1-100 (`limits::MAX_STRIKES`).
     pub max_strikes: u32,
     /// The window they are counted in: whole ms, 1 s to 30 days
-    /// ([`limits::STRIKE_WINDOW_MS`]).
+    /// (`limits::STRIKE_WINDOW_MS`).
     pub window: Duration,
 }
 
@@ -234,10 +234,10 @@ impl StrikePolicy {
 /// now + `duration`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantine {
-    /// Whole ms, 1 ms to 30 days ([`limits::QUARANTINE_MS`]). Replaces the
+    /// Whole ms, 1 ms to 30 days (`limits::QUARANTINE_MS`). Replaces the
     /// cooldown.
     pub duration: Duration,
-    /// Free text for operators ([`limits::REASON_MAX`] bytes at most, no
+    /// Free text for operators (`limits::REASON_MAX` bytes at most, no
     /// control characters; may be empty). Never a metric label.
     pub reason: String,
 }
@@ -296,7 +296,7 @@ where
     }
 
     /// The pool name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -541,7 +541,7 @@ where
     /// granted that nobody hears of.
     ///
     /// Errors: as [`Pool::acquire`], returned at once.
-    pub async fn acquire_wait_until(
+    pub(crate) async fn acquire_wait_until(
         &self,
         req: &AcquireRequest,
         wait: Duration,

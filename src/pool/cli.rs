@@ -25,12 +25,12 @@ use crate::eviction::EvictionArgs;
 pub struct PoolArgs {
     /// The pool operation.
     #[command(subcommand)]
-    pub command: PoolCommand,
+    pub(crate) command: PoolCommand,
 }
 
 /// The operations of `snowlease pool`.
 #[derive(Subcommand)]
-pub enum PoolCommand {
+pub(crate) enum PoolCommand {
     /// Create a pool with its first ids, all due at once (refused when the pool exists).
     Init(InitArgs),
     /// Add new ids to a pool, due at once (refused for ids already in it).
@@ -57,7 +57,7 @@ pub enum PoolCommand {
 
 /// Where Redis is, and how this process logs.
 #[derive(Args)]
-pub struct RedisArgs {
+pub(crate) struct RedisArgs {
     /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisUrlArg,
@@ -77,7 +77,7 @@ pub struct RedisArgs {
 
 /// One pool and its Redis.
 #[derive(Args)]
-pub struct PoolTarget {
+pub(crate) struct PoolTarget {
     /// Pool name P: 1-64 chars of [A-Za-z0-9_-]; its keys are {P}:ready, {P}:leases, ...
     #[arg(long, env = "SNOWLEASE_POOL")]
     pub pool: String,
@@ -90,7 +90,7 @@ pub struct PoolTarget {
 /// Ids given on the command line or in a file; exactly one of the two.
 #[derive(Args)]
 #[group(required = true, multiple = false)]
-pub struct IdSource {
+pub(crate) struct IdSource {
     /// Ids, comma-separated; each 1-64 chars of [A-Za-z0-9_-].
     #[arg(long, value_delimiter = ',')]
     pub ids: Option<Vec<String>>,
@@ -102,7 +102,7 @@ pub struct IdSource {
 
 /// Flags of `init`, `add`, `disable`, `enable`.
 #[derive(Args)]
-pub struct IdsArgs {
+pub(crate) struct IdsArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -114,7 +114,7 @@ pub struct IdsArgs {
 
 /// The strike setting: an id quarantined N times within the window is disabled.
 #[derive(Args)]
-pub struct StrikeArgs {
+pub(crate) struct StrikeArgs {
     /// Quarantines within --strike-window that disable an id (1-100); default: strikes off.
     #[arg(long, requires = "strike_window")]
     pub max_strikes: Option<u64>,
@@ -126,7 +126,7 @@ pub struct StrikeArgs {
 
 /// Flags of `init`.
 #[derive(Args)]
-pub struct InitArgs {
+pub(crate) struct InitArgs {
     /// The pool, its Redis and the ids.
     #[command(flatten)]
     pub ids: IdsArgs,
@@ -138,7 +138,7 @@ pub struct InitArgs {
 
 /// Flags of `enable`.
 #[derive(Args)]
-pub struct EnableArgs {
+pub(crate) struct EnableArgs {
     /// The pool, its Redis and the ids.
     #[command(flatten)]
     pub ids: IdsArgs,
@@ -150,7 +150,7 @@ pub struct EnableArgs {
 
 /// Flags of `config`.
 #[derive(Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -166,7 +166,7 @@ pub struct ConfigArgs {
 
 /// Flags of `acquire`.
 #[derive(Args)]
-pub struct AcquireArgs {
+pub(crate) struct AcquireArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -202,7 +202,7 @@ pub struct AcquireArgs {
 
 /// The lease `release` and `extend` act on.
 #[derive(Args)]
-pub struct LeaseRef {
+pub(crate) struct LeaseRef {
     /// The leased id.
     #[arg(long, env = "SNOWLEASE_POOL_ID")]
     pub id: String,
@@ -214,7 +214,7 @@ pub struct LeaseRef {
 
 /// Flags of `release`.
 #[derive(Args)]
-pub struct ReleaseArgs {
+pub(crate) struct ReleaseArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -238,7 +238,7 @@ pub struct ReleaseArgs {
 
 /// Flags of `extend`.
 #[derive(Args)]
-pub struct ExtendArgs {
+pub(crate) struct ExtendArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -258,7 +258,7 @@ pub struct ExtendArgs {
 
 /// Flags of `reap`.
 #[derive(Args)]
-pub struct ReapArgs {
+pub(crate) struct ReapArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -274,7 +274,7 @@ pub struct ReapArgs {
 
 /// Flags of `status`.
 #[derive(Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,
@@ -286,7 +286,7 @@ pub struct StatusArgs {
 
 /// Flags of `serve`.
 #[derive(Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Pools to serve (repeat the flag, or comma-separate); others answer 404.
     #[arg(
         long = "pool",

@@ -79,7 +79,7 @@ impl PoolError {
 
     /// True for a request the pool refuses as it stands (exit 2): a bad
     /// value, an unknown or duplicate id, no such pool, already set up.
-    pub fn is_bad_input(&self) -> bool {
+    pub(crate) fn is_bad_input(&self) -> bool {
         matches!(
             self,
             Self::BadInput { .. }
@@ -88,14 +88,6 @@ impl PoolError {
                 | Self::NoPool { .. }
                 | Self::AlreadyInitialized { .. }
         )
-    }
-
-    /// The Redis error inside, for a caller's transient/permanent decision.
-    pub fn redis_error(&self) -> Option<&RedisError> {
-        match self {
-            Self::Redis(err) => Some(err),
-            _ => None,
-        }
     }
 }
 

@@ -199,7 +199,7 @@ where
 
 impl LostReason {
     /// The reason as the CLI and the HTTP API name it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::OtherOwner => "other_owner",
             Self::Expired => "expired",
@@ -207,7 +207,7 @@ impl LostReason {
     }
 
     /// What it means, for messages.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Self::OtherOwner => {
                 "the id is not held with this token (released, reclaimed, or leased again)"

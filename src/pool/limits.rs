@@ -28,62 +28,62 @@ impl Range {
     }
 
     /// What is accepted, in the words the scripts use too.
-    pub fn expected(self) -> String {
+    pub(crate) fn expected(self) -> String {
         format!("an integer {}-{}", self.min, self.max)
     }
 }
 
 /// Longest pool name, id or request id; each is 1-64 chars of
-/// [`NAME_CHARS`].
+/// `NAME_CHARS`.
 pub const NAME_MAX: usize = 64;
 /// The characters of pool names, ids and request ids.
-pub const NAME_CHARS: &str = "[A-Za-z0-9_-]";
+pub(crate) const NAME_CHARS: &str = "[A-Za-z0-9_-]";
 /// Longest lease token, in bytes (at least 1).
 pub const TOKEN_MAX: usize = 128;
 /// Lease time, ms: 1 ms to 10 min.
-pub const TTL_MS: Range = Range {
+pub(crate) const TTL_MS: Range = Range {
     field: "ttl_ms",
     min: 1,
     max: 600_000,
 };
 /// Cooldown after a release or an expiry, ms: 0 to 10 min.
-pub const COOLDOWN_MS: Range = Range {
+pub(crate) const COOLDOWN_MS: Range = Range {
     field: "cooldown_ms",
     min: 0,
     max: 600_000,
 };
 /// Longest total time of one lease (the extend cap), ms: 1 ms to 24 h.
-pub const MAX_LEASE_MS: Range = Range {
+pub(crate) const MAX_LEASE_MS: Range = Range {
     field: "max_lease_ms",
     min: 1,
     max: 86_400_000,
 };
 /// Expired leases one reap call reclaims.
-pub const REAP_LIMIT: Range = Range {
+pub(crate) const REAP_LIMIT: Range = Range {
     field: "limit",
     min: 1,
     max: 1000,
 };
 /// Ids per init, add, disable or enable call.
-pub const IDS_PER_CALL: Range = Range {
+pub(crate) const IDS_PER_CALL: Range = Range {
     field: "ids",
     min: 1,
     max: 1000,
 };
 /// Quarantine of an id at its release, ms: 1 ms to 30 days.
-pub const QUARANTINE_MS: Range = Range {
+pub(crate) const QUARANTINE_MS: Range = Range {
     field: "quarantine_ms",
     min: 1,
     max: 2_592_000_000,
 };
 /// Quarantines within the strike window that disable an id (pool setting).
-pub const MAX_STRIKES: Range = Range {
+pub(crate) const MAX_STRIKES: Range = Range {
     field: "max_strikes",
     min: 1,
     max: 100,
 };
 /// The strike window, ms: 1 s to 30 days (pool setting).
-pub const STRIKE_WINDOW_MS: Range = Range {
+pub(crate) const STRIKE_WINDOW_MS: Range = Range {
     field: "strike_window_ms",
     min: 1000,
     max: 2_592_000_000,
@@ -102,54 +102,54 @@ pub const SCRIPT_RANGES: [Range; 8] = [
 /// Longest quarantine reason, in bytes (0 allowed: no reason). Free text
 /// for operators, without control characters (bytes 0-31 and 127), so it
 /// prints on one line; never a metric label.
-pub const REASON_MAX: usize = 200;
+pub(crate) const REASON_MAX: usize = 200;
 /// Most quarantined (and auto-disabled) ids one status lists; the counts
 /// cover all of them.
-pub const STATUS_LIST_MAX: u64 = 1000;
+pub(crate) const STATUS_LIST_MAX: u64 = 1000;
 /// Expired leases one acquire reclaims before it leases.
-pub const RECLAIM_PER_ACQUIRE: u64 = 100;
+pub(crate) const RECLAIM_PER_ACQUIRE: u64 = 100;
 /// Entries of ready one acquire drops before it gives up on finding a due
 /// id (disabled ids, or ids still leased, put back by other workers).
-pub const DROPS_PER_ACQUIRE: u64 = 100;
+pub(crate) const DROPS_PER_ACQUIRE: u64 = 100;
 /// Entries per key the next-due hint looks at (in chunks of
 /// [`SCAN_CHUNK`]) before it answers a lower bound.
-pub const HINT_SCAN: u64 = 1000;
+pub(crate) const HINT_SCAN: u64 = 1000;
 /// Entries per read while the hint scans.
-pub const SCAN_CHUNK: u64 = 100;
+pub(crate) const SCAN_CHUNK: u64 = 100;
 /// Longest wait of one HTTP acquire, ms (Rust only: the wait is a loop of
 /// acquires, not a script argument).
-pub const WAIT_MS: Range = Range {
+pub(crate) const WAIT_MS: Range = Range {
     field: "wait_ms",
     min: 0,
     max: 60_000,
 };
 
 /// `acquire --wait` of the CLI, ms: 0 to 24 h (Rust only, like [`WAIT_MS`]).
-pub const CLI_WAIT_MS: Range = Range {
+pub(crate) const CLI_WAIT_MS: Range = Range {
     field: "wait",
     min: 0,
     max: 86_400_000,
 };
 /// `--redis-timeout` of pool commands, ms: 10 ms to 60 s (Rust only).
-pub const REDIS_TIMEOUT_MS: Range = Range {
+pub(crate) const REDIS_TIMEOUT_MS: Range = Range {
     field: "redis_timeout",
     min: 10,
     max: 60_000,
 };
 /// `serve --reap-interval`, ms: 10 ms to 1 h (Rust only).
-pub const REAP_INTERVAL_MS: Range = Range {
+pub(crate) const REAP_INTERVAL_MS: Range = Range {
     field: "reap_interval",
     min: 10,
     max: 3_600_000,
 };
 
 /// The rule for names and ids, in words: `1-64 chars of [A-Za-z0-9_-]`.
-pub fn name_rule() -> String {
+pub(crate) fn name_rule() -> String {
     format!("1-{NAME_MAX} chars of {NAME_CHARS}")
 }
 
 /// The rule for tokens, in words.
-pub fn token_rule() -> String {
+pub(crate) fn token_rule() -> String {
     format!("1-{TOKEN_MAX} chars")
 }
 
@@ -161,12 +161,12 @@ pub fn is_name(s: &str) -> bool {
 }
 
 /// The rule for reasons, in words.
-pub fn reason_rule() -> String {
+pub(crate) fn reason_rule() -> String {
     format!("at most {REASON_MAX} bytes, no control characters")
 }
 
 /// True for a valid quarantine reason (see [`REASON_MAX`]).
-pub fn is_reason(s: &str) -> bool {
+pub(crate) fn is_reason(s: &str) -> bool {
     s.len() <= REASON_MAX && !s.bytes().any(|b| b < 0x20 || b == 0x7f)
 }
 

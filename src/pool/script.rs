@@ -50,7 +50,7 @@ pub enum PoolScript {
 
 impl PoolScript {
     /// Every script.
-    pub const ALL: [Self; 10] = [
+    pub(crate) const ALL: [Self; 10] = [
         Self::Init,
         Self::Add,
         Self::Acquire,
@@ -91,7 +91,7 @@ impl PoolScript {
     }
 
     /// The script's name, as its file and in errors.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Init => "init",
             Self::Add => "add",

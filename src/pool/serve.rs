@@ -1,6 +1,6 @@
 //! `snowlease pool serve`: the pool API over HTTP for workers in any
 //! language (meant for loopback), a background reaper per pool, readiness
-//! that follows Redis, and metrics. [`router`] is pure; [`run`] wires it.
+//! that follows Redis, and metrics. [`router`] is pure; `run` wires it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -44,7 +44,7 @@ const HTTP_STOP_LIMIT: Duration = Duration::from_secs(1);
 
 /// Validated settings of `pool serve`.
 #[derive(Debug, Clone)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     pub(crate) pools: Vec<String>,
     pub(crate) redis: RedisTarget,
     pub(crate) redis_timeout: Duration,
@@ -81,7 +81,7 @@ struct Served {
 impl ServeState {
     /// State for serving `pools`; `shutdown` ends waiting acquires and makes
     /// `/readyz` answer 503. Unready until Redis first answers. It does not
-    /// check Redis' eviction setting itself: [`run`] does, and refuses
+    /// check Redis' eviction setting itself: `run` does, and refuses
     /// acquire and extend until its first check answered.
     pub fn new(pools: Vec<Pool>, shutdown: CancellationToken) -> Self {
         let labels: Vec<Arc<str>> = pools.iter().map(|p| Arc::from(p.name())).collect();
@@ -219,7 +219,7 @@ pub fn router(state: ServeState) -> Router {
 /// listener, starts one reaper per pool, then drains HTTP (bounded).
 ///
 /// Errors: the listener cannot bind; the HTTP server fails.
-pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub(crate) async fn run(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let listener = http::bind(config.listen)
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
     if !config.listen.ip().is_loopback() {
