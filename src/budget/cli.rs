@@ -1,0 +1,271 @@
+//! `snowlease budget take|penalize`: the flags (with env twins), checked
+//! into a [`BudgetCliConfig`] before Redis is touched, then one call that
+//! prints one JSON object; a denial is [`BudgetDenied`] (exit 6, see
+//! [`crate::exit`]).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use super::limits::{self, CLI_WAIT_MS, PENALTY_MS, Range};
+use super::{Budget, BudgetError, BudgetKey, Rate, Taken, checked_cost, checked_keys};
+use crate::cli::{ConfigError, LogFormat, check_range, parse_duration};
+use crate::connection::RedisTarget;
+use crate::pool::cli::RedisArgs;
+
+/// Flags of `snowlease budget`.
+#[derive(Args)]
+pub struct BudgetArgs {
+    /// The budget operation.
+    #[command(subcommand)]
+    pub command: BudgetCommand,
+}
+
+/// The operations of `snowlease budget`.
+#[derive(Subcommand)]
+pub enum BudgetCommand {
+    /// Charge --cost to every --key at once, or to none; prints {"allowed","remaining","retry_after_ms",...}; exit 6 when denied.
+    Take(TakeArgs),
+    /// Push keys back after the target answered 429/503 with a Retry-After (--penalty).
+    Penalize(PenalizeArgs),
+}
+
+/// The keys of one budget and their limits.
+#[derive(Args)]
+pub struct BudgetTarget {
+    /// Budget name N: 1-64 chars of [A-Za-z0-9_-]; its keys are snowlease:budget:{N}:<key>.
+    #[arg(long, env = "SNOWLEASE_BUDGET")]
+    pub name: String,
+
+    /// A key to charge, e.g. a domain (1-128 chars of [A-Za-z0-9_.:-]); repeat for several, charged all or nothing.
+    #[arg(long = "key", required = true)]
+    pub keys: Vec<String>,
+
+    /// Average rate, e.g. 10/s, 600/m, 5/2s (1-1000000 per 1ms-1d); once for every key, or once per --key in order.
+    #[arg(long = "rate", required = true)]
+    pub rates: Vec<Rate>,
+
+    /// Units a full budget allows at once (1-1000000); once for every key, or once per --key in order.
+    #[arg(long = "burst", required = true)]
+    pub bursts: Vec<u64>,
+
+    /// Where Redis is.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+}
+
+/// Flags of `budget take`.
+#[derive(Args)]
+pub struct TakeArgs {
+    /// The budget, its keys and limits.
+    #[command(flatten)]
+    pub target: BudgetTarget,
+
+    /// Units to charge every key (1 to the smallest burst).
+    #[arg(long, default_value_t = 1)]
+    pub cost: u64,
+
+    /// Retry a denial for this long (0s-24h), sleeping by retry_after_ms; then exit 6.
+    #[arg(long, env = "SNOWLEASE_BUDGET_WAIT", default_value = "0s", value_parser = parse_duration)]
+    pub wait: Duration,
+}
+
+/// Flags of `budget penalize`.
+#[derive(Args)]
+pub struct PenalizeArgs {
+    /// The budget, its keys and limits.
+    #[command(flatten)]
+    pub target: BudgetTarget,
+
+    /// No take before now + this (1ms-1d, whole ms): the target's Retry-After.
+    #[arg(long, value_parser = parse_duration)]
+    pub penalty: Duration,
+}
+
+/// A take denied within `--wait` (exit 6); the JSON with `retry_after_ms`
+/// is on stdout.
+#[derive(Debug, thiserror::Error)]
+#[error("denied by budget {name}: retry after {retry_after_ms} ms")]
+pub struct BudgetDenied {
+    /// The budget.
+    pub name: String,
+    /// When the take would be allowed, ms from the last attempt.
+    pub retry_after_ms: u64,
+}
+
+/// A validated `snowlease budget` command.
+pub struct BudgetCliConfig {
+    redis: RedisTarget,
+    redis_timeout: Duration,
+    allow_evicting_redis: bool,
+    name: String,
+    keys: Vec<BudgetKey>,
+    op: Op,
+}
+
+enum Op {
+    Take { cost: u64, wait: Duration },
+    Penalize(Duration),
+}
+
+impl BudgetArgs {
+    /// The log format flag of the chosen command.
+    pub fn log_format(&self) -> LogFormat {
+        self.target().redis.log.log_format
+    }
+
+    fn target(&self) -> &BudgetTarget {
+        match &self.command {
+            BudgetCommand::Take(a) => &a.target,
+            BudgetCommand::Penalize(a) => &a.target,
+        }
+    }
+
+    /// Checks every flag; the first violation names its flag. Touches no
+    /// Redis key.
+    pub fn validate(&self) -> Result<BudgetCliConfig, ConfigError> {
+        let t = self.target();
+        let redis_timeout = t.redis.redis_timeout;
+        check_range(
+            "--redis-timeout",
+            redis_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+        )?;
+        if !crate::pool::limits::is_name(&t.name) {
+            return Err(ConfigError::new(
+                "--name",
+                format!("{:?} must be {}", t.name, crate::pool::limits::name_rule()),
+            ));
+        }
+        let keys = keys(t)?;
+        let op = match &self.command {
+            BudgetCommand::Take(a) => {
+                let cost = checked_cost(a.cost, &keys).map_err(|e| flag_error("--cost", e))?;
+                range("--wait", a.wait, CLI_WAIT_MS)?;
+                Op::Take { cost, wait: a.wait }
+            }
+            BudgetCommand::Penalize(a) => {
+                limits::millis("penalty", a.penalty, PENALTY_MS)
+                    .map_err(|e| flag_error("--penalty", e))?;
+                Op::Penalize(a.penalty)
+            }
+        };
+        Ok(BudgetCliConfig {
+            redis: t.redis.redis.target()?,
+            redis_timeout,
+            allow_evicting_redis: t.redis.eviction.allow_evicting_redis,
+            name: t.name.clone(),
+            keys,
+            op,
+        })
+    }
+}
+
+/// The keys with their limits: `--rate` and `--burst` once for all, or once per key.
+fn keys(t: &BudgetTarget) -> Result<Vec<BudgetKey>, ConfigError> {
+    let n = t.keys.len();
+    let pick = |flag: &'static str, given: usize| match given {
+        1 => Ok(false),
+        g if g == n => Ok(true),
+        g => Err(ConfigError::new(
+            flag,
+            format!("given {g} times for {n} --key: give it once, or once per --key"),
+        )),
+    };
+    let (per_rate, per_burst) = (
+        pick("--rate", t.rates.len())?,
+        pick("--burst", t.bursts.len())?,
+    );
+    let keys: Vec<BudgetKey> = t
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let rate = t.rates[if per_rate { i } else { 0 }];
+            BudgetKey::new(key, rate, t.bursts[if per_burst { i } else { 0 }])
+        })
+        .collect();
+    checked_keys("", &keys).map_err(|err| match &err {
+        BudgetError::BadInput { field, .. } if field.ends_with(".rate") => {
+            flag_error("--rate", err)
+        }
+        BudgetError::BadInput { field, .. } if field.ends_with(".burst") => {
+            flag_error("--burst", err)
+        }
+        _ => flag_error("--key", err),
+    })?;
+    Ok(keys)
+}
+
+fn flag_error(flag: &'static str, err: BudgetError) -> ConfigError {
+    match err {
+        BudgetError::BadInput { field, expected } => {
+            ConfigError::new(flag, format!("{field}: expected {expected}"))
+        }
+        other => ConfigError::new(flag, other.to_string()),
+    }
+}
+
+fn range(flag: &'static str, d: Duration, range: Range) -> Result<(), ConfigError> {
+    check_range(
+        flag,
+        d,
+        Duration::from_millis(range.min),
+        Duration::from_millis(range.max),
+    )
+}
+
+/// Runs one validated command and prints its JSON. A denied take prints
+/// too, then fails with [`BudgetDenied`]. Redis errors fail (exit 1): the
+/// caller must treat them as denied.
+pub async fn run(config: BudgetCliConfig) -> anyhow::Result<()> {
+    let redis = config.redis.clone();
+    let mut conn = config.redis.connect(config.redis_timeout)?;
+    // An evicting Redis may drop a budget's key: the budget would be full
+    // again, a limit that does not hold.
+    if matches!(config.op, Op::Take { .. }) && !config.allow_evicting_redis {
+        let evicting = crate::eviction::check(&mut conn)
+            .await
+            .with_context(|| format!("redis {redis}"))?;
+        if let Some(evicting) = evicting {
+            return Err(evicting.into());
+        }
+    }
+    let budget = Budget::new(conn, &config.name)?;
+    match config.op {
+        Op::Take { cost, wait } => {
+            let taken = budget
+                .take_wait(&config.keys, cost, wait, &CancellationToken::new())
+                .await
+                .with_context(|| format!("redis {redis}"))?;
+            crate::cli::stdout_line(&take_json(&config.name, &taken).to_string())?;
+            if !taken.allowed {
+                return Err(BudgetDenied {
+                    name: config.name,
+                    retry_after_ms: taken.retry_after_ms,
+                }
+                .into());
+            }
+        }
+        Op::Penalize(penalty) => {
+            let p = budget
+                .penalize(&config.keys, penalty)
+                .await
+                .with_context(|| format!("redis {redis}"))?;
+            let mut value = serde_json::to_value(p)?;
+            value["name"] = config.name.into();
+            crate::cli::stdout_line(&value.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// A take as JSON: `{"name", "allowed", "remaining", "retry_after_ms", "reset_after_ms", "at_ms"}`.
+pub(crate) fn take_json(name: &str, taken: &Taken) -> serde_json::Value {
+    let mut value = serde_json::to_value(taken).unwrap_or_default();
+    value["name"] = name.into();
+    value
+}

@@ -1,0 +1,1 @@
+//! `POST /budgets/{name}/take` and `/penalize` on `pool serve`.

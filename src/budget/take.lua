@@ -1,0 +1,36 @@
+-- take: charge cost to every key of one budget, all or nothing (GCRA on Redis TIME).
+-- KEYS: 1..n snowlease:budget:{<name>}:<key>, one budget name (one hash tag)
+-- ARGV: 1 cost, then for each key: rate_count, rate_period_ms, burst
+-- Returns: {allowed, remaining, retry_after_ms, reset_after_ms, now_ms}:
+--          allowed 1 when every key was charged, 0 when none was;
+--          remaining: the cost that could still be taken now (smallest over
+--          the keys); retry_after_ms: when this charge would be allowed (0 when
+--          allowed); reset_after_ms: when every key is full (and gone) again.
+-- Every key written expires when its budget is full again.
+-- Errors: BADARG, KEYTYPE as in common.lua; nothing is written then.
+
+local name = type(KEYS[1]) == 'string' and string.match(KEYS[1], '^snowlease:budget:{([%w_%-]+)}:') or nil
+if not name or #name > BUDGET_LIMITS.name_max then
+  return budget_badarg('name', '1-' .. BUDGET_LIMITS.name_max .. ' chars of [A-Za-z0-9_-] in keys snowlease:budget:{<name>}:<key>')
+end
+local prefix = 'snowlease:budget:{' .. name .. '}:'
+local err = budget_keys(KEYS, 1, prefix)
+if err then return err end
+local cost
+cost, err = budget_int('cost', ARGV[1])
+if err then return err end
+local limits
+limits, err = budget_limits(ARGV, 2, #KEYS)
+if err then return err end
+for _, l in ipairs(limits) do
+  if cost > l.burst then
+    return budget_badarg('cost', 'at most the burst (' .. l.burst .. ')')
+  end
+end
+local now = budget_now_us()
+local tats
+tats, err = budget_tats(KEYS, 1, now)
+if err then return err end
+local reply = budget_charge(KEYS, 1, limits, tats, cost, now)
+reply[5] = math.floor(now / 1000)
+return reply
