@@ -3,6 +3,8 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
+mod budget;
 /// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
 mod claim_script;
 /// `--version`, `--help`, completions and the man page.
