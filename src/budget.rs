@@ -14,6 +14,7 @@
 pub mod cli;
 mod error;
 pub mod limits;
+mod metrics;
 mod script;
 pub mod serve;
 
@@ -215,6 +216,8 @@ where
     /// [`Limit`] and [`Rate`] for ranges), [`BudgetError::WrongKeyType`],
     /// [`BudgetError::Redis`] (fail closed: treat as denied).
     pub async fn take(&self, keys: &[BudgetKey], cost: u64) -> Result<Taken, BudgetError> {
+        // Keys first: a bad burst is named before the cost it bounds.
+        checked_keys("", keys)?;
         let cost = checked_cost(cost, keys)?;
         let value = self.run(BudgetScript::Take, cost, keys).await?;
         taken(script::ints(BudgetScript::Take, value, 5)?)

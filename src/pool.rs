@@ -299,6 +299,11 @@ where
         &self.name
     }
 
+    /// The connection (the budget routes of `pool serve` share it).
+    pub(crate) fn conn(&self) -> &C {
+        &self.conn
+    }
+
     /// The pool's key names.
     pub fn keys(&self) -> &PoolKeys {
         &self.keys

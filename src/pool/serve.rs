@@ -66,6 +66,8 @@ struct Inner {
     pools: HashMap<String, Served>,
     metrics: PoolMetrics,
     registry: Registry,
+    /// The rate budget routes, on the pools' connection (none without a pool).
+    budgets: Option<crate::budget::serve::BudgetService>,
     /// True once Redis answered, false from the first call it did not.
     redis_up: AtomicBool,
     /// The eviction check's last answer; `None` until the first one.
@@ -88,6 +90,13 @@ impl ServeState {
         let mut registry = Registry::default();
         let metrics = PoolMetrics::new(&mut registry, &labels);
         http::register_build_info(&mut registry);
+        let budgets = pools.first().map(|p| {
+            crate::budget::serve::BudgetService::new(
+                p.conn().clone(),
+                &mut registry,
+                shutdown.clone(),
+            )
+        });
         let pools = pools
             .into_iter()
             .zip(labels)
@@ -98,6 +107,7 @@ impl ServeState {
                 pools,
                 metrics,
                 registry,
+                budgets,
                 redis_up: AtomicBool::new(false),
                 // The router alone trusts its caller; run() marks it
                 // unchecked until its eviction loop answers.
@@ -203,9 +213,16 @@ impl ServeState {
 ///   quarantine also `quarantined_until_ms, strikes, auto_disabled`) or
 ///   409 `{error, reason}`.
 /// - `GET /pools/{pool}`: the status counts, quarantined and auto-disabled ids.
+/// - `POST /budgets/{name}/take`, `POST /budgets/{name}/penalize`: rate
+///   budgets ([`crate::budget::serve::routes`]).
 /// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
 ///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
 pub fn router(state: ServeState) -> Router {
+    let budgets = state
+        .inner
+        .budgets
+        .clone()
+        .map(crate::budget::serve::routes);
     Router::new()
         .route("/pools/{pool}", get(status))
         .route("/pools/{pool}/leases", post(acquire))
@@ -215,6 +232,7 @@ pub fn router(state: ServeState) -> Router {
         .route("/metrics", get(metrics))
         .with_state(state)
         .merge(http::liveness_routes())
+        .merge(budgets.unwrap_or_default())
 }
 
 /// Serves the pools of `config` until `shutdown` fires: binds the
