@@ -11,6 +11,7 @@
 //! holds on Cluster too. [`cli`] is `snowlease budget ...`; [`serve`] adds
 //! `POST /budgets/{name}/take` and `/penalize` to `pool serve`.
 
+mod charge;
 pub mod cli;
 mod error;
 pub mod limits;
@@ -28,6 +29,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::Redis;
+pub use charge::{
+    Charge, ChargedAcquire, acquire_charged, acquire_charged_wait, charge_key, charge_source,
+};
 pub use error::BudgetError;
 pub use limits::Rate;
 pub use script::{BudgetScript, budget_key};

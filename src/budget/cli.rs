@@ -140,7 +140,7 @@ impl BudgetArgs {
                 format!("{:?} must be {}", t.name, crate::pool::limits::name_rule()),
             ));
         }
-        let keys = keys(t)?;
+        let keys = keys(&t.keys, &t.rates, &t.bursts, TAKE_FLAGS)?;
         let op = match &self.command {
             BudgetCommand::Take(a) => {
                 let cost = checked_cost(a.cost, &keys).map_err(|e| flag_error("--cost", e))?;
@@ -164,38 +164,46 @@ impl BudgetArgs {
     }
 }
 
-/// The keys with their limits: `--rate` and `--burst` once for all, or once per key.
-fn keys(t: &BudgetTarget) -> Result<Vec<BudgetKey>, ConfigError> {
-    let n = t.keys.len();
+/// The flags of keys, rates and bursts: `budget take`'s or `pool acquire`'s.
+const TAKE_FLAGS: [&str; 3] = ["--key", "--rate", "--burst"];
+const CHARGE_FLAGS: [&str; 3] = ["--budget-key", "--budget-rate", "--budget-burst"];
+
+/// The keys with their limits: rates and bursts once for all, or once per key.
+fn keys(
+    names: &[String],
+    rates: &[Rate],
+    bursts: &[u64],
+    [key_flag, rate_flag, burst_flag]: [&'static str; 3],
+) -> Result<Vec<BudgetKey>, ConfigError> {
+    let n = names.len();
     let pick = |flag: &'static str, given: usize| match given {
         1 => Ok(false),
         g if g == n => Ok(true),
         g => Err(ConfigError::new(
             flag,
-            format!("given {g} times for {n} --key: give it once, or once per --key"),
+            format!("given {g} times for {n} {key_flag}: give it once, or once per {key_flag}"),
         )),
     };
     let (per_rate, per_burst) = (
-        pick("--rate", t.rates.len())?,
-        pick("--burst", t.bursts.len())?,
+        pick(rate_flag, rates.len())?,
+        pick(burst_flag, bursts.len())?,
     );
-    let keys: Vec<BudgetKey> = t
-        .keys
+    let keys: Vec<BudgetKey> = names
         .iter()
         .enumerate()
         .map(|(i, key)| {
-            let rate = t.rates[if per_rate { i } else { 0 }];
-            BudgetKey::new(key, rate, t.bursts[if per_burst { i } else { 0 }])
+            let rate = rates[if per_rate { i } else { 0 }];
+            BudgetKey::new(key, rate, bursts[if per_burst { i } else { 0 }])
         })
         .collect();
     checked_keys("", &keys).map_err(|err| match &err {
         BudgetError::BadInput { field, .. } if field.ends_with(".rate") => {
-            flag_error("--rate", err)
+            flag_error(rate_flag, err)
         }
         BudgetError::BadInput { field, .. } if field.ends_with(".burst") => {
-            flag_error("--burst", err)
+            flag_error(burst_flag, err)
         }
-        _ => flag_error("--key", err),
+        _ => flag_error(key_flag, err),
     })?;
     Ok(keys)
 }
@@ -268,4 +276,74 @@ pub(crate) fn take_json(name: &str, taken: &Taken) -> serde_json::Value {
     let mut value = serde_json::to_value(taken).unwrap_or_default();
     value["name"] = name.into();
     value
+}
+
+/// `pool acquire --budget ...`: a charge made with the acquire, atomically.
+#[derive(Args)]
+pub struct ChargeArgs {
+    /// Lease only together with a charge to this rate budget (1-64 chars of [A-Za-z0-9_-]);
+    /// its keys are {<pool>}:budget:<name>:<key>. Denied: exit 6, retry_after_ms on stdout.
+    #[arg(long, requires_all = ["budget_keys", "budget_rates", "budget_bursts"])]
+    pub budget: Option<String>,
+
+    /// A key to charge with --budget, e.g. the domain (repeat for several, charged all or nothing).
+    #[arg(long = "budget-key", requires = "budget")]
+    pub budget_keys: Vec<String>,
+
+    /// The rate of --budget, e.g. 10/s; once for every key, or once per --budget-key.
+    #[arg(long = "budget-rate", requires = "budget")]
+    pub budget_rates: Vec<Rate>,
+
+    /// The burst of --budget (1-1000000); once for every key, or once per --budget-key.
+    #[arg(long = "budget-burst", requires = "budget")]
+    pub budget_bursts: Vec<u64>,
+
+    /// Units charged to every --budget-key (1 to the smallest burst).
+    #[arg(long, default_value_t = 1, requires = "budget")]
+    pub budget_cost: u64,
+}
+
+impl ChargeArgs {
+    /// The checked charge, or `None` without `--budget`.
+    pub fn charge(&self, pool: &str) -> Result<Option<super::Charge>, ConfigError> {
+        let Some(budget) = &self.budget else {
+            return Ok(None);
+        };
+        if !crate::pool::limits::is_name(budget) {
+            return Err(ConfigError::new(
+                "--budget",
+                format!("{budget:?} must be {}", crate::pool::limits::name_rule()),
+            ));
+        }
+        let keys = keys(
+            &self.budget_keys,
+            &self.budget_rates,
+            &self.budget_bursts,
+            CHARGE_FLAGS,
+        )?;
+        let charge = super::Charge {
+            budget: budget.clone(),
+            keys,
+            cost: self.budget_cost,
+        };
+        charge
+            .checked(pool)
+            .map_err(|e| flag_error("--budget-cost", e))?;
+        Ok(Some(charge))
+    }
+}
+
+/// A denied acquire with a charge: prints the denial's JSON, answers
+/// [`BudgetDenied`] (exit 6).
+pub(crate) fn denied(pool: &str, budget: &str, taken: &Taken) -> anyhow::Error {
+    let mut value = take_json(budget, taken);
+    value["pool"] = pool.into();
+    if let Err(err) = crate::cli::stdout_line(&value.to_string()) {
+        return err;
+    }
+    BudgetDenied {
+        name: budget.to_owned(),
+        retry_after_ms: taken.retry_after_ms,
+    }
+    .into()
 }

@@ -115,11 +115,9 @@ local function budget_ms(us)
   return math.max(math.ceil(us / 1000 - 1e-9), 0)
 end
 
--- Charges cost to every key or to none. Returns allowed (0/1), remaining (the
--- cost that could still be taken now, the smallest over the keys),
--- retry_after_ms (when this charge would be allowed; 0 when allowed) and
--- reset_after_ms (when every key is full again), all ms rounded up.
-local function budget_charge(keys, first, limits, tats, cost, now)
+-- Whether cost may be charged to every key now, and if not, in how many us
+-- it may (the longest wait over the keys). Writes nothing.
+local function budget_verdict(limits, tats, cost, now)
   local retry, allowed = 0, true
   for i, l in ipairs(limits) do
     -- Half a microsecond of slack: T may be a fraction.
@@ -129,6 +127,14 @@ local function budget_charge(keys, first, limits, tats, cost, now)
       retry = math.max(retry, wait)
     end
   end
+  return allowed, retry
+end
+
+-- Charges cost to every key (keys[first..]) when allowed, else to none.
+-- Returns {allowed (0/1), remaining (the cost that could still be taken now,
+-- the smallest over the keys), retry_after_ms (0 when allowed),
+-- reset_after_ms (when every key is full again)}, ms rounded up.
+local function budget_apply(keys, first, limits, tats, cost, now, allowed, retry)
   local remaining, reset = nil, 0
   for i, l in ipairs(limits) do
     local tat = tats[i]
@@ -143,4 +149,22 @@ local function budget_charge(keys, first, limits, tats, cost, now)
     reset = math.max(reset, tat - now)
   end
   return { allowed and 1 or 0, remaining, budget_ms(retry), budget_ms(reset) }
+end
+
+-- budget_verdict, then budget_apply: all keys or none.
+local function budget_charge(keys, first, limits, tats, cost, now)
+  local allowed, retry = budget_verdict(limits, tats, cost, now)
+  return budget_apply(keys, first, limits, tats, cost, now, allowed, retry)
+end
+
+-- cost within BUDGET_LIMITS.cost and at most every key's burst.
+local function budget_cost(value, limits)
+  local cost, err = budget_int('cost', value)
+  if err then return nil, err end
+  for _, l in ipairs(limits) do
+    if cost > l.burst then
+      return nil, budget_badarg('cost', 'at most the burst (' .. l.burst .. ')')
+    end
+  end
+  return cost
 end

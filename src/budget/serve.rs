@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::limits::{PENALTY_MS, WAIT_MS};
 use super::metrics::BudgetMetrics;
-use super::{Budget, BudgetError, BudgetKey, Rate, Taken, limits};
+use super::{Budget, BudgetError, BudgetKey, Charge, Rate, Taken, limits};
 use crate::connection::Redis;
 
 /// What the budget routes share.
@@ -156,6 +156,75 @@ struct PenalizeBody {
     rate: OneOrMany<String>,
     burst: OneOrMany<u64>,
     penalty_ms: u64,
+}
+
+/// The `budget` field of a pool acquire: `{name, key | keys, rate, burst,
+/// cost?}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChargeBody {
+    name: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    rate: OneOrMany<String>,
+    burst: OneOrMany<u64>,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+/// The charge of a pool acquire's `budget` field, checked; errors name
+/// the field under `budget.` (`budget.keys[0].rate`, `budget.cost`, ...).
+pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError> {
+    let under = |err: BudgetError| match err {
+        BudgetError::BadInput { field, expected } => BudgetError::BadInput {
+            field: format!("budget.{field}"),
+            expected,
+        },
+        other => other,
+    };
+    let body: ChargeBody = parse(value.to_string().as_bytes()).map_err(under)?;
+    if !crate::pool::limits::is_name(&body.name) {
+        return Err(under(BudgetError::bad(
+            "name",
+            crate::pool::limits::name_rule(),
+        )));
+    }
+    let keys = KeysBody {
+        key: body.key,
+        keys: body.keys,
+        rate: body.rate,
+        burst: body.burst,
+    }
+    .keys()
+    .and_then(|keys| super::checked_keys("", &keys).map(|_| keys))
+    .map_err(under)?;
+    let cost = super::checked_cost(body.cost, &keys).map_err(under)?;
+    Ok(Charge {
+        budget: body.name,
+        keys,
+        cost,
+    })
+}
+
+/// The 429 of a pool acquire that the budget denied: `Retry-After` and
+/// `{error, budget, retry_after_ms, remaining, reset_after_ms, at_ms}`.
+pub(crate) fn denied_response(budget: &str, taken: &Taken) -> Response {
+    let body = json!({
+        "error": "budget denied",
+        "budget": budget,
+        "retry_after_ms": taken.retry_after_ms,
+        "remaining": taken.remaining,
+        "reset_after_ms": taken.reset_after_ms,
+        "at_ms": taken.at_ms,
+    });
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
+        Json(body),
+    )
+        .into_response()
 }
 
 fn one() -> u64 {

@@ -16,17 +16,11 @@ end
 local prefix = 'snowlease:budget:{' .. name .. '}:'
 local err = budget_keys(KEYS, 1, prefix)
 if err then return err end
-local cost
-cost, err = budget_int('cost', ARGV[1])
-if err then return err end
-local limits
+local limits, cost
 limits, err = budget_limits(ARGV, 2, #KEYS)
 if err then return err end
-for _, l in ipairs(limits) do
-  if cost > l.burst then
-    return budget_badarg('cost', 'at most the burst (' .. l.burst .. ')')
-  end
-end
+cost, err = budget_cost(ARGV[1], limits)
+if err then return err end
 local now = budget_now_us()
 local tats
 tats, err = budget_tats(KEYS, 1, now)

@@ -25,6 +25,7 @@ use tracing::{debug, error, info, warn};
 use super::limits::{REAP_LIMIT, Range, TTL_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
+use crate::budget::{BudgetError, ChargedAcquire};
 use crate::connection::RedisTarget;
 use crate::eviction::{self, EvictingRedis};
 use crate::http;
@@ -394,26 +395,55 @@ async fn acquire(
         cooldown,
         wait,
         request_id,
+        budget,
     } = AcquireBody::parse(&body, max_ttl)?;
     let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
     if let Some(request_id) = request_id {
         req = req.request_id(request_id);
     }
+    let charge = match budget {
+        None => None,
+        Some(value) => Some(
+            crate::budget::serve::charge_of(value).map_err(|err| match err {
+                BudgetError::BadInput { field, expected } => ApiError::bad(&field, expected),
+                other => ApiError::bad("budget", other.to_string()),
+            })?,
+        ),
+    };
 
     let started = Instant::now();
-    let result = served
-        .pool
-        .acquire_wait_until(&req, wait, &state.inner.shutdown)
-        .await;
+    let shutdown = &state.inner.shutdown;
+    let result = match &charge {
+        None => served
+            .pool
+            .acquire_wait_until(&req, wait, shutdown)
+            .await
+            .map(ChargedAcquire::Acquired),
+        Some(charge) => {
+            crate::budget::acquire_charged_wait(&served.pool, &req, charge, wait, shutdown).await
+        }
+    };
     state.note(&result);
     let metrics = &state.inner.metrics;
+    let took = |outcome| {
+        if let (Some(charge), Some(budgets)) = (&charge, &state.inner.budgets) {
+            budgets.metrics().took(&charge.budget, outcome);
+        }
+    };
     match result {
-        Ok(Acquired::Leased(lease)) => {
+        Ok(ChargedAcquire::Acquired(Acquired::Leased(lease))) => {
             metrics.acquired(&served.label, "leased", started.elapsed());
+            took("allowed");
             debug!(pool = %pool, id = lease.id(), fence = lease.fence(), replayed = lease.replayed(), "leased");
             Ok((StatusCode::CREATED, Json(lease.view())).into_response())
         }
-        Ok(Acquired::Empty { next_due_in, at_ms }) => {
+        Ok(ChargedAcquire::Denied(taken)) => {
+            metrics.acquired(&served.label, "budget_denied", started.elapsed());
+            took("denied");
+            let budget = charge.as_ref().map_or("", |c| c.budget.as_str());
+            Ok(crate::budget::serve::denied_response(budget, &taken))
+        }
+        Ok(ChargedAcquire::Acquired(Acquired::Empty { next_due_in, at_ms })) => {
             metrics.acquired(&served.label, "empty", started.elapsed());
             let next_due_in_ms = next_due_in.map(|d| d.as_millis() as u64);
             let body = json!({
@@ -432,6 +462,7 @@ async fn acquire(
         }
         Err(err) => {
             metrics.acquired(&served.label, "error", started.elapsed());
+            took("error");
             Err(err.into())
         }
     }
