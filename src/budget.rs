@@ -127,6 +127,9 @@ pub struct Penalized {
 pub struct Budget<C = Redis> {
     conn: C,
     name: Arc<str>,
+    /// Where its keys are: `snowlease:budget:{<name>}:` or, for the keys a
+    /// pool's acquire charges, `{<pool>}:budget:<name>:`.
+    prefix: Arc<str>,
 }
 
 impl<C> fmt::Debug for Budget<C> {
@@ -186,7 +189,22 @@ where
         Ok(Self {
             conn,
             name: name.into(),
+            prefix: budget_key(name, "").into(),
         })
+    }
+
+    /// A handle on budget `name` as acquires of `pool` charge it
+    /// ([`acquire_charged`]): keys `{<pool>}:budget:<name>:<key>`, to take
+    /// from or penalize the same budget outside an acquire.
+    ///
+    /// Errors: [`BudgetError::BadInput`] for a bad pool or budget name.
+    pub fn in_pool(conn: C, pool: &str, name: &str) -> Result<Self, BudgetError> {
+        if !crate::pool::limits::is_name(pool) {
+            return Err(BudgetError::bad("pool", crate::pool::limits::name_rule()));
+        }
+        let mut budget = Self::new(conn, name)?;
+        budget.prefix = charge_key(pool, name, "").into();
+        Ok(budget)
     }
 
     /// The budget name.
@@ -200,7 +218,7 @@ where
         head: u64,
         keys: &[BudgetKey],
     ) -> Result<redis::Value, BudgetError> {
-        let (names, args) = checked_keys(&budget_key(&self.name, ""), keys)?;
+        let (names, args) = checked_keys(&self.prefix, keys)?;
         let mut inv = script.script().prepare_invoke();
         for name in &names {
             inv.key(name);

@@ -39,6 +39,10 @@ pub struct BudgetTarget {
     #[arg(long, env = "SNOWLEASE_BUDGET")]
     pub name: String,
 
+    /// Use the budget's keys in pool P, {P}:budget:N:<key>: the ones `pool acquire --pool P --budget N` charges.
+    #[arg(long)]
+    pub pool: Option<String>,
+
     /// A key to charge, e.g. a domain (1-128 chars of [A-Za-z0-9_.:-]); repeat for several, charged all or nothing.
     #[arg(long = "key", required = true)]
     pub keys: Vec<String>,
@@ -101,6 +105,7 @@ pub struct BudgetCliConfig {
     redis_timeout: Duration,
     allow_evicting_redis: bool,
     name: String,
+    pool: Option<String>,
     keys: Vec<BudgetKey>,
     op: Op,
 }
@@ -140,6 +145,14 @@ impl BudgetArgs {
                 format!("{:?} must be {}", t.name, crate::pool::limits::name_rule()),
             ));
         }
+        if let Some(pool) = &t.pool
+            && !crate::pool::limits::is_name(pool)
+        {
+            return Err(ConfigError::new(
+                "--pool",
+                format!("{pool:?} must be {}", crate::pool::limits::name_rule()),
+            ));
+        }
         let keys = keys(&t.keys, &t.rates, &t.bursts, TAKE_FLAGS)?;
         let op = match &self.command {
             BudgetCommand::Take(a) => {
@@ -158,6 +171,7 @@ impl BudgetArgs {
             redis_timeout,
             allow_evicting_redis: t.redis.eviction.allow_evicting_redis,
             name: t.name.clone(),
+            pool: t.pool.clone(),
             keys,
             op,
         })
@@ -242,7 +256,10 @@ pub async fn run(config: BudgetCliConfig) -> anyhow::Result<()> {
             return Err(evicting.into());
         }
     }
-    let budget = Budget::new(conn, &config.name)?;
+    let budget = match &config.pool {
+        Some(pool) => Budget::in_pool(conn, pool, &config.name)?,
+        None => Budget::new(conn, &config.name)?,
+    };
     match config.op {
         Op::Take { cost, wait } => {
             let taken = budget

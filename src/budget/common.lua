@@ -40,6 +40,24 @@ local function budget_int(field, value)
   return n
 end
 
+-- The prefix of a budget's keys, from its first key: snowlease:budget:{<name>}:
+-- (budget take) or {<pool>}:budget:<name>: (the keys a pool's acquire charges);
+-- the budget name second. Nil for anything else.
+local function budget_prefix(key)
+  if type(key) ~= 'string' then return nil end
+  local name = string.match(key, '^snowlease:budget:{([%w_%-]+)}:')
+  if name and #name <= BUDGET_LIMITS.name_max then
+    return 'snowlease:budget:{' .. name .. '}:', name
+  end
+  local pool, pname = string.match(key, '^{([%w_%-]+)}:budget:([%w_%-]+):')
+  if pool and #pool <= BUDGET_LIMITS.name_max and #pname <= BUDGET_LIMITS.name_max then
+    return '{' .. pool .. '}:budget:' .. pname .. ':', pname
+  end
+end
+
+local BUDGET_NAME_RULE = '1-' .. BUDGET_LIMITS.name_max
+    .. ' chars of [A-Za-z0-9_-] in keys snowlease:budget:{<name>}:<key> or {<pool>}:budget:<name>:<key>'
+
 -- keys[first..] are budget keys: each prefix .. <key>, the key 1 to
 -- BUDGET_LIMITS.key_max chars of [A-Za-z0-9_.:-], no key twice, as many as
 -- BUDGET_LIMITS.keys allows.

@@ -1,17 +1,18 @@
 -- penalize: push keys of one budget back, after the target answered 429 or 503
 -- with a Retry-After: no take is allowed before now + penalty_ms, and then the
 -- budget refills at its rate from empty (a key already further back is kept).
--- KEYS: 1..n snowlease:budget:{<name>}:<key>, one budget name (one hash tag)
+-- KEYS: 1..n snowlease:budget:{<name>}:<key>, or {<pool>}:budget:<name>:<key> (the
+--       keys a pool's acquire charges): one budget, one hash tag
 -- ARGV: 1 penalty_ms, then for each key: rate_count, rate_period_ms, burst
 -- Returns: {retry_after_ms, reset_after_ms, now_ms}: when a take of 1 is
 --          allowed again, and when every key is full (and gone) again.
 -- Errors: BADARG, KEYTYPE as in common.lua; nothing is written then.
 
-local name = type(KEYS[1]) == 'string' and string.match(KEYS[1], '^snowlease:budget:{([%w_%-]+)}:') or nil
-if not name or #name > BUDGET_LIMITS.name_max then
-  return budget_badarg('name', '1-' .. BUDGET_LIMITS.name_max .. ' chars of [A-Za-z0-9_-] in keys snowlease:budget:{<name>}:<key>')
+local prefix = budget_prefix(KEYS[1])
+if not prefix then
+  return budget_badarg('name', BUDGET_NAME_RULE)
 end
-local err = budget_keys(KEYS, 1, 'snowlease:budget:{' .. name .. '}:')
+local err = budget_keys(KEYS, 1, prefix)
 if err then return err end
 local penalty
 penalty, err = budget_int('penalty_ms', ARGV[1])

@@ -56,7 +56,8 @@ impl BudgetService {
 /// The budget routes:
 ///
 /// - `POST /budgets/{name}/take` `{keys: [..] | key, rate: "10/s" | [..],
-///   burst: n | [..], cost?: 1, wait_ms?: 0}`: 200 `{name, allowed: true,
+///   burst: n | [..], cost?: 1, wait_ms?: 0, pool?}` (`pool`: the keys
+///   acquires of that pool charge, `{<pool>}:budget:<name>:<key>`): 200 `{name, allowed: true,
 ///   remaining, retry_after_ms: 0, reset_after_ms, at_ms}`, or 429 with the
 ///   same fields (`allowed: false`) and `Retry-After` (whole seconds,
 ///   rounded up).
@@ -134,6 +135,8 @@ impl KeysBody {
 #[serde(deny_unknown_fields)]
 struct TakeBody {
     #[serde(default)]
+    pool: Option<String>,
+    #[serde(default)]
     key: Option<String>,
     #[serde(default)]
     keys: Option<Vec<String>>,
@@ -149,6 +152,8 @@ struct TakeBody {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PenalizeBody {
+    #[serde(default)]
+    pool: Option<String>,
     #[serde(default)]
     key: Option<String>,
     #[serde(default)]
@@ -294,6 +299,15 @@ pub(crate) fn take_response(name: &str, taken: &Taken) -> Response {
         .into_response()
 }
 
+/// The budget `name`, in `pool`'s keys when given.
+fn open(service: &BudgetService, pool: Option<&str>, name: &str) -> Result<Budget, BudgetError> {
+    let conn = service.inner.conn.clone();
+    match pool {
+        Some(pool) => Budget::in_pool(conn, pool, name),
+        None => Budget::new(conn, name),
+    }
+}
+
 async fn take(
     State(service): State<BudgetService>,
     Path(name): Path<String>,
@@ -301,8 +315,8 @@ async fn take(
 ) -> Response {
     let metrics = service.metrics();
     let result = async {
-        let budget = Budget::new(service.inner.conn.clone(), &name)?;
         let body: TakeBody = parse(&body)?;
+        let budget = open(&service, body.pool.as_deref(), &name)?;
         let keys = KeysBody {
             key: body.key,
             keys: body.keys,
@@ -339,8 +353,8 @@ async fn penalize(
     body: Bytes,
 ) -> Response {
     let result = async {
-        let budget = Budget::new(service.inner.conn.clone(), &name)?;
         let body: PenalizeBody = parse(&body)?;
+        let budget = open(&service, body.pool.as_deref(), &name)?;
         let keys = KeysBody {
             key: body.key,
             keys: body.keys,

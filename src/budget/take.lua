@@ -1,5 +1,6 @@
 -- take: charge cost to every key of one budget, all or nothing (GCRA on Redis TIME).
--- KEYS: 1..n snowlease:budget:{<name>}:<key>, one budget name (one hash tag)
+-- KEYS: 1..n snowlease:budget:{<name>}:<key>, or {<pool>}:budget:<name>:<key> (the
+--       keys a pool's acquire charges): one budget, one hash tag
 -- ARGV: 1 cost, then for each key: rate_count, rate_period_ms, burst
 -- Returns: {allowed, remaining, retry_after_ms, reset_after_ms, now_ms}:
 --          allowed 1 when every key was charged, 0 when none was;
@@ -9,11 +10,10 @@
 -- Every key written expires when its budget is full again.
 -- Errors: BADARG, KEYTYPE as in common.lua; nothing is written then.
 
-local name = type(KEYS[1]) == 'string' and string.match(KEYS[1], '^snowlease:budget:{([%w_%-]+)}:') or nil
-if not name or #name > BUDGET_LIMITS.name_max then
-  return budget_badarg('name', '1-' .. BUDGET_LIMITS.name_max .. ' chars of [A-Za-z0-9_-] in keys snowlease:budget:{<name>}:<key>')
+local prefix = budget_prefix(KEYS[1])
+if not prefix then
+  return budget_badarg('name', BUDGET_NAME_RULE)
 end
-local prefix = 'snowlease:budget:{' .. name .. '}:'
 local err = budget_keys(KEYS, 1, prefix)
 if err then return err end
 local limits, cost

@@ -151,3 +151,49 @@ async fn cli_and_http_acquire_with_a_budget() {
         "{answer}"
     );
 }
+
+/// The crawler's 429: `budget penalize --pool P` pushes back the keys
+/// `pool acquire --budget` charges; acquires are denied until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalize_in_the_pool_holds_acquires_back() {
+    let redis = RedisServer::start();
+    let p = pool(&redis, "proxies").await;
+    p.init(&["p1", "p2"]).await.unwrap();
+    let run = crate::budget::budget_cmd(
+        &redis.url(),
+        &[
+            "penalize",
+            "--pool",
+            "proxies",
+            "--name",
+            "domains",
+            "--key",
+            "example.com",
+            "--rate",
+            "2/s",
+            "--burst",
+            "2",
+            "--penalty",
+            "700ms",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(redis.exists(&charge_key("proxies", "domains", "example.com")));
+    let one = Charge {
+        budget: "domains".into(),
+        keys: vec![BudgetKey::new("example.com", "2/s".parse().unwrap(), 2)],
+        cost: 1,
+    };
+    let req = AcquireRequest::new(secs(30));
+    let denied = acquire_charged(&p, &req, &one).await.unwrap();
+    let ChargedAcquire::Denied(taken) = denied else {
+        panic!("{denied:?}")
+    };
+    assert!((600..=700).contains(&taken.retry_after_ms), "{taken:?}");
+    tokio::time::sleep(ms(taken.retry_after_ms)).await;
+    let leased = acquire_charged(&p, &req, &one).await.unwrap();
+    assert!(
+        matches!(leased, ChargedAcquire::Acquired(Acquired::Leased(_))),
+        "{leased:?}"
+    );
+}
