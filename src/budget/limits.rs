@@ -1,6 +1,6 @@
 //! The one table of rate budgets' names and ranges. The Rust checks (the
 //! API, the CLI, the HTTP API) read it, and the Lua scripts get it as a
-//! `BUDGET_LIMITS` table generated from it ([`lua_table`]) in front of
+//! `BUDGET_LIMITS` table generated from it (`lua_table`) in front of
 //! `common.lua`, so both sides refuse the same values;
 //! `tests/it/budget.rs` proves the Lua side on a real Redis.
 
@@ -55,7 +55,7 @@ pub const WINDOW_MS: Range = Range {
     min: 0,
     max: 2_592_000_000,
 };
-/// Every range the scripts check, as [`lua_table`] hands them over.
+/// Every range the scripts check, as `lua_table` hands them over.
 pub const SCRIPT_RANGES: [Range; 7] = [
     RATE_COUNT,
     RATE_PERIOD_MS,
