@@ -399,7 +399,8 @@ fn cli_fails_closed_when_redis_is_down() {
 }
 
 /// On a Cluster and behind Sentinel: two keys charged together in one call
-/// (one hash tag), the burst spent, then exit 6.
+/// (one hash tag), the burst spent, then exit 6; `pool acquire --budget`
+/// likewise.
 #[test]
 fn budget_runs_on_cluster_and_sentinel() {
     let cluster = ClusterTopology::start_primaries_only();
@@ -429,6 +430,35 @@ fn budget_runs_on_cluster_and_sentinel() {
         let run = budget_cmd(&url, &args);
         assert_eq!(run.code, Some(6), "{url}: {run:?}");
         assert_eq!(json(&run)["remaining"], 0, "{url}");
+    }
+    // pool acquire --budget: the charge's keys in the pool's slot.
+    for url in [cluster.url(), sentinel.url()] {
+        let pool = |args: &[&str]| {
+            let mut argv = vec!["pool"];
+            argv.extend_from_slice(args);
+            run_snowlease(&argv, &[("REDIS_URL", url.as_str())], secs(20))
+        };
+        let init = pool(&["init", "--pool", "proxies", "--ids", "p1,p2"]);
+        assert_eq!(init.code, Some(0), "{url}: {init:?}");
+        let acquire = [
+            "acquire",
+            "--pool",
+            "proxies",
+            "--ttl",
+            "30s",
+            "--budget",
+            "domains",
+            "--budget-key",
+            "example.com",
+            "--budget-rate",
+            "1/m",
+            "--budget-burst",
+            "1",
+        ];
+        let run = pool(&acquire);
+        assert_eq!(run.code, Some(0), "{url}: {run:?}");
+        let run = pool(&acquire);
+        assert_eq!(run.code, Some(6), "{url}: {run:?}");
     }
     let owner = cluster.owner_of_key("snowlease:budget:{crawl}:example.com");
     assert_eq!(
