@@ -469,3 +469,69 @@ fn budget_runs_on_cluster_and_sentinel() {
         "one slot"
     );
 }
+
+/// The limits table and the script agree at every boundary: for each range
+/// the script checks, min - 1 and max + 1 are refused and min and max
+/// accepted by the Rust API and by the script called raw alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_lua_refuse_the_same_values() {
+    use snowlease::budget::limits::{BURST, COST, PENALTY_MS, RATE_COUNT, RATE_PERIOD_MS, Range};
+    let redis = RedisServer::start();
+    let b = budget(&redis, "lim").await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // [count, period_ms, burst, cost or penalty_ms]: a base where no cross
+    // rule (1 per us, refill within 30 days, cost <= burst) interferes.
+    let cases: [(Range, usize, [u64; 4], BudgetScript); 5] = [
+        (RATE_COUNT, 0, [1, 86_400_000, 1, 1], BudgetScript::Take),
+        (RATE_PERIOD_MS, 1, [1, 1000, 1, 1], BudgetScript::Take),
+        (BURST, 2, [1_000_000, 1000, 1, 1], BudgetScript::Take),
+        (COST, 3, [1_000_000, 1000, 1_000_000, 1], BudgetScript::Take),
+        (PENALTY_MS, 3, [1, 1000, 1, 1], BudgetScript::Penalize),
+    ];
+    let mut n = 0;
+    for (range, at, base, script) in cases {
+        let values = [
+            range.min.wrapping_sub(1),
+            range.min,
+            range.max,
+            range.max + 1,
+        ];
+        for value in values.into_iter().filter(|v| *v != u64::MAX) {
+            n += 1;
+            let mut args = base;
+            args[at] = value;
+            let key = format!("k{n}");
+            let limit = BudgetKey::new(
+                &key,
+                Rate {
+                    count: args[0],
+                    period: ms(args[1]),
+                },
+                args[2],
+            );
+            let rust = match script {
+                BudgetScript::Take => b.take(&[limit], args[3]).await.map(|_| ()),
+                _ => b.penalize(&[limit], ms(args[3])).await.map(|_| ()),
+            };
+            let mut inv = script.script().prepare_invoke();
+            inv.key(budget_key("lim", &format!("raw{n}")));
+            inv.arg(args[3]).arg(args[0]).arg(args[1]).arg(args[2]);
+            let lua = inv.invoke_async::<redis::Value>(&mut conn).await;
+            let lua = lua.map(|_| ()).map_err(BudgetError::from);
+            let refused =
+                |r: &Result<(), BudgetError>| matches!(r, Err(BudgetError::BadInput { .. }));
+            assert_eq!(
+                refused(&rust),
+                refused(&lua),
+                "{} = {value}: rust {rust:?}, lua {lua:?}",
+                range.field
+            );
+            let outside = !range.allows(value);
+            assert_eq!(refused(&lua), outside, "{} = {value}: {lua:?}", range.field);
+            if let Err(BudgetError::BadInput { field, .. }) = &lua {
+                assert_eq!(field, range.field, "the script names the field");
+            }
+        }
+    }
+}
