@@ -219,11 +219,10 @@ impl ServeState {
 /// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
 ///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
 pub fn router(state: ServeState) -> Router {
-    let budgets = state
-        .inner
-        .budgets
-        .clone()
-        .map(crate::budget::serve::routes);
+    let budgets = state.inner.budgets.clone().map(|budgets| {
+        let guard = axum::middleware::from_fn_with_state(state.clone(), refuse_budgets_if_evicting);
+        crate::budget::serve::routes(budgets).route_layer(guard)
+    });
     Router::new()
         .route("/pools/{pool}", get(status))
         .route("/pools/{pool}/leases", post(acquire))
@@ -234,6 +233,20 @@ pub fn router(state: ServeState) -> Router {
         .with_state(state)
         .merge(http::liveness_routes())
         .merge(budgets.unwrap_or_default())
+}
+
+/// The budget routes answer 503 while Redis may evict keys (an evicted
+/// budget key is a full budget again: a limit that does not hold), as
+/// acquire does.
+async fn refuse_budgets_if_evicting(
+    State(state): State<ServeState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match state.refuse_if_evicting() {
+        Ok(()) => next.run(request).await,
+        Err(err) => err.into_response(),
+    }
 }
 
 /// Serves the pools of `config` until `shutdown` fires: binds the
