@@ -11,6 +11,7 @@
 //! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
 //! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
 //! | 5 | refused as unsafe: `guard open` found lease keys of the app without a guard, or a closed guard (without `--force`); nothing written |
+//! | 6 | denied by a rate budget within `--wait` (`budget take`, `pool acquire --budget`); the JSON on stdout gives `retry_after_ms` |
 //! | 69 | `lock`: not acquired within `--wait`; the command never started (EX_UNAVAILABLE; not 3, which a command's own code could be) |
 //! | 75 | `exec`: the ID was lost while the command ran; `lock`: the lock was lost or not renewed in time while the command ran; the command was stopped (EX_TEMPFAIL) |
 //! | 126, 127 | `exec`, `lock`: the command cannot be executed, or was not found (shell convention) |
@@ -29,6 +30,7 @@ Exit codes (the same meaning in every command):
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
   5   refused as unsafe: guard open found lease keys without a guard, or a closed guard; nothing written
+  6   denied by a rate budget within --wait (budget take, pool acquire --budget); stdout says retry_after_ms
   69  lock: not acquired within --wait; the command never started
   75  exec, lock: the ID or lock was lost while the command ran; the command was stopped
   126 exec, lock: the command cannot be executed; 127: not found; 128+N: signal N
@@ -44,6 +46,8 @@ pub(crate) const UNAVAILABLE: u8 = 3;
 pub(crate) const NOT_HELD: u8 = 4;
 /// Refused because it could break the safety property; nothing written.
 pub(crate) const REFUSED: u8 = 5;
+/// A rate budget denied the take within `--wait` (nothing charged).
+pub(crate) const BUDGET_DENIED: u8 = 6;
 /// `lock`: not acquired within `--wait` (EX_UNAVAILABLE, sysexits.h). Not
 /// [`UNAVAILABLE`]: `lock` passes its command's code through, and 3 is a
 /// code a command may well use itself; 69 rarely is.
@@ -64,13 +68,14 @@ pub(crate) const ABORTED: u8 = 130;
 /// Every code with a name, for the test that the table, `--help` and
 /// docs/operations.md agree.
 #[cfg(test)]
-pub(crate) const ALL: [u8; 12] = [
+pub(crate) const ALL: [u8; 13] = [
     0,
     FAILURE,
     BAD_INPUT,
     UNAVAILABLE,
     NOT_HELD,
     REFUSED,
+    BUDGET_DENIED,
     NOT_ACQUIRED,
     LEASE_LOST,
     CANNOT_EXECUTE,

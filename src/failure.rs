@@ -5,11 +5,13 @@
 
 use redis::RedisError;
 
+use crate::budget::cli::BudgetDenied;
 use crate::cli::ConfigError;
 use crate::connection::Readable;
 use crate::exec::ExecError;
 use crate::exit::{
-    BAD_INPUT, CANNOT_EXECUTE, FAILURE, NOT_ACQUIRED, NOT_FOUND, NOT_HELD, REFUSED, UNAVAILABLE,
+    BAD_INPUT, BUDGET_DENIED, CANNOT_EXECUTE, FAILURE, NOT_ACQUIRED, NOT_FOUND, NOT_HELD, REFUSED,
+    UNAVAILABLE,
 };
 use crate::lock::LockError;
 use crate::pool::PoolError;
@@ -28,6 +30,12 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
             WorkerError::LeaseLost { .. } => NOT_HELD,
             WorkerError::Redis(_) => FAILURE,
         };
+    }
+    if err.downcast_ref::<BudgetDenied>().is_some() {
+        return BUDGET_DENIED;
+    }
+    if let Some(crate::budget::BudgetError::BadInput { .. }) = err.downcast_ref() {
+        return BAD_INPUT;
     }
     if err.downcast_ref::<GuardRefused>().is_some() {
         return REFUSED;

@@ -8,6 +8,7 @@
 //! One subtree per mode:
 //! - [`worker_id`]: worker-ID mode: the sidecar (claim, renew, publish) and `status`.
 //! - [`pool`]: pool mode: leased resource ids with tokens, deadlines, fences, cooldowns.
+//! - [`budget`]: rate budgets beside the pool: GCRA per domain or account, several keys all or nothing.
 //! - [`exec`]: the app side: `exec` runs the app only while an ID is published; `id`, `install`.
 //! - [`lock`]: `lock`: a distributed mutex around a command (lease core + `supervise`).
 //!
@@ -35,6 +36,7 @@
 
 pub mod atomic_file;
 pub mod boot_clock;
+pub mod budget;
 pub mod cli;
 pub(crate) mod config_error;
 pub mod connection;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use snowlease::cli::{ConfigError, LogFormat, check_range, parse_duration, stdout_line};
 use snowlease::logging::{self, LogGuard, Run};
-use snowlease::{exec, exit, failure, lock, open_files, pool, shutdown, worker_id};
+use snowlease::{budget, exec, exit, failure, lock, open_files, pool, shutdown, worker_id};
 
 /// `--version`: the crate version and the commit it was built from.
 const VERSION: &str = concat!(
@@ -50,6 +50,9 @@ enum Command {
     /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
     #[command(after_help = exit::HELP)]
     Pool(pool::cli::PoolArgs),
+    /// Rate budgets per domain or account (GCRA in Redis): take, penalize.
+    #[command(after_help = exit::HELP)]
+    Budget(budget::cli::BudgetArgs),
     /// Run CMD while holding a named lock in Redis (a distributed mutex with a fencing token).
     #[command(after_help = exit::HELP)]
     Lock(lock::LockArgs),
@@ -89,6 +92,7 @@ impl Command {
             Self::Exec(_) => "snowlease exec",
             Self::Id(_) => "snowlease id",
             Self::Pool(_) => "snowlease pool",
+            Self::Budget(_) => "snowlease budget",
             Self::Lock(_) => "snowlease lock",
             _ => "snowlease",
         }
@@ -228,6 +232,11 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
                 open_files::raise_soft_limit();
             }
             block_on(pool::cli::run(config))?;
+        }
+        Command::Budget(args) => {
+            let config = args.validate()?;
+            *log = Some(logging::init(args.log_format(), Run::Once)?);
+            block_on(budget::cli::run(config))?;
         }
     }
     Ok(0)

@@ -135,6 +135,14 @@ impl<C> fmt::Debug for Acquired<C> {
     }
 }
 
+/// What a script built on acquire.lua answered (see [`Pool::acquire_through`]).
+pub(crate) enum AcquireReply<C> {
+    /// acquire.lua's own answers.
+    Acquired(Acquired<C>),
+    /// Another answer: its first integer and the integers after it.
+    Other { code: i64, rest: Vec<u64> },
+}
+
 /// Counts of a pool's ids by state, at one Redis time, and the
 /// quarantined and auto-disabled ids. Never tokens.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -298,6 +306,11 @@ where
     /// The pool name.
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The connection (the budget routes of `pool serve` share it).
+    pub(crate) fn conn(&self) -> &C {
+        &self.conn
     }
 
     /// The pool's key names.
@@ -472,6 +485,27 @@ where
     /// Errors: [`PoolError::BadInput`] (see [`AcquireRequest`] for ranges),
     /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired<C>, PoolError> {
+        let script = PoolScript::Acquire.script();
+        match self.acquire_through(req, script, &[], &[]).await? {
+            AcquireReply::Acquired(acquired) => Ok(acquired),
+            AcquireReply::Other { code, .. } => Err(PoolError::Reply {
+                script: PoolScript::Acquire.name(),
+                detail: format!("unknown answer {code}"),
+            }),
+        }
+    }
+
+    /// An acquire through `script`: acquire.lua's KEYS then `extra_keys`,
+    /// `head` then acquire.lua's ARGV; its replies decoded as acquire's,
+    /// any other first integer answered as [`AcquireReply::Other`] (the
+    /// budget's acquire with a charge).
+    pub(crate) async fn acquire_through(
+        &self,
+        req: &AcquireRequest,
+        script: &redis::Script,
+        extra_keys: &[String],
+        head: &[String],
+    ) -> Result<AcquireReply<C>, PoolError> {
         let ttl = limits::millis("ttl", req.ttl, TTL_MS)?;
         if req.ttl > self.options.max_lease {
             return Err(PoolError::bad(
@@ -487,7 +521,17 @@ where
             limits::name("request_id", request_id)?;
         }
         let token = format!("{:032x}", rand::random::<u128>());
-        let mut inv = self.invocation(PoolScript::Acquire);
+        let mut inv = script.prepare_invoke();
+        for key in PoolScript::Acquire
+            .keys(&self.keys)
+            .iter()
+            .chain(extra_keys)
+        {
+            inv.key(key);
+        }
+        for arg in head {
+            inv.arg(arg);
+        }
         inv.arg(&token)
             .arg(ttl)
             .arg(cooldown)
@@ -496,26 +540,40 @@ where
             inv.arg(request_id);
         }
         let mut reply = Reply::new(PoolScript::Acquire, self.run(&inv).await?)?;
-        if reply.int()? == 0 {
-            let hint = reply.int()?;
-            let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
-            let at_ms = reply.uint()?;
-            return Ok(Acquired::Empty { next_due_in, at_ms });
+        match reply.int()? {
+            0 => {
+                let hint = reply.int()?;
+                let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
+                let at_ms = reply.uint()?;
+                Ok(AcquireReply::Acquired(Acquired::Empty {
+                    next_due_in,
+                    at_ms,
+                }))
+            }
+            1 => {
+                let id = reply.string()?;
+                let token = reply.string()?;
+                let deadline_ms = reply.uint()?;
+                let fence = reply.uint()?;
+                reply.uint()?; // Redis now: the lease start, unless replayed
+                let replayed = reply.int()? == 1;
+                Ok(AcquireReply::Acquired(Acquired::Leased(PoolLease::new(
+                    self.clone(),
+                    id,
+                    token,
+                    deadline_ms,
+                    fence,
+                    replayed,
+                ))))
+            }
+            code => {
+                let mut rest = Vec::new();
+                while let Ok(n) = reply.uint() {
+                    rest.push(n);
+                }
+                Ok(AcquireReply::Other { code, rest })
+            }
         }
-        let id = reply.string()?;
-        let token = reply.string()?;
-        let deadline_ms = reply.uint()?;
-        let fence = reply.uint()?;
-        reply.uint()?; // Redis now: the lease start, unless replayed
-        let replayed = reply.int()? == 1;
-        Ok(Acquired::Leased(PoolLease::new(
-            self.clone(),
-            id,
-            token,
-            deadline_ms,
-            fence,
-            replayed,
-        )))
     }
 
     /// Acquires, retrying empty answers until `wait` has passed: it sleeps

@@ -198,6 +198,10 @@ pub(crate) struct AcquireArgs {
     /// Longest total lease time, extends included (1ms-24h).
     #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration)]
     pub max_lease: Duration,
+
+    /// `--budget`: lease only together with a charge to a rate budget.
+    #[command(flatten)]
+    pub budget: crate::budget::cli::ChargeArgs,
 }
 
 /// The lease `release` and `extend` act on.

@@ -56,7 +56,7 @@ pub(crate) struct PoolMetrics {
 }
 
 /// Outcomes of acquire: an id leased, none due in time, an error.
-pub(crate) const ACQUIRE_OUTCOMES: [&str; 3] = ["leased", "empty", "error"];
+pub(crate) const ACQUIRE_OUTCOMES: [&str; 4] = ["leased", "empty", "budget_denied", "error"];
 /// Outcomes of release and extend besides their success.
 pub(crate) const LOST_OUTCOMES: [&str; 3] = ["other_owner", "expired", "error"];
 
@@ -133,7 +133,7 @@ impl PoolMetrics {
         );
         r.register(
             "acquires",
-            "HTTP acquires by outcome: leased, empty, error",
+            "HTTP acquires by outcome: leased, empty, budget_denied, error",
             m.acquires.clone(),
         );
         r.register(

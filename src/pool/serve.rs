@@ -25,6 +25,7 @@ use tracing::{debug, error, info, warn};
 use super::limits::{REAP_LIMIT, Range, TTL_MS};
 use super::metrics::PoolMetrics;
 use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
+use crate::budget::{BudgetError, ChargedAcquire};
 use crate::connection::RedisTarget;
 use crate::eviction::{self, EvictingRedis, Eviction};
 use crate::http;
@@ -66,6 +67,8 @@ struct Inner {
     pools: HashMap<String, Served>,
     metrics: PoolMetrics,
     registry: Registry,
+    /// The rate budget routes, on the pools' connection (none without a pool).
+    budgets: Option<crate::budget::serve::BudgetService>,
     /// True once Redis answered, false from the first call it did not.
     redis_up: AtomicBool,
     /// The eviction check's last answer.
@@ -88,6 +91,13 @@ impl ServeState {
         let mut registry = Registry::default();
         let metrics = PoolMetrics::new(&mut registry, &labels);
         http::register_build_info(&mut registry);
+        let budgets = pools.first().map(|p| {
+            crate::budget::serve::BudgetService::new(
+                p.conn().clone(),
+                &mut registry,
+                shutdown.clone(),
+            )
+        });
         let pools = pools
             .into_iter()
             .zip(labels)
@@ -98,6 +108,7 @@ impl ServeState {
                 pools,
                 metrics,
                 registry,
+                budgets,
                 redis_up: AtomicBool::new(false),
                 // The router alone trusts its caller; run() marks it
                 // unchecked until its eviction loop answers.
@@ -201,9 +212,15 @@ impl ServeState {
 ///   quarantine also `quarantined_until_ms, strikes, auto_disabled`) or
 ///   409 `{error, reason}`.
 /// - `GET /pools/{pool}`: the status counts, quarantined and auto-disabled ids.
+/// - `POST /budgets/{name}/take`, `POST /budgets/{name}/penalize`: rate
+///   budgets ([`crate::budget::serve::routes`]).
 /// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
 ///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
 pub fn router(state: ServeState) -> Router {
+    let budgets = state.inner.budgets.clone().map(|budgets| {
+        let guard = axum::middleware::from_fn_with_state(state.clone(), refuse_budgets_if_evicting);
+        crate::budget::serve::routes(budgets).route_layer(guard)
+    });
     Router::new()
         .route("/pools/{pool}", get(status))
         .route("/pools/{pool}/leases", post(acquire))
@@ -213,6 +230,21 @@ pub fn router(state: ServeState) -> Router {
         .route("/metrics", get(metrics))
         .with_state(state)
         .merge(http::liveness_routes())
+        .merge(budgets.unwrap_or_default())
+}
+
+/// The budget routes answer 503 while Redis may evict keys (an evicted
+/// budget key is a full budget again: a limit that does not hold), as
+/// acquire does.
+async fn refuse_budgets_if_evicting(
+    State(state): State<ServeState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match state.refuse_if_evicting() {
+        Ok(()) => next.run(request).await,
+        Err(err) => err.into_response(),
+    }
 }
 
 /// Serves the pools of `config` until `shutdown` fires: binds the
@@ -374,26 +406,55 @@ async fn acquire(
         cooldown,
         wait,
         request_id,
+        budget,
     } = AcquireBody::parse(&body, max_ttl)?;
     let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
     if let Some(request_id) = request_id {
         req = req.request_id(request_id);
     }
+    let charge = match budget {
+        None => None,
+        Some(value) => Some(
+            crate::budget::serve::charge_of(value).map_err(|err| match err {
+                BudgetError::BadInput { field, expected } => ApiError::bad(&field, expected),
+                other => ApiError::bad("budget", other.to_string()),
+            })?,
+        ),
+    };
 
     let started = Instant::now();
-    let result = served
-        .pool
-        .acquire_wait_until(&req, wait, &state.inner.shutdown)
-        .await;
+    let shutdown = &state.inner.shutdown;
+    let result = match &charge {
+        None => served
+            .pool
+            .acquire_wait_until(&req, wait, shutdown)
+            .await
+            .map(ChargedAcquire::Acquired),
+        Some(charge) => {
+            crate::budget::acquire_charged_wait(&served.pool, &req, charge, wait, shutdown).await
+        }
+    };
     state.note(&result);
     let metrics = &state.inner.metrics;
+    let took = |outcome| {
+        if let (Some(charge), Some(budgets)) = (&charge, &state.inner.budgets) {
+            budgets.metrics().took(&charge.budget, outcome);
+        }
+    };
     match result {
-        Ok(Acquired::Leased(lease)) => {
+        Ok(ChargedAcquire::Acquired(Acquired::Leased(lease))) => {
             metrics.acquired(&served.label, "leased", started.elapsed());
+            took("allowed");
             debug!(pool = %pool, id = lease.id(), fence = lease.fence(), replayed = lease.replayed(), "leased");
             Ok((StatusCode::CREATED, Json(lease.view())).into_response())
         }
-        Ok(Acquired::Empty { next_due_in, at_ms }) => {
+        Ok(ChargedAcquire::Denied(taken)) => {
+            metrics.acquired(&served.label, "budget_denied", started.elapsed());
+            took("denied");
+            let budget = charge.as_ref().map_or("", |c| c.budget.as_str());
+            Ok(crate::budget::serve::denied_response(budget, &taken))
+        }
+        Ok(ChargedAcquire::Acquired(Acquired::Empty { next_due_in, at_ms })) => {
             metrics.acquired(&served.label, "empty", started.elapsed());
             let next_due_in_ms = next_due_in.map(crate::timing::ms);
             let body = json!({
@@ -412,6 +473,7 @@ async fn acquire(
         }
         Err(err) => {
             metrics.acquired(&served.label, "error", started.elapsed());
+            took("error");
             Err(err.into())
         }
     }

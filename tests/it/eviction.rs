@@ -258,10 +258,16 @@ fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
     let release = ["pool", "release", "--pool", "proxies", "--id", id];
     let run = run_snowlease(&release, &token_env, secs(20));
     assert_eq!(run.code, Some(0), "{run:?}");
+    let take = [
+        "budget", "take", "--name", "crawl", "--key", "a", "--rate", "1/s", "--burst", "1",
+    ];
+    let run = run_snowlease(&take, &env, secs(20));
+    assert_eq!(run.code, Some(1), "a budget take fails closed: {run:?}");
+    assert!(run.stderr.contains("maxmemory-policy"), "{}", run.stderr);
 }
 
-/// `pool serve`: unready and refusing acquire with 503 while `CONFIG SET` makes Redis evict,
-/// ready and leasing again once it is back to `noeviction`.
+/// `pool serve`: unready and refusing acquire (and budget takes) with 503 while `CONFIG SET`
+/// makes Redis evict, ready and leasing again once it is back to `noeviction`.
 #[test]
 fn pool_serve_is_unready_while_redis_may_evict() {
     let redis = redis_with(&["--maxmemory", "64mb"]);
@@ -290,6 +296,9 @@ fn pool_serve_is_unready_while_redis_may_evict() {
     let (status, body) = post(&serve, "/pools/proxies/leases", r#"{"ttl_ms":30000}"#);
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("maxmemory-policy is volatile-lru"), "{body}");
+    let take = r#"{"key":"example.com","rate":"1/s","burst":1}"#;
+    let (status, body) = post(&serve, "/budgets/crawl/take", take);
+    assert_eq!(status, 503, "a budget take fails closed: {body}");
     config_set(&redis, "maxmemory-policy", "noeviction");
     assert!(
         poll_until(secs(3), || serve.readyz() == 200),
@@ -297,6 +306,8 @@ fn pool_serve_is_unready_while_redis_may_evict() {
     );
     let (status, body) = post(&serve, "/pools/proxies/leases", r#"{"ttl_ms":30000}"#);
     assert_eq!(status, 201, "{body}");
+    let (status, body) = post(&serve, "/budgets/crawl/take", take);
+    assert_eq!(status, 200, "{body}");
 }
 
 fn post(serve: &Sidecar, path: &str, body: &str) -> (u16, String) {

@@ -3,6 +3,12 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
+mod budget;
+/// The budget routes of `pool serve`: 200/429 + Retry-After, penalize, 400, 503, metrics.
+mod budget_http;
+/// Pool acquire with a budget charge: atomic, denial leases nothing, replays not charged twice.
+mod budget_pool;
 /// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
 mod claim_script;
 /// `--version`, `--help`, completions and the man page.

@@ -10,6 +10,7 @@ use crate::connection::Redis;
 use serde_json::json;
 
 use super::{Op, PoolCliConfig, human};
+use crate::budget::ChargedAcquire;
 use crate::pool::hint::hint_words;
 use crate::pool::{
     Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released, StrikePolicy,
@@ -144,26 +145,44 @@ async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
             req,
             wait,
             max_lease,
-        } => match open(&pool, max_lease)?.acquire_wait(&req, wait).await? {
-            Acquired::Leased(lease) => {
-                let text = serde_json::to_string(&lease.view())?;
-                if let Err(err) = crate::cli::stdout_line(&text) {
-                    // Nobody got the token: hand the id back now instead
-                    // of leaving it leased until its deadline.
-                    let _ = lease.release(Duration::ZERO).await;
-                    return Err(err);
+            charge,
+        } => {
+            let handle = open(&pool, max_lease)?;
+            let acquired = match &charge {
+                None => handle.acquire_wait(&req, wait).await?,
+                Some(charge) => {
+                    let stop = tokio_util::sync::CancellationToken::new();
+                    match crate::budget::acquire_charged_wait(&handle, &req, charge, wait, &stop)
+                        .await?
+                    {
+                        ChargedAcquire::Acquired(acquired) => acquired,
+                        ChargedAcquire::Denied(taken) => {
+                            return Err(crate::budget::cli::denied(&pool, &charge.budget, &taken));
+                        }
+                    }
                 }
-                return Ok(None);
-            }
-            Acquired::Empty { next_due_in, .. } => {
-                return Err(PoolCliError::NothingDue {
-                    pool,
-                    wait: human(wait).to_string(),
-                    hint: hint_words(next_due_in),
+            };
+            match acquired {
+                Acquired::Leased(lease) => {
+                    let text = serde_json::to_string(&lease.view())?;
+                    if let Err(err) = crate::cli::stdout_line(&text) {
+                        // Nobody got the token: hand the id back now instead
+                        // of leaving it leased until its deadline.
+                        let _ = lease.release(Duration::ZERO).await;
+                        return Err(err);
+                    }
+                    return Ok(None);
                 }
-                .into());
+                Acquired::Empty { next_due_in, .. } => {
+                    return Err(PoolCliError::NothingDue {
+                        pool,
+                        wait: human(wait).to_string(),
+                        hint: hint_words(next_due_in),
+                    }
+                    .into());
+                }
             }
-        },
+        }
         Op::Release {
             pool,
             id,

@@ -43,6 +43,7 @@ pub(super) enum Op {
         req: AcquireRequest,
         wait: Duration,
         max_lease: Duration,
+        charge: Option<crate::budget::Charge>,
     },
     Release {
         pool: String,
@@ -126,6 +127,7 @@ impl PoolArgs {
                     req = req.request_id(name("--request-id", request_id)?);
                 }
                 Op::Acquire {
+                    charge: a.budget.charge(&pool)?,
                     pool,
                     req,
                     wait: a.wait,

@@ -100,6 +100,9 @@ pub(super) struct AcquireBody {
     pub(super) wait: Duration,
     /// `request_id`, a name ([`limits::name_rule`]).
     pub(super) request_id: Option<String>,
+    /// `budget`: a charge made with the acquire (checked by
+    /// [`crate::budget::serve::charge_of`]).
+    pub(super) budget: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +112,7 @@ struct AcquireFields {
     cooldown_ms: Option<u64>,
     wait_ms: Option<u64>,
     request_id: Option<String>,
+    budget: Option<Value>,
 }
 
 impl AcquireBody {
@@ -119,6 +123,7 @@ impl AcquireBody {
             int(COOLDOWN_MS),
             int(WAIT_MS),
             string("request_id"),
+            Kind::Object("budget"),
         ];
         let f: AcquireFields = fields(bytes, &kinds, &[required_int(ttl_ms)])?;
         Ok(Self {
@@ -126,6 +131,7 @@ impl AcquireBody {
             cooldown: millis(COOLDOWN_MS, f.cooldown_ms.unwrap_or(0))?,
             wait: millis(WAIT_MS, f.wait_ms.unwrap_or(0))?,
             request_id: name("request_id", f.request_id)?,
+            budget: f.budget,
         })
     }
 }
@@ -221,6 +227,7 @@ enum Kind {
     Int(Range),
     RequiredInt(Range),
     Str(&'static str),
+    Object(&'static str),
     RequiredToken,
 }
 
@@ -228,7 +235,7 @@ impl Kind {
     fn field(self) -> &'static str {
         match self {
             Self::Int(range) | Self::RequiredInt(range) => range.field,
-            Self::Str(field) => field,
+            Self::Str(field) | Self::Object(field) => field,
             Self::RequiredToken => "token",
         }
     }
@@ -238,6 +245,7 @@ impl Kind {
             Self::Int(range) => range.expected(),
             Self::RequiredInt(range) => format!("{} (required)", range.expected()),
             Self::Str(_) => "a string".to_owned(),
+            Self::Object(_) => "a JSON object".to_owned(),
             Self::RequiredToken => format!("a string of {} (required)", limits::token_rule()),
         }
     }

@@ -1,0 +1,97 @@
+//! `BudgetError`: what a budget call can fail with, including the error
+//! codes the Lua scripts answer (see `common.lua`).
+
+use redis::RedisError;
+
+/// Why a budget call failed. Bad input and wrong key types are permanent;
+/// for [`BudgetError::Redis`] the charge may or may not have happened, and
+/// callers fail closed (deny).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BudgetError {
+    /// An argument out of its range, refused by the Rust checks or by the
+    /// script itself; nothing was written. `field` names it (`rate`,
+    /// `burst`, `cost`, `keys[1]`, `name`, ...); `expected` gives the range.
+    #[error("invalid {field}: expected {expected}")]
+    BadInput {
+        /// The argument.
+        field: String,
+        /// What would have been accepted, with units and range.
+        expected: String,
+    },
+    /// A budget key holds something other than a GCRA time; nothing was
+    /// written.
+    #[error("budget key {key} holds {found}, expected a number (a budget's time)")]
+    WrongKeyType {
+        /// The full key name.
+        key: String,
+        /// What it holds (a Redis type, or `string` for a non-number).
+        found: String,
+    },
+    /// Redis or the connection failed; the charge may or may not have
+    /// happened.
+    #[error("redis: {}", crate::connection::Readable(.0))]
+    Redis(#[source] RedisError),
+    /// A script answered something this version does not understand.
+    #[error("unexpected reply from the budget {script} script: {detail}")]
+    Reply {
+        /// The script name (`take`, `penalize`).
+        script: &'static str,
+        /// What was wrong with the reply.
+        detail: String,
+    },
+}
+
+impl BudgetError {
+    pub(crate) fn bad(field: &str, expected: impl Into<String>) -> Self {
+        Self::BadInput {
+            field: field.to_owned(),
+            expected: expected.into(),
+        }
+    }
+}
+
+/// Turns the scripts' error replies into their variants; everything else
+/// stays a Redis error.
+impl From<RedisError> for BudgetError {
+    fn from(err: RedisError) -> Self {
+        let (Some(code), Some(detail)) = (err.code(), err.detail()) else {
+            return Self::Redis(err);
+        };
+        let words: Vec<&str> = detail.splitn(2, ' ').collect();
+        match (code, words.as_slice()) {
+            ("BADARG", [field, expected]) => Self::bad(field, *expected),
+            ("KEYTYPE", [key, found]) => Self::WrongKeyType {
+                key: (*key).to_owned(),
+                found: (*found).to_owned(),
+            },
+            _ => Self::Redis(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+    }
+
+    #[test]
+    fn script_codes_become_variants() {
+        let err = BudgetError::from(server_error("BADARG", "burst an integer 1-1000000"));
+        assert_eq!(
+            err.to_string(),
+            "invalid burst: expected an integer 1-1000000"
+        );
+        assert!(matches!(
+            BudgetError::from(server_error("KEYTYPE", "k hash")),
+            BudgetError::WrongKeyType { key, found } if key == "k" && found == "hash"
+        ));
+        assert!(matches!(
+            BudgetError::from(server_error("WRONGTYPE", "Operation against a key")),
+            BudgetError::Redis(_)
+        ));
+    }
+}

@@ -1,0 +1,414 @@
+//! `POST /budgets/{name}/take` and `POST /budgets/{name}/penalize`, merged
+//! into `pool serve`'s router; their bodies, answers and metrics. Redis
+//! errors answer 503: callers fail closed (do not send the request).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::limits::{PENALTY_MS, WAIT_MS};
+use super::metrics::BudgetMetrics;
+use super::{Budget, BudgetError, BudgetKey, Charge, Rate, Taken, limits};
+use crate::connection::Redis;
+
+/// What the budget routes share.
+#[derive(Clone)]
+pub struct BudgetService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Redis,
+    metrics: BudgetMetrics,
+    shutdown: CancellationToken,
+}
+
+impl BudgetService {
+    /// The routes' state on `conn`, metrics in `registry`; `shutdown` ends
+    /// waiting takes.
+    pub fn new(conn: Redis, registry: &mut Registry, shutdown: CancellationToken) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                conn,
+                metrics: BudgetMetrics::new(registry),
+                shutdown,
+            }),
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> &BudgetMetrics {
+        &self.inner.metrics
+    }
+}
+
+/// The budget routes:
+///
+/// - `POST /budgets/{name}/take` `{keys: [..] | key, rate: "10/s" | [..],
+///   burst: n | [..], cost?: 1, wait_ms?: 0, pool?}` (`pool`: the keys
+///   acquires of that pool charge, `{<pool>}:budget:<name>:<key>`): 200 `{name, allowed: true,
+///   remaining, retry_after_ms: 0, reset_after_ms, at_ms}`, or 429 with the
+///   same fields (`allowed: false`) and `Retry-After` (whole seconds,
+///   rounded up).
+/// - `POST /budgets/{name}/penalize` `{keys | key, rate, burst,
+///   penalty_ms}`: 200 `{name, retry_after_ms, reset_after_ms, at_ms}`.
+/// - 400 `{error, field, expected}` for bad input (nothing written), 503
+///   `{error}` when Redis fails (fail closed).
+pub fn routes(service: BudgetService) -> Router {
+    Router::new()
+        .route("/budgets/{name}/take", post(take))
+        .route("/budgets/{name}/penalize", post(penalize))
+        .with_state(service)
+}
+
+/// One value, or one per key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Clone> OneOrMany<T> {
+    fn get(&self, i: usize, n: usize, field: &str) -> Result<T, BudgetError> {
+        match self {
+            Self::One(v) => Ok(v.clone()),
+            Self::Many(v) if v.len() == n => Ok(v[i].clone()),
+            Self::Many(v) if v.len() == 1 => Ok(v[0].clone()),
+            Self::Many(v) => Err(BudgetError::bad(
+                field,
+                format!("one value, or one per key ({n}), not {}", v.len()),
+            )),
+        }
+    }
+}
+
+/// The keys of a body with their limits: `key` or `keys`, `rate` and
+/// `burst` once or once per key (shared with the pool's acquire with a
+/// charge).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KeysBody {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    rate: OneOrMany<String>,
+    burst: OneOrMany<u64>,
+}
+
+impl KeysBody {
+    pub(crate) fn keys(&self) -> Result<Vec<BudgetKey>, BudgetError> {
+        let names: Vec<String> = match (&self.key, &self.keys) {
+            (Some(k), None) => vec![k.clone()],
+            (None, Some(ks)) => ks.clone(),
+            _ => return Err(BudgetError::bad("keys", "either key or keys")),
+        };
+        let n = names.len();
+        names
+            .into_iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let text = self.rate.get(i, n, "rate")?;
+                let rate: Rate = text
+                    .parse()
+                    .map_err(|e: String| BudgetError::bad("rate", e))?;
+                Ok(BudgetKey::new(key, rate, self.burst.get(i, n, "burst")?))
+            })
+            .collect()
+    }
+}
+
+/// `POST /budgets/{name}/take`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TakeBody {
+    #[serde(default)]
+    pool: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    rate: OneOrMany<String>,
+    burst: OneOrMany<u64>,
+    #[serde(default = "one")]
+    cost: u64,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+/// `POST /budgets/{name}/penalize`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PenalizeBody {
+    #[serde(default)]
+    pool: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    rate: OneOrMany<String>,
+    burst: OneOrMany<u64>,
+    penalty_ms: u64,
+}
+
+/// The `budget` field of a pool acquire: `{name, key | keys, rate, burst,
+/// cost?}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChargeBody {
+    name: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    keys: Option<Vec<String>>,
+    rate: OneOrMany<String>,
+    burst: OneOrMany<u64>,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+/// The charge of a pool acquire's `budget` field, checked; errors name
+/// the field under `budget.` (`budget.keys[0].rate`, `budget.cost`, ...).
+pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError> {
+    let under = |err: BudgetError| match err {
+        BudgetError::BadInput { field, expected } => BudgetError::BadInput {
+            field: format!("budget.{field}"),
+            expected,
+        },
+        other => other,
+    };
+    let body: ChargeBody = parse(value.to_string().as_bytes()).map_err(under)?;
+    if !crate::pool::limits::is_name(&body.name) {
+        return Err(under(BudgetError::bad(
+            "name",
+            crate::pool::limits::name_rule(),
+        )));
+    }
+    let keys = KeysBody {
+        key: body.key,
+        keys: body.keys,
+        rate: body.rate,
+        burst: body.burst,
+    }
+    .keys()
+    .and_then(|keys| super::checked_keys("", &keys).map(|_| keys))
+    .map_err(under)?;
+    let cost = super::checked_cost(body.cost, &keys).map_err(under)?;
+    Ok(Charge {
+        budget: body.name,
+        keys,
+        cost,
+    })
+}
+
+/// The 429 of a pool acquire that the budget denied: `Retry-After` and
+/// `{error, budget, retry_after_ms, remaining, reset_after_ms, at_ms}`.
+pub(crate) fn denied_response(budget: &str, taken: &Taken) -> Response {
+    let body = json!({
+        "error": "budget denied",
+        "budget": budget,
+        "retry_after_ms": taken.retry_after_ms,
+        "remaining": taken.remaining,
+        "reset_after_ms": taken.reset_after_ms,
+        "at_ms": taken.at_ms,
+    });
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
+        Json(body),
+    )
+        .into_response()
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// Parses a JSON body; the error names the field serde stopped at.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BudgetError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." {
+            "body".to_owned()
+        } else {
+            field
+        };
+        BudgetError::bad(&field, e.inner().to_string())
+    })
+}
+
+/// A budget answer: 400 for bad input, 503 for Redis (fail closed), 500
+/// for a key of another type.
+fn error_response(err: BudgetError) -> Response {
+    let (status, body) = match err {
+        BudgetError::BadInput { field, expected } => (
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "bad input", "field": field, "expected": expected }),
+        ),
+        BudgetError::Redis(err) => {
+            warn!(error = %crate::connection::Readable(&err), "budget call failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "redis unavailable" }),
+            )
+        }
+        BudgetError::WrongKeyType { key, .. } => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({ "error": "budget key has the wrong type", "key": key }),
+        ),
+        other => {
+            warn!(error = %other, "budget call failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "error": "internal error" }),
+            )
+        }
+    };
+    (status, Json(body)).into_response()
+}
+
+/// `Retry-After` of a denial: whole seconds, rounded up, at least 1.
+pub(crate) fn retry_after_secs(ms: u64) -> String {
+    ms.div_ceil(1000).max(1).to_string()
+}
+
+/// 200 for an allowed take, 429 with `Retry-After` for a denied one.
+pub(crate) fn take_response(name: &str, taken: &Taken) -> Response {
+    let body = Json(super::cli::take_json(name, taken));
+    if taken.allowed {
+        return (StatusCode::OK, body).into_response();
+    }
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
+        body,
+    )
+        .into_response()
+}
+
+/// The budget `name`, in `pool`'s keys when given.
+fn open(service: &BudgetService, pool: Option<&str>, name: &str) -> Result<Budget, BudgetError> {
+    let conn = service.inner.conn.clone();
+    match pool {
+        Some(pool) => Budget::in_pool(conn, pool, name),
+        None => Budget::new(conn, name),
+    }
+}
+
+async fn take(
+    State(service): State<BudgetService>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let metrics = service.metrics();
+    let result = async {
+        let body: TakeBody = parse(&body)?;
+        let budget = open(&service, body.pool.as_deref(), &name)?;
+        let keys = KeysBody {
+            key: body.key,
+            keys: body.keys,
+            rate: body.rate,
+            burst: body.burst,
+        }
+        .keys()?;
+        let wait = limits::int("wait_ms", body.wait_ms, WAIT_MS)?;
+        let shutdown = &service.inner.shutdown;
+        budget
+            .take_wait(&keys, body.cost, Duration::from_millis(wait), shutdown)
+            .await
+    }
+    .await;
+    match result {
+        Ok(taken) => {
+            metrics.took(&name, if taken.allowed { "allowed" } else { "denied" });
+            take_response(&name, &taken)
+        }
+        Err(err) => {
+            let outcome = match err {
+                BudgetError::BadInput { .. } => "bad_input",
+                _ => "error",
+            };
+            metrics.took(&name, outcome);
+            error_response(err)
+        }
+    }
+}
+
+async fn penalize(
+    State(service): State<BudgetService>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let result = async {
+        let body: PenalizeBody = parse(&body)?;
+        let budget = open(&service, body.pool.as_deref(), &name)?;
+        let keys = KeysBody {
+            key: body.key,
+            keys: body.keys,
+            rate: body.rate,
+            burst: body.burst,
+        }
+        .keys()?;
+        let penalty = limits::int("penalty_ms", body.penalty_ms, PENALTY_MS)?;
+        budget.penalize(&keys, Duration::from_millis(penalty)).await
+    }
+    .await;
+    match result {
+        Ok(p) => {
+            service.metrics().penalized(&name);
+            let mut value = serde_json::to_value(p).unwrap_or_default();
+            value["name"] = name.into();
+            Json(value).into_response()
+        }
+        Err(err) => error_response(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_take_one_limit_or_one_per_key() {
+        let body: KeysBody =
+            parse(br#"{"keys":["a","b"],"rate":["10/s","1/s"],"burst":5}"#).unwrap();
+        let keys = body.keys().unwrap();
+        assert_eq!(keys[1].limit.rate.to_string(), "1/s");
+        assert_eq!(keys[1].limit.burst, 5);
+        let take: TakeBody = parse(br#"{"key":"a","rate":"1/s","burst":1}"#).unwrap();
+        assert_eq!((take.cost, take.wait_ms), (1, 0));
+        let err = parse::<TakeBody>(br#"{"key":"a","rate":"1/s","burst":1,"costs":1}"#);
+        assert!(err.unwrap_err().to_string().contains("costs"));
+        let err = parse::<TakeBody>(br#"{"key":"a","rate":"1/s","burst":"x"}"#);
+        assert!(err.unwrap_err().to_string().starts_with("invalid burst"));
+        let three =
+            parse::<KeysBody>(br#"{"keys":["a","b"],"rate":["1/s","2/s","3/s"],"burst":1}"#);
+        assert!(
+            three
+                .unwrap()
+                .keys()
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid rate")
+        );
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(retry_after_secs(0), "1");
+        assert_eq!(retry_after_secs(1001), "2");
+    }
+}

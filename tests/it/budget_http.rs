@@ -1,0 +1,132 @@
+//! The budget routes of `pool serve` through the router (`oneshot`) on a
+//! real redis-server: 200 and 429 with `Retry-After`, penalize, 400 naming
+//! the field (nothing written), 503 when Redis is gone (fail closed), and
+//! the metrics (takes by outcome, denials by budget, no key labels).
+
+use axum::http::StatusCode;
+use serde_json::json;
+
+use crate::harness::RedisServer;
+use crate::pool_http::{call, serve_router};
+
+/// Take until denied: 200 `allowed`, then 429 with `Retry-After` and
+/// `retry_after_ms`; two keys with their own limits charged together;
+/// penalize pushes them back; the metrics count by outcome and name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn take_answers_200_then_429_with_retry_after() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &[]).await;
+    let body = json!({
+        "keys": ["example.com", "p1:example.com"],
+        "rate": ["10/s", "2/m"],
+        "burst": [10, 2],
+    });
+    for remaining in [1, 0] {
+        let (status, answer, _) = call(&router, "POST", "/budgets/crawl/take", body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["allowed"], true);
+        assert_eq!(answer["remaining"], remaining, "{answer}");
+    }
+    let (status, answer, retry_after) =
+        call(&router, "POST", "/budgets/crawl/take", body.clone()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert_eq!(answer["allowed"], false);
+    let retry_ms = answer["retry_after_ms"].as_u64().unwrap();
+    assert!((29_000..=30_000).contains(&retry_ms), "{answer}");
+    assert_eq!(retry_after.as_deref(), Some("30"));
+    // The domain alone was not charged by the denial: 8 of 10 left.
+    let domain = json!({"key": "example.com", "rate": "10/s", "burst": 10, "cost": 8});
+    let (status, answer, _) = call(&router, "POST", "/budgets/crawl/take", domain).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    let penalty = json!({"key": "other.org", "rate": "5/s", "burst": 5, "penalty_ms": 2000});
+    let (status, answer, _) = call(&router, "POST", "/budgets/crawl/penalize", penalty).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["retry_after_ms"], 2000);
+    let other = json!({"key": "other.org", "rate": "5/s", "burst": 5});
+    let (status, _, retry_after) = call(&router, "POST", "/budgets/crawl/take", other).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after.as_deref(), Some("2"));
+
+    let (_, metrics, _) = call(&router, "GET", "/metrics", json!(null)).await;
+    let text = metrics.as_str().unwrap();
+    assert!(
+        text.contains("snowlease_budget_takes_total{outcome=\"allowed\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("snowlease_budget_takes_total{outcome=\"denied\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("snowlease_budget_denials_total{budget=\"crawl\"} 2"),
+        "{text}"
+    );
+    assert!(!text.contains("example.com"), "no key labels: {text}");
+}
+
+/// Bad bodies answer 400 naming the field and its range; nothing is
+/// written. A Redis that is gone answers 503 (fail closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_400_and_redis_down_503() {
+    let mut redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &[]).await;
+    let cases = [
+        (
+            "crawl",
+            json!({"key": "a", "rate": "0/s", "burst": 1}),
+            "keys[0].rate",
+            "an integer 1-1000000",
+        ),
+        (
+            "crawl",
+            json!({"key": "a", "rate": "1/s", "burst": 0}),
+            "keys[0].burst",
+            "an integer 1-1000000",
+        ),
+        (
+            "crawl",
+            json!({"key": "a", "rate": "1/s", "burst": 2, "cost": 3}),
+            "cost",
+            "at most the burst (2)",
+        ),
+        (
+            "crawl",
+            json!({"key": "a", "rate": "1/s", "burst": 2, "wait_ms": 70000}),
+            "wait_ms",
+            "an integer 0-60000",
+        ),
+        (
+            "crawl",
+            json!({"key": "a b", "rate": "1/s", "burst": 2}),
+            "keys[0]",
+            "1-128 chars of [A-Za-z0-9_.:-]",
+        ),
+        (
+            "crawl",
+            json!({"key": "a", "rate": "fast", "burst": 2}),
+            "rate",
+            "\"fast\" is not a rate",
+        ),
+        (
+            "cr!wl",
+            json!({"key": "a", "rate": "1/s", "burst": 2}),
+            "name",
+            "1-64 chars",
+        ),
+    ];
+    for (name, body, field, expected) in cases {
+        let path = format!("/budgets/{name}/take");
+        let (status, answer, _) = call(&router, "POST", &path, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["field"], field, "{body}: {answer}");
+        let got = answer["expected"].as_str().unwrap();
+        assert!(got.contains(expected), "{body}: {answer}");
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+    redis.stop();
+    let body = json!({"key": "a", "rate": "1/s", "burst": 2});
+    let (status, answer, _) = call(&router, "POST", "/budgets/crawl/take", body).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(answer["error"], "redis unavailable");
+}

@@ -1,0 +1,199 @@
+//! A pool acquire with a charge to a rate budget (one script, the pool's
+//! hash tag): a lease only together with the charge, a denial says when to
+//! come back and leases nothing, an empty pool charges nothing, a replay of
+//! an idempotent acquire is not charged twice; `pool acquire --budget`
+//! and the HTTP acquire with a `budget` field.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::json;
+use snowlease::budget::{BudgetKey, Charge, ChargedAcquire, acquire_charged, charge_key};
+use snowlease::pool::{AcquireRequest, Acquired, PoolKeys};
+
+use crate::harness::{RedisServer, ms, secs};
+use crate::pool::{dump, pool};
+use crate::pool_cli::pool_cmd;
+use crate::pool_http::{call, serve_router};
+
+fn charge(burst: u64) -> Charge {
+    Charge {
+        budget: "domains".into(),
+        keys: vec![
+            BudgetKey::new("example.com", "2/s".parse().unwrap(), burst),
+            BudgetKey::new("shop.example.com", "1/m".parse().unwrap(), 10),
+        ],
+        cost: 1,
+    }
+}
+
+/// Leases come only with a charge: two leases spend a burst of 2, the
+/// third acquire is denied with retry_after_ms and leases nothing; a
+/// replay with the same request id answers its lease and charges nothing;
+/// an empty pool charges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_leases_only_with_a_charge() {
+    let redis = RedisServer::start();
+    let p = pool(&redis, "proxies").await;
+    p.init(&["p1", "p2", "p3"]).await.unwrap();
+    let req = AcquireRequest::new(secs(30));
+    let c = charge(2);
+    let key = charge_key("proxies", "domains", "example.com");
+    assert_eq!(key, "{proxies}:budget:domains:example.com");
+    let first = acquire_charged(&p, &req.clone().request_id("r1"), &c)
+        .await
+        .unwrap();
+    let ChargedAcquire::Acquired(Acquired::Leased(lease)) = first else {
+        panic!("{first:?}")
+    };
+    assert!(redis.exists(&key), "charged");
+    assert!(matches!(
+        acquire_charged(&p, &req, &c).await.unwrap(),
+        ChargedAcquire::Acquired(Acquired::Leased(_))
+    ));
+    let before = dump(&redis);
+    let denied = acquire_charged(&p, &req, &c).await.unwrap();
+    let ChargedAcquire::Denied(taken) = denied else {
+        panic!("{denied:?}")
+    };
+    assert!((400..=500).contains(&taken.retry_after_ms), "{taken:?}");
+    let after = dump(&redis);
+    assert_eq!(before, after, "a denial leases and charges nothing");
+    let replay = acquire_charged(&p, &req.clone().request_id("r1"), &c)
+        .await
+        .unwrap();
+    let ChargedAcquire::Acquired(Acquired::Leased(again)) = replay else {
+        panic!("{replay:?}")
+    };
+    assert!(again.replayed() && again.id() == lease.id());
+    assert_eq!(dump(&redis), after, "a replay is not charged again");
+
+    tokio::time::sleep(Duration::from_millis(taken.retry_after_ms)).await;
+    let third = acquire_charged(&p, &req, &c).await.unwrap();
+    assert!(
+        matches!(third, ChargedAcquire::Acquired(Acquired::Leased(_))),
+        "{third:?}"
+    );
+    tokio::time::sleep(ms(600)).await;
+    let pttl = redis.pttl(&key);
+    let empty = acquire_charged(&p, &req, &c).await.unwrap();
+    assert!(
+        matches!(empty, ChargedAcquire::Acquired(Acquired::Empty { .. })),
+        "{empty:?}"
+    );
+    assert!(redis.pttl(&key) <= pttl, "an empty pool charges nothing");
+    let keys = PoolKeys::new("proxies");
+    assert_eq!(redis.query::<u64>(redis::cmd("ZCARD").arg(&keys.leases)), 3);
+}
+
+/// `pool acquire --budget`: exit 0 with the lease, exit 6 with
+/// retry_after_ms when the budget is spent (nothing leased); bad budget
+/// flags exit 2 naming the flag. The HTTP acquire answers 429 with
+/// Retry-After for a denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_and_http_acquire_with_a_budget() {
+    let redis = RedisServer::start();
+    let p = pool(&redis, "proxies").await;
+    p.init(&["p1", "p2", "p3"]).await.unwrap();
+    let args = [
+        "acquire",
+        "--pool",
+        "proxies",
+        "--ttl",
+        "30s",
+        "--budget",
+        "domains",
+        "--budget-key",
+        "example.com",
+        "--budget-rate",
+        "1/m",
+        "--budget-burst",
+        "1",
+    ];
+    let ok = pool_cmd(&redis, &args, &[]);
+    assert_eq!(ok.code, Some(0), "{ok:?}");
+    assert!(ok.stdout.contains("\"token\""), "{ok:?}");
+    let denied = pool_cmd(&redis, &args, &[]);
+    assert_eq!(denied.code, Some(6), "{denied:?}");
+    let answer: serde_json::Value = serde_json::from_str(&denied.stdout).unwrap();
+    assert!(
+        answer["retry_after_ms"].as_u64().unwrap() > 59_000,
+        "{answer}"
+    );
+    let mut bad = args.to_vec();
+    let last = bad.len() - 1;
+    bad[last] = "0";
+    let run = pool_cmd(&redis, &bad, &[]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("--budget-burst"), "{run:?}");
+
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &[]).await;
+    let body = json!({"ttl_ms": 30000, "budget": {
+        "name": "domains", "key": "example.com", "rate": "1/m", "burst": 1,
+    }});
+    let (status, answer, retry_after) = call(&router, "POST", "/pools/proxies/leases", body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert!(
+        answer["retry_after_ms"].as_u64().unwrap() > 59_000,
+        "{answer}"
+    );
+    assert!(retry_after.is_some());
+    let body = json!({"ttl_ms": 30000, "budget": {
+        "name": "domains", "key": "other.org", "rate": "1/m", "burst": 1,
+    }});
+    let (status, answer, _) = call(&router, "POST", "/pools/proxies/leases", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let body = json!({"ttl_ms": 30000, "budget": {"name": "domains", "key": "x", "rate": "1/m"}});
+    let (status, answer, _) = call(&router, "POST", "/pools/proxies/leases", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        answer["field"].as_str().unwrap().starts_with("budget"),
+        "{answer}"
+    );
+}
+
+/// The crawler's 429: `budget penalize --pool P` pushes back the keys
+/// `pool acquire --budget` charges; acquires are denied until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalize_in_the_pool_holds_acquires_back() {
+    let redis = RedisServer::start();
+    let p = pool(&redis, "proxies").await;
+    p.init(&["p1", "p2"]).await.unwrap();
+    let run = crate::budget::budget_cmd(
+        &redis.url(),
+        &[
+            "penalize",
+            "--pool",
+            "proxies",
+            "--name",
+            "domains",
+            "--key",
+            "example.com",
+            "--rate",
+            "2/s",
+            "--burst",
+            "2",
+            "--penalty",
+            "700ms",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(redis.exists(&charge_key("proxies", "domains", "example.com")));
+    let one = Charge {
+        budget: "domains".into(),
+        keys: vec![BudgetKey::new("example.com", "2/s".parse().unwrap(), 2)],
+        cost: 1,
+    };
+    let req = AcquireRequest::new(secs(30));
+    let denied = acquire_charged(&p, &req, &one).await.unwrap();
+    let ChargedAcquire::Denied(taken) = denied else {
+        panic!("{denied:?}")
+    };
+    assert!((600..=700).contains(&taken.retry_after_ms), "{taken:?}");
+    tokio::time::sleep(ms(taken.retry_after_ms)).await;
+    let leased = acquire_charged(&p, &req, &one).await.unwrap();
+    assert!(
+        matches!(leased, ChargedAcquire::Acquired(Acquired::Leased(_))),
+        "{leased:?}"
+    );
+}
