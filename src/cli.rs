@@ -14,6 +14,7 @@ use clap::Args;
 
 pub use crate::config_error::ConfigError;
 use crate::connection::RedisTarget;
+use crate::eviction::EvictionArgs;
 pub use crate::logging::LogFormat;
 
 pub(crate) mod limit;
@@ -144,6 +145,27 @@ pub struct RedisUrlArg {
     /// Sentinel password (`redis+sentinel://`), when the URL's `?sentinel_password=` is not set.
     #[arg(long, env = "REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
     pub redis_sentinel_password: Option<String>,
+}
+
+/// Where Redis is, and how this process logs: the flags every one-shot
+/// command that talks to Redis shares (`pool`, `budget`).
+#[derive(Args)]
+pub(crate) struct RedisArgs {
+    /// Where Redis is.
+    #[command(flatten)]
+    pub redis: RedisUrlArg,
+
+    /// Timeout of one Redis call (10ms-60s).
+    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub redis_timeout: Duration,
+
+    /// `--allow-evicting-redis`.
+    #[command(flatten)]
+    pub eviction: EvictionArgs,
+
+    /// Log format.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl RedisUrlArg {

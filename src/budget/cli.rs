@@ -11,9 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::{self, CLI_WAIT_MS, PENALTY_MS, Range};
 use super::{Budget, BudgetError, BudgetKey, Rate, Taken, checked_cost, checked_keys};
-use crate::cli::{ConfigError, LogFormat, check_range, parse_duration};
+use crate::cli::{ConfigError, LogFormat, RedisArgs, check_range, parse_duration};
 use crate::connection::RedisTarget;
-use crate::pool::cli::RedisArgs;
 
 /// Flags of `snowlease budget`.
 #[derive(Args)]

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::classify::leaves_connection;
-use super::open::Primary;
+use super::open::{Live, Mode, Primary, Shared};
 use super::route::Conn;
 use super::sentinel::Sentinels;
 use super::target::{RedisTarget, Topology};
@@ -59,34 +59,6 @@ pub enum Keyspace {
     Whole,
     /// Redis Cluster: a script's keys must share one hash slot.
     Slots,
-}
-
-pub(super) struct Shared {
-    pub(super) target: RedisTarget,
-    pub(super) timeout: Duration,
-    /// The current connection; `None` once marked broken.
-    slot: Mutex<Option<Live>>,
-    /// One connect at a time, so a burst of calls opens one connection.
-    connecting: tokio::sync::Mutex<()>,
-    generation: watch::Sender<u64>,
-    /// Decided at the first connect (`INFO cluster` for `redis://`).
-    pub(super) mode: OnceLock<Mode>,
-    pub(super) sentinel: Option<Sentinels>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Mode {
-    Node,
-    Cluster,
-    Sentinel,
-}
-
-#[derive(Clone)]
-struct Live {
-    conn: Conn,
-    generation: u64,
-    /// Sentinel: the primary as the Sentinels named it.
-    primary: Option<Primary>,
 }
 
 impl RedisTarget {
@@ -442,5 +414,40 @@ impl ConnectionLike for Redis {
 
     fn get_db(&self) -> i64 {
         self.shared.target.db
+    }
+}
+
+impl Redis {
+    /// Runs `call` on each group of `keys` that one script may touch, all
+    /// groups at once, each on a clone of this handle: on one server one
+    /// call with every key; on a Cluster one call per hash slot (a script's
+    /// keys must share one). Returns the results, one per group, in no set
+    /// order, for the caller to merge.
+    ///
+    /// Errors: the first connect failed; the first error of any call (the
+    /// others still ran).
+    pub(crate) async fn per_slot<T, F, Fut>(&self, keys: &[String], call: F) -> RedisResult<Vec<T>>
+    where
+        F: Fn(Redis, Vec<String>) -> Fut,
+        Fut: Future<Output = RedisResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.keyspace().await? == Keyspace::Whole {
+            return Ok(vec![call(self.clone(), keys.to_vec()).await?]);
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for group in super::route::by_slot(keys) {
+            calls.spawn(call(self.clone(), group));
+        }
+        let (mut results, mut failed) = (Vec::new(), None);
+        while let Some(joined) = calls.join_next().await {
+            match joined.map_err(|e| RedisError::from(std::io::Error::other(e)))? {
+                Ok(result) => results.push(result),
+                Err(err) => {
+                    failed.get_or_insert(err);
+                }
+            }
+        }
+        failed.map_or(Ok(results), Err)
     }
 }

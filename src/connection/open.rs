@@ -2,18 +2,49 @@
 //! detects for `redis://`), the primary check of one server and of the
 //! node the Sentinels name, and a Cluster with our copy of its slot owners.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, TlsMode, Value};
+use tokio::sync::watch;
 use tokio::time::timeout;
 
-use super::handle::{Mode, Shared};
 use super::route::Conn;
-use super::sentinel::{Node, in_failover, show};
+use super::sentinel::{Node, Sentinels, in_failover, show};
 use super::slots::SlotView;
 use super::target::{RedisTarget, Topology};
+
+/// What every clone of a [`super::Redis`] shares: the target, the current
+/// connection and how it was opened.
+pub(super) struct Shared {
+    pub(super) target: RedisTarget,
+    pub(super) timeout: Duration,
+    /// The current connection; `None` once marked broken.
+    pub(super) slot: Mutex<Option<Live>>,
+    /// One connect at a time, so a burst of calls opens one connection.
+    pub(super) connecting: tokio::sync::Mutex<()>,
+    pub(super) generation: watch::Sender<u64>,
+    /// Decided at the first connect (`INFO cluster` for `redis://`).
+    pub(super) mode: OnceLock<Mode>,
+    pub(super) sentinel: Option<Sentinels>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    Node,
+    Cluster,
+    Sentinel,
+}
+
+#[derive(Clone)]
+pub(super) struct Live {
+    pub(super) conn: Conn,
+    pub(super) generation: u64,
+    /// Sentinel: the primary as the Sentinels named it.
+    pub(super) primary: Option<Primary>,
+}
 
 /// Sentinel: the primary as the Sentinels named it, and the connection to
 /// it (for [`super::Redis::confirm_primary`]'s `ROLE`).

@@ -5,7 +5,7 @@
 //! a script over keys of several slots: [`Redis::per_slot`]).
 
 use std::collections::HashMap;
-use std::future::Future;
+
 use std::sync::Arc;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -13,46 +13,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
 
-use super::handle::{Keyspace, Redis};
 use super::slots::{self, SlotView};
 
-impl Redis {
-    /// Runs `call` on each group of `keys` that one script may touch, all
-    /// groups at once, each on a clone of this handle: on one server one
-    /// call with every key; on a Cluster one call per hash slot (a script's
-    /// keys must share one). Returns the results, one per group, in no set
-    /// order, for the caller to merge.
-    ///
-    /// Errors: the first connect failed; the first error of any call (the
-    /// others still ran).
-    pub(crate) async fn per_slot<T, F, Fut>(&self, keys: &[String], call: F) -> RedisResult<Vec<T>>
-    where
-        F: Fn(Redis, Vec<String>) -> Fut,
-        Fut: Future<Output = RedisResult<T>> + Send + 'static,
-        T: Send + 'static,
-    {
-        if self.keyspace().await? == Keyspace::Whole {
-            return Ok(vec![call(self.clone(), keys.to_vec()).await?]);
-        }
-        let mut calls = tokio::task::JoinSet::new();
-        for group in by_slot(keys) {
-            calls.spawn(call(self.clone(), group));
-        }
-        let (mut results, mut failed) = (Vec::new(), None);
-        while let Some(joined) = calls.join_next().await {
-            match joined.map_err(|e| RedisError::from(std::io::Error::other(e)))? {
-                Ok(result) => results.push(result),
-                Err(err) => {
-                    failed.get_or_insert(err);
-                }
-            }
-        }
-        failed.map_or(Ok(results), Err)
-    }
-}
-
 /// `keys` grouped by hash slot, each group in key order.
-fn by_slot(keys: &[String]) -> Vec<Vec<String>> {
+pub(super) fn by_slot(keys: &[String]) -> Vec<Vec<String>> {
     let mut slots: HashMap<Slot, Vec<String>> = HashMap::new();
     for key in keys {
         slots

@@ -17,8 +17,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 use super::limits::REAP_LIMIT;
-use crate::cli::{LogArgs, LogFormat, RedisUrlArg, parse_duration};
-use crate::eviction::EvictionArgs;
+use crate::cli::{LogFormat, RedisArgs, parse_duration};
 
 /// Flags of `snowlease pool`.
 #[derive(Args)]
@@ -53,26 +52,6 @@ pub(crate) enum PoolCommand {
     Config(ConfigArgs),
     /// Serve the HTTP API for workers, with a background reaper and metrics.
     Serve(ServeArgs),
-}
-
-/// Where Redis is, and how this process logs.
-#[derive(Args)]
-pub(crate) struct RedisArgs {
-    /// Where Redis is.
-    #[command(flatten)]
-    pub redis: RedisUrlArg,
-
-    /// Timeout of one Redis call (10ms-60s).
-    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    pub redis_timeout: Duration,
-
-    /// `--allow-evicting-redis`.
-    #[command(flatten)]
-    pub eviction: EvictionArgs,
-
-    /// Log format.
-    #[command(flatten)]
-    pub log: LogArgs,
 }
 
 /// One pool and its Redis.
