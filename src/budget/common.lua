@@ -10,7 +10,7 @@
 -- is when the budget is full again (an idle key is gone).
 -- Checks return an error table ({err = 'CODE detail'}) before any write:
 --   BADARG <field> <expected>   a bad argument or key name
---   KEYTYPE <key> <found>       a budget key that does not hold a number
+--   KEYTYPE <key> <found>       a budget key that does not hold a sane TAT
 
 local function budget_fail(code, detail)
   return { err = code .. ' ' .. detail }
@@ -111,8 +111,20 @@ local function budget_limits(argv, first, n)
   return out
 end
 
+-- A stored TAT as the scripts write it ('%.3f' of us), or nil: tonumber
+-- alone takes nan, inf, 1e400, hex and negatives, and a nan or inf TAT would
+-- pass the checks and fail a later SET halfway through the keys. A sane TAT
+-- is at most a full window plus the longest penalty after now.
+local function budget_stored_tat(v, now)
+  if #v > 30 or not string.match(v, '^%d+%.?%d*$') then return nil end
+  local tat = tonumber(v)
+  local latest = now + (BUDGET_LIMITS.window_ms[2] + BUDGET_LIMITS.penalty_ms[2]) * 1000
+  if not tat or tat ~= tat or tat > latest then return nil end
+  return tat
+end
+
 -- The TAT each key holds (now when absent or already passed), or nil and a
--- KEYTYPE error.
+-- KEYTYPE error. Every key is checked before the caller writes any.
 local function budget_tats(keys, first, now)
   local tats = {}
   for i = first, #keys do
@@ -120,7 +132,7 @@ local function budget_tats(keys, first, now)
     if type(v) == 'table' then
       return nil, budget_fail('KEYTYPE', keys[i] .. ' ' .. redis.call('TYPE', keys[i]).ok)
     end
-    local tat = v and tonumber(v)
+    local tat = v and budget_stored_tat(v, now)
     if v and not tat then
       return nil, budget_fail('KEYTYPE', keys[i] .. ' string')
     end

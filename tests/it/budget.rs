@@ -301,6 +301,38 @@ async fn the_script_refuses_bad_input_itself() {
     );
 }
 
+/// A budget key holding a string that parses as a number but is no time
+/// (`nan`, `inf`, `1e400`, negative, far beyond any window) is refused like
+/// a key of another type, before any write: the other key of the take is
+/// not charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_stored_values_are_refused_before_any_write() {
+    let redis = RedisServer::start();
+    let b = budget(&redis, "n").await;
+    let keys = [
+        BudgetKey::new("a", rate("10/s"), 10),
+        BudgetKey::new("z", rate("10/s"), 10),
+    ];
+    let far = format!("{}", u64::MAX / 2);
+    for value in ["nan", "inf", "-inf", "1e400", "-5", "0x10", far.as_str()] {
+        redis.query::<()>(redis::cmd("SET").arg(budget_key("n", "z")).arg(value));
+        let err = b.take(&keys, 1).await.unwrap_err();
+        assert!(
+            matches!(&err, BudgetError::WrongKeyType { key, found }
+                if key == &budget_key("n", "z") && found == "string"),
+            "{value}: {err}"
+        );
+        assert!(!redis.exists(&budget_key("n", "a")), "{value}: a charged");
+        let err = b.penalize(&keys, ms(1000)).await.unwrap_err();
+        assert!(
+            matches!(&err, BudgetError::WrongKeyType { .. }),
+            "{value}: {err}"
+        );
+        assert!(!redis.exists(&budget_key("n", "a")), "{value}: a penalized");
+        assert_eq!(redis.get(&budget_key("n", "z")).as_deref(), Some(value));
+    }
+}
+
 /// `snowlease budget take`: exit 0 with JSON, exit 6 with the JSON and
 /// retry_after_ms when denied, --wait waits for it; bad input exits 2
 /// naming the flag and its range, with nothing written.
