@@ -141,6 +141,10 @@ local function budget_tats(keys, first, now)
   return tats
 end
 
+-- Half a microsecond of slack in time (T may be a fraction of a us), the
+-- same in the allow decision and in remaining, so they never disagree.
+local BUDGET_SLACK_US = 0.5
+
 local function budget_ms(us)
   return math.max(math.ceil(us / 1000 - 1e-9), 0)
 end
@@ -150,9 +154,8 @@ end
 local function budget_verdict(limits, tats, cost, now)
   local retry, allowed = 0, true
   for i, l in ipairs(limits) do
-    -- Half a microsecond of slack: T may be a fraction.
     local wait = tats[i] + cost * l.interval - l.tau - now
-    if wait > 0.5 then
+    if wait > BUDGET_SLACK_US then
       allowed = false
       retry = math.max(retry, wait)
     end
@@ -173,7 +176,9 @@ local function budget_apply(keys, first, limits, tats, cost, now, allowed, retry
       local ttl = math.max(budget_ms(tat - now), 1)
       redis.call('SET', keys[first + i - 1], string.format('%.3f', tat), 'PX', ttl)
     end
-    local left = math.floor((l.tau - (tat - now)) / l.interval + 1e-6)
+    -- The largest c that budget_verdict would allow now. The slack is
+    -- time, not intervals: 1e-6 of an interval is 86 ms at 1/d.
+    local left = math.floor((l.tau - (tat - now) + BUDGET_SLACK_US) / l.interval)
     left = math.min(math.max(left, 0), l.burst)
     remaining = remaining and math.min(remaining, left) or left
     reset = math.max(reset, tat - now)

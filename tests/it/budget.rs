@@ -333,6 +333,21 @@ async fn corrupt_stored_values_are_refused_before_any_write() {
     }
 }
 
+/// A denied take of cost 1 says remaining 0, at slow rates too: the key
+/// is 50 ms from full, which at 1/d is a tiny fraction of an interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_of_one_leaves_nothing_remaining() {
+    let redis = RedisServer::start();
+    let b = budget(&redis, "slow").await;
+    let fast = [BudgetKey::new("k", rate("10/s"), 1)];
+    assert!(b.take(&fast, 1).await.unwrap().allowed);
+    tokio::time::sleep(ms(50)).await;
+    let slow = [BudgetKey::new("k", rate("1/d"), 1)];
+    let taken = b.take(&slow, 1).await.unwrap();
+    assert!(!taken.allowed, "{taken:?}");
+    assert_eq!(taken.remaining, 0, "{taken:?}");
+}
+
 /// `snowlease budget take`: exit 0 with JSON, exit 6 with the JSON and
 /// retry_after_ms when denied, --wait waits for it; bad input exits 2
 /// naming the flag and its range, with nothing written.
