@@ -54,8 +54,9 @@ impl Limit {
     fn args(&self, field: &str) -> Result<[u64; 3], BudgetError> {
         let (count, period) = self.rate.checked(&format!("{field}.rate"))?;
         let burst = limits::int(&format!("{field}.burst"), self.burst, BURST)?;
-        let window = u128::from(burst) * u128::from(period) / u128::from(count);
-        if window > u128::from(limits::WINDOW_MS.max) {
+        // burst * period / count <= max, exact (no division), as the script.
+        let refill = u128::from(burst) * u128::from(period);
+        if refill > u128::from(limits::WINDOW_MS.max) * u128::from(count) {
             return Err(BudgetError::bad(
                 &format!("{field}.burst"),
                 format!(

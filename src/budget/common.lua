@@ -102,8 +102,9 @@ local function budget_limits(argv, first, n)
     if count > period * 1000 then
       return nil, budget_badarg('rate_count', 'at most 1 per microsecond')
     end
-    local window = burst * period / count
-    if window > BUDGET_LIMITS.window_ms[2] then
+    -- burst * period / count <= max without dividing: exact in a double
+    -- (< 2^53 at the ranges' ends), the same comparison as limits.rs.
+    if burst * period > BUDGET_LIMITS.window_ms[2] * count then
       return nil, budget_badarg('window_ms', 'burst / rate at most ' .. BUDGET_LIMITS.window_ms[2] .. ' ms')
     end
     out[i] = { interval = period * 1000 / count, tau = burst * period * 1000 / count, burst = burst }

@@ -519,7 +519,9 @@ fn budget_runs_on_cluster_and_sentinel() {
 
 /// The limits table and the script agree at every boundary: for each range
 /// the script checks, min - 1 and max + 1 are refused and min and max
-/// accepted by the Rust API and by the script called raw alike.
+/// accepted by the Rust API and by the script called raw alike; so are the
+/// cross-field rules (refill within 30 days, 1 per us, cost <= burst) on
+/// each side of their boundary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_lua_refuse_the_same_values() {
     use snowlease::budget::limits::{BURST, COST, PENALTY_MS, RATE_COUNT, RATE_PERIOD_MS, Range};
@@ -580,5 +582,46 @@ async fn rust_and_lua_refuse_the_same_values() {
                 assert_eq!(field, range.field, "the script names the field");
             }
         }
+    }
+    // The cross-field rules on each side of their boundary: [count,
+    // period_ms, burst, cost], refused or not. The Rust checks alone: a
+    // handle on a port nobody listens on (accepted = a Redis error).
+    let dead = RedisTarget::parse("redis://127.0.0.1:1")
+        .unwrap()
+        .connect(secs(2))
+        .unwrap();
+    let dead = Budget::new(dead, "lim").unwrap();
+    let cross: [([u64; 4], bool); 8] = [
+        // A full burst refills within 30 days: burst * period <= 2592000000 * count.
+        ([1, 86_400_000, 30, 1], false),
+        ([1, 86_400_000, 31, 1], true),
+        ([3, 13_383_821, 580, 1], false),
+        ([3, 13_383_821, 581, 1], true),
+        // At most 1 per microsecond.
+        ([1000, 1, 1, 1], false),
+        ([1001, 1, 1, 1], true),
+        // Cost at most the burst.
+        ([5, 1000, 5, 5], false),
+        ([5, 1000, 5, 6], true),
+    ];
+    for (args, refuse) in cross {
+        n += 1;
+        let limit = BudgetKey::new(
+            format!("k{n}"),
+            Rate {
+                count: args[0],
+                period: ms(args[1]),
+            },
+            args[2],
+        );
+        let rust = dead.take(&[limit], args[3]).await.map(|_| ());
+        let mut inv = BudgetScript::Take.script().prepare_invoke();
+        inv.key(budget_key("lim", &format!("raw{n}")));
+        inv.arg(args[3]).arg(args[0]).arg(args[1]).arg(args[2]);
+        let lua = inv.invoke_async::<redis::Value>(&mut conn).await;
+        let lua = lua.map(|_| ()).map_err(BudgetError::from);
+        let refused = |r: &Result<(), BudgetError>| matches!(r, Err(BudgetError::BadInput { .. }));
+        assert_eq!(refused(&rust), refuse, "{args:?}: rust {rust:?}");
+        assert_eq!(refused(&lua), refuse, "{args:?}: lua {lua:?}");
     }
 }
