@@ -248,7 +248,8 @@ where
 
     /// Takes, retrying a denial by its `retry_after_ms` until `wait` has
     /// passed (the last attempt when it runs out) or `stop` is cancelled.
-    /// Returns the last denial if none was allowed in time.
+    /// Returns the last denial if none was allowed in time, at once when
+    /// its `retry_after_ms` is beyond what is left of `wait`.
     ///
     /// Errors: as [`Budget::take`], returned at once.
     pub async fn take_wait(
@@ -262,7 +263,10 @@ where
         loop {
             let taken = self.take(keys, cost).await?;
             let left = wait.saturating_sub(start.elapsed());
-            if taken.allowed || left.is_zero() || stop.is_cancelled() {
+            // Under GCRA nobody can make a retry come sooner: one beyond
+            // the wait is the answer now, not after sleeping the wait out.
+            if taken.allowed || left.is_zero() || taken.retry_after() > left || stop.is_cancelled()
+            {
                 return Ok(taken);
             }
             // Others may take first: a retry at the hint may be denied again.
