@@ -116,6 +116,12 @@ async fn cli_and_http_acquire_with_a_budget() {
     assert!(ok.stdout.contains("\"token\""), "{ok:?}");
     let denied = pool_cmd(&redis, &args, &[]);
     assert_eq!(denied.code, Some(6), "{denied:?}");
+    // A denial, not a Redis error: no Redis URL in front.
+    assert!(
+        denied.stderr.contains("denied by budget domains"),
+        "{denied:?}"
+    );
+    assert!(!denied.stderr.contains("redis"), "{denied:?}");
     let answer: serde_json::Value = serde_json::from_str(&denied.stdout).unwrap();
     assert!(
         answer["retry_after_ms"].as_u64().unwrap() > 59_000,
