@@ -54,8 +54,9 @@ impl Limit {
     fn args(&self, field: &str) -> Result<[u64; 3], BudgetError> {
         let (count, period) = self.rate.checked(&format!("{field}.rate"))?;
         let burst = limits::int(&format!("{field}.burst"), self.burst, BURST)?;
-        let window = u128::from(burst) * u128::from(period) / u128::from(count);
-        if window > u128::from(limits::WINDOW_MS.max) {
+        // burst * period / count <= max, exact (no division), as the script.
+        let refill = u128::from(burst) * u128::from(period);
+        if refill > u128::from(limits::WINDOW_MS.max) * u128::from(count) {
             return Err(BudgetError::bad(
                 &format!("{field}.burst"),
                 format!(
@@ -247,7 +248,8 @@ where
 
     /// Takes, retrying a denial by its `retry_after_ms` until `wait` has
     /// passed (the last attempt when it runs out) or `stop` is cancelled.
-    /// Returns the last denial if none was allowed in time.
+    /// Returns the last denial if none was allowed in time, at once when
+    /// its `retry_after_ms` is beyond what is left of `wait`.
     ///
     /// Errors: as [`Budget::take`], returned at once.
     pub async fn take_wait(
@@ -261,7 +263,10 @@ where
         loop {
             let taken = self.take(keys, cost).await?;
             let left = wait.saturating_sub(start.elapsed());
-            if taken.allowed || left.is_zero() || stop.is_cancelled() {
+            // Under GCRA nobody can make a retry come sooner: one beyond
+            // the wait is the answer now, not after sleeping the wait out.
+            if taken.allowed || left.is_zero() || taken.retry_after() > left || stop.is_cancelled()
+            {
                 return Ok(taken);
             }
             // Others may take first: a retry at the hint may be denied again.

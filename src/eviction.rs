@@ -86,6 +86,20 @@ pub(crate) struct EvictingRedis {
     pub maxmemory: u64,
 }
 
+/// [`EvictingRedis`] said for rate budgets (`budget take`): what is at stake
+/// there is a budget reset, not a lease.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "redis may evict budget keys: maxmemory-policy is {} with maxmemory {} bytes, so a \
+     budget's key can vanish, which resets that budget to full and admits more requests than \
+     its rate allows; set maxmemory-policy to noeviction (CONFIG SET maxmemory-policy \
+     noeviction, redis.conf, or your managed Redis' parameters), or pass --allow-evicting-redis \
+     (SNOWLEASE_ALLOW_EVICTING_REDIS=true) to accept that risk",
+    .0.policy,
+    .0.maxmemory
+)]
+pub struct EvictingBudgets(pub EvictingRedis);
+
 /// What is known of Redis' eviction setting: the one model for every
 /// holder of a check's answer (no `Option<Option<_>>`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

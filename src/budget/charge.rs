@@ -138,7 +138,8 @@ where
 
 /// [`acquire_charged`], retried until `wait` has passed or `stop` is
 /// cancelled: after a denial it sleeps by `retry_after_ms`, after an empty
-/// pool by the pool's backoff. Returns the last answer.
+/// pool by the pool's backoff. Returns the last answer; a denial whose
+/// `retry_after_ms` is beyond what is left of `wait` at once.
 ///
 /// Errors: as [`acquire_charged`], returned at once.
 pub async fn acquire_charged_wait<C>(
@@ -159,6 +160,11 @@ where
         let sleep = match &answer {
             ChargedAcquire::Acquired(Acquired::Leased(_)) => return Ok(answer),
             _ if remaining.is_zero() || stop.is_cancelled() => return Ok(answer),
+            // Under GCRA nobody can make the budget's retry come sooner
+            // (an empty pool may: a release, so that one waits on).
+            ChargedAcquire::Denied(taken) if taken.retry_after() > remaining => {
+                return Ok(answer);
+            }
             ChargedAcquire::Denied(taken) => taken
                 .retry_after()
                 .clamp(Duration::from_millis(1), remaining),

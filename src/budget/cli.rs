@@ -252,7 +252,7 @@ pub async fn run(config: BudgetCliConfig) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("redis {redis}"))?;
         if let Some(evicting) = evicting {
-            return Err(evicting.into());
+            return Err(crate::eviction::EvictingBudgets(evicting).into());
         }
     }
     let budget = match &config.pool {

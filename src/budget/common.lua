@@ -10,7 +10,7 @@
 -- is when the budget is full again (an idle key is gone).
 -- Checks return an error table ({err = 'CODE detail'}) before any write:
 --   BADARG <field> <expected>   a bad argument or key name
---   KEYTYPE <key> <found>       a budget key that does not hold a number
+--   KEYTYPE <key> <found>       a budget key that does not hold a sane TAT
 
 local function budget_fail(code, detail)
   return { err = code .. ' ' .. detail }
@@ -102,8 +102,9 @@ local function budget_limits(argv, first, n)
     if count > period * 1000 then
       return nil, budget_badarg('rate_count', 'at most 1 per microsecond')
     end
-    local window = burst * period / count
-    if window > BUDGET_LIMITS.window_ms[2] then
+    -- burst * period / count <= max without dividing: exact in a double
+    -- (< 2^53 at the ranges' ends), the same comparison as limits.rs.
+    if burst * period > BUDGET_LIMITS.window_ms[2] * count then
       return nil, budget_badarg('window_ms', 'burst / rate at most ' .. BUDGET_LIMITS.window_ms[2] .. ' ms')
     end
     out[i] = { interval = period * 1000 / count, tau = burst * period * 1000 / count, burst = burst }
@@ -111,8 +112,20 @@ local function budget_limits(argv, first, n)
   return out
 end
 
+-- A stored TAT as the scripts write it ('%.3f' of us), or nil: tonumber
+-- alone takes nan, inf, 1e400, hex and negatives, and a nan or inf TAT would
+-- pass the checks and fail a later SET halfway through the keys. A sane TAT
+-- is at most a full window plus the longest penalty after now.
+local function budget_stored_tat(v, now)
+  if #v > 30 or not string.match(v, '^%d+%.?%d*$') then return nil end
+  local tat = tonumber(v)
+  local latest = now + (BUDGET_LIMITS.window_ms[2] + BUDGET_LIMITS.penalty_ms[2]) * 1000
+  if not tat or tat ~= tat or tat > latest then return nil end
+  return tat
+end
+
 -- The TAT each key holds (now when absent or already passed), or nil and a
--- KEYTYPE error.
+-- KEYTYPE error. Every key is checked before the caller writes any.
 local function budget_tats(keys, first, now)
   local tats = {}
   for i = first, #keys do
@@ -120,7 +133,7 @@ local function budget_tats(keys, first, now)
     if type(v) == 'table' then
       return nil, budget_fail('KEYTYPE', keys[i] .. ' ' .. redis.call('TYPE', keys[i]).ok)
     end
-    local tat = v and tonumber(v)
+    local tat = v and budget_stored_tat(v, now)
     if v and not tat then
       return nil, budget_fail('KEYTYPE', keys[i] .. ' string')
     end
@@ -128,6 +141,10 @@ local function budget_tats(keys, first, now)
   end
   return tats
 end
+
+-- Half a microsecond of slack in time (T may be a fraction of a us), the
+-- same in the allow decision and in remaining, so they never disagree.
+local BUDGET_SLACK_US = 0.5
 
 local function budget_ms(us)
   return math.max(math.ceil(us / 1000 - 1e-9), 0)
@@ -138,9 +155,8 @@ end
 local function budget_verdict(limits, tats, cost, now)
   local retry, allowed = 0, true
   for i, l in ipairs(limits) do
-    -- Half a microsecond of slack: T may be a fraction.
     local wait = tats[i] + cost * l.interval - l.tau - now
-    if wait > 0.5 then
+    if wait > BUDGET_SLACK_US then
       allowed = false
       retry = math.max(retry, wait)
     end
@@ -161,7 +177,9 @@ local function budget_apply(keys, first, limits, tats, cost, now, allowed, retry
       local ttl = math.max(budget_ms(tat - now), 1)
       redis.call('SET', keys[first + i - 1], string.format('%.3f', tat), 'PX', ttl)
     end
-    local left = math.floor((l.tau - (tat - now)) / l.interval + 1e-6)
+    -- The largest c that budget_verdict would allow now. The slack is
+    -- time, not intervals: 1e-6 of an interval is 86 ms at 1/d.
+    local left = math.floor((l.tau - (tat - now) + BUDGET_SLACK_US) / l.interval)
     left = math.min(math.max(left, 0), l.burst)
     remaining = remaining and math.min(remaining, left) or left
     reset = math.max(reset, tat - now)

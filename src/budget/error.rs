@@ -25,7 +25,9 @@ pub enum BudgetError {
     WrongKeyType {
         /// The full key name.
         key: String,
-        /// What it holds (a Redis type, or `string` for a non-number).
+        /// What it holds (a Redis type, or `string` for a string that is not
+        /// a time the scripts wrote: not a decimal, nan, inf, negative or
+        /// beyond any window).
         found: String,
     },
     /// Redis or the connection failed; the charge may or may not have

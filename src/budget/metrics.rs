@@ -1,7 +1,7 @@
 //! Prometheus metrics of the budget routes, registered once under
 //! `snowlease_budget_`: takes by outcome, denials by budget name. Never a
 //! key label; budget names are capped at [`NAMES_MAX`] (later ones count
-//! as `_other`), since callers choose them.
+//! as [`OTHER`], which no budget name can be), since callers choose them.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -14,8 +14,13 @@ use prometheus_client::registry::Registry;
 /// Most budget names given a label of their own.
 pub(crate) const NAMES_MAX: usize = 100;
 
-/// Take outcomes.
-pub(crate) const OUTCOMES: [&str; 4] = ["allowed", "denied", "bad_input", "error"];
+/// The label of budget names beyond [`NAMES_MAX`]: parentheses are not in
+/// a budget name's characters, so no budget (`_other` included) shares it.
+pub(crate) const OTHER: &str = "(other)";
+
+/// Take outcomes; `replayed`: an acquire with a charge that answered an
+/// earlier lease of its request id (charged once, when first granted).
+pub(crate) const OUTCOMES: [&str; 5] = ["allowed", "denied", "replayed", "bad_input", "error"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
@@ -47,17 +52,17 @@ impl BudgetMetrics {
         let r = registry.sub_registry_with_prefix("snowlease_budget");
         r.register(
             "takes",
-            "HTTP budget takes (and acquires with a charge) by outcome: allowed, denied, bad_input, error",
+            "HTTP budget takes (and acquires with a charge) by outcome: allowed, denied, replayed (an acquire's request id answered again, not charged), bad_input, error",
             m.takes.clone(),
         );
         r.register(
             "denials",
-            "Budget takes denied, by budget name (at most 100 names, then _other)",
+            "Budget takes denied, by budget name (at most 100 names, then (other))",
             m.denials.clone(),
         );
         r.register(
             "penalties",
-            "Budget penalizes, by budget name (at most 100 names, then _other)",
+            "Budget penalizes, by budget name (at most 100 names, then (other))",
             m.penalties.clone(),
         );
         for outcome in OUTCOMES {
@@ -75,7 +80,7 @@ impl BudgetMetrics {
                 names.insert(new.clone());
                 new
             }
-            None => "_other".into(),
+            None => OTHER.into(),
         };
         BudgetLabel { budget }
     }
@@ -91,5 +96,25 @@ impl BudgetMetrics {
     /// Counts one penalize of `name`.
     pub(crate) fn penalized(&self, name: &str) {
         self.penalties.get_or_create(&self.label(name)).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_beyond_the_cap_count_as_other_which_no_name_is() {
+        assert!(!crate::pool::limits::is_name(OTHER));
+        let mut registry = Registry::default();
+        let m = BudgetMetrics::new(&mut registry);
+        m.took("_other", "denied");
+        for i in 0..NAMES_MAX {
+            m.took(&format!("b{i}"), "denied");
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("{budget=\"_other\"} 1"), "{text}");
+        assert!(text.contains("{budget=\"(other)\"} 1"), "{text}");
     }
 }

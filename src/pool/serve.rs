@@ -412,14 +412,18 @@ async fn acquire(
     if let Some(request_id) = request_id {
         req = req.request_id(request_id);
     }
-    let charge = match budget {
+    let charge = match budget.map(crate::budget::serve::charge_of) {
         None => None,
-        Some(value) => Some(
-            crate::budget::serve::charge_of(value).map_err(|err| match err {
+        Some(Ok(charge)) => Some(charge),
+        Some(Err(err)) => {
+            if let Some(budgets) = &state.inner.budgets {
+                budgets.metrics().took("", "bad_input");
+            }
+            return Err(match err {
                 BudgetError::BadInput { field, expected } => ApiError::bad(&field, expected),
                 other => ApiError::bad("budget", other.to_string()),
-            })?,
-        ),
+            });
+        }
     };
 
     let started = Instant::now();
@@ -444,7 +448,12 @@ async fn acquire(
     match result {
         Ok(ChargedAcquire::Acquired(Acquired::Leased(lease))) => {
             metrics.acquired(&served.label, "leased", started.elapsed());
-            took("allowed");
+            // A replay was charged when first granted: not allowed again.
+            took(if lease.replayed() {
+                "replayed"
+            } else {
+                "allowed"
+            });
             debug!(pool = %pool, id = lease.id(), fence = lease.fence(), replayed = lease.replayed(), "leased");
             Ok((StatusCode::CREATED, Json(lease.view())).into_response())
         }
@@ -473,7 +482,11 @@ async fn acquire(
         }
         Err(err) => {
             metrics.acquired(&served.label, "error", started.elapsed());
-            took("error");
+            took(if matches!(err, PoolError::BadInput { .. }) {
+                "bad_input"
+            } else {
+                "error"
+            });
             Err(err.into())
         }
     }

@@ -301,6 +301,53 @@ async fn the_script_refuses_bad_input_itself() {
     );
 }
 
+/// A budget key holding a string that parses as a number but is no time
+/// (`nan`, `inf`, `1e400`, negative, far beyond any window) is refused like
+/// a key of another type, before any write: the other key of the take is
+/// not charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_stored_values_are_refused_before_any_write() {
+    let redis = RedisServer::start();
+    let b = budget(&redis, "n").await;
+    let keys = [
+        BudgetKey::new("a", rate("10/s"), 10),
+        BudgetKey::new("z", rate("10/s"), 10),
+    ];
+    let far = format!("{}", u64::MAX / 2);
+    for value in ["nan", "inf", "-inf", "1e400", "-5", "0x10", far.as_str()] {
+        redis.query::<()>(redis::cmd("SET").arg(budget_key("n", "z")).arg(value));
+        let err = b.take(&keys, 1).await.unwrap_err();
+        assert!(
+            matches!(&err, BudgetError::WrongKeyType { key, found }
+                if key == &budget_key("n", "z") && found == "string"),
+            "{value}: {err}"
+        );
+        assert!(!redis.exists(&budget_key("n", "a")), "{value}: a charged");
+        let err = b.penalize(&keys, ms(1000)).await.unwrap_err();
+        assert!(
+            matches!(&err, BudgetError::WrongKeyType { .. }),
+            "{value}: {err}"
+        );
+        assert!(!redis.exists(&budget_key("n", "a")), "{value}: a penalized");
+        assert_eq!(redis.get(&budget_key("n", "z")).as_deref(), Some(value));
+    }
+}
+
+/// A denied take of cost 1 says remaining 0, at slow rates too: the key
+/// is 50 ms from full, which at 1/d is a tiny fraction of an interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_of_one_leaves_nothing_remaining() {
+    let redis = RedisServer::start();
+    let b = budget(&redis, "slow").await;
+    let fast = [BudgetKey::new("k", rate("10/s"), 1)];
+    assert!(b.take(&fast, 1).await.unwrap().allowed);
+    tokio::time::sleep(ms(50)).await;
+    let slow = [BudgetKey::new("k", rate("1/d"), 1)];
+    let taken = b.take(&slow, 1).await.unwrap();
+    assert!(!taken.allowed, "{taken:?}");
+    assert_eq!(taken.remaining, 0, "{taken:?}");
+}
+
 /// `snowlease budget take`: exit 0 with JSON, exit 6 with the JSON and
 /// retry_after_ms when denied, --wait waits for it; bad input exits 2
 /// naming the flag and its range, with nothing written.
@@ -472,7 +519,9 @@ fn budget_runs_on_cluster_and_sentinel() {
 
 /// The limits table and the script agree at every boundary: for each range
 /// the script checks, min - 1 and max + 1 are refused and min and max
-/// accepted by the Rust API and by the script called raw alike.
+/// accepted by the Rust API and by the script called raw alike; so are the
+/// cross-field rules (refill within 30 days, 1 per us, cost <= burst) on
+/// each side of their boundary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_lua_refuse_the_same_values() {
     use snowlease::budget::limits::{BURST, COST, PENALTY_MS, RATE_COUNT, RATE_PERIOD_MS, Range};
@@ -533,5 +582,46 @@ async fn rust_and_lua_refuse_the_same_values() {
                 assert_eq!(field, range.field, "the script names the field");
             }
         }
+    }
+    // The cross-field rules on each side of their boundary: [count,
+    // period_ms, burst, cost], refused or not. The Rust checks alone: a
+    // handle on a port nobody listens on (accepted = a Redis error).
+    let dead = RedisTarget::parse("redis://127.0.0.1:1")
+        .unwrap()
+        .connect(secs(2))
+        .unwrap();
+    let dead = Budget::new(dead, "lim").unwrap();
+    let cross: [([u64; 4], bool); 8] = [
+        // A full burst refills within 30 days: burst * period <= 2592000000 * count.
+        ([1, 86_400_000, 30, 1], false),
+        ([1, 86_400_000, 31, 1], true),
+        ([3, 13_383_821, 580, 1], false),
+        ([3, 13_383_821, 581, 1], true),
+        // At most 1 per microsecond.
+        ([1000, 1, 1, 1], false),
+        ([1001, 1, 1, 1], true),
+        // Cost at most the burst.
+        ([5, 1000, 5, 5], false),
+        ([5, 1000, 5, 6], true),
+    ];
+    for (args, refuse) in cross {
+        n += 1;
+        let limit = BudgetKey::new(
+            format!("k{n}"),
+            Rate {
+                count: args[0],
+                period: ms(args[1]),
+            },
+            args[2],
+        );
+        let rust = dead.take(&[limit], args[3]).await.map(|_| ());
+        let mut inv = BudgetScript::Take.script().prepare_invoke();
+        inv.key(budget_key("lim", &format!("raw{n}")));
+        inv.arg(args[3]).arg(args[0]).arg(args[1]).arg(args[2]);
+        let lua = inv.invoke_async::<redis::Value>(&mut conn).await;
+        let lua = lua.map(|_| ()).map_err(BudgetError::from);
+        let refused = |r: &Result<(), BudgetError>| matches!(r, Err(BudgetError::BadInput { .. }));
+        assert_eq!(refused(&rust), refuse, "{args:?}: rust {rust:?}");
+        assert_eq!(refused(&lua), refuse, "{args:?}: lua {lua:?}");
     }
 }

@@ -130,3 +130,41 @@ async fn bad_input_400_and_redis_down_503() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
     assert_eq!(answer["error"], "redis unavailable");
 }
+
+/// The take metrics of acquires with a charge: a replayed request id
+/// counts `replayed`, not `allowed` again; a bad charge counts
+/// `bad_input`; a budget may be named `_other`, and names beyond the cap
+/// count as `(other)`, which no name can be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charged_acquires_count_replays_and_bad_input() {
+    let redis = RedisServer::start();
+    let p = crate::pool::pool(&redis, "proxies").await;
+    p.init(&["p1", "p2"]).await.unwrap();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &[]).await;
+    let body = json!({"ttl_ms": 30000, "request_id": "r1", "budget": {
+        "name": "_other", "key": "example.com", "rate": "1/m", "burst": 5,
+    }});
+    for _ in 0..2 {
+        let (status, answer, _) =
+            call(&router, "POST", "/pools/proxies/leases", body.clone()).await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+    }
+    let bad = json!({"ttl_ms": 30000, "budget": {
+        "name": "domains", "key": "example.com", "rate": "1/m", "burst": 0,
+    }});
+    let (status, answer, _) = call(&router, "POST", "/pools/proxies/leases", bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let bad = json!({"ttl_ms": 30000, "budget": {"name": "domains", "key": "a b", "rate": "1/m", "burst": 1}});
+    let (status, answer, _) = call(&router, "POST", "/pools/proxies/leases", bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let (_, metrics, _) = call(&router, "GET", "/metrics", json!(null)).await;
+    let text = metrics.as_str().unwrap();
+    for line in [
+        "snowlease_budget_takes_total{outcome=\"allowed\"} 1",
+        "snowlease_budget_takes_total{outcome=\"replayed\"} 1",
+        "snowlease_budget_takes_total{outcome=\"bad_input\"} 2",
+        "snowlease_budget_takes_total{outcome=\"error\"} 0",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+}

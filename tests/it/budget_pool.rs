@@ -11,6 +11,7 @@ use serde_json::json;
 use snowlease::budget::{BudgetKey, Charge, ChargedAcquire, acquire_charged, charge_key};
 use snowlease::pool::{AcquireRequest, Acquired, PoolKeys};
 
+use crate::budget::budget_cmd;
 use crate::harness::{RedisServer, ms, secs};
 use crate::pool::{dump, pool};
 use crate::pool_cli::pool_cmd;
@@ -115,6 +116,12 @@ async fn cli_and_http_acquire_with_a_budget() {
     assert!(ok.stdout.contains("\"token\""), "{ok:?}");
     let denied = pool_cmd(&redis, &args, &[]);
     assert_eq!(denied.code, Some(6), "{denied:?}");
+    // A denial, not a Redis error: no Redis URL in front.
+    assert!(
+        denied.stderr.contains("denied by budget domains"),
+        "{denied:?}"
+    );
+    assert!(!denied.stderr.contains("redis"), "{denied:?}");
     let answer: serde_json::Value = serde_json::from_str(&denied.stdout).unwrap();
     assert!(
         answer["retry_after_ms"].as_u64().unwrap() > 59_000,
@@ -150,6 +157,66 @@ async fn cli_and_http_acquire_with_a_budget() {
         answer["field"].as_str().unwrap().starts_with("budget"),
         "{answer}"
     );
+}
+
+/// A wait shorter than the denial's retry_after_ms answers the denial at
+/// once (under GCRA nobody can make it sooner): `budget take --wait`,
+/// `pool acquire --budget --wait`, and `wait_ms` of both HTTP routes, each
+/// with 3 s to wait against a retry of about a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_shorter_than_the_retry_answers_at_once() {
+    let redis = RedisServer::start();
+    let p = pool(&redis, "proxies").await;
+    p.init(&["p1", "p2", "p3"]).await.unwrap();
+    let quick = |what: &str, start: std::time::Instant| {
+        let took = start.elapsed();
+        assert!(took < ms(1500), "{what} took {took:?}");
+    };
+    let take = [
+        "take", "--name", "w", "--key", "a", "--rate", "1/m", "--burst", "1", "--wait", "3s",
+    ];
+    assert_eq!(budget_cmd(&redis.url(), &take).code, Some(0));
+    let start = std::time::Instant::now();
+    let run = budget_cmd(&redis.url(), &take);
+    assert_eq!(run.code, Some(6), "{run:?}");
+    quick("budget take --wait", start);
+
+    let acquire = [
+        "acquire",
+        "--pool",
+        "proxies",
+        "--ttl",
+        "30s",
+        "--wait",
+        "3s",
+        "--budget",
+        "domains",
+        "--budget-key",
+        "example.com",
+        "--budget-rate",
+        "1/m",
+        "--budget-burst",
+        "1",
+    ];
+    assert_eq!(pool_cmd(&redis, &acquire, &[]).code, Some(0));
+    let start = std::time::Instant::now();
+    let run = pool_cmd(&redis, &acquire, &[]);
+    assert_eq!(run.code, Some(6), "{run:?}");
+    quick("pool acquire --budget --wait", start);
+
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &[]).await;
+    let body = json!({"key": "a", "rate": "1/m", "burst": 1, "wait_ms": 3000});
+    let start = std::time::Instant::now();
+    let (status, answer, _) = call(&router, "POST", "/budgets/w/take", body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    quick("HTTP take wait_ms", start);
+    let body = json!({"ttl_ms": 30000, "wait_ms": 3000, "budget": {
+        "name": "domains", "key": "example.com", "rate": "1/m", "burst": 1,
+    }});
+    let start = std::time::Instant::now();
+    let (status, answer, _) = call(&router, "POST", "/pools/proxies/leases", body).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    quick("HTTP acquire wait_ms", start);
 }
 
 /// The crawler's 429: `budget penalize --pool P` pushes back the keys

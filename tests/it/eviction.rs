@@ -264,6 +264,14 @@ fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
     let run = run_snowlease(&take, &env, secs(20));
     assert_eq!(run.code, Some(1), "a budget take fails closed: {run:?}");
     assert!(run.stderr.contains("maxmemory-policy"), "{}", run.stderr);
+    // What is at stake for a budget: a reset, not a lease.
+    assert!(run.stderr.contains("budget keys"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("admits more requests"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("held lease"), "{}", run.stderr);
 }
 
 /// `pool serve`: unready and refusing acquire (and budget takes) with 503 while `CONFIG SET`

@@ -95,10 +95,12 @@ pub async fn run(config: PoolCliConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// True for the errors that are the pool's answer (exit 2, 3, 4), not a
-/// failure of Redis itself (exit 1), which must say which Redis.
+/// True for the errors that are the pool's answer (exit 2, 3, 4) or a
+/// budget's denial (exit 6), not a failure of Redis itself (exit 1), which
+/// must say which Redis.
 fn is_pool_answer(err: &anyhow::Error) -> bool {
     err.is::<PoolCliError>()
+        || err.is::<crate::budget::cli::BudgetDenied>()
         || err
             .downcast_ref::<crate::pool::PoolError>()
             .is_some_and(crate::pool::PoolError::is_bad_input)
