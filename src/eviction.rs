@@ -98,7 +98,7 @@ pub(crate) struct EvictingRedis {
     .0.policy,
     .0.maxmemory
 )]
-pub struct EvictingBudgets(pub EvictingRedis);
+pub(crate) struct EvictingBudgets(pub(crate) EvictingRedis);
 
 /// What is known of Redis' eviction setting: the one model for every
 /// holder of a check's answer (no `Option<Option<_>>`).
