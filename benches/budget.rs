@@ -89,7 +89,9 @@ fn benchmark_checks(port: u16, sha: &str, clients: u64, n: u64) -> f64 {
 fn main() {
     let redis = Redis::start();
     let port = redis.port();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The runtime every snowlease command runs on (src/main.rs): one thread,
+    // like redis-benchmark's event loop, so no cross-thread wake-up per reply.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
