@@ -213,13 +213,14 @@ where
         &self.name
     }
 
+    /// Runs `script` with `head` and the keys and limits [`checked_keys`]
+    /// answered (checked once per call by the caller, not again here).
     async fn run(
         &self,
         script: BudgetScript,
         head: u64,
-        keys: &[BudgetKey],
+        (names, args): (Vec<String>, Vec<u64>),
     ) -> Result<redis::Value, BudgetError> {
-        let (names, args) = checked_keys(&self.prefix, keys)?;
         let mut inv = script.script().prepare_invoke();
         for name in &names {
             inv.key(name);
@@ -240,9 +241,9 @@ where
     /// [`BudgetError::Redis`] (fail closed: treat as denied).
     pub async fn take(&self, keys: &[BudgetKey], cost: u64) -> Result<Taken, BudgetError> {
         // Keys first: a bad burst is named before the cost it bounds.
-        checked_keys("", keys)?;
+        let checked = checked_keys(&self.prefix, keys)?;
         let cost = checked_cost(cost, keys)?;
-        let value = self.run(BudgetScript::Take, cost, keys).await?;
+        let value = self.run(BudgetScript::Take, cost, checked).await?;
         taken(script::ints(BudgetScript::Take, value, 5)?)
     }
 
@@ -290,7 +291,8 @@ where
         penalty: Duration,
     ) -> Result<Penalized, BudgetError> {
         let penalty = limits::millis("penalty", penalty, PENALTY_MS)?;
-        let value = self.run(BudgetScript::Penalize, penalty, keys).await?;
+        let checked = checked_keys(&self.prefix, keys)?;
+        let value = self.run(BudgetScript::Penalize, penalty, checked).await?;
         let [retry_after_ms, reset_after_ms, at_ms] =
             script::ints(BudgetScript::Penalize, value, 3)?[..]
         else {
