@@ -3,8 +3,10 @@
 //! beside `redis-benchmark` running EVALSHA of the same script with the
 //! same KEYS and ARGV at `-c 1` and `-c 50` (goal: the API >= 0.9x), and a
 //! plain `SET` by redis-benchmark (the anchors publish about 2x a SET per
-//! check). Starts its own redis-server on a free loopback port; prints a
-//! table.
+//! check). 1 task runs on tokio's one-thread runtime (every snowlease
+//! command's); 50 tasks run on it and on tokio's default multi-thread
+//! runtime, each with the client's CPU per check. Starts its own
+//! redis-server on a free loopback port; prints a table.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -86,15 +88,40 @@ fn benchmark_checks(port: u16, sha: &str, clients: u64, n: u64) -> f64 {
     redis_benchmark(port, clients, n, &args)
 }
 
-fn main() {
-    let redis = Redis::start();
-    let port = redis.port();
-    // The runtime every snowlease command runs on (src/main.rs): one thread,
-    // like redis-benchmark's event loop, so no cross-thread wake-up per reply.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+/// The client's CPU time so far (user + system, all its threads; not the
+/// redis-server or redis-benchmark children), µs.
+fn cpu_us() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+    let us = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e6 + t.tv_usec() as f64;
+    us(usage.user_time()) + us(usage.system_time())
+}
+
+/// The runtimes the API runs on: tokio's one-thread runtime, which every
+/// snowlease command uses (src/main.rs), and tokio's default multi-thread
+/// runtime (`#[tokio::main]`), which a library user with many tasks runs.
+fn runtime(multi_thread: bool) -> tokio::runtime::Runtime {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder.enable_all().build().unwrap()
+}
+
+/// One row of the table: the API's rate (median), its CPU per check, and
+/// redis-benchmark's rates of the same script and of a SET, same rounds.
+struct Row {
+    clients: u64,
+    multi_thread: bool,
+    api: f64,
+    cpu_per_check_us: f64,
+    bench: f64,
+    set: f64,
+}
+
+fn measure(redis: &Redis, clients: u64, n: u64, multi_thread: bool) -> Row {
+    let runtime = runtime(multi_thread);
     let conn = runtime.block_on(async {
         redis::Client::open(redis.url())
             .unwrap()
@@ -102,55 +129,90 @@ fn main() {
             .await
             .unwrap()
     });
-    let sha: String = runtime.block_on(async {
+    let sha = BudgetScript::Take.script().get_hash();
+    let (mut api, mut cpu, mut bench, mut set) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let before = cpu_us();
+        api.push(runtime.block_on(client_checks(&conn, clients, n)));
+        cpu.push((cpu_us() - before) / n as f64);
+        bench.push(benchmark_checks(redis.port(), sha, clients, n));
+        set.push(redis_benchmark(
+            redis.port(),
+            clients,
+            n,
+            &["SET", "k", "v"],
+        ));
+    }
+    Row {
+        clients,
+        multi_thread,
+        api: median(api),
+        cpu_per_check_us: median(cpu),
+        bench: median(bench),
+        set: median(set),
+    }
+}
+
+fn main() {
+    let redis = Redis::start();
+    let sha: String = runtime(false).block_on(async {
+        let mut conn = redis::Client::open(redis.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(BudgetScript::Take.source())
-            .query_async(&mut conn.clone())
+            .query_async(&mut conn)
             .await
             .unwrap()
     });
     assert_eq!(sha, BudgetScript::Take.script().get_hash());
     let started = Instant::now();
-    let mut rows = Vec::new();
-    for (clients, n) in [(1, CHECKS / 5), (50, CHECKS)] {
-        let (mut api, mut bench, mut set) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..RUNS {
-            api.push(runtime.block_on(client_checks(&conn, clients, n)));
-            bench.push(benchmark_checks(port, &sha, clients, n));
-            set.push(redis_benchmark(port, clients, n, &["SET", "k", "v"]));
-        }
-        rows.push((clients, median(api), median(bench), median(set)));
-    }
+    let rows = [
+        measure(&redis, 1, CHECKS / 5, false),
+        measure(&redis, 50, CHECKS, false),
+        measure(&redis, 50, CHECKS, true),
+    ];
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "snowlease budget benchmark (redis-server on loopback, {cpus} CPUs; median of {RUNS} runs; one key, every check allowed)"
     );
     println!(
-        "{:<52} {:>10} {:>7} {:>8}",
-        "measure", "per second", "ratio", "goal"
+        "{:<62} {:>10} {:>7} {:>8} {:>12}",
+        "measure", "per second", "ratio", "goal", "client us/chk"
     );
-    for (clients, api, bench, set) in rows {
-        let row = |name: String, rate: f64, ratio: String, goal: &str| {
-            println!("{name:<52} {rate:>10.0} {ratio:>7} {goal:>8}");
+    for row in rows {
+        let line = |name: String, rate: f64, ratio: String, goal: &str, cpu: String| {
+            println!("{name:<62} {rate:>10.0} {ratio:>7} {goal:>8} {cpu:>12}");
         };
-        row(
-            format!("SET, redis-benchmark -c {clients}"),
-            set,
+        let c = row.clients;
+        line(
+            format!("SET, redis-benchmark -c {c}"),
+            row.set,
             "-".into(),
             "-",
+            "-".into(),
         );
-        row(
-            format!("check, redis-benchmark -c {clients} EVALSHA take.lua"),
-            bench,
-            format!("{:.2}x", set / bench),
+        line(
+            format!("check, redis-benchmark -c {c} EVALSHA take.lua"),
+            row.bench,
+            format!("{:.2}x", row.set / row.bench),
             "SET/chk",
+            "-".into(),
         );
-        row(
-            format!("check, Rust API, {clients} task(s), one connection"),
-            api,
-            format!("{:.2}x", api / bench),
+        let runtime = if row.multi_thread {
+            "multi-thread"
+        } else {
+            "one thread"
+        };
+        line(
+            format!("check, Rust API, {c} task(s), one connection, {runtime}"),
+            row.api,
+            format!("{:.2}x", row.api / row.bench),
             ">= 0.90x",
+            format!("{:.1}", row.cpu_per_check_us),
         );
     }
     println!("total bench time {:.1}s", started.elapsed().as_secs_f64());

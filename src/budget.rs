@@ -51,14 +51,15 @@ pub struct Limit {
 
 impl Limit {
     /// The script's three arguments: rate_count, rate_period_ms, burst.
-    fn args(&self, field: &str) -> Result<[u64; 3], BudgetError> {
-        let (count, period) = self.rate.checked(&format!("{field}.rate"))?;
-        let burst = limits::int(&format!("{field}.burst"), self.burst, BURST)?;
+    /// Errors name `keys[<i>].rate` or `keys[<i>].burst`.
+    fn args(&self, i: usize) -> Result<[u64; 3], BudgetError> {
+        let (count, period) = self.rate.checked(KeyField::part(i, "rate"))?;
+        let burst = limits::int(KeyField::part(i, "burst"), self.burst, BURST)?;
         // burst * period / count <= max, exact (no division), as the script.
         let refill = u128::from(burst) * u128::from(period);
         if refill > u128::from(limits::WINDOW_MS.max) * u128::from(count) {
             return Err(BudgetError::bad(
-                &format!("{field}.burst"),
+                KeyField::part(i, "burst"),
                 format!(
                     "a burst that refills within {} ms at the rate (burst / rate)",
                     limits::WINDOW_MS.max
@@ -66,6 +67,30 @@ impl Limit {
             ));
         }
         Ok([count, period, burst])
+    }
+}
+
+/// The name of key `i`'s field in errors, `keys[<i>]` or
+/// `keys[<i>].<part>`: formatted only into an error, since the checks run
+/// on every take.
+#[derive(Debug, Clone, Copy)]
+struct KeyField {
+    i: usize,
+    part: &'static str,
+}
+
+impl KeyField {
+    fn part(i: usize, part: &'static str) -> Self {
+        Self { i, part }
+    }
+}
+
+impl fmt::Display for KeyField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.part {
+            "" => write!(f, "keys[{}]", self.i),
+            part => write!(f, "keys[{}].{part}", self.i),
+        }
     }
 }
 
@@ -151,14 +176,14 @@ pub(crate) fn checked_keys(
     let mut names = Vec::with_capacity(keys.len());
     let mut args = Vec::with_capacity(3 * keys.len());
     for (i, k) in keys.iter().enumerate() {
-        let field = format!("keys[{i}]");
-        limits::key(&field, &k.key)?;
+        let field = KeyField::part(i, "");
+        limits::key(field, &k.key)?;
         let full = format!("{prefix}{}", k.key);
         if names.contains(&full) {
-            return Err(BudgetError::bad(&field, "each key once"));
+            return Err(BudgetError::bad(field, "each key once"));
         }
         names.push(full);
-        args.extend(k.limit.args(&field)?);
+        args.extend(k.limit.args(i)?);
     }
     Ok((names, args))
 }

@@ -45,9 +45,11 @@ pub enum BudgetError {
 }
 
 impl BudgetError {
-    pub(crate) fn bad(field: &str, expected: impl Into<String>) -> Self {
+    /// `field` is rendered only here, so a check on every call can pass a
+    /// [`std::fmt::Display`] that formats a name like `keys[2].burst` lazily.
+    pub(crate) fn bad(field: impl std::fmt::Display, expected: impl Into<String>) -> Self {
         Self::BadInput {
-            field: field.to_owned(),
+            field: field.to_string(),
             expected: expected.into(),
         }
     }

@@ -107,12 +107,12 @@ pub struct Rate {
 
 impl Rate {
     /// The period in ms, checked with the count; errors name `field`.
-    pub(crate) fn checked(&self, field: &str) -> Result<(u64, u64), BudgetError> {
-        let count = int(field, self.count, RATE_COUNT)?;
+    pub(crate) fn checked(&self, field: impl fmt::Display) -> Result<(u64, u64), BudgetError> {
+        let count = int(&field, self.count, RATE_COUNT)?;
         let period = u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX);
         if Duration::from_millis(period) != self.period || !RATE_PERIOD_MS.allows(period) {
             return Err(BudgetError::bad(
-                field,
+                &field,
                 format!(
                     "a period of whole ms, {}-{} ms",
                     RATE_PERIOD_MS.min, RATE_PERIOD_MS.max
@@ -120,7 +120,7 @@ impl Rate {
             ));
         }
         if count > period.saturating_mul(1000) {
-            return Err(BudgetError::bad(field, "at most 1 per microsecond"));
+            return Err(BudgetError::bad(&field, "at most 1 per microsecond"));
         }
         Ok((count, period))
     }
@@ -176,7 +176,7 @@ pub(crate) fn lua_table() -> String {
 }
 
 /// An integer within `range`; the error names `field`.
-pub(crate) fn int(field: &str, n: u64, range: Range) -> Result<u64, BudgetError> {
+pub(crate) fn int(field: impl fmt::Display, n: u64, range: Range) -> Result<u64, BudgetError> {
     if range.allows(n) {
         Ok(n)
     } else {
@@ -201,7 +201,7 @@ pub(crate) fn millis(field: &str, d: Duration, range: Range) -> Result<u64, Budg
 }
 
 /// A budget key (see [`is_key`]).
-pub(crate) fn key(field: &str, s: &str) -> Result<(), BudgetError> {
+pub(crate) fn key(field: impl fmt::Display, s: &str) -> Result<(), BudgetError> {
     if is_key(s) {
         Ok(())
     } else {
