@@ -43,6 +43,11 @@ fn json(run: &Run) -> Value {
 /// call the take script (EVALSHA through redis-rs, not snowlease's handle)
 /// on one key at 50/s with a burst of 10; within the first 3 s of Redis
 /// time (from the first call) 10 + 150 are admitted, +- 2.
+///
+/// The count is judged at the last call made within those 3 s (10 + one
+/// per 20 ms up to it): a CPU-starved test process that makes no call in
+/// the window's last few ms leaves tokens for after it, which says nothing
+/// about the budget (seen at load 7: 154 by the window's end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_clients_admit_burst_plus_rate() {
     let redis = RedisServer::start();
@@ -59,8 +64,8 @@ async fn hundred_clients_admit_burst_plus_rate() {
             let key = key.clone();
             tokio::spawn(async move {
                 let script = BudgetScript::Take.script();
-                // (Redis ms of every admitted take, of the first call)
-                let (mut admitted, mut first) = (Vec::new(), i64::MAX);
+                // (Redis ms of every admitted take, of every call)
+                let (mut admitted, mut calls) = (Vec::new(), Vec::new());
                 while Instant::now() < end {
                     let reply: Vec<i64> = script
                         .key(&key)
@@ -71,7 +76,7 @@ async fn hundred_clients_admit_burst_plus_rate() {
                         .invoke_async(&mut conn)
                         .await
                         .unwrap();
-                    first = first.min(reply[4]);
+                    calls.push(reply[4]);
                     if reply[0] == 1 {
                         admitted.push(reply[4]);
                     } else {
@@ -79,22 +84,33 @@ async fn hundred_clients_admit_burst_plus_rate() {
                         tokio::time::sleep(ms(reply[2].clamp(1, 2) as u64)).await;
                     }
                 }
-                (admitted, first)
+                (admitted, calls)
             })
         })
         .collect();
-    let (mut times, mut first) = (Vec::new(), i64::MAX);
+    let (mut times, mut calls) = (Vec::new(), Vec::new());
     for task in tasks {
-        let (admitted, start) = task.await.unwrap();
+        let (admitted, made) = task.await.unwrap();
         times.extend(admitted);
-        first = first.min(start);
+        calls.extend(made);
     }
-    // The slot at first + 3000 ms counts: 10 at once, then one per 20 ms.
-    let admitted = times.iter().filter(|t| **t <= first + 3000).count();
-    eprintln!("accuracy: admitted {admitted} in the first 3 s of Redis time (expected 160 +- 2)");
+    let first = *calls.iter().min().unwrap();
+    let last = *calls.iter().filter(|t| **t <= first + 3000).max().unwrap();
+    // 10 at once, then one per 20 ms; the slot at `last` counts.
+    let expected = 10 + (last - first) / 20;
+    let admitted = times.iter().filter(|t| **t <= last).count() as i64;
+    let by_end = times.iter().filter(|t| **t <= first + 3000).count();
+    eprintln!(
+        "accuracy: admitted {admitted} by the last call {} ms into the run (expected {expected} +- 2), {by_end} by 3000 ms",
+        last - first
+    );
     assert!(
-        (158..=162).contains(&admitted),
-        "admitted {admitted}, expected 10 + 150 +- 2"
+        last - first >= 2500,
+        "no call in the window's last 500 ms: the test process was starved"
+    );
+    assert!(
+        (expected - 2..=expected + 2).contains(&admitted),
+        "admitted {admitted}, expected {expected} +- 2 (10 + 1 per 20 ms)"
     );
 }
 
