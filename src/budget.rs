@@ -172,7 +172,10 @@ pub(crate) fn checked_keys(
     prefix: &str,
     keys: &[BudgetKey],
 ) -> Result<(Vec<String>, Vec<u64>), BudgetError> {
-    limits::int("keys", keys.len() as u64, KEYS_PER_CALL)?;
+    if !KEYS_PER_CALL.allows(keys.len() as u64) {
+        let (min, max) = (KEYS_PER_CALL.min, KEYS_PER_CALL.max);
+        return Err(BudgetError::bad("keys", format!("{min}-{max} keys")));
+    }
     let mut names = Vec::with_capacity(keys.len());
     let mut args = Vec::with_capacity(3 * keys.len());
     for (i, k) in keys.iter().enumerate() {

@@ -42,11 +42,11 @@ pub struct BudgetTarget {
     #[arg(long)]
     pub pool: Option<String>,
 
-    /// A key to charge, e.g. a domain (1-128 chars of [A-Za-z0-9_.:-]); repeat for several, charged all or nothing.
+    /// A key of the budget, e.g. a domain (1-128 chars of [A-Za-z0-9_.:-]); repeat for several: take charges them all or none, penalize pushes back each.
     #[arg(long = "key", required = true)]
     pub keys: Vec<String>,
 
-    /// Average rate, e.g. 10/s, 600/m, 5/2s (1-1000000 per 1ms-1d); once for every key, or once per --key in order.
+    /// Average rate, e.g. 10/s, 600/m, 5/2s, 1/250ms (1-1000000 per 1ms-1d); once for every key, or once per --key in order.
     #[arg(long = "rate", required = true)]
     pub rates: Vec<Rate>,
 
@@ -246,8 +246,8 @@ pub async fn run(config: BudgetCliConfig) -> anyhow::Result<()> {
     let redis = config.redis.clone();
     let mut conn = config.redis.connect(config.redis_timeout)?;
     // An evicting Redis may drop a budget's key: the budget would be full
-    // again, a limit that does not hold.
-    if matches!(config.op, Op::Take { .. }) && !config.allow_evicting_redis {
+    // again, a limit (or a penalty) that does not hold.
+    if !config.allow_evicting_redis {
         let evicting = crate::eviction::check(&mut conn)
             .await
             .with_context(|| format!("redis {redis}"))?;

@@ -142,13 +142,14 @@ impl fmt::Display for Rate {
 impl FromStr for Rate {
     type Err = String;
 
-    /// `<count>/<period>`: the period a unit (`s`, `m`, `h`, `d`) or a
+    /// `<count>/<period>`: the period a unit (`ms`, `s`, `m`, `h`, `d`) or a
     /// duration (`2s`, `250ms`). Ranges are checked later.
     fn from_str(text: &str) -> Result<Self, String> {
-        let usage = || format!("{text:?} is not a rate like 10/s, 600/m or 5/2s");
+        let usage = || format!("{text:?} is not a rate like 10/s, 600/m, 5/2s or 1/250ms");
         let (count, period) = text.trim().split_once('/').ok_or_else(usage)?;
         let count: u64 = count.trim().parse().map_err(|_| usage())?;
         let period = match period.trim() {
+            "ms" => Duration::from_millis(1),
             "s" => Duration::from_secs(1),
             "m" => Duration::from_secs(60),
             "h" => Duration::from_secs(3600),
@@ -219,6 +220,7 @@ mod tests {
         assert_eq!(r("10/s").period, Duration::from_secs(1));
         assert_eq!(r("600/m").count, 600);
         assert_eq!(r("5/2s").period, Duration::from_secs(2));
+        assert_eq!(r("10/ms").period, Duration::from_millis(1));
         assert_eq!(r("1/250ms").period, Duration::from_millis(250));
         assert_eq!(r("10/s").to_string(), "10/s");
         assert_eq!(r("1/250ms").to_string(), "1/250ms");

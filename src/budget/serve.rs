@@ -73,11 +73,45 @@ pub fn routes(service: BudgetService) -> Router {
 }
 
 /// One value, or one per key.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub(crate) enum OneOrMany<T> {
     One(T),
     Many(Vec<T>),
+}
+
+/// What one value of a [`OneOrMany`] field is, for its error (serde's own
+/// "did not match any variant" names neither the type nor the range).
+pub(crate) trait OneValue: Sized {
+    /// E.g. `an integer 1-1000000`.
+    fn expecting() -> String;
+}
+
+impl OneValue for String {
+    fn expecting() -> String {
+        "a rate like \"10/s\", \"600/m\" or \"1/250ms\"".into()
+    }
+}
+
+impl OneValue for u64 {
+    fn expecting() -> String {
+        format!("an integer {}-{}", limits::BURST.min, limits::BURST.max)
+    }
+}
+
+impl<'de, T: OneValue + serde::de::DeserializeOwned> Deserialize<'de> for OneOrMany<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(de)?;
+        let wrong =
+            || serde::de::Error::custom(format!("{}, or a list with one per key", T::expecting()));
+        match value {
+            serde_json::Value::Array(items) => items
+                .into_iter()
+                .map(|item| T::deserialize(item).map_err(|_| wrong()))
+                .collect::<Result<_, _>>()
+                .map(Self::Many),
+            one => T::deserialize(one).map(Self::One).map_err(|_| wrong()),
+        }
+    }
 }
 
 impl<T: Clone> OneOrMany<T> {
@@ -236,18 +270,33 @@ fn one() -> u64 {
     1
 }
 
-/// Parses a JSON body; the error names the field serde stopped at.
+/// Parses a JSON body: one JSON value and nothing after it. The error
+/// names the field serde stopped at, and a missing field by its name.
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BudgetError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." {
-            "body".to_owned()
-        } else {
-            field
-        };
-        BudgetError::bad(&field, e.inner().to_string())
-    })
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.inner().to_string();
+        match missing_field(&message) {
+            Some(name) if path == "." => BudgetError::bad(name, "a value: the field is required"),
+            Some(name) => {
+                BudgetError::bad(format!("{path}.{name}"), "a value: the field is required")
+            }
+            None if path == "." => BudgetError::bad("body", message),
+            None => BudgetError::bad(path, message),
+        }
+    })?;
+    // A body is one JSON object: text after it is refused, not ignored.
+    de.end()
+        .map_err(|_| BudgetError::bad("body", "one JSON object and nothing after it"))?;
+    Ok(value)
+}
+
+/// The name in serde's "missing field `rate`" (serde_json gives no other
+/// way to get at it), for an error that names the field.
+fn missing_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("missing field `")?;
+    rest.split_once('`').map(|(name, _)| name)
 }
 
 /// A budget answer: 400 for bad input, 503 for Redis (fail closed), 500

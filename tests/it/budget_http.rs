@@ -114,6 +114,32 @@ async fn bad_input_400_and_redis_down_503() {
             "name",
             "1-64 chars",
         ),
+        // JSON of the wrong type names the field and what it takes, not
+        // serde's "did not match any variant of untagged enum".
+        (
+            "crawl",
+            json!({"key": "a", "rate": "1/s", "burst": -1}),
+            "burst",
+            "an integer 1-1000000, or a list with one per key",
+        ),
+        (
+            "crawl",
+            json!({"key": "a", "rate": 10, "burst": 1}),
+            "rate",
+            "a rate like \"10/s\"",
+        ),
+        (
+            "crawl",
+            json!({"key": "a", "burst": 1}),
+            "rate",
+            "the field is required",
+        ),
+        (
+            "crawl",
+            json!({"keys": (0..17).map(|i| i.to_string()).collect::<Vec<_>>(), "rate": "1/s", "burst": 1}),
+            "keys",
+            "1-16 keys",
+        ),
     ];
     for (name, body, field, expected) in cases {
         let path = format!("/budgets/{name}/take");
@@ -167,4 +193,39 @@ async fn charged_acquires_count_replays_and_bad_input() {
     ] {
         assert!(text.contains(line), "{line}: {text}");
     }
+}
+
+/// A body is one JSON object: text after it (`{...}xyz`, `{...}{}`) is
+/// refused with 400 naming `body`, and nothing is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_after_the_json_body_is_refused() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &[]).await;
+    let body = r#"{"key":"a","rate":"1/s","burst":1,"penalty_ms":1000}"#;
+    for path in ["/budgets/crawl/take", "/budgets/crawl/penalize"] {
+        for tail in ["xyz", "{}", " ]]]"] {
+            let take = body.replace(r#","penalty_ms":1000"#, "");
+            let sent = if path.ends_with("take") {
+                take
+            } else {
+                body.to_owned()
+            };
+            let request = axum::http::Request::builder()
+                .method("POST")
+                .uri(path)
+                .body(axum::body::Body::from(format!("{sent}{tail}")))
+                .unwrap();
+            let response = tower::ServiceExt::oneshot(router.clone(), request)
+                .await
+                .unwrap();
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {tail}: {answer}");
+            assert_eq!(answer["field"], "body", "{answer}");
+        }
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing charged");
 }

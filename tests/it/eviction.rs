@@ -192,7 +192,8 @@ fn override_flag_holds_on_an_evicting_redis() {
 
 /// `pool init`, `pool add`, `pool acquire` and `pool extend` on an evicting Redis exit 1 naming
 /// the setting, writing nothing (init and add succeeded silently);
-/// `--allow-evicting-redis` lets them run; `release` is never refused.
+/// `--allow-evicting-redis` lets them run; `release` is never refused;
+/// `budget take` and `budget penalize` exit 1 naming what a budget risks.
 #[test]
 fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
     let redis = evicting_redis("allkeys-lru");
@@ -272,6 +273,26 @@ fn pool_cli_refuses_to_lease_on_an_evicting_redis() {
         run.stderr
     );
     assert!(!run.stderr.contains("held lease"), "{}", run.stderr);
+    // A penalty on a key Redis may evict would be lifted by the eviction:
+    // penalize refuses too, and writes nothing.
+    let penalize = [
+        "budget",
+        "penalize",
+        "--name",
+        "crawl",
+        "--key",
+        "a",
+        "--rate",
+        "1/s",
+        "--burst",
+        "1",
+        "--penalty",
+        "1s",
+    ];
+    let run = run_snowlease(&penalize, &env, secs(20));
+    assert_eq!(run.code, Some(1), "a budget penalize fails closed: {run:?}");
+    assert!(run.stderr.contains("budget keys"), "{}", run.stderr);
+    assert_eq!(redis.keys("snowlease:budget:*"), Vec::<String>::new());
 }
 
 /// `pool serve`: unready and refusing acquire (and budget takes) with 503 while `CONFIG SET`
