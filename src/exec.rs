@@ -12,7 +12,7 @@
 //! container with the sidecar's next ID.
 //!
 //! It runs on the one-thread tokio runtime every command runs on
-//! (src/main.rs): signals come from [`crate::shutdown::Signals`], the
+//! (src/main.rs): signals come from `crate::shutdown::Signals`, the
 //! command's exit from a SIGCHLD stream (`supervise/child.rs`), timers are
 //! tokio's.
 

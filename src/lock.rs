@@ -14,7 +14,7 @@
 //! The command is supervised with the pieces `exec` uses too (`crate::supervise`): its own process group,
 //! signals passed on, SIGTERM then SIGKILL by the deadline. Like every
 //! command it runs on the one-thread tokio runtime of src/main.rs, its
-//! signals from [`crate::shutdown::Signals`].
+//! signals from `crate::shutdown::Signals`.
 
 mod acquire;
 mod args;

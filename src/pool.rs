@@ -42,8 +42,7 @@ pub(crate) use acquire::AcquireReply;
 pub use acquire::{AcquireRequest, Acquired};
 pub use admin::{Reaped, StrikePolicy};
 pub use error::PoolError;
-pub use lease::{Extended, LostReason, PoolLease, Released};
-pub use release::Quarantine;
+pub use lease::{Extended, LostReason, PoolLease, Quarantine, Released};
 pub use script::{PoolKeys, PoolScript};
 pub use status::{AutoDisabled, Leased, PoolStatus, Quarantined};
 

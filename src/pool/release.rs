@@ -9,19 +9,7 @@ use redis::aio::ConnectionLike;
 use super::lease::lost_reason;
 use super::limits::{self, COOLDOWN_MS, QUARANTINE_MS, TTL_MS};
 use super::script::Reply;
-use super::{Extended, Pool, PoolError, PoolScript, Released};
-
-/// A quarantine given at release: the id is out of rotation until Redis
-/// now + `duration`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quarantine {
-    /// Whole ms, 1 ms to 30 days (`limits::QUARANTINE_MS`). Replaces the
-    /// cooldown.
-    pub duration: Duration,
-    /// Free text for operators (`limits::REASON_MAX` bytes at most, no
-    /// control characters; may be empty). Never a metric label.
-    pub reason: String,
-}
+use super::{Extended, Pool, PoolError, PoolScript, Quarantine, Released};
 
 impl<C> Pool<C>
 where
