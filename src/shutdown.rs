@@ -1,5 +1,5 @@
 //! One shutdown source: the stop signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT,
-//! SIGUSR1, SIGUSR2) as a tokio stream ([`Signals`]). `worker` and `pool
+//! SIGUSR1, SIGUSR2) as a tokio stream (`Signals`). `worker` and `pool
 //! serve` turn it into a token every task watches ([`listen`]: a second
 //! signal aborts at once, exit 130, `crate::exit::ABORTED`); `exec` and
 //! `lock` read it directly, to end their wait or pass each signal on to

@@ -18,7 +18,7 @@ use crate::timing;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcquireRequest {
     /// Lease time: the deadline is Redis now + ttl. Whole ms, 1 ms to
-    /// 600 s, and at most [`PoolOptions::max_lease`].
+    /// 600 s, and at most [`super::PoolOptions::max_lease`].
     pub ttl: Duration,
     /// Cooldown given to the expired leases this acquire reclaims first
     /// (they become due at now + cooldown). Whole ms, 0 to 600 s.

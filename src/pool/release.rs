@@ -16,7 +16,7 @@ where
     C: ConnectionLike + Clone + Send + Sync,
 {
     /// Extends the lease of `id` held with `token` (the CLI and HTTP form of
-    /// [`PoolLease::extend`]): deadline = Redis now + `ttl` (whole ms,
+    /// [`super::PoolLease::extend`]): deadline = Redis now + `ttl` (whole ms,
     /// 1 ms to 600 s), capped at the lease's total cap (fixed at acquire;
     /// this handle's `max_lease` may lower it, never raise it).
     ///
@@ -47,7 +47,7 @@ where
     }
 
     /// Releases the lease of `id` held with `token` (the CLI and HTTP form
-    /// of [`PoolLease::release`]): the id becomes due at Redis now +
+    /// of [`super::PoolLease::release`]): the id becomes due at Redis now +
     /// `cooldown` (whole ms, 0 to 600 s), or stays out of ready if disabled.
     ///
     /// Errors: [`PoolError::BadInput`], [`PoolError::WrongKeyType`],
