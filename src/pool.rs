@@ -18,6 +18,7 @@
 
 mod acquire;
 mod admin;
+mod charged;
 pub mod cli;
 mod error;
 mod hint;
@@ -41,6 +42,7 @@ use crate::connection::Redis;
 pub(crate) use acquire::AcquireReply;
 pub use acquire::{AcquireRequest, Acquired};
 pub use admin::{Reaped, StrikePolicy};
+pub use charged::{ChargedAcquire, acquire_charged, acquire_charged_wait, charge_source};
 pub use error::PoolError;
 pub use lease::{Extended, LostReason, PoolLease, Quarantine, Released};
 pub use script::{PoolKeys, PoolScript};

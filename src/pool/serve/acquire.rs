@@ -12,11 +12,12 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::super::ChargedAcquire;
 use super::super::limits::{Range, TTL_MS};
 use super::super::{AcquireRequest, Acquired, PoolError};
 use super::ServeState;
 use super::body::{AcquireBody, ApiError};
-use crate::budget::{BudgetError, ChargedAcquire};
+use crate::budget::BudgetError;
 
 pub(super) async fn acquire(
     State(state): State<ServeState>,
@@ -63,7 +64,7 @@ pub(super) async fn acquire(
             .await
             .map(ChargedAcquire::Acquired),
         Some(charge) => {
-            crate::budget::acquire_charged_wait(&served.pool, &req, charge, wait, shutdown).await
+            super::super::acquire_charged_wait(&served.pool, &req, charge, wait, shutdown).await
         }
     };
     state.note(&result);
