@@ -29,9 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::Redis;
-pub use charge::{
-    Charge, ChargedAcquire, acquire_charged, acquire_charged_wait, charge_key, charge_source,
-};
+pub use charge::{Charge, charge_key};
 pub use error::BudgetError;
 pub use limits::Rate;
 pub use script::{BudgetScript, budget_key};
@@ -212,8 +210,8 @@ where
     ///
     /// Errors: [`BudgetError::BadInput`] for a bad name.
     pub fn new(conn: C, name: &str) -> Result<Self, BudgetError> {
-        if !crate::pool::limits::is_name(name) {
-            return Err(BudgetError::bad("name", crate::pool::limits::name_rule()));
+        if !crate::names::is_name(name) {
+            return Err(BudgetError::bad("name", crate::names::name_rule()));
         }
         Ok(Self {
             conn,
@@ -223,13 +221,13 @@ where
     }
 
     /// A handle on budget `name` as acquires of `pool` charge it
-    /// ([`acquire_charged`]): keys `{<pool>}:budget:<name>:<key>`, to take
+    /// (`pool::acquire_charged`): keys `{<pool>}:budget:<name>:<key>`, to take
     /// from or penalize the same budget outside an acquire.
     ///
     /// Errors: [`BudgetError::BadInput`] for a bad pool or budget name.
     pub fn in_pool(conn: C, pool: &str, name: &str) -> Result<Self, BudgetError> {
-        if !crate::pool::limits::is_name(pool) {
-            return Err(BudgetError::bad("pool", crate::pool::limits::name_rule()));
+        if !crate::names::is_name(pool) {
+            return Err(BudgetError::bad("pool", crate::names::name_rule()));
         }
         let mut budget = Self::new(conn, name)?;
         budget.prefix = charge_key(pool, name, "").into();

@@ -10,6 +10,11 @@
 //! validity deadline (SIGTERM `--grace` before it, SIGKILL at it; the rules
 //! are in `supervise/deadline.rs`), then exits 75 so the kubelet restarts the app
 //! container with the sidecar's next ID.
+//!
+//! It runs on the one-thread tokio runtime every command runs on
+//! (src/main.rs): signals come from `crate::shutdown::Signals`, the
+//! command's exit from a SIGCHLD stream (`supervise/child.rs`), timers are
+//! tokio's.
 
 mod args;
 mod source;
@@ -20,13 +25,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::exit;
-use crate::timing;
 use nix::sys::signal::Signal;
+use tokio::time::sleep_until;
 use tracing::{debug, error, info, warn};
 
-use crate::supervise::child::{self, Child, Exit, Signals};
+use crate::shutdown::Signals;
+use crate::supervise::child::{self, Child, Exit};
 use crate::supervise::deadline::Deadlines;
+use crate::timing;
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
 pub use source::Source;
 pub(crate) use source::{Published, Reading};
@@ -59,43 +65,66 @@ pub enum ExecError {
         #[source]
         error: std::io::Error,
     },
+    /// The ID was lost (gone, changed, or stale within the grace) while
+    /// the command ran; the command was stopped (exit 75,
+    /// `exit::LEASE_LOST`).
+    #[error(
+        "worker ID {worker_id} was lost while the command ran; the command was stopped ({exit})"
+    )]
+    Lost {
+        /// The ID the command ran with.
+        worker_id: u16,
+        /// How the stopped command ended, in words ("SIGTERM killed it").
+        exit: String,
+    },
+    /// A stop signal came before any ID was published; the command was
+    /// not started (exit 128 + the signal's number).
+    #[error("{} before any worker ID was published; the command was not started", crate::shutdown::signal_name(*signal))]
+    Signalled {
+        /// The signal's number.
+        signal: i32,
+    },
     /// Anything else (signal handlers, ...), exit 1.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
 
 /// Runs `exec`: wait for an ID, run the command with it, watch the ID.
-/// Returns the exit code: the command's (128 + signal when killed),
-/// `exit::LEASE_LOST` after a loss, 128 + signal when a signal ended the
-/// wait.
+/// Call on a tokio runtime. Returns the command's exit code (128 + signal
+/// when a signal killed it).
 ///
-/// Errors: [`ExecError`] when no ID came or the command cannot start.
-pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
+/// Errors: [`ExecError`]: no ID came, a signal ended the wait, the command
+/// cannot start, or the ID was lost while it ran (exit codes: `failure.rs`).
+pub async fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
     // Handlers first: a SIGTERM during the wait must not be lost.
-    let signals = Signals::install().context("cannot install signal handlers")?;
-    let published = match wait_for_id(&config.source, config.wait, config.poll, Some(&signals))? {
-        Waited::Id(published) => published,
-        Waited::Signal(signal) => {
-            info!(
-                signal,
-                "signal before any worker ID was published; not starting the command"
-            );
-            return Ok(Exit::Signal(signal).code());
-        }
-    };
+    let mut signals = Signals::install().context("cannot install signal handlers")?;
+    let published =
+        match wait_for_id(&config.source, config.wait, config.poll, Some(&mut signals)).await? {
+            Waited::Id(published) => published,
+            Waited::Signal(signal) => {
+                info!(
+                    signal,
+                    "signal before any worker ID was published; not starting the command"
+                );
+                return Err(ExecError::Signalled { signal });
+            }
+        };
     let worker_id = published.worker_id;
     let env = [(config.env.as_str(), worker_id.to_string())];
-    let child = Child::spawn(&config.command, &env).map_err(|error| ExecError::Spawn {
+    let mut child = Child::spawn(&config.command, &env).map_err(|error| ExecError::Spawn {
         program: config.command[0].clone(),
         error,
     })?;
     info!(worker_id, pid = child.pid(), env = %config.env, "worker ID published; command started");
-    let (exit, lost) = supervise(config, &signals, &child, published);
+    let (exit, lost) = supervise(config, &mut signals, &mut child, published).await;
     // Whatever the command left behind carries the ID too.
-    child.kill_all();
+    child.kill_all().await;
     if lost {
         error!(worker_id, exit = ?exit, "command stopped after the worker ID was lost; exiting 75");
-        return Ok(exit::LEASE_LOST);
+        return Err(ExecError::Lost {
+            worker_id,
+            exit: exit.to_string(),
+        });
     }
     info!(worker_id, exit = ?exit, "command exited");
     Ok(exit.code())
@@ -103,10 +132,10 @@ pub fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
 
 /// Watches the ID while the child runs; returns its exit and whether it
 /// was stopped because the ID was lost. When to stop: `deadline.rs`.
-fn supervise(
+async fn supervise(
     config: &ExecConfig,
-    signals: &Signals,
-    child: &Child,
+    signals: &mut Signals,
+    child: &mut Child,
     mut current: Published,
 ) -> (Exit, bool) {
     let worker_id = current.worker_id;
@@ -211,12 +240,13 @@ fn supervise(
                 .term_at(until(&current, now))
                 .map_or(next_read, |t| t.min(next_read)),
         };
-        match signals.next(wake.saturating_duration_since(now)) {
-            Some(signal) if child::FORWARDED.contains(&signal) => {
+        tokio::select! {
+            () = sleep_until(wake.into()) => {}
+            Some(signal) = signals.recv() => {
                 debug!(signal, "forwarding signal to the command");
                 child.signal(signal);
             }
-            _ => {}
+            () = child.changed() => {}
         }
     }
 }
@@ -226,12 +256,13 @@ enum Waited {
     Signal(i32),
 }
 
-/// Re-reads `source` every `poll` until a fresh ID appears or `wait` ends.
-fn wait_for_id(
+/// Re-reads `source` every `poll` until a fresh ID appears or `wait` ends,
+/// or one of `signals` that ends a wait ([`child::ends_wait`]) comes.
+async fn wait_for_id(
     source: &Source,
     wait: Duration,
     poll: Duration,
-    signals: Option<&Signals>,
+    mut signals: Option<&mut Signals>,
 ) -> Result<Waited, ExecError> {
     let deadline = Instant::now() + wait;
     let mut logged = false;
@@ -256,21 +287,27 @@ fn wait_for_id(
             logged = true;
         }
         let pause = poll.min(deadline - now);
-        match signals {
-            Some(signals) => match signals.next(pause) {
-                Some(signal) if child::ends_wait(signal) => return Ok(Waited::Signal(signal)),
-                _ => {}
+        let signal = async {
+            match signals.as_deref_mut() {
+                Some(signals) => signals.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            Some(signal) = signal => if child::ends_wait(signal) {
+                return Ok(Waited::Signal(signal));
             },
-            None => std::thread::sleep(pause),
         }
     }
 }
 
 /// Runs `id`: the published worker ID, waiting up to `wait` for one.
+/// Call on a tokio runtime.
 ///
 /// Errors: [`ExecError::NoId`] (exit 3).
-pub fn run_id(source: &Source, wait: Duration) -> Result<u16, ExecError> {
-    match wait_for_id(source, wait, Duration::from_millis(100), None)? {
+pub async fn run_id(source: &Source, wait: Duration) -> Result<u16, ExecError> {
+    match wait_for_id(source, wait, Duration::from_millis(100), None).await? {
         Waited::Id(published) => Ok(published.worker_id),
         Waited::Signal(_) => unreachable!("no signal handlers installed"),
     }
@@ -303,10 +340,10 @@ mod tests {
             error: std::io::Error::from(kind),
         };
         let code = |kind| crate::failure::code_of(&spawn(kind).into());
-        assert_eq!(code(std::io::ErrorKind::NotFound), exit::NOT_FOUND);
+        assert_eq!(code(std::io::ErrorKind::NotFound), crate::exit::NOT_FOUND);
         assert_eq!(
             code(std::io::ErrorKind::PermissionDenied),
-            exit::CANNOT_EXECUTE
+            crate::exit::CANNOT_EXECUTE
         );
     }
 }

@@ -10,8 +10,8 @@ use crate::cli::ConfigError;
 use crate::connection::Readable;
 use crate::exec::ExecError;
 use crate::exit::{
-    BAD_INPUT, BUDGET_DENIED, CANNOT_EXECUTE, FAILURE, NOT_ACQUIRED, NOT_FOUND, NOT_HELD, REFUSED,
-    UNAVAILABLE,
+    BAD_INPUT, BUDGET_DENIED, CANNOT_EXECUTE, FAILURE, LEASE_LOST, NOT_ACQUIRED, NOT_FOUND,
+    NOT_HELD, REFUSED, SIGNALLED, UNAVAILABLE,
 };
 use crate::lock::LockError;
 use crate::pool::PoolError;
@@ -47,6 +47,8 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
                 NOT_FOUND
             }
             ExecError::Spawn { .. } => CANNOT_EXECUTE,
+            ExecError::Lost { .. } => LEASE_LOST,
+            ExecError::Signalled { signal } => signalled(*signal),
             ExecError::Other(_) => FAILURE,
         };
     }
@@ -57,6 +59,8 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
                 NOT_FOUND
             }
             LockError::Spawn { .. } => CANNOT_EXECUTE,
+            LockError::Lost { .. } => LEASE_LOST,
+            LockError::Signalled { signal, .. } => signalled(*signal),
             LockError::Other(_) => FAILURE,
         };
     }
@@ -70,6 +74,12 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
         Some(err) if err.is_bad_input() => BAD_INPUT,
         _ => FAILURE,
     }
+}
+
+/// 128 + N: signal N ended the wait (the shell's code for a command a
+/// signal killed).
+fn signalled(signal: i32) -> u8 {
+    u8::try_from(signal & 0x7f).map_or(FAILURE, |n| SIGNALLED.saturating_add(n))
 }
 
 /// The last line of a failed command: `err` with its causes, each said
@@ -148,6 +158,23 @@ mod tests {
             held: true,
         };
         assert_eq!(code(not_acquired.into()), NOT_ACQUIRED);
+        let lost = LockError::Lost {
+            name: "n".into(),
+            reason: String::new(),
+            exit: String::new(),
+        };
+        assert_eq!(code(lost.into()), LEASE_LOST);
+        let lost = ExecError::Lost {
+            worker_id: 7,
+            exit: String::new(),
+        };
+        assert_eq!(code(lost.into()), LEASE_LOST);
+        let signalled = LockError::Signalled {
+            name: "n".into(),
+            signal: 15,
+        };
+        assert_eq!(code(signalled.into()), 143);
+        assert_eq!(code(ExecError::Signalled { signal: 2 }.into()), 130);
         assert_eq!(code(anyhow::anyhow!("redis down")), FAILURE);
     }
 

@@ -25,6 +25,7 @@
 //! - [`atomic_file`]: files written whole or not at all.
 //! - [`boot_clock`]: lease deadlines on CLOCK_BOOTTIME (counts suspended time; no wall-clock step moves it) and the boot ID; timers only wake.
 //! - [`logging`]: log lines that never block: a bounded, lossy queue to stderr.
+//! - `names`: the rules pool and budget share: names and ids, integer ranges of script arguments.
 //! - [`open_files`]: the open-file limit: raised at start, the HTTP connection cap kept below it.
 //! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
 //! - `supervise`: the command `exec` and `lock` run: its process group, signals, deadline rules.
@@ -49,6 +50,7 @@ pub mod identity;
 pub mod lease;
 pub mod lock;
 pub mod logging;
+pub(crate) mod names;
 pub mod open_files;
 pub mod pool;
 pub mod shutdown;

@@ -12,7 +12,9 @@
 //! is released (compare-and-delete) and `lock` exits with its code.
 //!
 //! The command is supervised with the pieces `exec` uses too (`crate::supervise`): its own process group,
-//! signals passed on, SIGTERM then SIGKILL by the deadline.
+//! signals passed on, SIGTERM then SIGKILL by the deadline. Like every
+//! command it runs on the one-thread tokio runtime of src/main.rs, its
+//! signals from `crate::shutdown::Signals`.
 
 mod acquire;
 mod args;
@@ -32,9 +34,9 @@ use session::Session;
 use wait::Waited;
 
 use crate::eviction::Eviction;
-use crate::exit;
 use crate::identity::{Owner, resolve_identity};
-use crate::supervise::child::{Child, Exit, Signals};
+use crate::shutdown::Signals;
+use crate::supervise::child::Child;
 
 /// Env var that carries the fencing token (decimal, >= 1) to the command.
 pub(crate) const ENV_FENCE: &str = "SNOWLEASE_FENCE";
@@ -66,6 +68,28 @@ pub enum LockError {
         #[source]
         error: std::io::Error,
     },
+    /// The lock was lost, or not renewed in time, while the command ran;
+    /// the command was stopped (exit 75, `exit::LEASE_LOST`).
+    #[error(
+        "lock {name:?} was lost while the command ran ({reason}); the command was stopped ({exit})"
+    )]
+    Lost {
+        /// `--name`.
+        name: String,
+        /// Why the command was stopped.
+        reason: String,
+        /// How the stopped command ended, in words ("SIGTERM killed it").
+        exit: String,
+    },
+    /// A stop signal came while waiting for the lock; the command was not
+    /// started (exit 128 + the signal's number).
+    #[error("{} while waiting for lock {name:?}; the command was not started", crate::shutdown::signal_name(*signal))]
+    Signalled {
+        /// `--name`.
+        name: String,
+        /// The signal's number.
+        signal: i32,
+    },
     /// Redis refused a script (ACL, a key of the wrong type), or anything
     /// else (exit 1).
     #[error(transparent)]
@@ -83,15 +107,16 @@ pub fn held_elsewhere(err: &anyhow::Error) -> bool {
 }
 
 /// Runs `lock`: acquire, run the command with the fence, hold, release.
-/// Returns the exit code: the command's (128 + signal when killed),
-/// `exit::LEASE_LOST` after a loss, 128 + signal when a signal ended the
-/// wait.
+/// Call on a tokio runtime. Returns the command's exit code (128 + signal
+/// when a signal killed it).
 ///
-/// Errors: [`LockError`] (exit codes in `exit.rs`); whatever may be ours in
-/// Redis is released first.
-pub fn run(config: &LockConfig) -> Result<u8, LockError> {
+/// Errors: [`LockError`]: not acquired, a signal ended the wait, the
+/// command cannot start, the lock was lost while it ran, Redis refused
+/// (exit codes: `failure.rs`); whatever may be ours in Redis is released
+/// first.
+pub async fn run(config: &LockConfig) -> Result<u8, LockError> {
     // Handlers first: a SIGTERM during the wait must not be lost.
-    let signals = Signals::install().context("cannot install signal handlers")?;
+    let mut signals = Signals::install().context("cannot install signal handlers")?;
     let (identity, _) = resolve_identity(None);
     let owner = Owner::generate(&identity);
     let mut session = Session::open(
@@ -106,7 +131,7 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
     if !config.allow_evicting_redis {
         // Checked once before the first attempt; an unreachable Redis is
         // left to the wait below.
-        match session.eviction(limit) {
+        match session.eviction(limit).await {
             Ok(Eviction::Evicting(evicting)) => {
                 return Err(LockError::Other(anyhow::Error::new(evicting)));
             }
@@ -116,10 +141,10 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
             _ => {}
         }
     }
-    let (waited, maybe_held) = wait::wait(&mut session, config.wait, limit, &signals);
+    let (waited, maybe_held) = wait::wait(&mut session, config.wait, limit, &mut signals).await;
     // An attempt whose reply was lost may have taken the key after all.
     if maybe_held && !matches!(waited, Ok(Waited::Acquired { .. })) {
-        session.release(limit);
+        session.release(limit).await;
     }
     let (fence, sent) = match waited {
         Ok(Waited::Acquired { fence, sent }) => (fence, sent),
@@ -128,7 +153,10 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
                 signal,
                 "signal before the lock was acquired; not starting the command"
             );
-            return Ok(Exit::Signal(signal).code());
+            return Err(LockError::Signalled {
+                name: config.keys.name().to_owned(),
+                signal,
+            });
         }
         Ok(Waited::NotAcquired(reason, held)) => {
             return Err(LockError::NotAcquired {
@@ -147,10 +175,10 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
         (ENV_FENCE, fence.to_string()),
         (ENV_OWNER, session.owner().as_str().to_owned()),
     ];
-    let child = match Child::spawn(&config.command, &env) {
+    let mut child = match Child::spawn(&config.command, &env) {
         Ok(child) => child,
         Err(error) => {
-            session.release(limit);
+            session.release(limit).await;
             return Err(LockError::Spawn {
                 program: config.command[0].clone(),
                 error,
@@ -159,14 +187,18 @@ pub fn run(config: &LockConfig) -> Result<u8, LockError> {
     };
     let lock = config.keys.name();
     info!(lock, fence, owner = %session.owner().redacted(), pid = child.pid(), "lock acquired; command started");
-    let end = hold::hold(&mut session, config, &signals, &child, sent);
+    let end = hold::hold(&mut session, config, &mut signals, &mut child, sent).await;
     // Whatever the command left behind acts under the lock too.
-    child.kill_all();
-    session.release(limit);
+    child.kill_all().await;
+    session.release(limit).await;
     match end.lost {
         Some(reason) => {
             error!(lock, reason = %reason, exit = ?end.exit, "command stopped after the lock was lost; exiting 75");
-            Ok(exit::LEASE_LOST)
+            Err(LockError::Lost {
+                name: lock.to_owned(),
+                reason,
+                exit: end.exit.to_string(),
+            })
         }
         None => {
             info!(lock, exit = ?end.exit, "command exited");

@@ -164,7 +164,8 @@ fn parse() -> (Cli, clap::Command, clap::ArgMatches) {
 /// Commands that run until stopped raise the open-file soft limit first,
 /// before the runtime starts ([`open_files::raise_soft_limit`]).
 /// Returns the exit code of a run that did its job (`exec` and `lock` pass
-/// their command's code through).
+/// their command's code through); every failure is an error, mapped to its
+/// code by [`failure::code_of`].
 fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
     match command {
         Command::Worker(args) => {
@@ -177,18 +178,19 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             let config = args.validate()?;
             *log = Some(logging::init(args.log.log_format, Run::UntilStopped)?);
             open_files::raise_soft_limit();
-            return Ok(exec::run_exec(&config)?);
+            return block_on(async move { Ok(exec::run_exec(&config).await?) });
         }
         Command::Lock(args) => {
             let config = args.validate()?;
             let run = if args.quiet { Run::Quiet } else { Run::Once };
             *log = Some(logging::init(args.log.log_format, run)?);
             open_files::raise_soft_limit();
-            return Ok(lock::run(&config)?);
+            return block_on(async move { Ok(lock::run(&config).await?) });
         }
         Command::Id(args) => {
             let (source, wait) = args.validate()?;
-            stdout_line(&exec::run_id(&source, wait)?.to_string())?;
+            let id = block_on(async move { Ok(exec::run_id(&source, wait).await?) })?;
+            stdout_line(&id.to_string())?;
         }
         Command::Status(args) => {
             let config = args.validate()?;
@@ -266,7 +268,8 @@ fn man_page_of(names: &[String]) -> Result<clap::Command, ConfigError> {
 
 /// Runs `fut` on a current-thread tokio runtime, for every command (the
 /// worker's HTTP server gets a thread of its own besides:
-/// `http::serve_on_own_thread`).
+/// `http::serve_on_own_thread`); `exec` and `lock` too, so their signals,
+/// timers and Redis calls are all on one thread.
 ///
 /// Why one thread also for `pool serve`, which answers many workers at
 /// once: its work per request is short and mostly I/O, and on a
@@ -274,7 +277,7 @@ fn man_page_of(names: &[String]) -> Result<clap::Command, ConfigError> {
 /// worker thread (a cross-thread wake-up per call). Measured with
 /// `cargo bench --bench pool` (50 HTTP clients, 2 CPUs), the server spent
 /// about a quarter less CPU per acquire+release cycle on one thread.
-fn block_on<F: Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()> {
+fn block_on<T, F: Future<Output = anyhow::Result<T>>>(fut: F) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

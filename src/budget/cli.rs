@@ -138,18 +138,18 @@ impl BudgetArgs {
             Duration::from_millis(10),
             Duration::from_secs(60),
         )?;
-        if !crate::pool::limits::is_name(&t.name) {
+        if !crate::names::is_name(&t.name) {
             return Err(ConfigError::new(
                 "--name",
-                format!("{:?} must be {}", t.name, crate::pool::limits::name_rule()),
+                format!("{:?} must be {}", t.name, crate::names::name_rule()),
             ));
         }
         if let Some(pool) = &t.pool
-            && !crate::pool::limits::is_name(pool)
+            && !crate::names::is_name(pool)
         {
             return Err(ConfigError::new(
                 "--pool",
-                format!("{pool:?} must be {}", crate::pool::limits::name_rule()),
+                format!("{pool:?} must be {}", crate::names::name_rule()),
             ));
         }
         let keys = keys(&t.keys, &t.rates, &t.bursts, TAKE_FLAGS)?;
@@ -325,10 +325,10 @@ impl ChargeArgs {
         let Some(budget) = &self.budget else {
             return Ok(None);
         };
-        if !crate::pool::limits::is_name(budget) {
+        if !crate::names::is_name(budget) {
             return Err(ConfigError::new(
                 "--budget",
-                format!("{budget:?} must be {}", crate::pool::limits::name_rule()),
+                format!("{budget:?} must be {}", crate::names::name_rule()),
             ));
         }
         let keys = keys(

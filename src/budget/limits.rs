@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::BudgetError;
-pub use crate::pool::limits::Range;
+pub use crate::names::Range;
 
 /// Events per period of a rate (`10` of `10/s`).
 pub const RATE_COUNT: Range = Range {
@@ -168,7 +168,7 @@ pub(crate) fn lua_table() -> String {
     );
     out += &format!(
         "  name_max = {},\n  key_max = {KEY_MAX},\n",
-        crate::pool::limits::NAME_MAX
+        crate::names::NAME_MAX
     );
     for r in SCRIPT_RANGES {
         out += &format!("  {} = {{ {}, {} }},\n", r.field, r.min, r.max);

@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn names_beyond_the_cap_count_as_other_which_no_name_is() {
-        assert!(!crate::pool::limits::is_name(OTHER));
+        assert!(!crate::names::is_name(OTHER));
         let mut registry = Registry::default();
         let m = BudgetMetrics::new(&mut registry);
         m.took("_other", "denied");

@@ -224,11 +224,8 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
         other => other,
     };
     let body: ChargeBody = parse(value.to_string().as_bytes()).map_err(under)?;
-    if !crate::pool::limits::is_name(&body.name) {
-        return Err(under(BudgetError::bad(
-            "name",
-            crate::pool::limits::name_rule(),
-        )));
+    if !crate::names::is_name(&body.name) {
+        return Err(under(BudgetError::bad("name", crate::names::name_rule())));
     }
     let keys = KeysBody {
         key: body.key,

@@ -15,6 +15,7 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use tokio::time::sleep_until;
 use tracing::{debug, error, warn};
 
 use super::LockConfig;
@@ -22,7 +23,8 @@ use super::session::Session;
 use crate::boot_clock::BootInstant;
 use crate::connection::{Failure, Readable, classify};
 use crate::lease::{self, RenewOutcome};
-use crate::supervise::child::{self, Child, Exit, Signals};
+use crate::shutdown::Signals;
+use crate::supervise::child::{Child, Exit};
 use crate::supervise::deadline::Deadlines;
 use crate::timing;
 
@@ -49,11 +51,11 @@ fn valid_until(sent: BootInstant, ttl: Duration) -> BootInstant {
 
 /// Holds the lock while `child` runs; `sent` is when the winning acquire
 /// was sent. Returns once the child has exited (it is reaped).
-pub(crate) fn hold(
+pub(crate) async fn hold(
     session: &mut Session,
     config: &LockConfig,
-    signals: &Signals,
-    child: &Child,
+    signals: &mut Signals,
+    child: &mut Child,
     sent: BootInstant,
 ) -> HoldEnd {
     let interval = config.renew_interval();
@@ -109,7 +111,7 @@ pub(crate) fn hold(
                 let limit = config
                     .call_timeout()
                     .min(term_at.saturating_duration_since(now));
-                let (reply, sent) = session.renew(limit);
+                let (reply, sent) = session.renew(limit).await;
                 if reply.is_ok() {
                     refusal = None;
                 }
@@ -155,12 +157,13 @@ pub(crate) fn hold(
                 .term_at(Some(deadline))
                 .map_or(next_renew, |t| t.min(next_renew)),
         };
-        match signals.next(wake.saturating_duration_since(now)) {
-            Some(signal) if child::FORWARDED.contains(&signal) => {
+        tokio::select! {
+            () = sleep_until(wake.into()) => {}
+            Some(signal) = signals.recv() => {
                 debug!(signal, "forwarding signal to the command");
                 child.signal(signal);
             }
-            _ => {}
+            () = child.changed() => {}
         }
     }
 }

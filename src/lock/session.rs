@@ -1,18 +1,16 @@
-//! The Redis side of one `lock` run: a small runtime for redis-rs, one
-//! connection, our owner string, and each call bounded by a timeout, so the
-//! synchronous hold loop never waits on Redis past a deadline.
+//! The Redis side of one `lock` run: one connection, our owner string, and
+//! each call bounded by a timeout, so the hold loop never waits on Redis
+//! past a deadline.
 
 use std::time::Duration;
 
-use crate::connection::{Readable, Redis};
 use redis::RedisResult;
-use tokio::runtime::Runtime;
 use tracing::{info, warn};
 
 use super::LockKeys;
 use super::acquire::{self, Acquired};
 use crate::boot_clock::BootInstant;
-use crate::connection::RedisTarget;
+use crate::connection::{Readable, Redis, RedisTarget};
 use crate::eviction::Eviction;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
@@ -20,7 +18,6 @@ use crate::timing;
 
 /// One process's connection and owner string for one lock.
 pub(crate) struct Session {
-    rt: Runtime,
     conn: Redis,
     owner: Owner,
     keys: LockKeys,
@@ -28,12 +25,11 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// A runtime with one worker thread (the connection's I/O runs there
-    /// between calls) and a lazy connection: nothing is sent yet. `timeout`
-    /// bounds connecting and each reply; every call below has its own,
-    /// shorter or equal, limit too.
+    /// A lazy connection: nothing is sent yet. `timeout` bounds connecting
+    /// and each reply; every call below has its own, shorter or equal,
+    /// limit too. Call inside a tokio runtime.
     ///
-    /// Errors: the runtime cannot start, or the client configuration is invalid.
+    /// Errors: the client configuration is invalid.
     pub(crate) fn open(
         redis: &RedisTarget,
         keys: LockKeys,
@@ -41,16 +37,8 @@ impl Session {
         ttl: Duration,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let conn = {
-            let _context = rt.enter();
-            redis.connect(timeout)?
-        };
+        let conn = redis.connect(timeout)?;
         Ok(Self {
-            rt,
             conn,
             owner,
             keys,
@@ -70,42 +58,47 @@ impl Session {
 
     /// `lease::probe` on a key of this process: every command the renew and
     /// release scripts need is allowed, and nothing is left behind.
-    pub(crate) fn probe(&mut self, limit: Duration) -> RedisResult<()> {
+    pub(crate) async fn probe(&mut self, limit: Duration) -> RedisResult<()> {
         let key = self.keys.probe(self.owner.nonce());
         let probe = lease::probe(&mut self.conn, &key, &self.owner);
-        bounded(&self.rt, limit, probe)
+        timing::bounded(limit, probe).await
     }
 
     /// `INFO memory`: whether Redis may evict keys (a lock key evicted
     /// while held lets a second holder in).
-    pub(crate) fn eviction(&mut self, limit: Duration) -> RedisResult<Eviction> {
+    pub(crate) async fn eviction(&mut self, limit: Duration) -> RedisResult<Eviction> {
         let check = crate::eviction::check(&mut self.conn);
-        bounded(&self.rt, limit, check).map(Eviction::from)
+        timing::bounded(limit, check).await.map(Eviction::from)
     }
 
     /// One run of `acquire.lua`, sent now.
-    pub(crate) fn acquire(&mut self, limit: Duration) -> RedisResult<Acquired> {
+    pub(crate) async fn acquire(&mut self, limit: Duration) -> RedisResult<Acquired> {
         let call = acquire::acquire(&mut self.conn, &self.keys, &self.owner, self.ttl);
-        bounded(&self.rt, limit, call)
+        timing::bounded(limit, call).await
     }
 
     /// The lease core's owner-checked renew, re-creating never (bound 0): a missing
     /// key means the lock is lost (Redis lost data, or someone deleted it),
     /// never that we may set it again; the fence would not prove it ours.
     /// Returns the outcome and the instant the call was sent.
-    pub(crate) fn renew(&mut self, limit: Duration) -> (RedisResult<RenewOutcome>, BootInstant) {
+    pub(crate) async fn renew(
+        &mut self,
+        limit: Duration,
+    ) -> (RedisResult<RenewOutcome>, BootInstant) {
         let sent = BootInstant::now();
         let renew = lease::renew(&mut self.conn, self.keys.lock(), &self.owner, self.ttl, 0);
-        let reply = bounded(&self.rt, limit, renew).map(|reply| reply.outcome);
+        let reply = timing::bounded(limit, renew)
+            .await
+            .map(|reply| reply.outcome);
         (reply, sent)
     }
 
     /// The lease core's compare-and-delete: deletes the lock key only while
     /// it holds our owner string. Logged; a failure leaves the key to expire.
-    pub(crate) fn release(&mut self, limit: Duration) {
+    pub(crate) async fn release(&mut self, limit: Duration) {
         let release = lease::release(&mut self.conn, self.keys.lock(), &self.owner);
         let lock = self.keys.name().to_owned();
-        match bounded(&self.rt, limit, release) {
+        match timing::bounded(limit, release).await {
             Ok(true) => info!(lock, "lock released"),
             Ok(false) => warn!(
                 lock,
@@ -116,13 +109,4 @@ impl Session {
             }
         }
     }
-}
-
-/// Runs one Redis call on `rt` under `limit` ([`timing::bounded`]).
-fn bounded<T>(
-    rt: &Runtime,
-    limit: Duration,
-    call: impl Future<Output = RedisResult<T>>,
-) -> RedisResult<T> {
-    rt.block_on(timing::bounded(limit, call))
 }

@@ -9,7 +9,8 @@ use super::acquire::Acquired;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, classify};
-use crate::supervise::child::{self, Signals};
+use crate::shutdown::Signals;
+use crate::supervise::child;
 use crate::timing;
 
 /// How the wait for the lock ended.
@@ -34,12 +35,14 @@ pub(crate) enum Waited {
 /// after it was sent (it may have run with its reply lost, or up to a
 /// refused command), so the caller must release it.
 ///
+/// A stop signal ([`child::ends_wait`]) ends the wait between attempts.
+///
 /// Errors: a permanent Redis error (ACL refusal, wrong key type).
-pub(crate) fn wait(
+pub(crate) async fn wait(
     session: &mut Session,
     wait: Duration,
     limit: Duration,
-    signals: &Signals,
+    signals: &mut Signals,
 ) -> (redis::RedisResult<Waited>, bool) {
     let deadline = Instant::now() + wait;
     let mut maybe_held = false;
@@ -50,13 +53,16 @@ pub(crate) fn wait(
         // The validity counts from the acquire's send, after any probe.
         let mut sent = BootInstant::now();
         let reply = if probed {
-            session.acquire(limit)
+            session.acquire(limit).await
         } else {
-            session.probe(limit).and_then(|()| {
-                probed = true;
-                sent = BootInstant::now();
-                session.acquire(limit)
-            })
+            match session.probe(limit).await {
+                Ok(()) => {
+                    probed = true;
+                    sent = BootInstant::now();
+                    session.acquire(limit).await
+                }
+                Err(err) => Err(err),
+            }
         };
         let held = matches!(reply, Ok(Acquired::Held(_)));
         let (reason, hint) = match reply {
@@ -91,8 +97,11 @@ pub(crate) fn wait(
             logged = true;
         }
         let pause = timing::wait_pause(hint, attempt, deadline - now, &mut rand::rng());
-        if let Some(signal) = signals.next(pause).filter(|s| child::ends_wait(*s)) {
-            return (Ok(Waited::Signal(signal)), maybe_held);
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            Some(signal) = signals.recv() => if child::ends_wait(signal) {
+                return (Ok(Waited::Signal(signal)), maybe_held);
+            },
         }
         attempt = attempt.saturating_add(1);
     }

@@ -1,4 +1,5 @@
-//! A held pool lease and what extend and release answer about it.
+//! A held pool lease, what extend and release answer about it, and the
+//! quarantine a release may give.
 
 use std::fmt;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use crate::connection::Redis;
 use serde::Serialize;
 
 use super::script::Reply;
-use super::{Pool, PoolError, Quarantine};
+use super::{Pool, PoolError};
 
 /// The answer to an extend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,18 @@ pub enum Released {
         /// Redis time of the attempt, ms.
         at_ms: u64,
     },
+}
+
+/// A quarantine given at release: the id is out of rotation until Redis
+/// now + `duration`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// Whole ms, 1 ms to 30 days (`limits::QUARANTINE_MS`). Replaces the
+    /// cooldown.
+    pub duration: Duration,
+    /// Free text for operators (`limits::REASON_MAX` bytes at most, no
+    /// control characters; may be empty). Never a metric label.
+    pub reason: String,
 }
 
 /// A lease as JSON: `{"id", "token", "deadline_ms", "fence"}`.

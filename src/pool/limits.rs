@@ -8,36 +8,9 @@
 use std::time::Duration;
 
 use super::PoolError;
+pub(crate) use crate::names::name_rule;
+pub use crate::names::{NAME_MAX, Range, is_name};
 
-/// An integer range of one script argument, in its unit (ms or a count).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Range {
-    /// The argument's name in the scripts (their ARGV and error replies)
-    /// and in the HTTP API, e.g. `ttl_ms`.
-    pub field: &'static str,
-    /// The smallest value allowed.
-    pub min: u64,
-    /// The largest value allowed.
-    pub max: u64,
-}
-
-impl Range {
-    /// True when `n` is within the range.
-    pub const fn allows(self, n: u64) -> bool {
-        self.min <= n && n <= self.max
-    }
-
-    /// What is accepted, in the words the scripts use too.
-    pub(crate) fn expected(self) -> String {
-        format!("an integer {}-{}", self.min, self.max)
-    }
-}
-
-/// Longest pool name, id or request id; each is 1-64 chars of
-/// `NAME_CHARS`.
-pub const NAME_MAX: usize = 64;
-/// The characters of pool names, ids and request ids.
-pub(crate) const NAME_CHARS: &str = "[A-Za-z0-9_-]";
 /// Longest lease token, in bytes (at least 1).
 pub const TOKEN_MAX: usize = 128;
 /// Lease time, ms: 1 ms to 10 min.
@@ -143,21 +116,9 @@ pub(crate) const REAP_INTERVAL_MS: Range = Range {
     max: 3_600_000,
 };
 
-/// The rule for names and ids, in words: `1-64 chars of [A-Za-z0-9_-]`.
-pub(crate) fn name_rule() -> String {
-    format!("1-{NAME_MAX} chars of {NAME_CHARS}")
-}
-
 /// The rule for tokens, in words.
 pub(crate) fn token_rule() -> String {
     format!("1-{TOKEN_MAX} chars")
-}
-
-/// True for a valid pool name, id or request id.
-pub fn is_name(s: &str) -> bool {
-    (1..=NAME_MAX).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The rule for reasons, in words.

@@ -1,6 +1,8 @@
 //! `snowlease pool serve`: the pool API over HTTP for workers in any
 //! language (meant for loopback), a background reaper per pool, readiness
-//! that follows Redis, and metrics. [`router`] is pure; `run` wires it.
+//! that follows Redis, and metrics. This file holds the shared state and
+//! `run`, which wires it; the routes are in `routes` (pure, [`router`]) and
+//! `acquire`, the reaper and eviction loops in `background`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -8,35 +10,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::connection::{Readable, Redis};
 use anyhow::Context;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use prometheus_client::registry::Registry;
-use serde_json::json;
-use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
-use super::limits::{REAP_LIMIT, Range, TTL_MS};
 use super::metrics::PoolMetrics;
-use super::{AcquireRequest, Acquired, Extended, Pool, PoolError, PoolOptions, Released};
-use crate::budget::{BudgetError, ChargedAcquire};
+use super::{Pool, PoolError, PoolOptions};
 use crate::connection::RedisTarget;
-use crate::eviction::{self, EvictingRedis, Eviction};
+use crate::eviction::{EvictingRedis, Eviction};
 use crate::http;
 
+mod acquire;
+mod background;
 mod body;
+mod routes;
 
-use body::{AcquireBody, ApiError, ExtendBody, ReleaseBody, lease_id};
+pub use routes::router;
 
-/// Most reap calls (of 1000 leases each) per pool and reaper round, so a
-/// huge backlog cannot hold off the status refresh for long.
-const REAP_CALLS_PER_ROUND: usize = 10;
+use background::{eviction_loop, reap_loop, warn_if_missing};
+use body::ApiError;
+
 /// Shortest time between two eviction checks of `pool serve` (it follows
 /// `--reap-interval` above this).
 const EVICTION_CHECK_MIN: Duration = Duration::from_secs(1);
@@ -166,85 +160,6 @@ impl ServeState {
             _ => {}
         }
     }
-
-    /// One reaper round for `name`: reclaim expired leases (up to
-    /// [`REAP_CALLS_PER_ROUND`] calls), then refresh its gauges.
-    async fn reap_round(&self, name: &str, cooldown: Duration) {
-        let Ok(served) = self.pool(name) else { return };
-        for _ in 0..REAP_CALLS_PER_ROUND {
-            let result = served.pool.reap(REAP_LIMIT.max as usize, cooldown).await;
-            self.note(&result);
-            match result {
-                Ok(reaped) => {
-                    if !reaped.ids.is_empty() {
-                        info!(pool = name, count = reaped.ids.len(), ids = ?reaped.ids, "reclaimed expired leases");
-                        self.inner
-                            .metrics
-                            .reaped(&served.label, reaped.ids.len() as u64);
-                    }
-                    if reaped.still_expired == 0 {
-                        break;
-                    }
-                }
-                Err(err) => {
-                    debug!(pool = name, error = %err, "reap failed");
-                    return;
-                }
-            }
-        }
-        let status = served.pool.status().await;
-        self.note(&status);
-        if let Ok(status) = status {
-            self.inner.metrics.set_status(&served.label, &status);
-        }
-    }
-}
-
-/// The routes of `pool serve`. Pure: tests drive it with `oneshot`.
-///
-/// - `POST /pools/{pool}/leases` `{ttl_ms, cooldown_ms?, wait_ms?,
-///   request_id?}`: 201 `{id, token, deadline_ms, fence}`, or 503 `{error,
-///   next_due_in_ms, at_ms}` with `Retry-After`.
-/// - `POST /pools/{pool}/leases/{id}/extend` `{token, ttl_ms}`: 200 `{id,
-///   deadline_ms, capped}` or 409 `{error, reason}`.
-/// - `POST /pools/{pool}/leases/{id}/release` `{token, cooldown_ms?,
-///   quarantine_ms?, reason?}`: 200 `{id, released_at_ms}` (with a
-///   quarantine also `quarantined_until_ms, strikes, auto_disabled`) or
-///   409 `{error, reason}`.
-/// - `GET /pools/{pool}`: the status counts, quarantined and auto-disabled ids.
-/// - `POST /budgets/{name}/take`, `POST /budgets/{name}/penalize`: rate
-///   budgets ([`crate::budget::serve::routes`]).
-/// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
-///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
-pub fn router(state: ServeState) -> Router {
-    let budgets = state.inner.budgets.clone().map(|budgets| {
-        let guard = axum::middleware::from_fn_with_state(state.clone(), refuse_budgets_if_evicting);
-        crate::budget::serve::routes(budgets).route_layer(guard)
-    });
-    Router::new()
-        .route("/pools/{pool}", get(status))
-        .route("/pools/{pool}/leases", post(acquire))
-        .route("/pools/{pool}/leases/{id}/extend", post(extend))
-        .route("/pools/{pool}/leases/{id}/release", post(release))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-        .merge(http::liveness_routes())
-        .merge(budgets.unwrap_or_default())
-}
-
-/// The budget routes answer 503 while Redis may evict keys (an evicted
-/// budget key is a full budget again: a limit that does not hold), as
-/// acquire does.
-async fn refuse_budgets_if_evicting(
-    State(state): State<ServeState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    match state.refuse_if_evicting() {
-        Ok(()) => next.run(request).await,
-        Err(err) => err.into_response(),
-    }
 }
 
 /// Serves the pools of `config` until `shutdown` fires: binds the
@@ -331,319 +246,4 @@ pub(crate) async fn run(config: ServeConfig, shutdown: CancellationToken) -> any
     }
     info!("stopped");
     Ok(())
-}
-
-/// Asks Redis whether it may evict keys; an unanswered check keeps the
-/// last answer (readiness follows Redis' answers through [`ServeState::note`]).
-async fn check_eviction(state: &ServeState, conn: &mut Redis) {
-    match eviction::check(conn).await {
-        Ok(now) => state.note_eviction(now),
-        Err(err) => debug!(error = %Readable(&err), "eviction check failed"),
-    }
-}
-
-/// Re-checks the eviction setting every `every` until shutdown
-/// (`CONFIG SET` can change it at run time).
-async fn eviction_loop(state: ServeState, mut conn: Redis, every: Duration) {
-    let shutdown = state.inner.shutdown.clone();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = check_eviction(&state, &mut conn) => {}
-        }
-    }
-}
-
-/// Logs a warning when `pool` has no key in Redis (never created, or a typo
-/// in `--pool`): it is served anyway, acquires answer 503 until it has ids.
-/// Other errors (Redis down) are left to the requests and readiness.
-async fn warn_if_missing(pool: Pool) {
-    if let Err(PoolError::NoPool { pool }) = pool.strikes().await {
-        warn!(
-            pool,
-            "pool does not exist in Redis (a typo in --pool? create it with `snowlease pool init`); acquires answer 503 until it has ids"
-        );
-    }
-}
-
-/// Reaps `name` every `every` until shutdown; a round in flight is dropped
-/// at shutdown (a reap is safe to cut: it runs whole in Redis or not).
-async fn reap_loop(state: ServeState, name: String, every: Duration, cooldown: Duration) {
-    let shutdown = state.inner.shutdown.clone();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = state.reap_round(&name, cooldown) => {}
-        }
-    }
-}
-
-async fn acquire(
-    State(state): State<ServeState>,
-    Path(pool): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let served = state.pool(&pool)?;
-    state.refuse_if_evicting()?;
-    let max_ttl = Range {
-        max: TTL_MS.max.min(served.pool.max_lease_ms),
-        ..TTL_MS
-    };
-    let AcquireBody {
-        ttl,
-        cooldown,
-        wait,
-        request_id,
-        budget,
-    } = AcquireBody::parse(&body, max_ttl)?;
-    let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
-    if let Some(request_id) = request_id {
-        req = req.request_id(request_id);
-    }
-    let charge = match budget.map(crate::budget::serve::charge_of) {
-        None => None,
-        Some(Ok(charge)) => Some(charge),
-        Some(Err(err)) => {
-            if let Some(budgets) = &state.inner.budgets {
-                budgets.metrics().took("", "bad_input");
-            }
-            return Err(match err {
-                BudgetError::BadInput { field, expected } => ApiError::bad(&field, expected),
-                other => ApiError::bad("budget", other.to_string()),
-            });
-        }
-    };
-
-    let started = Instant::now();
-    let shutdown = &state.inner.shutdown;
-    let result = match &charge {
-        None => served
-            .pool
-            .acquire_wait_until(&req, wait, shutdown)
-            .await
-            .map(ChargedAcquire::Acquired),
-        Some(charge) => {
-            crate::budget::acquire_charged_wait(&served.pool, &req, charge, wait, shutdown).await
-        }
-    };
-    state.note(&result);
-    let metrics = &state.inner.metrics;
-    let took = |outcome| {
-        if let (Some(charge), Some(budgets)) = (&charge, &state.inner.budgets) {
-            budgets.metrics().took(&charge.budget, outcome);
-        }
-    };
-    match result {
-        Ok(ChargedAcquire::Acquired(Acquired::Leased(lease))) => {
-            metrics.acquired(&served.label, "leased", started.elapsed());
-            // A replay was charged when first granted: not allowed again.
-            took(if lease.replayed() {
-                "replayed"
-            } else {
-                "allowed"
-            });
-            debug!(pool = %pool, id = lease.id(), fence = lease.fence(), replayed = lease.replayed(), "leased");
-            Ok((StatusCode::CREATED, Json(lease.view())).into_response())
-        }
-        Ok(ChargedAcquire::Denied(taken)) => {
-            metrics.acquired(&served.label, "budget_denied", started.elapsed());
-            took("denied");
-            let budget = charge.as_ref().map_or("", |c| c.budget.as_str());
-            Ok(crate::budget::serve::denied_response(budget, &taken))
-        }
-        Ok(ChargedAcquire::Acquired(Acquired::Empty { next_due_in, at_ms })) => {
-            metrics.acquired(&served.label, "empty", started.elapsed());
-            let next_due_in_ms = next_due_in.map(crate::timing::ms);
-            let body = json!({
-                "error": "no id due",
-                "next_due_in_ms": next_due_in_ms,
-                "at_ms": at_ms,
-                "detail": super::hint::hint_words(next_due_in),
-            });
-            let retry_after = retry_after_secs(next_due_in).to_string();
-            Ok((
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, retry_after)],
-                Json(body),
-            )
-                .into_response())
-        }
-        Err(err) => {
-            metrics.acquired(&served.label, "error", started.elapsed());
-            took(if matches!(err, PoolError::BadInput { .. }) {
-                "bad_input"
-            } else {
-                "error"
-            });
-            Err(err.into())
-        }
-    }
-}
-
-/// `Retry-After` of an empty acquire: the hint in whole seconds, rounded
-/// up, at least 1 (also when nothing will come due by itself).
-fn retry_after_secs(next_due_in: Option<Duration>) -> u64 {
-    next_due_in.map_or(1, crate::timing::secs_ceil).max(1)
-}
-
-async fn extend(
-    State(state): State<ServeState>,
-    Path((pool, id)): Path<(String, String)>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let served = state.pool(&pool)?;
-    state.refuse_if_evicting()?;
-    lease_id(&id)?;
-    let ExtendBody { token, ttl } = ExtendBody::parse(&body)?;
-    let result = served.pool.extend_lease(&id, &token, ttl).await;
-    state.note(&result);
-    let metrics = &state.inner.metrics;
-    match result {
-        Ok(Extended::Extended {
-            deadline_ms,
-            capped,
-            ..
-        }) => {
-            metrics.extended(&served.label, if capped { "capped" } else { "extended" });
-            Ok(
-                Json(json!({ "id": id, "deadline_ms": deadline_ms, "capped": capped }))
-                    .into_response(),
-            )
-        }
-        Ok(Extended::NotOwner { reason, .. }) => {
-            metrics.extended(&served.label, reason.as_str());
-            Err(ApiError::Lost(reason))
-        }
-        Err(err) => {
-            metrics.extended(&served.label, "error");
-            Err(err.into())
-        }
-    }
-}
-
-async fn release(
-    State(state): State<ServeState>,
-    Path((pool, id)): Path<(String, String)>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let served = state.pool(&pool)?;
-    lease_id(&id)?;
-    let ReleaseBody {
-        token,
-        cooldown,
-        quarantine,
-    } = ReleaseBody::parse(&body)?;
-    let result = match &quarantine {
-        Some(q) => served.pool.quarantine_lease(&id, &token, q).await,
-        None => served.pool.release_lease(&id, &token, cooldown).await,
-    };
-    state.note(&result);
-    let metrics = &state.inner.metrics;
-    match result {
-        Ok(Released::Released { at_ms }) => {
-            metrics.released(&served.label, "released");
-            debug!(pool = %pool, id = %id, "released");
-            Ok(Json(json!({ "id": id, "released_at_ms": at_ms })).into_response())
-        }
-        Ok(Released::Quarantined {
-            at_ms,
-            until_ms,
-            strikes,
-            auto_disabled,
-        }) => {
-            metrics.released(&served.label, "released");
-            metrics.quarantined(&served.label);
-            info!(pool = %pool, id = %id, until_ms, strikes, auto_disabled, "quarantined");
-            Ok(Json(json!({
-                "id": id, "released_at_ms": at_ms, "quarantined_until_ms": until_ms,
-                "strikes": strikes, "auto_disabled": auto_disabled,
-            }))
-            .into_response())
-        }
-        Ok(Released::NotOwner { reason, .. }) => {
-            metrics.released(&served.label, reason.as_str());
-            Err(ApiError::Lost(reason))
-        }
-        Err(err) => {
-            metrics.released(&served.label, "error");
-            Err(err.into())
-        }
-    }
-}
-
-async fn status(
-    State(state): State<ServeState>,
-    Path(pool): Path<String>,
-) -> Result<Response, ApiError> {
-    let served = state.pool(&pool)?;
-    let result = served.pool.status().await;
-    state.note(&result);
-    let status = result?;
-    state.inner.metrics.set_status(&served.label, &status);
-    let mut body = serde_json::to_value(status).unwrap_or_default();
-    body["pool"] = pool.into();
-    Ok(Json(body).into_response())
-}
-
-/// 200 once Redis answered; 503 while it does not, while it may evict
-/// keys, and from shutdown on.
-async fn readyz(State(state): State<ServeState>) -> Response {
-    if state.inner.shutdown.is_cancelled() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: shutting down\n",
-        )
-            .into_response()
-    } else if !state.inner.redis_up.load(Ordering::Relaxed) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: redis not answering\n",
-        )
-            .into_response()
-    } else if let Eviction::Evicting(evicting) = state.eviction() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {evicting}\n"),
-        )
-            .into_response()
-    } else if state.eviction() == Eviction::Unchecked {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: maxmemory-policy not checked yet\n",
-        )
-            .into_response()
-    } else {
-        "ready\n".into_response()
-    }
-}
-
-async fn metrics(State(state): State<ServeState>) -> Response {
-    http::encode_metrics(&state.inner.registry)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
-        let ms = Duration::from_millis;
-        assert_eq!(retry_after_secs(Some(ms(0))), 1);
-        assert_eq!(retry_after_secs(Some(ms(1))), 1);
-        assert_eq!(retry_after_secs(Some(ms(1000))), 1);
-        assert_eq!(retry_after_secs(Some(ms(1001))), 2);
-        assert_eq!(retry_after_secs(None), 1);
-    }
 }

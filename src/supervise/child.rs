@@ -1,71 +1,32 @@
-//! The wrapped command as a child process: signal handlers installed
-//! explicitly (so this works as PID 1), the child in its own process group,
-//! `exec` a child subreaper (so descendants that left the group with
-//! `setsid` are still ours to find and stop), signals forwarded, exits
-//! reaped (orphans too).
+//! The wrapped command as a child process: the child in its own process
+//! group, `exec` a child subreaper (so descendants that left the group with
+//! `setsid` are still ours to find and stop), signals forwarded (they come
+//! from [`crate::shutdown::Signals`], whose handlers are explicit, so this
+//! works as PID 1), exits reaped (orphans too) when SIGCHLD says so.
+//!
+//! Not `tokio::process`: as PID 1 or subreaper we must reap orphans of the
+//! command with `waitpid(-1)`, which would take the statuses of tokio's own
+//! children from its reaper (tokio waits for each of them by PID). So the
+//! child is a std spawn, SIGCHLD a tokio signal stream that wakes the loop,
+//! and [`Child::reap`] reaps everything that exited.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::os::unix::process::CommandExt;
-use std::sync::mpsc::{self, Receiver};
-use std::thread;
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::libc::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM};
-use signal_hook::iterator::Handle;
+use tokio::signal::unix::{SignalKind, signal};
 use tracing::debug;
 
-/// Signals passed on to the child as they arrive: the ones that stop the
-/// sidecar cleanly, so both behave alike.
-pub(crate) const FORWARDED: [i32; 6] = crate::shutdown::SHUTDOWN_SIGNALS;
-
-/// Signals that end `exec` while no child runs yet.
+/// Signals that end `exec`'s or `lock`'s wait while no child runs yet
+/// (SIGUSR1 and SIGUSR2 do not).
 pub(crate) fn ends_wait(signal: i32) -> bool {
     matches!(signal, SIGTERM | SIGINT | SIGHUP | SIGQUIT)
-}
-
-/// Arriving signals, delivered through a channel by a helper thread.
-pub(crate) struct Signals {
-    rx: Receiver<i32>,
-    handle: Handle,
-}
-
-impl Signals {
-    /// Installs handlers for [`FORWARDED`] and SIGCHLD. A PID 1 gets no
-    /// default action for SIGTERM/SIGINT, hence explicit handlers.
-    ///
-    /// Errors: when a handler cannot be registered.
-    pub(crate) fn install() -> std::io::Result<Self> {
-        let mut wanted = FORWARDED.to_vec();
-        wanted.push(SIGCHLD);
-        let mut signals = signal_hook::iterator::Signals::new(wanted)?;
-        let handle = signals.handle();
-        let (tx, rx) = mpsc::channel();
-        thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                for signal in signals.forever() {
-                    if tx.send(signal).is_err() {
-                        break;
-                    }
-                }
-            })?;
-        Ok(Self { rx, handle })
-    }
-
-    /// The next signal, or `None` after `timeout`.
-    pub(crate) fn next(&self, timeout: Duration) -> Option<i32> {
-        self.rx.recv_timeout(timeout).ok()
-    }
-}
-
-impl Drop for Signals {
-    fn drop(&mut self) {
-        self.handle.close();
-    }
 }
 
 /// How the child ended.
@@ -75,6 +36,18 @@ pub(crate) enum Exit {
     Code(i32),
     /// Killed by this signal.
     Signal(i32),
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Code(code) => write!(f, "it exited with code {code}"),
+            Self::Signal(signal) => match Signal::try_from(*signal) {
+                Ok(name) => write!(f, "{name} killed it"),
+                Err(_) => write!(f, "signal {signal} killed it"),
+            },
+        }
+    }
 }
 
 impl Exit {
@@ -93,6 +66,8 @@ impl Exit {
 /// so a stop reaches whatever it started, too.
 pub(crate) struct Child {
     pid: Pid,
+    /// SIGCHLD: some child of ours changed state.
+    exited: tokio::signal::unix::Signal,
 }
 
 impl Child {
@@ -102,9 +77,13 @@ impl Child {
     /// after making this process a child subreaper (`PR_SET_CHILD_SUBREAPER`,
     /// prctl(2)): orphans of the command are re-parented to us, not to init.
     ///
-    /// Errors: the spawn error (not found, not executable, ...), or the
-    /// prctl error.
+    /// Call inside a tokio runtime (SIGCHLD is a tokio signal stream).
+    ///
+    /// Errors: the spawn error (not found, not executable, ...), the
+    /// prctl error, or SIGCHLD's handler cannot be registered.
     pub(crate) fn spawn(command: &[OsString], env: &[(&str, String)]) -> std::io::Result<Self> {
+        // Before the spawn: an exit right after it still wakes `changed`.
+        let exited = signal(SignalKind::child())?;
         nix::sys::prctl::set_child_subreaper(true)?;
         let (program, args) = command
             .split_first()
@@ -118,7 +97,14 @@ impl Child {
         let pid = Pid::from_raw(i32::try_from(child.id()).map_err(std::io::Error::other)?);
         // Reaped with waitpid below, not through `child`.
         drop(child);
-        Ok(Self { pid })
+        Ok(Self { pid, exited })
+    }
+
+    /// Waits for the next SIGCHLD (a child of ours, orphans included,
+    /// changed state); [`Child::reap`] then says whether ours exited.
+    /// Cancel-safe.
+    pub(crate) async fn changed(&mut self) {
+        self.exited.recv().await;
     }
 
     /// Process ID (and process group ID) of the child.
@@ -169,14 +155,14 @@ impl Child {
 
     /// SIGKILLs and reaps every descendant until none is left (bounded:
     /// 2 s; a process in uninterruptible sleep may outlast it).
-    pub(crate) fn kill_all(&self) {
+    pub(crate) async fn kill_all(&self) {
         for _ in 0..200 {
             self.signal_all(Signal::SIGKILL);
             self.reap();
             if descendants(Pid::this()).is_empty() {
                 return;
             }
-            thread::sleep(Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
@@ -228,5 +214,7 @@ mod tests {
         assert_eq!(Exit::Code(42).code(), 42);
         assert_eq!(Exit::Signal(SIGTERM).code(), 143);
         assert_eq!(Exit::Signal(9).code(), 137);
+        assert_eq!(Exit::Code(7).to_string(), "it exited with code 7");
+        assert_eq!(Exit::Signal(SIGTERM).to_string(), "SIGTERM killed it");
     }
 }

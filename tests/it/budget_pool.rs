@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde_json::json;
-use snowlease::budget::{BudgetKey, Charge, ChargedAcquire, acquire_charged, charge_key};
+use snowlease::budget::{BudgetKey, Charge, charge_key};
 use snowlease::pool::{AcquireRequest, Acquired, PoolKeys};
+use snowlease::pool::{ChargedAcquire, acquire_charged};
 
 use crate::budget::budget_cmd;
 use crate::harness::{RedisServer, ms, secs};

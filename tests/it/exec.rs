@@ -186,6 +186,26 @@ fn exec_without_published_id_never_starts_the_command() {
     assert!(!marker.exists(), "the command must never start");
 }
 
+/// SIGTERM while `exec` waits for an ID: exit 143 (128 + 15), the command never starts, and
+/// the last line on stderr says so (before, 143 came without one).
+#[test]
+fn sigterm_while_waiting_for_an_id_ends_with_a_last_line() {
+    let pod = PodDir::new();
+    let mut app = exec_app(&pod, "early", &[("--wait", "60s")], APP).spawn();
+    assert!(app.wait_for_log("waiting for a worker ID", secs(10)));
+    app.signal(Signal::SIGTERM);
+    let status = app.wait_exit(secs(5)).expect("exec exits");
+    assert_eq!(status.code(), Some(128 + 15));
+    let log = app.log_lines();
+    let last = log.last().map_or("", String::as_str);
+    assert_eq!(
+        last,
+        "snowlease exec: SIGTERM before any worker ID was published; the command was not started",
+        "{log:?}"
+    );
+    assert_eq!(wait_app_saw(&pod, "early", ms(300)), None, "never started");
+}
+
 /// A sidecar killed with SIGKILL leaves its ID file behind: the running app is stopped by the
 /// state file's `valid_until_ms` (SIGTERM the grace before it; exit 75), and after that deadline
 /// a new `exec` refuses the stale ID (exit 3).

@@ -463,6 +463,29 @@ fn deleted_key_is_not_recreated_and_stops_the_command() {
     assert!(lock.count_log("no longer holds our owner string") > 0);
 }
 
+/// A lost lock ends `lock` as every failure ends: exit 75 and a last line on stderr naming the
+/// lock, why it was lost and how the stopped command ended (before, exit 75 came without one).
+#[test]
+fn a_lost_lock_ends_with_a_last_line_naming_it() {
+    let redis = RedisServer::start();
+    let jobs = Jobs::new();
+    let mut lock = jobs
+        .lock(&redis.url(), "report", "a", &[], POLITE_JOB)
+        .spawn();
+    jobs.wait::<u128>("a", "start").expect("a runs");
+    let _: () = redis.query(redis::cmd("SET").arg(lock_key("report")).arg("intruder"));
+    assert_eq!(lock.wait_exit(secs(5)).and_then(|s| s.code()), Some(LOST));
+    let log = lock.log_lines();
+    let last = log.last().map_or("", String::as_str);
+    assert!(
+        last.starts_with(
+            "snowlease lock: lock \"report\" was lost while the command ran (the lock key no longer \
+             holds our owner string); the command was stopped ("
+        ),
+        "{log:?}"
+    );
+}
+
 /// The lock key overwritten by another owner while held: the command is stopped, `lock`
 /// exits 75, and the other owner's value stays (the release compares before it deletes).
 #[test]

@@ -10,7 +10,7 @@ use crate::connection::Redis;
 use serde_json::json;
 
 use super::{Op, PoolCliConfig, human};
-use crate::budget::ChargedAcquire;
+use crate::pool::ChargedAcquire;
 use crate::pool::hint::hint_words;
 use crate::pool::{
     Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released, StrikePolicy,
@@ -154,7 +154,7 @@ async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
                 None => handle.acquire_wait(&req, wait).await?,
                 Some(charge) => {
                     let stop = tokio_util::sync::CancellationToken::new();
-                    match crate::budget::acquire_charged_wait(&handle, &req, charge, wait, &stop)
+                    match crate::pool::acquire_charged_wait(&handle, &req, charge, wait, &stop)
                         .await?
                     {
                         ChargedAcquire::Acquired(acquired) => acquired,

@@ -1,0 +1,243 @@
+//! Acquire: the request, the answer, one attempt (also through the
+//! budget's charged script) and the wait that retries empty answers.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::limits::{self, COOLDOWN_MS, TTL_MS};
+use super::script::Reply;
+use super::{Pool, PoolError, PoolLease, PoolScript};
+use crate::connection::Redis;
+use crate::timing;
+
+/// What one acquire asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireRequest {
+    /// Lease time: the deadline is Redis now + ttl. Whole ms, 1 ms to
+    /// 600 s, and at most [`super::PoolOptions::max_lease`].
+    pub ttl: Duration,
+    /// Cooldown given to the expired leases this acquire reclaims first
+    /// (they become due at now + cooldown). Whole ms, 0 to 600 s.
+    pub cooldown: Duration,
+    /// Makes the acquire idempotent: a retry with the same request id, for
+    /// as long as the lease it got is valid (extends included), answers
+    /// that lease (same id, token, fence; its current deadline) instead of
+    /// a new one. 1-64 chars of `[A-Za-z0-9_-]`.
+    pub request_id: Option<String>,
+}
+
+impl AcquireRequest {
+    /// A request for a lease of `ttl`, no cooldown, no request id.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            cooldown: Duration::ZERO,
+            request_id: None,
+        }
+    }
+
+    /// Sets [`AcquireRequest::cooldown`].
+    pub fn cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// Sets [`AcquireRequest::request_id`].
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+}
+
+/// The answer to an acquire.
+pub enum Acquired<C = Redis> {
+    /// An id is leased to the caller.
+    Leased(PoolLease<C>),
+    /// No id was due. `next_due_in`: how long until one is by Redis time
+    /// (exact for a cooling id; for one that is leased it assumes the lease
+    /// runs to its deadline), or `None` when none will be by itself (every
+    /// id disabled, or the pool empty). Back off, do not retry at once.
+    Empty {
+        /// Time until the next id is due, if any will be.
+        next_due_in: Option<Duration>,
+        /// Redis time of the attempt, ms (+ `next_due_in` = when).
+        at_ms: u64,
+    },
+}
+
+impl<C> fmt::Debug for Acquired<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Leased(lease) => f.debug_tuple("Leased").field(lease).finish(),
+            Self::Empty { next_due_in, at_ms } => f
+                .debug_struct("Empty")
+                .field("next_due_in", next_due_in)
+                .field("at_ms", at_ms)
+                .finish(),
+        }
+    }
+}
+
+/// What a script built on acquire.lua answered (see [`Pool::acquire_through`]).
+pub(crate) enum AcquireReply<C> {
+    /// acquire.lua's own answers.
+    Acquired(Acquired<C>),
+    /// Another answer: its first integer and the integers after it.
+    Other { code: i64, rest: Vec<u64> },
+}
+
+impl<C> Pool<C>
+where
+    C: ConnectionLike + Clone + Send + Sync,
+{
+    /// One acquire: reclaims at most 100 expired leases, then leases the
+    /// first due id, or answers [`Acquired::Empty`] with the next-due hint.
+    /// The token is 128 random bits in hex.
+    ///
+    /// Errors: [`PoolError::BadInput`] (see [`AcquireRequest`] for ranges),
+    /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired<C>, PoolError> {
+        let script = PoolScript::Acquire.script();
+        match self.acquire_through(req, script, &[], &[]).await? {
+            AcquireReply::Acquired(acquired) => Ok(acquired),
+            AcquireReply::Other { code, .. } => Err(PoolError::Reply {
+                script: PoolScript::Acquire.name(),
+                detail: format!("unknown answer {code}"),
+            }),
+        }
+    }
+
+    /// An acquire through `script`: acquire.lua's KEYS then `extra_keys`,
+    /// `head` then acquire.lua's ARGV; its replies decoded as acquire's,
+    /// any other first integer answered as [`AcquireReply::Other`] (the
+    /// budget's acquire with a charge).
+    pub(crate) async fn acquire_through(
+        &self,
+        req: &AcquireRequest,
+        script: &redis::Script,
+        extra_keys: &[String],
+        head: &[String],
+    ) -> Result<AcquireReply<C>, PoolError> {
+        let ttl = limits::millis("ttl", req.ttl, TTL_MS)?;
+        if req.ttl > self.options.max_lease {
+            return Err(PoolError::bad(
+                "ttl",
+                format!(
+                    "at most max_lease ({} ms)",
+                    timing::ms(self.options.max_lease)
+                ),
+            ));
+        }
+        let cooldown = limits::millis("cooldown", req.cooldown, COOLDOWN_MS)?;
+        if let Some(request_id) = &req.request_id {
+            limits::name("request_id", request_id)?;
+        }
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut inv = script.prepare_invoke();
+        for key in PoolScript::Acquire
+            .keys(&self.keys)
+            .iter()
+            .chain(extra_keys)
+        {
+            inv.key(key);
+        }
+        for arg in head {
+            inv.arg(arg);
+        }
+        inv.arg(&token)
+            .arg(ttl)
+            .arg(cooldown)
+            .arg(self.max_lease_ms);
+        if let Some(request_id) = &req.request_id {
+            inv.arg(request_id);
+        }
+        let mut reply = Reply::new(PoolScript::Acquire, self.run(&inv).await?)?;
+        match reply.int()? {
+            0 => {
+                let hint = reply.int()?;
+                let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
+                let at_ms = reply.uint()?;
+                Ok(AcquireReply::Acquired(Acquired::Empty {
+                    next_due_in,
+                    at_ms,
+                }))
+            }
+            1 => {
+                let id = reply.string()?;
+                let token = reply.string()?;
+                let deadline_ms = reply.uint()?;
+                let fence = reply.uint()?;
+                reply.uint()?; // Redis now: the lease start, unless replayed
+                let replayed = reply.int()? == 1;
+                Ok(AcquireReply::Acquired(Acquired::Leased(PoolLease::new(
+                    self.clone(),
+                    id,
+                    token,
+                    deadline_ms,
+                    fence,
+                    replayed,
+                ))))
+            }
+            code => {
+                let mut rest = Vec::new();
+                while let Ok(n) = reply.uint() {
+                    rest.push(n);
+                }
+                Ok(AcquireReply::Other { code, rest })
+            }
+        }
+    }
+
+    /// Acquires, retrying empty answers until `wait` has passed: it sleeps
+    /// by the next-due hint when that is near, else by a backoff from
+    /// 10 ms doubling to 500 ms, with jitter, never less than 5 ms and
+    /// never past `wait`; the last attempt is made when `wait` runs out.
+    /// Returns the last [`Acquired::Empty`] if nothing came due in time.
+    /// The same request id (if any) is sent on every attempt.
+    ///
+    /// Errors: as [`Pool::acquire`], returned at once.
+    pub async fn acquire_wait(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<Acquired<C>, PoolError> {
+        self.acquire_wait_until(req, wait, &CancellationToken::new())
+            .await
+    }
+
+    /// [`Pool::acquire_wait`] that also stops waiting when `stop` is
+    /// cancelled (shutdown): it then returns the last [`Acquired::Empty`].
+    /// A call already sent to Redis is never abandoned, so no lease is
+    /// granted that nobody hears of.
+    ///
+    /// Errors: as [`Pool::acquire`], returned at once.
+    pub(crate) async fn acquire_wait_until(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+        stop: &CancellationToken,
+    ) -> Result<Acquired<C>, PoolError> {
+        let start = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let acquired = self.acquire(req).await?;
+            let Acquired::Empty { next_due_in, .. } = &acquired else {
+                return Ok(acquired);
+            };
+            let remaining = wait.saturating_sub(start.elapsed());
+            if remaining.is_zero() || stop.is_cancelled() {
+                return Ok(acquired);
+            }
+            let sleep = timing::wait_pause(*next_due_in, attempt, remaining, &mut rand::rng());
+            tokio::select! {
+                () = tokio::time::sleep(sleep) => {}
+                () = stop.cancelled() => return Ok(acquired),
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! `POST /pools/{pool}/leases`: an acquire over HTTP, waiting up to
+//! `wait_ms`, charged to a rate budget when the body names one.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::super::ChargedAcquire;
+use super::super::limits::{Range, TTL_MS};
+use super::super::{AcquireRequest, Acquired, PoolError};
+use super::ServeState;
+use super::body::{AcquireBody, ApiError};
+use crate::budget::BudgetError;
+
+pub(super) async fn acquire(
+    State(state): State<ServeState>,
+    Path(pool): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let served = state.pool(&pool)?;
+    state.refuse_if_evicting()?;
+    let max_ttl = Range {
+        max: TTL_MS.max.min(served.pool.max_lease_ms),
+        ..TTL_MS
+    };
+    let AcquireBody {
+        ttl,
+        cooldown,
+        wait,
+        request_id,
+        budget,
+    } = AcquireBody::parse(&body, max_ttl)?;
+    let mut req = AcquireRequest::new(ttl).cooldown(cooldown);
+    if let Some(request_id) = request_id {
+        req = req.request_id(request_id);
+    }
+    let charge = match budget.map(crate::budget::serve::charge_of) {
+        None => None,
+        Some(Ok(charge)) => Some(charge),
+        Some(Err(err)) => {
+            if let Some(budgets) = &state.inner.budgets {
+                budgets.metrics().took("", "bad_input");
+            }
+            return Err(match err {
+                BudgetError::BadInput { field, expected } => ApiError::bad(&field, expected),
+                other => ApiError::bad("budget", other.to_string()),
+            });
+        }
+    };
+
+    let started = Instant::now();
+    let shutdown = &state.inner.shutdown;
+    let result = match &charge {
+        None => served
+            .pool
+            .acquire_wait_until(&req, wait, shutdown)
+            .await
+            .map(ChargedAcquire::Acquired),
+        Some(charge) => {
+            super::super::acquire_charged_wait(&served.pool, &req, charge, wait, shutdown).await
+        }
+    };
+    state.note(&result);
+    let metrics = &state.inner.metrics;
+    let took = |outcome| {
+        if let (Some(charge), Some(budgets)) = (&charge, &state.inner.budgets) {
+            budgets.metrics().took(&charge.budget, outcome);
+        }
+    };
+    match result {
+        Ok(ChargedAcquire::Acquired(Acquired::Leased(lease))) => {
+            metrics.acquired(&served.label, "leased", started.elapsed());
+            // A replay was charged when first granted: not allowed again.
+            took(if lease.replayed() {
+                "replayed"
+            } else {
+                "allowed"
+            });
+            debug!(pool = %pool, id = lease.id(), fence = lease.fence(), replayed = lease.replayed(), "leased");
+            Ok((StatusCode::CREATED, Json(lease.view())).into_response())
+        }
+        Ok(ChargedAcquire::Denied(taken)) => {
+            metrics.acquired(&served.label, "budget_denied", started.elapsed());
+            took("denied");
+            let budget = charge.as_ref().map_or("", |c| c.budget.as_str());
+            Ok(crate::budget::serve::denied_response(budget, &taken))
+        }
+        Ok(ChargedAcquire::Acquired(Acquired::Empty { next_due_in, at_ms })) => {
+            metrics.acquired(&served.label, "empty", started.elapsed());
+            let next_due_in_ms = next_due_in.map(crate::timing::ms);
+            let body = json!({
+                "error": "no id due",
+                "next_due_in_ms": next_due_in_ms,
+                "at_ms": at_ms,
+                "detail": super::super::hint::hint_words(next_due_in),
+            });
+            let retry_after = retry_after_secs(next_due_in).to_string();
+            Ok((
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, retry_after)],
+                Json(body),
+            )
+                .into_response())
+        }
+        Err(err) => {
+            metrics.acquired(&served.label, "error", started.elapsed());
+            took(if matches!(err, PoolError::BadInput { .. }) {
+                "bad_input"
+            } else {
+                "error"
+            });
+            Err(err.into())
+        }
+    }
+}
+
+/// `Retry-After` of an empty acquire: the hint in whole seconds, rounded
+/// up, at least 1 (also when nothing will come due by itself).
+fn retry_after_secs(next_due_in: Option<Duration>) -> u64 {
+    next_due_in.map_or(1, crate::timing::secs_ceil).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(retry_after_secs(Some(ms(0))), 1);
+        assert_eq!(retry_after_secs(Some(ms(1))), 1);
+        assert_eq!(retry_after_secs(Some(ms(1000))), 1);
+        assert_eq!(retry_after_secs(Some(ms(1001))), 2);
+        assert_eq!(retry_after_secs(None), 1);
+    }
+}
