@@ -6,7 +6,7 @@
 //! - `layout`: `--id-layout` and `--epoch`, checked; composing and taking apart IDs.
 //! - `minter`: the pure state machine that mints between the floor, the ceiling and the
 //!   lease's deadline.
-//! - `script`: the high-water mark's keys and scripts (`mark.lua`, `reserve.lua`,
+//! - [`script`]: the high-water mark's keys and scripts (`mark.lua`, `reserve.lua`,
 //!   `settle.lua`).
 //! - `routes`: `GET /next` (and `?count=N`) over the shared minter.
 //! - `socket`: serving those routes on a unix socket.
@@ -14,3 +14,4 @@
 
 pub(crate) mod layout;
 pub(crate) mod minter;
+pub mod script;

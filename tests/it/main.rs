@@ -43,6 +43,8 @@ mod harness_selftest;
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
+/// Mint mode's scripts: the high-water mark, reservations, the settled record; Cluster slots.
+mod mint_script;
 /// A node that stops being the primary (REPLICAOF, a DNS-name failover): every mode leaves
 /// it; a `maxclients` refusal named.
 mod node_role;
