@@ -8,10 +8,15 @@
 //!   lease's deadline.
 //! - [`script`]: the high-water mark's keys and scripts (`mark.lua`, `reserve.lua`,
 //!   `settle.lua`).
+//! - `desk`: the minter shared by the keeper and the handlers, and their signals.
 //! - `routes`: `GET /next` (and `?count=N`) over the shared minter.
 //! - `socket`: serving those routes on a unix socket.
 //! - `metrics`: IDs minted, 503s by state, the mark's lead, waits for the next ms.
 
+pub(crate) mod desk;
 pub(crate) mod layout;
+pub(crate) mod metrics;
 pub(crate) mod minter;
+pub(crate) mod routes;
 pub mod script;
+pub(crate) mod socket;
