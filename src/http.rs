@@ -1,7 +1,8 @@
 //! HTTP serving shared by every mode: binding the listener (dual-stack on
 //! `[::]`), the liveness routes, the metrics encoding, and serving a router
 //! until shutdown with a connection cap and a header timeout (`--max-connections`,
-//! `--http-header-timeout`). Each mode's own routes live in its subtree.
+//! `--http-header-timeout`), on TCP or a unix socket. Each mode's own routes
+//! live in its subtree.
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -12,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +24,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{Domain, Socket, Type};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -170,16 +173,63 @@ pub(crate) async fn serve(
     limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::from_std(listener)?;
-    let cap = effective_cap(limits.max_connections);
-    if let Ok(addr) = listener.local_addr() {
-        info!(
-            addr = %addr,
-            max_connections = cap,
-            header_timeout_ms = crate::timing::ms(limits.header_timeout),
-            "http listening"
-        );
+    serve_on(TcpListener::from_std(listener)?, router, limits, shutdown).await
+}
+
+/// A listener [`serve_on`] takes connections from: TCP (`--listen`) or a unix socket
+/// (`--mint-socket`).
+pub(crate) trait Accept {
+    /// One accepted connection.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection.
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+
+    /// Where it listens, for the log.
+    fn describe(&self) -> String;
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+
+    async fn accept_one(&self) -> std::io::Result<TcpStream> {
+        Ok(self.accept().await?.0)
     }
+
+    fn describe(&self) -> String {
+        self.local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string())
+    }
+}
+
+impl Accept for UnixListener {
+    type Stream = UnixStream;
+
+    async fn accept_one(&self) -> std::io::Result<UnixStream> {
+        Ok(self.accept().await?.0)
+    }
+
+    fn describe(&self) -> String {
+        let addr = self.local_addr();
+        let path = addr.as_ref().ok().and_then(|a| a.as_pathname());
+        path.map_or_else(|| "unix socket".into(), |p| p.display().to_string())
+    }
+}
+
+/// [`serve`] on any [`Accept`] listener, with the same cap, timeouts and shutdown.
+pub(crate) async fn serve_on<L: Accept>(
+    listener: L,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let cap = effective_cap(limits.max_connections);
+    info!(
+        addr = %listener.describe(),
+        max_connections = cap,
+        header_timeout_ms = crate::timing::ms(limits.header_timeout),
+        "http listening"
+    );
     let connections = Connections::new(cap);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
@@ -188,8 +238,8 @@ pub(crate) async fn serve(
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+            accepted = listener.accept_one() => match accepted {
+                Ok(stream) => stream,
                 Err(err) => {
                     accept_failed(err).await;
                     continue;
@@ -274,9 +324,9 @@ async fn accept_failed(err: std::io::Error) {
 /// Serves one connection until it ends, or until its slot is told to close
 /// (evicted, or shutdown): then hyper closes it at once when idle, or after
 /// the response in flight.
-async fn serve_connection(
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     http1: hyper::server::conn::http1::Builder,
-    stream: TcpStream,
+    stream: S,
     router: Router,
     body_timeout: Duration,
     slot: Slot,

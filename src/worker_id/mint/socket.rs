@@ -1,6 +1,7 @@
 //! The mint routes on a unix socket (`--mint-socket`), e.g. on a volume the pod's containers
-//! share: created with mode 0660 under its final name in one step, a stale socket file
-//! replaced, a live one or any other file refused, and removed again at shutdown.
+//! share, served like `--listen` (connection cap, header timeout): created with mode 0660
+//! under its final name in one step, a stale socket file replaced, a live one or any other
+//! file refused, and removed again at shutdown.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -9,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use axum::Router;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
+
+use crate::http::{self, ConnectionLimits};
 
 /// Mode of the socket file: the pod's user and group may connect (connecting needs write
 /// permission), nobody else.
@@ -52,16 +55,19 @@ impl MintSocket {
         })
     }
 
-    /// Serves `router` until `shutdown` fires and the connections in flight end, then
+    /// Serves `router` as `--listen` is served ([`http::serve_on`]: the same connection cap
+    /// and header timeout) until `shutdown` fires and the connections in flight end, then
     /// removes the socket file (when it is still this one).
     ///
     /// Errors: the listener's I/O error.
-    pub(crate) async fn serve(self, router: Router, shutdown: CancellationToken) -> io::Result<()> {
+    pub(crate) async fn serve(
+        self,
+        router: Router,
+        limits: ConnectionLimits,
+        shutdown: CancellationToken,
+    ) -> io::Result<()> {
         let listener = tokio::net::UnixListener::from_std(self.listener)?;
-        info!(path = %self.path.display(), "mint socket listening");
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
+        let served = http::serve_on(listener, router, limits, shutdown).await;
         let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
         if ours && let Err(err) = std::fs::remove_file(&self.path) {
             warn!(path = %self.path.display(), error = %err, "cannot remove the mint socket");
@@ -97,6 +103,7 @@ mod tests {
     use crate::worker_id::mint::routes::{MintHttp, router};
     use std::io::{Read, Write};
     use std::sync::Arc;
+    use std::time::Duration;
 
     /// One request over the socket, as an app would send it (a blocking client thread).
     async fn request(path: &Path, target: &str) -> String {
@@ -114,8 +121,8 @@ mod tests {
     }
 
     /// A stale socket file is replaced by one of mode 0660 that answers `/next` (here 503
-    /// `claiming`: no lease yet); a live socket and a plain file are refused; the file goes
-    /// at shutdown.
+    /// `claiming`: no lease yet) under the header timeout; a live socket and a plain file are
+    /// refused; the file goes at shutdown.
     #[tokio::test]
     async fn the_socket_replaces_a_stale_one_answers_and_is_removed_at_shutdown() {
         let dir = tempfile::tempdir().unwrap();
@@ -144,7 +151,11 @@ mod tests {
             metrics: Arc::new(MintMetrics::default()),
         };
         let shutdown = CancellationToken::new();
-        let served = tokio::spawn(socket.serve(router(http), shutdown.clone()));
+        let limits = ConnectionLimits {
+            max_connections: 8,
+            header_timeout: Duration::from_millis(200),
+        };
+        let served = tokio::spawn(socket.serve(router(http), limits, shutdown.clone()));
         let answer = request(&path, "/next").await;
         assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
         assert!(answer.contains(r#"{"state":"claiming"}"#), "{answer}");
@@ -152,6 +163,16 @@ mod tests {
             request(&path, "/next?count=0")
                 .await
                 .starts_with("HTTP/1.1 400")
+        );
+        // A client that never sends its header is closed at the header timeout.
+        let silent = UnixStream::connect(&path).unwrap();
+        let started = std::time::Instant::now();
+        let closed = tokio::task::spawn_blocking(move || (&silent).read(&mut [0; 64]).unwrap());
+        assert_eq!(closed.await.unwrap(), 0, "closed without an answer");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(150) && took < Duration::from_secs(2),
+            "{took:?}"
         );
         shutdown.cancel();
         served.await.unwrap().unwrap();
