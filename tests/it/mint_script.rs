@@ -141,7 +141,8 @@ async fn mark_reserve_and_settle_on_cluster_in_the_lease_keys_slot() {
     assert_eq!(cluster.node_for(&keys.settled(&lease)).port(), node);
 }
 
-/// Bad arguments are refused by the scripts, naming what is wrong; nothing is written.
+/// Bad arguments, and a mark that is not Unix ms, are refused by the scripts, naming what is
+/// wrong; nothing is written.
 #[tokio::test(flavor = "current_thread")]
 async fn scripts_refuse_bad_arguments() {
     let redis = RedisServer::start();
@@ -182,4 +183,20 @@ async fn scripts_refuse_bad_arguments() {
         assert!(err.to_string().contains(says), "{err}");
     }
     assert_eq!(redis.dbsize(), 1, "only the lease key");
+
+    // A mark that is not Unix ms (written by hand) is never taken for 0.
+    set(&mut c, &keys.mark(&lease), "soon").await;
+    let (lease, owner) = (lease.as_str(), &owner);
+    let errors = [
+        read_mark(&mut c, &keys, lease, owner).await.unwrap_err(),
+        reserve(&mut c, &keys, lease, owner, 5, LEAD)
+            .await
+            .unwrap_err(),
+        settle(&mut c, &keys, lease, owner, 5).await.unwrap_err(),
+    ];
+    for err in errors {
+        assert!(err.to_string().contains("is not Unix ms"), "{err}");
+    }
+    assert_eq!(redis.get(&keys.mark(lease)).as_deref(), Some("soon"));
+    assert_eq!(redis.dbsize(), 2, "nothing else written");
 }

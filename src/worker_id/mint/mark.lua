@@ -17,12 +17,17 @@
 --            (nothing was reserved since that holder stopped), else the mark; 0 when none
 --   mark     the mark, 0 when missing
 --   time_ms  Redis TIME in ms
+--
+-- Errors: a mark that is not an integer (written by hand): nothing written, no floor
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return {0, 0, 0, now}
 end
-local mark = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
+if mark == nil then
+  return redis.error_reply('ERR mark: the mark ' .. KEYS[2] .. ' is not Unix ms (set by hand?); nothing written')
+end
 local settled = tonumber(redis.call('GET', KEYS[3]) or '')
 local floor = mark
 if settled ~= nil then

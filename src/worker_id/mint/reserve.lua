@@ -16,6 +16,8 @@
 --               key does not hold our owner string: nothing written
 --   mark     the mark after the call (0 when missing and not ours)
 --   time_ms  Redis TIME in ms
+--
+-- Errors: a mark that is not an integer (written by hand): nothing written, no floor
 local target = tonumber(ARGV[2])
 local lead = tonumber(ARGV[3])
 if target == nil or target < 0 or target ~= math.floor(target) then
@@ -26,7 +28,10 @@ if lead == nil or lead < 0 or lead ~= math.floor(lead) then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local mark = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
+if mark == nil then
+  return redis.error_reply('ERR reserve: the mark ' .. KEYS[2] .. ' is not Unix ms (set by hand?); nothing written')
+end
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return {0, mark, now}
 end

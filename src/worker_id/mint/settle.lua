@@ -16,11 +16,16 @@
 --               max(mark, ARGV[2]); 0  not ours: nothing written, settled 0
 --   settled  the record after the call
 --   mark     the mark after the call
+--
+-- Errors: a mark that is not an integer (written by hand): nothing written, no floor
 local last = tonumber(ARGV[2])
 if last == nil or last < 0 or last ~= math.floor(last) then
   return redis.error_reply('ERR settle: last must be an integer >= 0 (Unix ms)')
 end
-local mark = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
+if mark == nil then
+  return redis.error_reply('ERR settle: the mark ' .. KEYS[2] .. ' is not Unix ms (set by hand?); nothing written')
+end
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return {0, 0, mark}
 end
