@@ -117,9 +117,17 @@ pub(crate) struct Ended {
     pub settled_unix_ms: u64,
 }
 
+/// Names one [`Minter::start`]. The keeper's later changes (a renewal, a reservation, a
+/// re-anchor) carry it and apply only to that lease: a reply that arrives after its lease
+/// ended must not extend or raise the next one (another worker ID's mark says nothing of
+/// this one's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseTicket(u64);
+
 /// One lease being minted under.
 #[derive(Debug, Clone)]
 struct Session {
+    ticket: LeaseTicket,
     grant: Grant,
     /// The highest reservation Redis confirmed (Unix ms); starts at the floor (nothing).
     ceiling_unix_ms: u64,
@@ -140,6 +148,8 @@ pub(crate) struct Minter {
     epoch: Epoch,
     window: Window,
     phase: Phase,
+    /// Leases started so far: the next ticket.
+    started: u64,
 }
 
 impl Minter {
@@ -150,17 +160,23 @@ impl Minter {
             epoch,
             window,
             phase: Phase::Standby(Standby::Claiming),
+            started: 0,
         }
     }
 
     /// Starts minting under a new lease; whatever lease was before is forgotten (its IDs are
-    /// all at or below the mark Redis holds, which the new grant's floor is).
-    pub(crate) fn start(&mut self, grant: Grant) {
+    /// all at or below the mark Redis holds, which the new grant's floor is). The ticket
+    /// names this lease in the keeper's later changes.
+    pub(crate) fn start(&mut self, grant: Grant) -> LeaseTicket {
+        self.started += 1;
+        let ticket = LeaseTicket(self.started);
         self.phase = Phase::Minting(Session {
+            ticket,
             grant,
             ceiling_unix_ms: grant.floor_unix_ms,
             last: None,
         });
+        ticket
     }
 
     /// Stops minting (loss, shutdown, ...); returns what the stopped lease leaves to record.
@@ -173,23 +189,30 @@ impl Minter {
         ended
     }
 
-    /// A confirmed renew moved the validity deadline (CLOCK_BOOTTIME ms).
-    pub(crate) fn extend(&mut self, valid_until_boot_ms: u64) {
-        if let Some(s) = self.session_mut() {
-            s.grant.valid_until_boot_ms = valid_until_boot_ms;
-        }
+    /// A confirmed renew of the `ticket` lease moved its validity deadline (CLOCK_BOOTTIME
+    /// ms). Returns false (nothing changed) when that lease is no longer minting.
+    pub(crate) fn extend(&mut self, ticket: LeaseTicket, valid_until_boot_ms: u64) -> bool {
+        let Some(s) = self.session_of(ticket) else {
+            return false;
+        };
+        s.grant.valid_until_boot_ms = valid_until_boot_ms;
+        true
     }
 
-    /// A confirmed reservation: the mark Redis now holds (Unix ms). The ceiling only rises.
-    pub(crate) fn raise_ceiling(&mut self, mark_unix_ms: u64) {
-        if let Some(s) = self.session_mut() {
-            s.ceiling_unix_ms = s.ceiling_unix_ms.max(mark_unix_ms);
-        }
+    /// A confirmed reservation of the `ticket` lease: the mark Redis now holds (Unix ms). The
+    /// ceiling only rises. Returns false (nothing changed) when that lease is no longer
+    /// minting.
+    pub(crate) fn raise_ceiling(&mut self, ticket: LeaseTicket, mark_unix_ms: u64) -> bool {
+        let Some(s) = self.session_of(ticket) else {
+            return false;
+        };
+        s.ceiling_unix_ms = s.ceiling_unix_ms.max(mark_unix_ms);
+        true
     }
 
     /// Moves the anchor to a new clock reading only when that puts the minting clock ahead
     /// (a wall-clock step forward, or an anchor read while the wall clock was behind).
-    /// Returns whether it moved.
+    /// Returns whether it moved (never for another lease than `ticket`'s).
     ///
     /// Forward only is safe: timestamps still never fall (the mapping jumps ahead, and the
     /// last timestamp is kept), every one stays within the ceiling Redis confirmed (a clock
@@ -197,8 +220,8 @@ impl Minter {
     /// Redis' TIME + the window), and the floor is untouched. Backwards would freeze the
     /// timestamp at the last one until the clock caught up; a step back is therefore left to
     /// the monotonic clock, which never sees it.
-    pub(crate) fn reanchor(&mut self, anchor: Anchor) -> bool {
-        let Some(s) = self.session_mut() else {
+    pub(crate) fn reanchor(&mut self, ticket: LeaseTicket, anchor: Anchor) -> bool {
+        let Some(s) = self.session_of(ticket) else {
             return false;
         };
         let ahead = anchor.unix_ms > s.grant.anchor.unix_at(anchor.boot_ms);
@@ -299,10 +322,10 @@ impl Minter {
         }
     }
 
-    fn session_mut(&mut self) -> Option<&mut Session> {
+    fn session_of(&mut self, ticket: LeaseTicket) -> Option<&mut Session> {
         match &mut self.phase {
-            Phase::Minting(s) => Some(s),
-            Phase::Standby(_) => None,
+            Phase::Minting(s) if s.ticket == ticket => Some(s),
+            _ => None,
         }
     }
 }

@@ -11,6 +11,9 @@ const WINDOW: Window = Window {
     low_water_ms: 2_000,
 };
 
+/// The ticket of a minter's first lease.
+const FIRST: LeaseTicket = LeaseTicket(1);
+
 fn minter(layout: &str) -> Minter {
     Minter::new(
         IdLayout::parse(layout).unwrap(),
@@ -32,7 +35,7 @@ fn minting(layout: &str, floor: u64, ceiling: u64) -> Minter {
         floor_unix_ms: floor,
         valid_until_boot_ms: BOOT + 60_000,
     });
-    m.raise_ceiling(ceiling);
+    assert!(m.raise_ceiling(FIRST, ceiling));
     m
 }
 
@@ -73,7 +76,7 @@ fn a_30s_wall_step_back_never_yields_a_smaller_timestamp() {
         boot_ms: BOOT + 1_001,
         unix_ms: WALL + 1_001 - 30_000,
     };
-    assert!(!m.reanchor(stepped), "backwards: refused");
+    assert!(!m.reanchor(FIRST, stepped), "backwards: refused");
     let after = one(&mut m, BOOT + 1_001).unwrap();
     assert!(after > before);
     assert_eq!(parts(after).unix_ms, WALL + 1_001);
@@ -85,16 +88,19 @@ fn a_30s_wall_step_back_never_yields_a_smaller_timestamp() {
 fn a_step_forward_reanchors_ahead_within_the_ceiling() {
     let mut m = minting(DEFAULT_LAYOUT, WALL - 100, WALL + 5_000);
     let before = one(&mut m, BOOT + 1_000).unwrap();
-    assert!(m.reanchor(Anchor {
-        boot_ms: BOOT + 1_000,
-        unix_ms: WALL + 4_000,
-    }));
+    assert!(m.reanchor(
+        FIRST,
+        Anchor {
+            boot_ms: BOOT + 1_000,
+            unix_ms: WALL + 4_000,
+        }
+    ));
     let after = one(&mut m, BOOT + 1_000).unwrap();
     assert!(after > before);
     assert_eq!(parts(after).unix_ms, WALL + 4_000);
     assert_eq!(m.reservation_due(BOOT + 1_000), Some(WALL + 9_000));
     assert_eq!(one(&mut m, BOOT + 2_001), Err(Refusal::NeedsReservation));
-    m.raise_ceiling(WALL + 9_000);
+    m.raise_ceiling(FIRST, WALL + 9_000);
     assert_eq!(
         parts(one(&mut m, BOOT + 2_001).unwrap()).unix_ms,
         WALL + 5_001
@@ -146,7 +152,7 @@ fn the_ceiling_holds_until_a_reservation_raises_it() {
         "nothing reserved yet"
     );
     assert_eq!(m.reservation_due(BOOT), Some(WALL + 5_000));
-    m.raise_ceiling(WALL + 5_000);
+    m.raise_ceiling(FIRST, WALL + 5_000);
     assert_eq!(m.mark_lead_ms(BOOT), Some(5_000));
     assert_eq!(
         m.reservation_due(BOOT + 2_999),
@@ -157,7 +163,7 @@ fn the_ceiling_holds_until_a_reservation_raises_it() {
     assert!(one(&mut m, BOOT + 5_000).is_ok(), "at the ceiling");
     assert_eq!(one(&mut m, BOOT + 5_001), Err(Refusal::NeedsReservation));
     assert_eq!(m.mark_lead_ms(BOOT + 5_001), Some(-1));
-    m.raise_ceiling(WALL + 1_000);
+    m.raise_ceiling(FIRST, WALL + 1_000);
     assert_eq!(
         one(&mut m, BOOT + 5_001),
         Err(Refusal::NeedsReservation),
@@ -172,7 +178,7 @@ fn nothing_is_minted_at_or_after_the_deadline() {
     assert!(one(&mut m, BOOT + 59_999).is_ok());
     assert_eq!(one(&mut m, BOOT + 60_000), Err(Refusal::LeaseInvalid));
     assert_eq!(one(&mut m, BOOT + 90_000), Err(Refusal::LeaseInvalid));
-    m.extend(BOOT + 120_000);
+    m.extend(FIRST, BOOT + 120_000);
     assert!(one(&mut m, BOOT + 90_000).is_ok());
 }
 
@@ -240,7 +246,46 @@ fn a_timestamp_past_the_layout_is_refused() {
         floor_unix_ms: end - 10,
         valid_until_boot_ms: BOOT + 60_000,
     });
-    m.raise_ceiling(end + 5_000);
+    m.raise_ceiling(FIRST, end + 5_000);
     assert!(one(&mut m, BOOT).is_ok());
     assert_eq!(one(&mut m, BOOT + 1), Err(Refusal::LayoutExhausted));
+}
+
+/// A reply for a lease that ended (a renew, a reservation, a clock reading that arrives
+/// after a loss and a new claim) changes nothing of the next lease: another worker ID's mark
+/// says nothing of this one's.
+#[test]
+fn changes_for_an_ended_lease_leave_the_next_one_alone() {
+    let mut m = minting(DEFAULT_LAYOUT, WALL - 100, WALL + 5_000);
+    m.stop(Standby::Lost);
+    assert!(!m.raise_ceiling(FIRST, WALL + 9_000), "no lease");
+    let next = m.start(Grant {
+        worker_id: 9,
+        anchor: Anchor {
+            boot_ms: BOOT,
+            unix_ms: WALL,
+        },
+        floor_unix_ms: WALL - 50,
+        valid_until_boot_ms: BOOT + 1_000,
+    });
+    assert_ne!(next, FIRST);
+    assert!(!m.raise_ceiling(FIRST, WALL + 9_000));
+    assert!(!m.extend(FIRST, BOOT + 60_000));
+    let ahead = Anchor {
+        boot_ms: BOOT,
+        unix_ms: WALL + 1_000,
+    };
+    assert!(!m.reanchor(FIRST, ahead));
+    assert_eq!(
+        one(&mut m, BOOT),
+        Err(Refusal::NeedsReservation),
+        "ceiling untouched"
+    );
+    assert!(m.raise_ceiling(next, WALL + 5_000));
+    assert_eq!(
+        one(&mut m, BOOT + 1_000),
+        Err(Refusal::LeaseInvalid),
+        "deadline untouched"
+    );
+    assert!(m.reanchor(next, ahead));
 }

@@ -5,7 +5,7 @@ use crate::boot_clock::BootInstant;
 use crate::worker_id::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms,
 };
-use crate::worker_id::mint::minter::{Anchor, Grant, Minter, Window};
+use crate::worker_id::mint::minter::{Anchor, Grant, LeaseTicket, Minter, Window};
 use axum::body::{Body, to_bytes};
 use axum::http::Request;
 use std::time::Duration;
@@ -20,16 +20,25 @@ fn layout(text: &str) -> (IdLayout, Epoch) {
 /// reservation `ceiling_ahead_ms` from now (ms, signed), valid for `valid_ms`; `None`: no
 /// lease, claiming.
 fn desk(layout_text: &str, lease: Option<(i64, i64, u64)>) -> Arc<MintDesk> {
+    desk_and_ticket(layout_text, lease).0
+}
+
+/// [`desk`], and the ticket of its lease.
+fn desk_and_ticket(
+    layout_text: &str,
+    lease: Option<(i64, i64, u64)>,
+) -> (Arc<MintDesk>, Option<LeaseTicket>) {
     let (layout, epoch) = layout(layout_text);
     let window = Window {
         ahead_ms: 5_000,
         low_water_ms: 2_000,
     };
     let mut minter = Minter::new(layout, epoch, window);
+    let mut ticket = None;
     if let Some((floor_ahead, ceiling_ahead, valid_ms)) = lease {
         let (boot, wall) = (BootInstant::now().as_millis(), wall_now_ms());
         let at = |ahead: i64| wall.saturating_add_signed(ahead);
-        minter.start(Grant {
+        let started = minter.start(Grant {
             worker_id: 7,
             anchor: Anchor {
                 boot_ms: boot,
@@ -38,9 +47,10 @@ fn desk(layout_text: &str, lease: Option<(i64, i64, u64)>) -> Arc<MintDesk> {
             floor_unix_ms: at(floor_ahead),
             valid_until_boot_ms: boot + valid_ms,
         });
-        minter.raise_ceiling(at(ceiling_ahead));
+        minter.raise_ceiling(started, at(ceiling_ahead));
+        ticket = Some(started);
     }
-    Arc::new(MintDesk::new(minter))
+    (Arc::new(MintDesk::new(minter)), ticket)
 }
 
 fn serve(desk: &Arc<MintDesk>) -> (Router, Arc<MintMetrics>) {
@@ -191,13 +201,13 @@ async fn without_a_valid_lease_503_names_the_state_and_never_an_id() {
 /// At the ceiling a request asks the keeper to reserve and is answered once it has.
 #[tokio::test]
 async fn at_the_ceiling_a_request_waits_for_the_keepers_reservation() {
-    let desk = desk(DEFAULT_LAYOUT, Some((-100, -100, 60_000)));
+    let (desk, ticket) = desk_and_ticket(DEFAULT_LAYOUT, Some((-100, -100, 60_000)));
     let keeper = tokio::spawn({
         let desk = desk.clone();
         async move {
             desk.reservation_wanted().await;
             let due = desk.read(|m| m.reservation_due(BootInstant::now().as_millis()));
-            desk.update(|m| m.raise_ceiling(due.unwrap()));
+            desk.update(|m| m.raise_ceiling(ticket.unwrap(), due.unwrap()));
         }
     });
     let (router, _) = serve(&desk);
