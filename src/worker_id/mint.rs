@@ -3,8 +3,8 @@
 //! Built here, wired into the keeper next.
 //!
 //! # Layout
-//! - `layout`: `--id-layout` and `--epoch`, checked; composing and taking apart IDs.
-//! - `minter`: the pure state machine that mints between the floor, the ceiling and the
+//! - [`layout`]: `--id-layout` and `--epoch`, checked; composing and taking apart IDs.
+//! - [`minter`]: the pure state machine that mints between the floor, the ceiling and the
 //!   lease's deadline.
 //! - [`script`]: the high-water mark's keys and scripts (`mark.lua`, `reserve.lua`,
 //!   `settle.lua`).
@@ -14,9 +14,9 @@
 //! - `metrics`: IDs minted, 503s by state, the mark's lead, waits for the next ms.
 
 pub(crate) mod desk;
-pub(crate) mod layout;
+pub mod layout;
 pub(crate) mod metrics;
-pub(crate) mod minter;
+pub mod minter;
 pub(crate) mod routes;
 pub mod script;
 pub(crate) mod socket;

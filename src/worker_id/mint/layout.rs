@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config_error::ConfigError;
 
 /// `--id-layout` by default: Twitter's 41 timestamp, 10 worker, 12 sequence bits.
-pub(crate) const DEFAULT_LAYOUT: &str = "41:10:12";
+pub const DEFAULT_LAYOUT: &str = "41:10:12";
 /// `--epoch` by default: Twitter's, 2010-11-04T01:42:54.657Z in Unix ms.
-pub(crate) const DEFAULT_EPOCH_MS: u64 = 1_288_834_974_657;
+pub const DEFAULT_EPOCH_MS: u64 = 1_288_834_974_657;
 /// Bits an ID may use: the sign bit stays clear, so every ID is a positive i64 (Java's
 /// `long`, SQL's `BIGINT`).
 const ID_BITS: u32 = 63;
@@ -18,7 +18,7 @@ const MUST_LAST: Duration = Duration::from_secs(3653 * 86_400);
 /// Bits of the three parts of an ID, high to low: timestamp (ms since the epoch), worker ID,
 /// sequence within the ms. Each at least 1, together at most 63.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IdLayout {
+pub struct IdLayout {
     timestamp_bits: u32,
     worker_bits: u32,
     sequence_bits: u32,
@@ -26,11 +26,11 @@ pub(crate) struct IdLayout {
 
 /// The instant timestamps count from, in Unix ms (not after start-up).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Epoch(u64);
+pub struct Epoch(u64);
 
 /// The parts of one ID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IdParts {
+pub struct IdParts {
     /// Unix ms of the ID's timestamp.
     pub unix_ms: u64,
     /// The worker ID.
@@ -41,7 +41,7 @@ pub(crate) struct IdParts {
 
 impl IdLayout {
     /// Parses `TIMESTAMP:WORKER:SEQUENCE` bit counts. Errors name `--id-layout`.
-    pub(crate) fn parse(text: &str) -> Result<Self, ConfigError> {
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let bad = |why: String| ConfigError::new("--id-layout", why);
         let parts: Vec<&str> = text.split(':').collect();
         let [t, w, s] = parts[..] else {
@@ -70,12 +70,12 @@ impl IdLayout {
     }
 
     /// IDs per ms per worker ID: 2^sequence bits.
-    pub(crate) fn sequences(self) -> u32 {
+    pub fn sequences(self) -> u32 {
         1 << self.sequence_bits.min(31)
     }
 
     /// Checks that the worker bits hold `max_worker_id` (`--max-worker-id`).
-    pub(crate) fn check_workers(self, max_worker_id: u16) -> Result<(), ConfigError> {
+    pub fn check_workers(self, max_worker_id: u16) -> Result<(), ConfigError> {
         if u64::from(max_worker_id) < 1u64 << self.worker_bits {
             return Ok(());
         }
@@ -90,13 +90,13 @@ impl IdLayout {
     }
 
     /// The first Unix ms whose timestamp no longer fits: epoch + 2^timestamp bits.
-    pub(crate) fn overflows_at(self, epoch: Epoch) -> u64 {
+    pub fn overflows_at(self, epoch: Epoch) -> u64 {
         epoch.0.saturating_add(1u64 << self.timestamp_bits)
     }
 
     /// Checks that timestamps fit for 10 years from `now_unix_ms`; the error names the date
     /// (RFC 3339) of the overflow and `--id-layout` (`--epoch` moves it too).
-    pub(crate) fn check_lasts(self, epoch: Epoch, now_unix_ms: u64) -> Result<(), ConfigError> {
+    pub fn check_lasts(self, epoch: Epoch, now_unix_ms: u64) -> Result<(), ConfigError> {
         let overflow = self.overflows_at(epoch);
         if overflow > now_unix_ms.saturating_add(crate::timing::ms(MUST_LAST)) {
             return Ok(());
@@ -114,7 +114,7 @@ impl IdLayout {
 
     /// The ID of `parts`; `None` when a part does not fit its bits (a timestamp before the
     /// epoch or past [`Self::overflows_at`] included): never a wrapped or negative ID.
-    pub(crate) fn compose(self, epoch: Epoch, parts: IdParts) -> Option<u64> {
+    pub fn compose(self, epoch: Epoch, parts: IdParts) -> Option<u64> {
         let since = parts.unix_ms.checked_sub(epoch.0)?;
         let fits = |value: u64, bits: u32| value < 1u64 << bits;
         let (worker, sequence) = (u64::from(parts.worker_id), u64::from(parts.sequence));
@@ -129,7 +129,7 @@ impl IdLayout {
     }
 
     /// The parts of `id` (the inverse of [`Self::compose`]).
-    pub(crate) fn decompose(self, epoch: Epoch, id: u64) -> IdParts {
+    pub fn decompose(self, epoch: Epoch, id: u64) -> IdParts {
         let mask = |bits: u32| (1u64 << bits) - 1;
         let shift = self.sequence_bits;
         IdParts {
@@ -143,7 +143,7 @@ impl IdLayout {
 impl Epoch {
     /// Parses `--epoch`: Unix ms (digits only) or an RFC 3339 time in UTC
     /// (`2010-11-04T01:42:54.657Z`), not after `now_unix_ms`. Errors name `--epoch`.
-    pub(crate) fn parse(text: &str, now_unix_ms: u64) -> Result<Self, ConfigError> {
+    pub fn parse(text: &str, now_unix_ms: u64) -> Result<Self, ConfigError> {
         let bad = |why: String| ConfigError::new("--epoch", why);
         let ms = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
             text.parse::<u64>()
@@ -167,7 +167,7 @@ impl Epoch {
     }
 
     /// The epoch in Unix ms.
-    pub(crate) fn unix_ms(self) -> u64 {
+    pub fn unix_ms(self) -> u64 {
         self.0
     }
 }
@@ -178,7 +178,7 @@ fn rfc3339(unix_ms: u64) -> String {
 }
 
 /// Now in Unix ms (the wall clock), for the start-up checks.
-pub(crate) fn wall_now_ms() -> u64 {
+pub fn wall_now_ms() -> u64 {
     crate::lease::unix_ms(SystemTime::now())
 }
 

@@ -8,7 +8,7 @@ use super::layout::{Epoch, IdLayout, IdParts};
 
 /// Why nothing is minting: the `state` of a 503 while no lease is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Standby {
+pub enum Standby {
     /// No lease yet; claiming.
     Claiming,
     /// The claim guard holds claims back.
@@ -28,7 +28,7 @@ pub(crate) enum Standby {
 /// Where the monotonic clock meets the wall clock: both read together (at claim, or at a
 /// later forward re-anchor). The minting clock is `unix_ms + (now - boot_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Anchor {
+pub struct Anchor {
     /// CLOCK_BOOTTIME ms at the reading.
     pub boot_ms: u64,
     /// Unix ms (wall clock) at the same reading.
@@ -37,7 +37,7 @@ pub(crate) struct Anchor {
 
 /// One lease to mint under, as the keeper got it from Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
+pub struct Grant {
     /// The worker ID of the lease.
     pub worker_id: u16,
     /// The clock reading taken at claim.
@@ -52,7 +52,7 @@ pub(crate) struct Grant {
 
 /// How far ahead of the minting clock the keeper reserves (`reserve.lua`), in ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Window {
+pub struct Window {
     /// A reservation asks for the clock + this much.
     pub ahead_ms: u64,
     /// A reservation is due once the ceiling is less than this far ahead of the clock
@@ -62,7 +62,7 @@ pub(crate) struct Window {
 
 /// Why no ID was minted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// No lease is minting.
     NoLease(Standby),
     /// The clock is at or below the floor (the previous holders' mark); it passes it in
@@ -81,7 +81,7 @@ pub(crate) enum Refusal {
 
 impl Refusal {
     /// The `state` a 503 names.
-    pub(crate) fn state(self) -> &'static str {
+    pub fn state(self) -> &'static str {
         match self {
             Self::NoLease(Standby::Claiming) => "claiming",
             Self::NoLease(Standby::GuardClosed) => "guard_closed",
@@ -100,7 +100,7 @@ impl Refusal {
 
 /// What a successful [`Minter::mint`] call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// `out` holds the count asked for.
     Done,
     /// This ms's sequence ran out first: call again once the boot clock is past `now`.
@@ -109,7 +109,7 @@ pub(crate) enum Step {
 
 /// What a stopped lease leaves for the release to record (`settle.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Ended {
+pub struct Ended {
     /// The worker ID of the stopped lease.
     pub worker_id: u16,
     /// The last minted timestamp (Unix ms), or the floor when nothing was minted: no ID of
@@ -122,7 +122,7 @@ pub(crate) struct Ended {
 /// ended must not extend or raise the next one (another worker ID's mark says nothing of
 /// this one's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LeaseTicket(u64);
+pub struct LeaseTicket(u64);
 
 /// One lease being minted under.
 #[derive(Debug, Clone)]
@@ -143,7 +143,7 @@ enum Phase {
 
 /// Mints IDs for the one lease it is given; see the module doc.
 #[derive(Debug, Clone)]
-pub(crate) struct Minter {
+pub struct Minter {
     layout: IdLayout,
     epoch: Epoch,
     window: Window,
@@ -154,7 +154,7 @@ pub(crate) struct Minter {
 
 impl Minter {
     /// A minter for `layout` from `epoch`, claiming.
-    pub(crate) fn new(layout: IdLayout, epoch: Epoch, window: Window) -> Self {
+    pub fn new(layout: IdLayout, epoch: Epoch, window: Window) -> Self {
         Self {
             layout,
             epoch,
@@ -167,7 +167,7 @@ impl Minter {
     /// Starts minting under a new lease; whatever lease was before is forgotten (its IDs are
     /// all at or below the mark Redis holds, which the new grant's floor is). The ticket
     /// names this lease in the keeper's later changes.
-    pub(crate) fn start(&mut self, grant: Grant) -> LeaseTicket {
+    pub fn start(&mut self, grant: Grant) -> LeaseTicket {
         self.started += 1;
         let ticket = LeaseTicket(self.started);
         self.phase = Phase::Minting(Session {
@@ -180,7 +180,7 @@ impl Minter {
     }
 
     /// Stops minting (loss, shutdown, ...); returns what the stopped lease leaves to record.
-    pub(crate) fn stop(&mut self, why: Standby) -> Option<Ended> {
+    pub fn stop(&mut self, why: Standby) -> Option<Ended> {
         let ended = self.session().map(|s| Ended {
             worker_id: s.grant.worker_id,
             settled_unix_ms: s.last.map_or(s.grant.floor_unix_ms, |(t, _)| t),
@@ -191,7 +191,7 @@ impl Minter {
 
     /// A confirmed renew of the `ticket` lease moved its validity deadline (CLOCK_BOOTTIME
     /// ms). Returns false (nothing changed) when that lease is no longer minting.
-    pub(crate) fn extend(&mut self, ticket: LeaseTicket, valid_until_boot_ms: u64) -> bool {
+    pub fn extend(&mut self, ticket: LeaseTicket, valid_until_boot_ms: u64) -> bool {
         let Some(s) = self.session_of(ticket) else {
             return false;
         };
@@ -202,7 +202,7 @@ impl Minter {
     /// A confirmed reservation of the `ticket` lease: the mark Redis now holds (Unix ms). The
     /// ceiling only rises. Returns false (nothing changed) when that lease is no longer
     /// minting.
-    pub(crate) fn raise_ceiling(&mut self, ticket: LeaseTicket, mark_unix_ms: u64) -> bool {
+    pub fn raise_ceiling(&mut self, ticket: LeaseTicket, mark_unix_ms: u64) -> bool {
         let Some(s) = self.session_of(ticket) else {
             return false;
         };
@@ -220,7 +220,7 @@ impl Minter {
     /// Redis' TIME + the window), and the floor is untouched. Backwards would freeze the
     /// timestamp at the last one until the clock caught up; a step back is therefore left to
     /// the monotonic clock, which never sees it.
-    pub(crate) fn reanchor(&mut self, ticket: LeaseTicket, anchor: Anchor) -> bool {
+    pub fn reanchor(&mut self, ticket: LeaseTicket, anchor: Anchor) -> bool {
         let Some(s) = self.session_of(ticket) else {
             return false;
         };
@@ -233,7 +233,7 @@ impl Minter {
 
     /// The target to reserve up to now (Unix ms) when the ceiling is less than the window's
     /// low water ahead of the minting clock; `None` otherwise or without a lease.
-    pub(crate) fn reservation_due(&self, now_boot_ms: u64) -> Option<u64> {
+    pub fn reservation_due(&self, now_boot_ms: u64) -> Option<u64> {
         let s = self.session()?;
         let clock = s.clock(now_boot_ms);
         (s.ceiling_unix_ms < clock.saturating_add(self.window.low_water_ms))
@@ -242,18 +242,18 @@ impl Minter {
 
     /// The ceiling's lead over the minting clock (ms, negative once past it); `None` without
     /// a lease.
-    pub(crate) fn mark_lead_ms(&self, now_boot_ms: u64) -> Option<i64> {
+    pub fn mark_lead_ms(&self, now_boot_ms: u64) -> Option<i64> {
         let s = self.session()?;
         Some(s.ceiling_unix_ms as i64 - s.clock(now_boot_ms) as i64)
     }
 
     /// The last minted timestamp (Unix ms) of the current lease.
-    pub(crate) fn last_minted(&self) -> Option<u64> {
+    pub fn last_minted(&self) -> Option<u64> {
         self.session()?.last.map(|(t, _)| t)
     }
 
     /// The worker ID being minted for.
-    pub(crate) fn worker_id(&self) -> Option<u16> {
+    pub fn worker_id(&self) -> Option<u16> {
         Some(self.session()?.grant.worker_id)
     }
 
@@ -261,7 +261,7 @@ impl Minter {
     /// strictly increasing order (also across calls). Refused, nothing is pushed and nothing
     /// changes. `now_boot_ms` must be read inside the caller's lock; an older one is
     /// harmless (the last timestamp is kept).
-    pub(crate) fn mint(
+    pub fn mint(
         &mut self,
         now_boot_ms: u64,
         count: usize,
