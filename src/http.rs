@@ -2,9 +2,10 @@
 //! dual-stack on `[::]`), the liveness routes, the metrics encoding, and
 //! serving a router until shutdown (`serve`) with a connection cap
 //! (`connections`) and a header timeout, set by `--max-connections` and
-//! `--http-header-timeout` (`limits`). Each mode's own routes live in its
-//! subtree.
+//! `--http-header-timeout` (`limits`), on TCP or a unix socket (`accept`).
+//! Each mode's own routes live in its subtree.
 
+mod accept;
 mod bind;
 mod connections;
 mod limits;
@@ -21,7 +22,7 @@ use prometheus_client::registry::Registry;
 
 pub(crate) use bind::bind;
 pub(crate) use limits::{ConnectionLimits, HttpArgs};
-pub(crate) use serve::{serve, serve_on_own_thread};
+pub(crate) use serve::{serve, serve_on, serve_on_own_thread};
 
 /// `/livez` and `/healthz`: 200 while the process serves HTTP; never
 /// depends on Redis (a Redis outage must not restart the pod).

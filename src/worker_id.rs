@@ -15,6 +15,7 @@
 //! - `publisher`: keeps the files in step with the state.
 //! - `routes`: `/id`, `/readyz`, `/metrics`.
 //! - `metrics`: Prometheus metrics of worker mode.
+//! - [`mint`]: mint mode (in progress): minting IDs under the lease, `/next`.
 //! - [`status`]: `snowlease status`, a read-only view of an app's leases.
 
 pub mod args;
@@ -24,6 +25,8 @@ pub mod guard;
 pub(crate) mod keeper;
 pub(crate) mod limits;
 pub(crate) mod metrics;
+#[allow(dead_code)] // wired into the keeper next (issue 23)
+pub mod mint;
 pub(crate) mod publisher;
 pub(crate) mod routes;
 mod sizing;

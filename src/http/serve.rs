@@ -11,13 +11,15 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
 use super::ConnectionLimits;
+use super::accept::Accept;
 use super::connections::{Connections, InRequest, Slot};
 use super::limits::BODY_LIMIT;
 use crate::open_files;
@@ -41,16 +43,26 @@ pub(crate) async fn serve(
     limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::from_std(listener)?;
+    serve_on(TcpListener::from_std(listener)?, router, limits, shutdown).await
+}
+
+/// [`serve`] on any [`Accept`] listener (TCP, a unix socket), with the same
+/// cap, timeouts and shutdown.
+///
+/// Errors: the listener's I/O error.
+pub(crate) async fn serve_on<L: Accept>(
+    listener: L,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let cap = effective_cap(limits.max_connections);
-    if let Ok(addr) = listener.local_addr() {
-        info!(
-            addr = %addr,
-            max_connections = cap,
-            header_timeout_ms = crate::timing::ms(limits.header_timeout),
-            "http listening"
-        );
-    }
+    info!(
+        addr = %listener.describe(),
+        max_connections = cap,
+        header_timeout_ms = crate::timing::ms(limits.header_timeout),
+        "http listening"
+    );
     let connections = Connections::new(cap);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
@@ -59,8 +71,8 @@ pub(crate) async fn serve(
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+            accepted = listener.accept_one() => match accepted {
+                Ok(stream) => stream,
                 Err(err) => {
                     accept_failed(err).await;
                     continue;
@@ -145,9 +157,9 @@ async fn accept_failed(err: std::io::Error) {
 /// Serves one connection until it ends, or until its slot is told to close
 /// (evicted, or shutdown): then hyper closes it at once when idle, or after
 /// the response in flight.
-async fn serve_connection(
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     http1: hyper::server::conn::http1::Builder,
-    stream: TcpStream,
+    stream: S,
     router: Router,
     body_timeout: Duration,
     slot: Slot,

@@ -43,6 +43,11 @@ mod harness_selftest;
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
+/// The mint guarantee on real Redis with minters on fake clocks: handovers to a clock 30 s
+/// behind, a paused old holder.
+mod mint_handover;
+/// Mint mode's scripts: the high-water mark, reservations, the settled record; Cluster slots.
+mod mint_script;
 /// A node that stops being the primary (REPLICAOF, a DNS-name failover): every mode leaves
 /// it; a `maxclients` refusal named.
 mod node_role;

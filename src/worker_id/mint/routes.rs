@@ -1,0 +1,138 @@
+//! `GET /next` and `GET /next?count=N`: IDs from the desk's minter, as JSON strings (JavaScript
+//! loses integers above 2^53) or plain decimal lines; 503 naming the state without a valid
+//! lease; 400 naming `count` and its range. The handlers never touch Redis.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use super::desk::MintDesk;
+use super::metrics::MintMetrics;
+use super::minter::Refusal;
+
+/// Most IDs one request may ask for (`count`): one ms of the default layout's sequence.
+pub(crate) const MAX_COUNT: usize = 4096;
+
+/// What the mint handlers use.
+#[derive(Clone)]
+pub(crate) struct MintHttp {
+    /// The minter the keeper feeds.
+    pub desk: Arc<MintDesk>,
+    /// Counted on every answer.
+    pub metrics: Arc<MintMetrics>,
+}
+
+/// The mint routes. Pure: tests drive it with `oneshot`; the worker's `--listen` server and
+/// the unix socket ([`super::socket`]) serve it.
+pub(crate) fn router(http: MintHttp) -> Router {
+    Router::new().route("/next", get(next)).with_state(http)
+}
+
+/// `GET /next[?count=N]`.
+async fn next(
+    State(http): State<MintHttp>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let count = match parse_count(query.as_deref()) {
+        Ok(count) => count,
+        Err(bad) => return bad.into_response(),
+    };
+    match http.desk.mint(count.unwrap_or(1)).await {
+        Ok(minted) => {
+            http.metrics.minted.inc_by(minted.ids.len() as u64);
+            http.metrics.sequence_waits.inc_by(minted.sequence_waits);
+            answer(&minted.ids, count.is_some(), wants_text(&headers))
+        }
+        Err(refusal) => {
+            http.metrics.count_unavailable(refusal.state());
+            unavailable(refusal)
+        }
+    }
+}
+
+/// `count` of the query: `None` when absent; [`BadCount`] when it is not an integer in
+/// 1-4096 (or given twice).
+fn parse_count(query: Option<&str>) -> Result<Option<usize>, BadCount> {
+    let mut given = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .filter(|(name, _)| name == "count")
+        .map(|(_, value)| {
+            value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_COUNT).contains(n))
+        });
+    match (given.next(), given.next()) {
+        (None, _) => Ok(None),
+        (Some(Some(count)), None) => Ok(Some(count)),
+        _ => Err(BadCount),
+    }
+}
+
+/// A bad `count`: 400 naming the field and its range.
+struct BadCount;
+
+impl IntoResponse for BadCount {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": "bad input",
+            "field": "count",
+            "expected": format!("one integer in 1-{MAX_COUNT}"),
+        });
+        (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+    }
+}
+
+fn wants_text(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
+}
+
+/// 200: `{"id": "<decimal>"}` for a plain `/next`, `{"ids": [...]}` with `count`; one
+/// decimal per line as text.
+fn answer(ids: &[u64], batch: bool, text: bool) -> Response {
+    if text {
+        let mut body = String::with_capacity(ids.len() * 20);
+        for id in ids {
+            let _ = writeln!(body, "{id}");
+        }
+        return ([(header::CONTENT_TYPE, "text/plain")], body).into_response();
+    }
+    let decimal = |id: &u64| id.to_string();
+    let body = match batch {
+        true => json!({ "ids": ids.iter().map(decimal).collect::<Vec<_>>() }),
+        false => json!({ "id": ids.first().map(decimal) }),
+    };
+    axum::Json(body).into_response()
+}
+
+/// 503 `{"state": ...}` (plus `wait_ms` while the clock is behind the mark) with
+/// `Retry-After` in whole seconds, at least 1.
+fn unavailable(refusal: Refusal) -> Response {
+    let mut body = json!({ "state": refusal.state() });
+    let mut retry_ms = 1_000;
+    if let Refusal::ClockBehind { wait_ms } = refusal {
+        body["wait_ms"] = wait_ms.into();
+        retry_ms = wait_ms;
+    }
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(
+            header::RETRY_AFTER,
+            crate::budget::serve::retry_after_secs(retry_ms),
+        )],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests;
