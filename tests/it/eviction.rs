@@ -328,6 +328,11 @@ fn pool_serve_is_unready_while_redis_may_evict() {
     let take = r#"{"key":"example.com","rate":"1/s","burst":1}"#;
     let (status, body) = post(&serve, "/budgets/crawl/take", take);
     assert_eq!(status, 503, "a budget take fails closed: {body}");
+    assert!(
+        body.contains("budget keys"),
+        "says what a budget risks: {body}"
+    );
+    assert!(!body.contains("held lease"), "{body}");
     config_set(&redis, "maxmemory-policy", "noeviction");
     assert!(
         poll_until(secs(3), || serve.readyz() == 200),

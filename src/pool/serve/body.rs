@@ -28,6 +28,9 @@ pub(super) enum ApiError {
     Pool(PoolError),
     /// Redis may evict keys: no lease is granted or prolonged.
     Evicting(crate::eviction::EvictingRedis),
+    /// Redis may evict keys: no budget is charged (the message names what a
+    /// budget risks: a reset to full, not a lease).
+    EvictingBudgets(crate::eviction::EvictingRedis),
 }
 
 impl ApiError {
@@ -50,6 +53,10 @@ impl From<PoolError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let evicting = |detail: String| {
+            let body = json!({ "error": "redis may evict keys", "detail": detail });
+            (StatusCode::SERVICE_UNAVAILABLE, body)
+        };
         let (status, body) = match self {
             Self::UnknownPool(pool) => (
                 StatusCode::NOT_FOUND,
@@ -63,10 +70,10 @@ impl IntoResponse for ApiError {
                 StatusCode::CONFLICT,
                 json!({ "error": "lease lost", "reason": reason.as_str(), "detail": reason.describe() }),
             ),
-            Self::Evicting(err) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({ "error": "redis may evict keys", "detail": err.to_string() }),
-            ),
+            Self::Evicting(err) => evicting(err.to_string()),
+            Self::EvictingBudgets(err) => {
+                evicting(crate::eviction::EvictingBudgets(err).to_string())
+            }
             Self::Pool(err) => {
                 warn!(error = %err, "pool call failed");
                 match err {

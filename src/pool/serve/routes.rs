@@ -62,6 +62,7 @@ async fn refuse_budgets_if_evicting(
 ) -> Response {
     match state.refuse_if_evicting() {
         Ok(()) => next.run(request).await,
+        Err(ApiError::Evicting(evicting)) => ApiError::EvictingBudgets(evicting).into_response(),
         Err(err) => err.into_response(),
     }
 }
