@@ -227,9 +227,12 @@ async fn penalize_pushes_a_key_back() {
     let p = b.penalize(&keys, ms(500)).await.unwrap();
     assert_eq!(p.retry_after_ms, 500, "{p:?}");
     let denied = b.take(&keys, 1).await.unwrap();
+    // Exactly the penalty's rest on Redis' clock, however late the take
+    // came (a loaded machine once took 51 ms).
+    let rest = 500 - (denied.at_ms - p.at_ms);
     assert!(
-        !denied.allowed && (450..=500).contains(&denied.retry_after_ms),
-        "{denied:?}"
+        !denied.allowed && denied.retry_after_ms.abs_diff(rest) <= 1,
+        "{denied:?}, {rest} ms of the penalty left"
     );
     let allowed = b.take_wait(&keys, 1, secs(1), &Default::default()).await;
     let allowed = allowed.unwrap();

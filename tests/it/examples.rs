@@ -131,6 +131,16 @@ fn examples_read_the_published_id_and_refuse_without_one() {
     let url = format!("http://{}", sidecar.http_addr());
     let file = sidecar.output_file().to_path_buf();
     let missing = sidecar.pod().path().join("no-such-file");
+    // /id can answer a little before the ID file and its state file are
+    // written (the keeper publishes to both, the file on its own I/O): the
+    // file case below needs both on disk.
+    let mut state = file.clone().into_os_string();
+    state.push(".state.json");
+    let written = poll_until(secs(5), || {
+        let id = std::fs::read_to_string(&file).unwrap_or_default();
+        id.trim() == lease.worker_id.to_string() && Path::new(&state).exists()
+    });
+    assert!(written, "the ID file and its state file were never written");
 
     for (example, interpreter, cwd) in &present {
         for (path, source) in [(&file, "file"), (&missing, "http")] {
