@@ -198,3 +198,30 @@ async fn sixty_four_claims_at_once_get_distinct_ids_on_cluster() {
         assert_eq!(holder.as_deref(), Some(owner.as_str()), "{key}");
     }
 }
+
+/// The claim guard gates windowed claims as it gates one call: on a fresh Redis (no guard)
+/// a claim over 1024 IDs is paused after one call, the guard set one TTL ahead, and no lease
+/// key written in any window.
+#[tokio::test(flavor = "current_thread")]
+async fn a_missing_guard_pauses_a_windowed_claim() {
+    let redis = RedisServer::start();
+    let mut c = conn(&redis.url());
+    let keys = LeaseKeys::new(PREFIX, "fresh");
+    let (_, reply) = claim(&mut c, &keys).await;
+    assert!(
+        matches!(
+            reply.outcome,
+            ClaimOutcome::Paused {
+                guard: snowlease::worker_id::claim::GuardFound::Missing,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    assert_eq!(reply.calls, 1, "one guard for every window");
+    assert!(redis.exists(&format!("{PREFIX}fresh:guard")));
+    assert_eq!(
+        redis.keys(&format!("{PREFIX}fresh:[0-9]*")),
+        Vec::<String>::new()
+    );
+}
