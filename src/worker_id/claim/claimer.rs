@@ -15,6 +15,7 @@ use super::windows::{WINDOW, Walk, start_window, windows};
 use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_claim};
 use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;
+use crate::timing::ttl_ms;
 
 /// One keeper's claims over `0..=max_worker_id`; keeps what the next claim
 /// needs (built commands, the window of a call whose reply was lost).
@@ -26,8 +27,10 @@ pub struct Claimer {
     /// One server: each window's `EVALSHA`, built for `built_for`.
     cmds: Vec<Cmd>,
     built_for: Option<(String, Duration)>,
-    /// Cluster: each ID's guard, built at the first Cluster claim.
+    /// Cluster: each ID's guard, and each window's keys to read (its lease
+    /// keys, then the hint over 64 IDs), built at the first Cluster claim.
     guards: Vec<String>,
+    reads: Vec<Vec<String>>,
     /// The window of the last call whose reply never came: our key may be
     /// there, so the next claim looks there first.
     resume: Option<usize>,
@@ -43,6 +46,7 @@ impl Claimer {
             cmds: Vec::new(),
             built_for: None,
             guards: Vec::new(),
+            reads: Vec::new(),
             resume: None,
         }
     }
@@ -148,7 +152,9 @@ impl Claimer {
     /// Cluster: per window a read, then a call per free ID, until one is
     /// taken; paused windows do not stop the walk (other shards may have
     /// kept their data). The read is only a hint: each call decides on its
-    /// own slot.
+    /// own slot. Over 64 IDs the read takes the claim hint along (its own
+    /// slot: no script can set it with a lease key, so the claimer sets it
+    /// after a claim, without waiting for the reply).
     async fn claim_slots(
         &mut self,
         conn: &mut Redis,
@@ -159,23 +165,41 @@ impl Claimer {
         if self.guards.len() != self.ids.len() {
             let max = u16::try_from(self.ids.len() - 1).expect("at most 1024 IDs");
             self.guards = self.keys.guards(max, Keyspace::Slots);
+            let hint = (self.windows.len() > 1).then(|| self.keys.hint());
+            self.reads = self
+                .windows
+                .iter()
+                .map(|w| self.ids[w.clone()].iter().chain(&hint).cloned().collect())
+                .collect();
         }
         let mut found = Found::default();
         loop {
-            let window = self.windows[walk.current()].clone();
             self.resume = Some(walk.current());
             if let Some(reply) = self
-                .claim_slot_window(conn, owner, ttl, window, &mut found)
+                .claim_slot_window(conn, owner, ttl, walk.current(), &mut found)
                 .await?
             {
                 self.resume = None;
+                if let (ClaimOutcome::Claimed(id), true) = (&reply.outcome, self.windows.len() > 1)
+                {
+                    self.set_hint(conn, *id, ttl);
+                }
                 return Ok(reply);
             }
-            if walk.advance(None).is_none() {
+            let hinted = found.hint.map(|id| usize::from(id) / WINDOW);
+            if walk.advance(hinted).is_none() {
                 self.resume = None;
                 return Ok(found.into_reply());
             }
         }
+    }
+
+    /// Cluster: the hint names `id` for a TTL, sent on a clone of the
+    /// connection without waiting (a lost hint costs a later claim a read).
+    fn set_hint(&self, conn: &Redis, id: usize, ttl: Duration) {
+        let (mut conn, mut set) = (conn.clone(), redis::cmd("SET"));
+        set.arg(self.keys.hint()).arg(id).arg("PX").arg(ttl_ms(ttl));
+        tokio::spawn(async move { set.query_async::<()>(&mut conn).await });
     }
 
     /// One Cluster window: the read, then a call per candidate. Some when
@@ -185,13 +209,17 @@ impl Claimer {
         conn: &mut Redis,
         owner: &Owner,
         ttl: Duration,
-        window: Range<usize>,
+        index: usize,
         found: &mut Found,
     ) -> redis::RedisResult<Option<ClaimReply>> {
+        let window = self.windows[index].clone();
         // One single-key MGET per ID (nil for a key of another type too), one
         // pipeline per node, all at once (a multi-slot MGET, split by redis-rs,
         // failed with a result-count mismatch during a failover).
-        let values = conn.read_each(&self.ids[window.clone()]).await?;
+        let mut values = conn.read_each(&self.reads[index]).await?;
+        if values.len() > window.len() {
+            found.hint = values.pop().flatten().and_then(|v| v.parse().ok());
+        }
         found.calls += 1;
         found.held |= values.iter().any(Option::is_some);
         let ours = values
@@ -243,6 +271,8 @@ struct Found {
     held: bool,
     /// A guard was found set (open, or closed as set before).
     guard_existed: bool,
+    /// The ID the claim hint named at the last read.
+    hint: Option<u16>,
 }
 
 impl Found {
