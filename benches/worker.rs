@@ -1,20 +1,15 @@
-//! `cargo bench --bench worker`: claim latency against a PING round trip
-//! (standalone and Cluster), start-up of 32 sidecars against one (with their
-//! claim-round counters), the time a Sentinel failover leaves sidecars
+//! `cargo bench --bench worker`: start-up of 32 sidecars against one (with
+//! their claim-round counters), the time a Sentinel failover leaves sidecars
 //! without an ID, idle RSS, binary size. Starts its own Redis processes on
 //! free loopback ports through the test harness (`tests/it/harness`);
-//! prints a table with the goals (docs/worker.md, "Benchmarks"). `-- claims` runs the
-//! claim rows only.
+//! prints a table with the goals (docs/worker.md, "Benchmarks"). Claim
+//! latency: `cargo bench --bench claims`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use snowlease::connection::RedisTarget;
-use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, LeaseKeys, claim_lowest};
 
 // The test harness, shared with the integration tests: its modules sit
 // under tests/it/harness/, which an inline module with this path finds.
@@ -24,127 +19,18 @@ mod it {
     pub mod harness;
 }
 use it::harness::{
-    ClusterTopology, RedisServer, SentinelTopology, free_port, guard_open, holding_sidecars,
-    sample_through,
+    RedisServer, SentinelTopology, free_port, guard_open, holding_sidecars, sample_through,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
 /// The statically linked build (`scripts/build-static.sh --release`), the
 /// one the image ships and `install` copies; measured when present.
 const STATIC_BIN: &str = "target/static/x86_64-unknown-linux-gnu/release/snowlease";
-const TRIALS: usize = 300;
 const SIDECARS: usize = 32;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
-}
-
-/// A PING round trip to the node at `port` on a plain multiplexed
-/// connection (the transport snowlease's handle uses).
-struct Pinger(redis::aio::MultiplexedConnection);
-
-impl Pinger {
-    async fn connect(port: u16) -> Pinger {
-        let conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        Pinger(conn)
-    }
-
-    async fn sample(&mut self) -> Duration {
-        let start = Instant::now();
-        let _: String = redis::cmd("PING").query_async(&mut self.0).await.unwrap();
-        start.elapsed()
-    }
-}
-
-/// Medians of a claim through snowlease's own connection handle and of a
-/// PING to `ping_port`, one sample of each in turn (so both see the same
-/// machine load), with `n` of 32 IDs taken, for each `n` in `taken`;
-/// guards open as in an established deployment. Returns (PING, claim) per
-/// `n`, and the median of all PING samples.
-async fn claim_latency(
-    url: &str,
-    ping_port: u16,
-    taken: &[u16],
-) -> (Vec<(Duration, Duration)>, Duration) {
-    let mut conn = RedisTarget::parse(url)
-        .unwrap()
-        .connect(Duration::from_secs(5))
-        .unwrap();
-    let mut pinger = Pinger::connect(ping_port).await;
-    let keys = LeaseKeys::new("snowflake:worker:", "bench");
-    let keyspace = conn.keyspace().await.unwrap();
-    for guard in keys.guards(31, keyspace) {
-        let _: () = redis::cmd("SET")
-            .arg(guard)
-            .arg(0)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
-    let owner = Owner::generate("bench");
-    let ttl = Duration::from_secs(120);
-    let (mut results, mut all_pings) = (Vec::new(), Vec::new());
-    for &n in taken {
-        for id in 0..32u16 {
-            let _: () = redis::cmd("DEL")
-                .arg(keys.id(id))
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-        for id in 0..n {
-            let _: () = redis::cmd("SET")
-                .arg(keys.id(id))
-                .arg("other#0")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-        let (mut pings, mut claims) = (Vec::new(), Vec::new());
-        // Warm-up: connections, script cache, slot views.
-        for trial in 0..TRIALS + 20 {
-            let ping = pinger.sample().await;
-            let start = Instant::now();
-            let reply = claim_lowest(&mut conn, &keys, 31, &owner, ttl)
-                .await
-                .unwrap();
-            let claim = start.elapsed();
-            assert_eq!(
-                reply.outcome,
-                ClaimOutcome::Claimed(usize::from(n)),
-                "lowest free ID"
-            );
-            let _: () = redis::cmd("DEL")
-                .arg(keys.id(n))
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if trial >= 20 {
-                pings.push(ping);
-                claims.push(claim);
-            }
-        }
-        all_pings.extend(pings.iter().copied());
-        results.push((median(pings), median(claims)));
-    }
-    (results, median(all_pings))
-}
-
-/// The Cluster node that holds most of the 32 ID keys of app `bench`.
-fn busiest_node(topo: &ClusterTopology) -> u16 {
-    let keys = LeaseKeys::new("snowflake:worker:", "bench");
-    let mut count: BTreeMap<u16, usize> = BTreeMap::new();
-    for id in 0..32 {
-        *count
-            .entry(topo.owner_of_key(&keys.id(id)).port)
-            .or_default() += 1;
-    }
-    count.into_iter().max_by_key(|(_, n)| *n).unwrap().0
 }
 
 struct Spawned {
@@ -296,26 +182,12 @@ fn ratio(a: Duration, b: Duration) -> String {
 
 fn main() {
     let started = Instant::now();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // `cargo bench --bench worker -- claims`: the claim rows only.
-    let claims_only = std::env::args().skip(1).any(|a| a == "claims");
-    let taken = [0, 16, 31];
     let redis = RedisServer::start();
     let url = redis.url();
-    let (claims, ping) = runtime.block_on(claim_latency(&url, redis.port(), &taken));
-
-    let (cluster_claims, cluster_ping) = {
-        let topo = ClusterTopology::start_primaries_only();
-        let busiest = busiest_node(&topo);
-        runtime.block_on(claim_latency(&topo.url(), busiest, &taken))
-    };
 
     let bins: Vec<(&str, &str)> = [("dynamic", BIN), ("static", STATIC_BIN)]
         .into_iter()
-        .filter(|(_, bin)| !claims_only && Path::new(bin).exists())
+        .filter(|(_, bin)| Path::new(bin).exists())
         .collect();
     let mut startups = Vec::new();
     for (name, bin) in &bins {
@@ -332,38 +204,11 @@ fn main() {
         let size = std::fs::metadata(bin).map(|m| m.len()).unwrap_or(0);
         startups.push((name, one, runs, rss, size));
     }
-    let gaps = (!claims_only).then(sentinel_failover_gaps);
+    let (planned, killed) = sentinel_failover_gaps();
 
     println!("snowlease worker benchmark (medians; redis-server on loopback)");
     row("measure", "value".into(), "ratio".into(), "goal");
-    let us = |d: Duration| format!("{:.1}us", d.as_secs_f64() * 1e6);
     let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1e3);
-    println!("(claim ratios: to the PING samples taken in turn with that row's claims)");
-    row("standalone: PING round trip", us(ping), "1.00x".into(), "-");
-    for (n, (ping, claim)) in taken.iter().zip(&claims) {
-        let goal = if *n == 31 { "<= 2x" } else { "-" };
-        row(
-            &format!("standalone: claim with {n} of 32 IDs taken (1 call)"),
-            us(*claim),
-            ratio(*claim, *ping),
-            goal,
-        );
-    }
-    row(
-        "cluster 3 primaries: PING to the busiest node",
-        us(cluster_ping),
-        "1.00x".into(),
-        "-",
-    );
-    for (n, (ping, claim)) in taken.iter().zip(&cluster_claims) {
-        let goal = if *n == 31 { "<= 3x" } else { "-" };
-        row(
-            &format!("cluster: claim with {n} of 32 IDs taken (read + 1 call)"),
-            us(*claim),
-            ratio(*claim, *ping),
-            goal,
-        );
-    }
     for (name, one, runs, (rss, anon), size) in &startups {
         let all = median(runs.iter().map(|r| r.all).collect());
         let spawning = median(runs.iter().map(|r| r.spawning).collect());
@@ -423,19 +268,18 @@ fn main() {
             "-",
         );
     }
-    if let Some((planned, killed)) = gaps {
-        row(
-            "sentinel: 8 sidecars, longest without ID, planned failover",
-            ms(planned),
-            "-".into(),
-            "-",
-        );
-        row(
-            "sentinel: 8 sidecars, longest without ID, killed primary",
-            ms(killed),
-            "-".into(),
-            "-",
-        );
-    }
+    row(
+        "sentinel: 8 sidecars, longest without ID, planned failover",
+        ms(planned),
+        "-".into(),
+        "-",
+    );
+    row(
+        "sentinel: 8 sidecars, longest without ID, killed primary",
+        ms(killed),
+        "-".into(),
+        "-",
+    );
+
     println!("total bench time {:.1}s", started.elapsed().as_secs_f64());
 }

@@ -1,11 +1,11 @@
-//! Worker-ID mode: the sidecar that claims the lowest free worker ID of an
+//! Worker-ID mode: the sidecar that claims a free worker ID of an
 //! app, renews it, and publishes it to the app beside it; `status` reads the
 //! same keys. This file wires the parts together and fixes the shutdown
 //! order (unpublish first, then release).
 //!
 //! # Layout
 //! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
-//! - [`claim`]: key names and `claim.lua` (re-adopt ours, else lowest free ID).
+//! - [`claim`]: key names, `claim.lua` (re-adopt ours, else lowest free ID), the claimer (windows of 64 IDs).
 //! - `state`: `WorkerState`, the one value the keeper writes and every publisher reads.
 //! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop.
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.

@@ -9,8 +9,15 @@
 --             holding the Redis time (ms) from which new claims are allowed
 -- ARGV[1]     owner string "<identity>#<nonce>"
 -- ARGV[2]     TTL in milliseconds (integer >= 1)
+-- ARGV[3]     optional, for a claim window of a larger range (one server,
+--             docs/worker.md "Claim windows"): the worker ID of the first
+--             pair (integer >= 0). KEYS then ends with one more key, the
+--             app's claim hint <prefix><app>:hint: a string naming the ID
+--             the last windowed claim took (PX: the TTL), read here and set
+--             to the ID this call takes. Only a hint: a missing one or one
+--             of another type (never touched) names none
 --
--- Returns {index, how, wrong, wait_ms, expires_ms}:
+-- Returns {index, how, wrong, wait_ms, expires_ms, hint}:
 --   index       0-based pair of the key now held by us, -1 when no key could
 --               be taken and no guard is closed, -2 when no key could be
 --               taken and at least one candidate's guard is closed
@@ -24,6 +31,8 @@
 --   wait_ms     with index -2: ms until the soonest closed guard opens
 --   expires_ms  TIME + ttl: when a key written now expires (see renew.lua);
 --               the first renew derives its ARGV[3] from it
+--   hint        with ARGV[3] and index -1: the ID the hint names, where a
+--               free ID is likely (-1: none). Else -1
 --
 -- The guard: a guard missing where lease keys may have been (a fresh Redis,
 -- a restart without persistence, FLUSHALL, a Cluster shard failed over to an
@@ -36,24 +45,52 @@ local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR claim: ttl must be an integer >= 1 ms')
 end
-if #KEYS == 0 or #KEYS % 2 ~= 0 then
+local first_id = nil
+local hint_key = nil
+if ARGV[3] ~= nil then
+  first_id = tonumber(ARGV[3])
+  if first_id == nil or first_id < 0 or first_id ~= math.floor(first_id) then
+    return redis.error_reply('ERR claim: first worker ID must be an integer >= 0')
+  end
+  hint_key = KEYS[#KEYS]
+end
+local pair_keys = #KEYS - (hint_key and 1 or 0)
+if pair_keys == 0 or pair_keys % 2 ~= 0 then
   return redis.error_reply('ERR claim: KEYS must be (lease key, guard) pairs')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local expires = now + ttl
-local pairs_n = #KEYS / 2
+local pairs_n = pair_keys / 2
 
 -- One read of every lease key: nil for a missing key and for a key of
 -- another type alike (SET NX below tells them apart).
 local ids = {}
 for i = 1, pairs_n do ids[i] = KEYS[2 * i - 1] end
 local values = redis.call('MGET', unpack(ids))
+
+-- The hint's ID, or nil; a hint of another type is left alone.
+local function read_hint()
+  local value = redis.pcall('GET', hint_key)
+  if type(value) == 'table' then return nil, false end
+  return tonumber(value), true
+end
+
+-- Takes pair i: SET NX PX, and with a window the hint names its ID.
+local function take(i)
+  if not redis.call('SET', ids[i], ARGV[1], 'NX', 'PX', ttl) then return false end
+  if hint_key then
+    local _, writable = read_hint()
+    if writable then redis.call('SET', hint_key, first_id + i - 1, 'PX', ttl) end
+  end
+  return true
+end
+
 for i = 1, pairs_n do
   if values[i] == ARGV[1] then
     -- Reset the TTL: validity is counted from this call's send time.
     redis.call('PEXPIRE', ids[i], ttl)
-    return {i - 1, 2, {}, 0, expires}
+    return {i - 1, 2, {}, 0, expires, -1}
   end
 end
 
@@ -95,8 +132,8 @@ for i = 1, pairs_n do
     if now < guard.open_at then
       if wait == nil or guard.open_at - now < wait then wait = guard.open_at - now end
       if rank[guard.how] > rank[paused_how] then paused_how = guard.how end
-    elseif redis.call('SET', ids[i], ARGV[1], 'NX', 'PX', ttl) then
-      return {i - 1, 1, wrong, 0, expires}
+    elseif take(i) then
+      return {i - 1, 1, wrong, 0, expires, -1}
     else
       -- MGET said nil, yet the key exists: another type.
       wrong[#wrong + 1] = i - 1
@@ -104,6 +141,8 @@ for i = 1, pairs_n do
   end
 end
 if wait ~= nil then
-  return {-2, paused_how, wrong, wait, 0}
+  return {-2, paused_how, wrong, wait, 0, -1}
 end
-return {-1, 0, wrong, 0, 0}
+local hint = nil
+if hint_key then hint = read_hint() end
+return {-1, 0, wrong, 0, 0, hint or -1}

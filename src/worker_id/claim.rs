@@ -1,26 +1,32 @@
-//! Worker-ID claims: the names of an app's keys and `claim.lua`, which
-//! re-adopts our own key or takes the lowest free worker ID behind its
-//! claim guard: on one server in one round trip with one guard per app, on
-//! Cluster with one guard per ID key in that key's slot (docs/worker.md, "Claim
-//! guard").
+//! Worker-ID claims: the names of an app's keys and one call of
+//! `claim.lua`, which re-adopts our own key or takes the lowest free worker
+//! ID of its pairs behind their claim guard: one guard per app on one
+//! server, one per ID key in that key's slot on Cluster (docs/worker.md,
+//! "Claim guard"). Which pairs a call gets: [`claimer`].
+
+pub(crate) mod claimer;
+pub(crate) mod windows;
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Script, ServerErrorKind};
 
-use crate::connection::{Keyspace, Redis};
+use crate::connection::Keyspace;
 use crate::identity::Owner;
 use crate::lease::step;
 use crate::timing::ttl_ms;
+
+pub use self::claimer::{Claimer, claim_lowest};
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
 
 /// Names of one app's keys, all under `<prefix><app>:` (snowlease never
 /// touches other keys): lease keys `<id>`, the claim guard `guard` (one
-/// server) or `guard:{<lease key>}` (Cluster, one per ID), and start-up
-/// probe keys `probe:<nonce>`.
+/// server) or `guard:{<lease key>}` (Cluster, one per ID), the claim hint
+/// `hint` (one server, ranges over 64 IDs) and start-up probe keys
+/// `probe:<nonce>`.
 #[derive(Debug, Clone)]
 pub struct LeaseKeys {
     base: String,
@@ -66,6 +72,13 @@ impl LeaseKeys {
         format!("{}guard", self.base)
     }
 
+    /// The app's claim hint on one server: the ID the last claim in a
+    /// window took, where newcomers look when their first window is full
+    /// (docs/worker.md, "Claim windows").
+    pub(crate) fn hint(&self) -> String {
+        format!("{}hint", self.base)
+    }
+
     /// The claim guard of one worker ID on Cluster: its hash tag is the
     /// lease key itself, so it lives in the lease key's slot and is lost
     /// with it when that shard loses its data.
@@ -104,7 +117,7 @@ pub(crate) fn glob_escape(text: &str) -> String {
     out
 }
 
-/// What [`claim_lowest`] did.
+/// What a claim did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
     /// The key of this worker ID is ours now (`SET NX PX`).
@@ -138,7 +151,7 @@ pub enum GuardFound {
     Closed,
 }
 
-/// Result of [`claim_lowest`].
+/// Result of a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimReply {
     /// What happened.
@@ -152,8 +165,73 @@ pub struct ClaimReply {
     /// the app exist, so only some shards lost their data. Always false on
     /// one server.
     pub other_shards_kept_data: bool,
-    /// Redis calls this claim made (a Cluster MGET counts once).
+    /// Round trips this claim made: script calls, and on Cluster each read
+    /// of a window's keys (one pipeline per node, at once) once.
     pub calls: u32,
+}
+
+/// `claim.lua`'s reply: index, how, wrong, wait_ms, expires_ms, hint.
+type RawReply = (i64, i64, Vec<usize>, u64, u64, i64);
+
+/// An `EVALSHA` of `claim.lua` over `keys` (pairs, then the hint key when
+/// `first_id` is given), built once and sent as often as needed.
+pub(crate) fn claim_cmd<K: AsRef<str>>(
+    keys: &[K],
+    owner: &Owner,
+    ttl: Duration,
+    first_id: Option<u16>,
+) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(CLAIM.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(key.as_ref());
+    }
+    cmd.arg(owner.as_str()).arg(ttl_ms(ttl));
+    if let Some(first_id) = first_id {
+        cmd.arg(first_id);
+    }
+    cmd
+}
+
+/// Sends one `claim_cmd`; a script cache without `claim.lua` (a restart,
+/// `SCRIPT FLUSH`) gets it loaded and the call sent again, as redis-rs'
+/// `invoke_async` does. Returns the reply and the ID the hint names.
+pub(crate) async fn run_claim<C: ConnectionLike>(
+    conn: &mut C,
+    cmd: &Cmd,
+) -> redis::RedisResult<(ClaimReply, Option<u16>)> {
+    let raw: RawReply = match cmd.query_async(conn).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            CLAIM.load_async(conn).await?;
+            cmd.query_async(conn).await?
+        }
+        other => other?,
+    };
+    let hint = u16::try_from(raw.5).ok();
+    Ok((reply_of(raw), hint))
+}
+
+fn reply_of((index, how, wrong_type, wait_ms, expires_ms, _): RawReply) -> ClaimReply {
+    let outcome = match (usize::try_from(index), how) {
+        (Ok(index), 2) => ClaimOutcome::Adopted(index),
+        (Ok(index), _) => ClaimOutcome::Claimed(index),
+        _ if index == -2 => ClaimOutcome::Paused {
+            wait: Duration::from_millis(wait_ms),
+            guard: match how {
+                1 => GuardFound::Missing,
+                2 => GuardFound::TooFar,
+                _ => GuardFound::Closed,
+            },
+        },
+        _ => ClaimOutcome::AllHeld,
+    };
+    ClaimReply {
+        outcome,
+        wrong_type,
+        expires_ms,
+        other_shards_kept_data: false,
+        calls: 1,
+    }
 }
 
 /// Runs `claim.lua` once on `pairs` of (lease key, its guard) in ID order:
@@ -168,140 +246,12 @@ pub async fn claim_pairs<C: ConnectionLike>(
     owner: &Owner,
     ttl: Duration,
 ) -> redis::RedisResult<ClaimReply> {
-    let mut invocation = CLAIM.prepare_invoke();
-    for (key, guard) in pairs {
-        invocation.key(key).key(guard);
-    }
-    let (index, how, wrong_type, wait_ms, expires_ms): (i64, i64, Vec<usize>, u64, u64) =
-        invocation
-            .arg(owner.as_str())
-            .arg(ttl_ms(ttl))
-            .invoke_async(conn)
-            .await?;
-    let outcome = match (usize::try_from(index), how) {
-        (Ok(index), 2) => ClaimOutcome::Adopted(index),
-        (Ok(index), _) => ClaimOutcome::Claimed(index),
-        _ if index == -2 => ClaimOutcome::Paused {
-            wait: Duration::from_millis(wait_ms),
-            guard: match how {
-                1 => GuardFound::Missing,
-                2 => GuardFound::TooFar,
-                _ => GuardFound::Closed,
-            },
-        },
-        _ => ClaimOutcome::AllHeld,
-    };
-    Ok(ClaimReply {
-        outcome,
-        wrong_type,
-        expires_ms,
-        other_shards_kept_data: false,
-        calls: 1,
-    })
-}
-
-/// Claims the lowest free worker ID of `0..=max_worker_id`, or adopts a key
-/// that already holds our owner string (docs/worker.md, "Claim").
-///
-/// One server ([`Redis::keyspace`] whole): one `claim.lua` call with every
-/// pair, all naming the app guard: one round trip. Cluster: a single-key
-/// `MGET` of every lease key (`Redis::read_each`: one pipeline per node, at
-/// once) finds our own key and the free ones;
-/// then `claim.lua` runs on one (lease key, per-ID guard) pair per call,
-/// free IDs in ID order, until one is taken. A free ID behind a closed
-/// guard (its shard lost data) does not stop the walk: IDs on shards that
-/// kept their data can still be claimed. The `MGET` is only a hint: each
-/// script call decides on its own slot.
-///
-/// A transient error may hide a claim that ran; calling this again finds and
-/// adopts that key instead of taking a second one. Errors: Redis errors (the
-/// first connect's included).
-pub async fn claim_lowest(
-    conn: &mut Redis,
-    keys: &LeaseKeys,
-    max_worker_id: u16,
-    owner: &Owner,
-    ttl: Duration,
-) -> redis::RedisResult<ClaimReply> {
-    let keyspace = conn.keyspace().await?;
-    let ids = keys.ids(max_worker_id);
-    let guards = keys.guards(max_worker_id, keyspace);
-    let pairs: Vec<(String, String)> = ids.iter().cloned().zip(guards).collect();
-    if keyspace == Keyspace::Whole {
-        return claim_pairs(conn, &pairs, owner, ttl).await;
-    }
-    // One single-key MGET per ID (nil for a key of another type too), one
-    // pipeline per node, all at once (a multi-slot MGET, split by redis-rs,
-    // failed with a result-count mismatch during a failover).
-    let values = conn.read_each(&ids).await?;
-    let mut calls = 1;
-    let ours = values
+    let keys: Vec<&str> = pairs
         .iter()
-        .position(|v| v.as_deref() == Some(owner.as_str()));
-    let candidates: Vec<usize> = match ours {
-        Some(index) => vec![index],
-        None => (0..pairs.len()).filter(|i| values[*i].is_none()).collect(),
-    };
-    let held = values.iter().any(Option::is_some);
-    let (mut wrong_type, mut paused) = (Vec::new(), None::<(Duration, GuardFound)>);
-    let mut guard_existed = false;
-    for index in candidates {
-        let reply = claim_pairs(conn, std::slice::from_ref(&pairs[index]), owner, ttl).await?;
-        calls += 1;
-        wrong_type.extend(reply.wrong_type.iter().map(|_| index));
-        match reply.outcome {
-            ClaimOutcome::Claimed(_) | ClaimOutcome::Adopted(_) => {
-                let outcome = match reply.outcome {
-                    ClaimOutcome::Adopted(_) => ClaimOutcome::Adopted(index),
-                    _ => ClaimOutcome::Claimed(index),
-                };
-                return Ok(ClaimReply {
-                    outcome,
-                    wrong_type,
-                    expires_ms: reply.expires_ms,
-                    other_shards_kept_data: false,
-                    calls,
-                });
-            }
-            ClaimOutcome::Paused { wait, guard } => {
-                guard_existed |= guard != GuardFound::Missing;
-                paused = Some(match paused {
-                    None => (wait, guard),
-                    Some((w, g)) => (w.min(wait), telling(g, guard)),
-                });
-            }
-            // Taken meanwhile, or another type; an open guard existed.
-            ClaimOutcome::AllHeld => guard_existed = true,
-        }
-    }
-    let outcome = match paused {
-        Some((wait, guard)) => ClaimOutcome::Paused { wait, guard },
-        None => ClaimOutcome::AllHeld,
-    };
-    let missing = matches!(
-        outcome,
-        ClaimOutcome::Paused {
-            guard: GuardFound::Missing,
-            ..
-        }
-    );
-    Ok(ClaimReply {
-        outcome,
-        wrong_type,
-        expires_ms: 0,
-        other_shards_kept_data: missing && (held || guard_existed),
-        calls,
-    })
-}
-
-/// The more telling of two guard findings (as `claim.lua` ranks them).
-fn telling(a: GuardFound, b: GuardFound) -> GuardFound {
-    let rank = |g| match g {
-        GuardFound::Missing => 2,
-        GuardFound::TooFar => 1,
-        GuardFound::Closed => 0,
-    };
-    if rank(b) > rank(a) { b } else { a }
+        .flat_map(|(key, guard)| [key.as_str(), guard.as_str()])
+        .collect();
+    let cmd = claim_cmd(&keys, owner, ttl, None);
+    Ok(run_claim(conn, &cmd).await?.0)
 }
 
 /// Loads `claim.lua` into the script cache at start, so a missing

@@ -32,7 +32,7 @@ use self::advice::ClockSkew;
 use self::holding::HoldEnd;
 use self::setup::Setup;
 use super::args::{LeaseSettings, OnLoss};
-use super::claim::LeaseKeys;
+use super::claim::{Claimer, LeaseKeys};
 use super::metrics::WorkerMetrics;
 use super::state::{HeldLease, RecordedLease, WorkerState};
 use crate::boot_clock::BootInstant;
@@ -157,6 +157,8 @@ pub(crate) struct Worker {
     state: watch::Sender<WorkerState>,
     setup: Setup,
     skew: ClockSkew,
+    /// The claims over the app's range, key names and calls built once.
+    claimer: Claimer,
 }
 
 // === impl Worker ===
@@ -180,7 +182,10 @@ impl Worker {
             None => WorkerState::Claiming,
         };
         let (state, receiver) = watch::channel(initial);
+        let keys = LeaseKeys::new(&params.settings.key_prefix, &params.app);
+        let claimer = Claimer::new(&keys, params.settings.max_worker_id);
         let worker = Self {
+            claimer,
             release_conn: conn.clone(),
             conn,
             skew: ClockSkew::new(params.max_clock_skew),

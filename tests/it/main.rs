@@ -11,6 +11,8 @@ mod budget_http;
 mod budget_pool;
 /// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
 mod claim_script;
+/// Claims over 1024 IDs in windows of 64: lowest free of a window, the hint, 64 at once.
+mod claim_windows;
 /// `--version`, `--help`, completions and the man page.
 mod cli;
 /// `--max-clock-skew` under libfaketime: a new ID waits for the clock, a held one stays.

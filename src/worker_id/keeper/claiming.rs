@@ -1,5 +1,5 @@
 //! The claim phase (docs/worker.md, "Claim"): re-adopt the recorded lease,
-//! else the lowest free ID, with capped, jittered backoff; every wait and
+//! else a free ID (the lowest of its window), with capped, jittered backoff; every wait and
 //! call ends by the claim timeout. A claimed lease is handed on only after
 //! it passed the gate ([`Worker::publishable`]).
 
@@ -18,7 +18,7 @@ use crate::eviction::EvictingRedis;
 use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
 use crate::timing::{bounded, ms, spread};
-use crate::worker_id::claim::{self, ClaimOutcome, GuardFound};
+use crate::worker_id::claim::{ClaimOutcome, GuardFound};
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, RecordedLease, WorkerState};
 use crate::worker_id::timing::{self, ClaimBackoff};
@@ -237,7 +237,7 @@ impl Worker {
     }
 
     /// One round: re-adopt the recorded lease, else claim
-    /// ([`claim::claim_lowest`]; the connection's keyspace picks the guard
+    /// ([`Claimer`](crate::worker_id::claim::Claimer); the connection's keyspace picks the guard
     /// layout).
     async fn claim_round(&mut self, warned: &mut HashSet<usize>) -> redis::RedisResult<Round> {
         self.ours.claim_started = true;
@@ -251,13 +251,9 @@ impl Worker {
         let keys = self.keys();
         let settings = &self.params.settings;
         let sent = BootInstant::now();
-        let claim = claim::claim_lowest(
-            &mut self.conn,
-            &keys,
-            settings.max_worker_id,
-            &self.ours.owner,
-            settings.ttl,
-        );
+        let claim = self
+            .claimer
+            .claim(&mut self.conn, &self.ours.owner, settings.ttl);
         let reply = bounded(settings.call_timeout(), claim)
             .await
             .inspect_err(|_| WorkerMetrics::count(&self.metrics.claim_attempts, "error"))?;

@@ -1,0 +1,351 @@
+//! `cargo bench --bench claims`: claims over 32, 256 and 1024 IDs with none, the lower half,
+//! and all but the last ID taken, on one server and on a 3-primary Cluster, through the
+//! `Claimer` a keeper keeps (16 owners, so starts spread over the windows as sidecars' do).
+//! Beside each row: calls per claim, Redis' own time per claim and per script call (`INFO
+//! commandstats`), calls over 100 us (`SLOWLOG`, threshold 100 us), a PING round trip
+//! sampled in turn with the claims, and `redis-benchmark -c 1`'s p50 of the row's script
+//! call in the same run (docs/worker.md, "Benchmarks").
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use snowlease::connection::{Keyspace, Redis, RedisTarget};
+use snowlease::identity::Owner;
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+
+#[path = "../tests/it"]
+#[allow(dead_code, unused_imports)]
+mod it {
+    pub mod harness;
+}
+use it::harness::{ClusterTopology, RedisServer};
+
+const TRIALS: usize = 300;
+const OWNERS: usize = 16;
+const PREFIX: &str = "snowflake:worker:";
+const TTL: Duration = Duration::from_secs(120);
+const HELD: &str = "10.9.9.9#beef";
+const CLAIM_LUA: &str = include_str!("../src/worker_id/claim.lua");
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Redis' own accounting on the nodes at `ports`, summed.
+struct Stats {
+    ports: Vec<u16>,
+}
+
+impl Stats {
+    fn conn(port: u16) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// Counters to zero; the slow log takes calls over 100 us.
+    fn reset(&self) {
+        for port in &self.ports {
+            let mut c = Self::conn(*port);
+            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("slowlog-log-slower-than")
+                .arg(100)
+                .query(&mut c)
+                .unwrap();
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("slowlog-max-len")
+                .arg(100_000)
+                .query(&mut c)
+                .unwrap();
+            let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut c).unwrap();
+        }
+    }
+
+    /// (usec, calls) of `command` summed over the nodes.
+    fn command(&self, command: &str) -> (u64, u64) {
+        let (mut usec, mut calls) = (0, 0);
+        for port in &self.ports {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut Self::conn(*port))
+                .unwrap();
+            let prefix = format!("cmdstat_{command}:");
+            let Some(line) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+                continue;
+            };
+            for kv in line.split(',') {
+                match kv.split_once('=') {
+                    Some(("usec", v)) => usec += v.parse::<u64>().unwrap(),
+                    Some(("calls", v)) => calls += v.parse::<u64>().unwrap(),
+                    _ => {}
+                }
+            }
+        }
+        (usec, calls)
+    }
+
+    /// Calls over the slow-log threshold, summed.
+    fn slow(&self) -> u64 {
+        self.ports
+            .iter()
+            .map(|p| {
+                redis::cmd("SLOWLOG")
+                    .arg("LEN")
+                    .query::<u64>(&mut Self::conn(*p))
+                    .unwrap()
+            })
+            .sum()
+    }
+}
+
+/// `redis-benchmark -c 1` of `args` against `port`: its p50 latency.
+fn benchmark_p50(port: u16, args: &[String]) -> Duration {
+    let output = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", "1", "-n", "2000", "--csv"])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .expect("redis-benchmark on PATH");
+    let csv = String::from_utf8_lossy(&output.stdout);
+    let line = csv.lines().last().unwrap_or_default();
+    let fields: Vec<&str> = line.split("\",\"").collect();
+    let p50_ms: f64 = fields
+        .len()
+        .checked_sub(4)
+        .and_then(|i| fields[i].trim_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("cannot read redis-benchmark output:\n{csv}"));
+    Duration::from_secs_f64(p50_ms / 1000.0)
+}
+
+/// The `EVALSHA` a claim sends for the window of `id` (one server) or the pair of `id`
+/// (Cluster), with a fixed owner string, as redis-benchmark's arguments.
+fn script_call(keys: &LeaseKeys, ids: usize, id: usize, keyspace: Keyspace) -> Vec<String> {
+    let sha = redis::Script::new(CLAIM_LUA).get_hash().to_owned();
+    let mut call = vec!["EVALSHA".to_owned(), sha];
+    let (mut k, mut extra) = (Vec::new(), Vec::new());
+    let key = |id: usize| keys.id(u16::try_from(id).unwrap());
+    let guard = format!("{PREFIX}bench{ids}:guard");
+    match keyspace {
+        Keyspace::Slots => {
+            k.push(key(id));
+            k.push(format!("{PREFIX}bench{ids}:guard:{{{}}}", key(id)));
+        }
+        Keyspace::Whole => {
+            let first = id / 64 * 64;
+            for i in first..(first + 64).min(ids) {
+                k.push(key(i));
+                k.push(guard.clone());
+            }
+            if ids > 64 {
+                k.push(format!("{PREFIX}bench{ids}:hint"));
+                extra.push(first.to_string());
+            }
+        }
+    }
+    call.push(k.len().to_string());
+    call.extend(k);
+    call.push("10.8.8.8#bench".into());
+    call.push(TTL.as_millis().to_string());
+    call.extend(extra);
+    call
+}
+
+async fn ping(conn: &mut MultiplexedConnection) -> Duration {
+    let start = Instant::now();
+    let _: String = redis::cmd("PING").query_async(conn).await.unwrap();
+    start.elapsed()
+}
+
+async fn set_all(conn: &mut Redis, keys: impl Iterator<Item = String>, value: &str) {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("SET").arg(key).arg(value).ignore();
+    }
+    if !pipe.is_empty() {
+        let _: () = pipe.query_async(conn).await.unwrap();
+    }
+}
+
+async fn del(conn: &mut Redis, key: &str) {
+    let _: () = redis::cmd("DEL").arg(key).query_async(conn).await.unwrap();
+}
+
+/// One row's measurements.
+struct Row {
+    ids: usize,
+    taken: &'static str,
+    ping: Duration,
+    claim: Duration,
+    calls: f64,
+    /// Redis' own time per claim (script calls and reads), and per script call.
+    redis_per_claim: f64,
+    redis_per_call: f64,
+    slow: u64,
+    benchmark: Duration,
+}
+
+/// The node holding most of `keys` (the one a claim waits on longest).
+fn busiest(keys: &[String], node_of: &dyn Fn(&str) -> u16) -> u16 {
+    let mut count = std::collections::BTreeMap::<u16, usize>::new();
+    for key in keys {
+        *count.entry(node_of(key)).or_default() += 1;
+    }
+    count.into_iter().max_by_key(|(_, n)| *n).unwrap().0
+}
+
+/// The rows of one deployment: for each range and taken set, the claim latency of 16
+/// owners in turn, with the held keys in place and guards open; PING to the node holding
+/// most of the range's keys.
+async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) -> Vec<Row> {
+    let mut conn = RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap();
+    let keyspace = conn.keyspace().await.unwrap();
+    let stats = Stats { ports: stat_ports };
+    // redis-benchmark sends EVALSHA before any claim loaded the script.
+    for port in &stats.ports {
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(CLAIM_LUA)
+            .query(&mut Stats::conn(*port))
+            .unwrap();
+    }
+    let mut rows = Vec::new();
+    for ids in [32usize, 256, 1024] {
+        let max = u16::try_from(ids - 1).unwrap();
+        let names = LeaseKeys::new(PREFIX, &format!("bench{ids}"));
+        let range_keys: Vec<String> = (0..=max).map(|id| names.id(id)).collect();
+        let ping_port = busiest(&range_keys, node_of);
+        let mut pinger = redis::Client::open(format!("redis://127.0.0.1:{ping_port}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        for (taken, held) in [
+            ("none", 0..0),
+            ("half", 0..ids / 2),
+            ("all but 1", 0..ids - 1),
+        ] {
+            // A fresh app per row, so no row sees another's keys or hint.
+            let app = format!("bench{ids}");
+            let keys = LeaseKeys::new(PREFIX, &app);
+            let mut wipe = redis::pipe();
+            for id in 0..=max {
+                wipe.cmd("DEL").arg(keys.id(id)).ignore();
+            }
+            wipe.cmd("DEL").arg(format!("{PREFIX}{app}:hint")).ignore();
+            let _: () = wipe.query_async(&mut conn).await.unwrap();
+            set_all(&mut conn, keys.guards(max, keyspace).into_iter(), "0").await;
+            set_all(&mut conn, held.clone().map(|id| keys.id(id as u16)), HELD).await;
+            let first_free = held.end;
+            let call = script_call(&keys, ids, first_free, keyspace);
+            let benchmark = benchmark_p50(node_of(&keys.id(first_free as u16)), &call);
+            del(&mut conn, &keys.id(first_free as u16)).await;
+
+            let mut owners: Vec<(Owner, Claimer)> = (0..OWNERS)
+                .map(|_| (Owner::generate("bench"), Claimer::new(&keys, max)))
+                .collect();
+            let (mut pings, mut claims, mut calls) = (Vec::new(), Vec::new(), 0u64);
+            for trial in 0..TRIALS + 2 * OWNERS {
+                if trial == 2 * OWNERS {
+                    stats.reset();
+                }
+                let (owner, claimer) = &mut owners[trial % OWNERS];
+                let sample = ping(&mut pinger).await;
+                let start = Instant::now();
+                let reply = claimer.claim(&mut conn, owner, TTL).await.unwrap();
+                let took = start.elapsed();
+                let ClaimOutcome::Claimed(id) = reply.outcome else {
+                    panic!("{ids} IDs, {taken}: {reply:?}")
+                };
+                del(&mut conn, &keys.id(id as u16)).await;
+                if trial >= 2 * OWNERS {
+                    pings.push(sample);
+                    claims.push(took);
+                    calls += u64::from(reply.calls);
+                }
+            }
+            let (eval_us, eval_calls) = stats.command("evalsha");
+            let (mget_us, _) = stats.command("mget");
+            rows.push(Row {
+                ids,
+                taken,
+                ping: median(pings),
+                claim: median(claims),
+                calls: calls as f64 / TRIALS as f64,
+                redis_per_claim: (eval_us + mget_us) as f64 / TRIALS as f64,
+                redis_per_call: eval_us as f64 / eval_calls.max(1) as f64,
+                slow: stats.slow(),
+                benchmark,
+            });
+        }
+    }
+    rows
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn print(name: &str, rows: &[Row]) {
+    println!(
+        "{:<28} {:>8} {:>6} {:>6} {:>9} {:>9} {:>6} {:>8} {:>7}",
+        name, "claim", "/PING", "calls", "redis/cl", "redis/call", ">100us", "rb p50", "/rb"
+    );
+    for r in rows {
+        println!(
+            "{:<28} {:>6.1}us {:>5.2}x {:>6.2} {:>7.1}us {:>8.1}us {:>6} {:>6.1}us {:>6.2}x",
+            format!("{} IDs, {} taken", r.ids, r.taken),
+            us(r.claim),
+            r.claim.as_secs_f64() / r.ping.as_secs_f64(),
+            r.calls,
+            r.redis_per_claim,
+            r.redis_per_call,
+            r.slow,
+            us(r.benchmark),
+            r.claim.as_secs_f64() / r.benchmark.as_secs_f64(),
+        );
+    }
+    let pings: Vec<Duration> = rows.iter().map(|r| r.ping).collect();
+    println!(
+        "  PING medians per row: {:.1}-{:.1}us",
+        us(*pings.iter().min().unwrap()),
+        us(*pings.iter().max().unwrap())
+    );
+}
+
+fn main() {
+    let started = Instant::now();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "snowlease claim benchmark ({cpus} CPUs, load {}; medians of {TRIALS} claims; redis/cl: Redis' own usec per claim, evalsha + mget; redis/call: per evalsha; >100us: SLOWLOG entries; rb p50: redis-benchmark -c 1 of the row's script call)",
+        load.split(' ').take(3).collect::<Vec<_>>().join(" ")
+    );
+    let redis = RedisServer::start();
+    let port = redis.port();
+    let standalone = runtime.block_on(rows(&redis.url(), &|_| port, vec![port]));
+    let rb_ping = benchmark_p50(redis.port(), &["PING".to_owned()]);
+    print("one server", &standalone);
+    println!("  redis-benchmark PING p50: {:.1}us", us(rb_ping));
+    let topo = ClusterTopology::start_primaries_only();
+    let ports: Vec<u16> = topo.primaries().iter().map(|p| p.port).collect();
+    let node_of = |key: &str| topo.owner_of_key(key).port;
+    let cluster = runtime.block_on(rows(&topo.url(), &node_of, ports));
+    print("cluster, 3 primaries", &cluster);
+    println!("  (PING to the node holding most of the range's keys)");
+    println!("total bench time {:.1}s", started.elapsed().as_secs_f64());
+}

@@ -1,0 +1,334 @@
+//! [`Claimer`]: the claims of one keeper over its ID range (docs/worker.md,
+//! "Claim" and "Claim windows"). Key names and script calls are built once
+//! per keeper, not per claim. A range of at most 64 IDs is one window: the
+//! lowest free ID, as ever. A larger one goes a window of 64 IDs per call,
+//! starting at a window picked by the owner string, then where the claim
+//! hint points, then on in order, until an ID is taken or every window was
+//! looked at.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use redis::Cmd;
+
+use super::windows::{WINDOW, Walk, start_window, windows};
+use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_claim};
+use crate::connection::{Keyspace, Redis};
+use crate::identity::Owner;
+use crate::timing::ttl_ms;
+
+/// One keeper's claims over `0..=max_worker_id`; keeps what the next claim
+/// needs (built commands, the window of a call whose reply was lost).
+pub struct Claimer {
+    keys: LeaseKeys,
+    /// The lease key of each ID, in ID order.
+    ids: Vec<String>,
+    windows: Vec<Range<usize>>,
+    /// One server: each window's `EVALSHA`, built for `built_for`.
+    cmds: Vec<Cmd>,
+    built_for: Option<(String, Duration)>,
+    /// Cluster: each ID's guard, and each window's keys to read (its lease
+    /// keys, then the hint over 64 IDs), built at the first Cluster claim.
+    guards: Vec<String>,
+    reads: Vec<Vec<String>>,
+    /// The window of the last call whose reply never came: our key may be
+    /// there, so the next claim looks there first.
+    resume: Option<usize>,
+}
+
+impl Claimer {
+    /// Claims over IDs `0..=max_worker_id` of the app `keys` name.
+    pub fn new(keys: &LeaseKeys, max_worker_id: u16) -> Self {
+        Self {
+            keys: keys.clone(),
+            ids: keys.ids(max_worker_id),
+            windows: windows(max_worker_id),
+            cmds: Vec::new(),
+            built_for: None,
+            guards: Vec::new(),
+            reads: Vec::new(),
+            resume: None,
+        }
+    }
+
+    /// Adopts a key of the range that holds our owner string, else claims a
+    /// free ID: the lowest free one of a range of at most 64 IDs; of a
+    /// larger range the lowest free one of the first window with one (see
+    /// the module docs). One server: one `claim.lua` call per window, all
+    /// behind the app's guard (a closed guard pauses the whole claim).
+    /// Cluster: per window a single-key `MGET` of its lease keys (one
+    /// pipeline per node, at once), then `claim.lua` on one (lease key,
+    /// per-ID guard) pair per call, free IDs in ID order; a closed guard
+    /// (its shard lost data) skips only its ID.
+    ///
+    /// A transient error may hide a claim that ran; the next claim starts in
+    /// the window of that call, so it finds and adopts that key instead of
+    /// taking a second one. Errors: Redis errors (the first connect's
+    /// included).
+    pub async fn claim(
+        &mut self,
+        conn: &mut Redis,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> redis::RedisResult<ClaimReply> {
+        let start = self
+            .resume
+            .unwrap_or_else(|| start_window(owner.as_str(), self.windows.len()));
+        let walk = Walk::new(self.windows.len(), start);
+        match conn.keyspace().await? {
+            Keyspace::Whole => self.claim_whole(conn, owner, ttl, walk).await,
+            Keyspace::Slots => self.claim_slots(conn, owner, ttl, walk).await,
+        }
+    }
+
+    /// Builds each window's call for `owner` and `ttl` unless built.
+    fn build(&mut self, owner: &Owner, ttl: Duration) {
+        let built = self.built_for.as_ref();
+        if built.is_some_and(|(o, t)| o == owner.as_str() && *t == ttl) {
+            return;
+        }
+        let (guard, hint) = (self.keys.guard(), self.keys.hint());
+        let windowed = self.windows.len() > 1;
+        self.cmds = self
+            .windows
+            .iter()
+            .map(|window| {
+                let mut keys: Vec<&str> = self.ids[window.clone()]
+                    .iter()
+                    .flat_map(|id| [id.as_str(), guard.as_str()])
+                    .collect();
+                // One window: the seed's call, no hint.
+                let first = windowed.then(|| u16::try_from(window.start).expect("ID"));
+                if windowed {
+                    keys.push(&hint);
+                }
+                claim_cmd(&keys, owner, ttl, first)
+            })
+            .collect();
+        self.built_for = Some((owner.as_str().to_owned(), ttl));
+    }
+
+    /// One server: a call per window until one answers other than "all
+    /// held".
+    async fn claim_whole(
+        &mut self,
+        conn: &mut Redis,
+        owner: &Owner,
+        ttl: Duration,
+        mut walk: Walk,
+    ) -> redis::RedisResult<ClaimReply> {
+        self.build(owner, ttl);
+        let (mut wrong_type, mut calls) = (Vec::new(), 0);
+        loop {
+            let window = walk.current();
+            self.resume = Some(window);
+            let (reply, hint) = run_claim(conn, &self.cmds[window]).await?;
+            calls += 1;
+            let first = self.windows[window].start;
+            wrong_type.extend(reply.wrong_type.iter().map(|i| first + i));
+            let outcome = match reply.outcome {
+                ClaimOutcome::Claimed(i) => ClaimOutcome::Claimed(first + i),
+                ClaimOutcome::Adopted(i) => ClaimOutcome::Adopted(first + i),
+                ClaimOutcome::AllHeld => {
+                    let hinted = hint.map(|id| usize::from(id) / WINDOW);
+                    if walk.advance(hinted).is_some() {
+                        continue;
+                    }
+                    ClaimOutcome::AllHeld
+                }
+                paused @ ClaimOutcome::Paused { .. } => paused,
+            };
+            self.resume = None;
+            return Ok(ClaimReply {
+                outcome,
+                wrong_type,
+                expires_ms: reply.expires_ms,
+                other_shards_kept_data: false,
+                calls,
+            });
+        }
+    }
+
+    /// Cluster: per window a read, then a call per free ID, until one is
+    /// taken; paused windows do not stop the walk (other shards may have
+    /// kept their data). The read is only a hint: each call decides on its
+    /// own slot. Over 64 IDs the read takes the claim hint along (its own
+    /// slot: no script can set it with a lease key, so the claimer sets it
+    /// after a claim, without waiting for the reply).
+    async fn claim_slots(
+        &mut self,
+        conn: &mut Redis,
+        owner: &Owner,
+        ttl: Duration,
+        mut walk: Walk,
+    ) -> redis::RedisResult<ClaimReply> {
+        if self.guards.len() != self.ids.len() {
+            let max = u16::try_from(self.ids.len() - 1).expect("at most 1024 IDs");
+            self.guards = self.keys.guards(max, Keyspace::Slots);
+            let hint = (self.windows.len() > 1).then(|| self.keys.hint());
+            self.reads = self
+                .windows
+                .iter()
+                .map(|w| self.ids[w.clone()].iter().chain(&hint).cloned().collect())
+                .collect();
+        }
+        let mut found = Found::default();
+        loop {
+            self.resume = Some(walk.current());
+            if let Some(reply) = self
+                .claim_slot_window(conn, owner, ttl, walk.current(), &mut found)
+                .await?
+            {
+                self.resume = None;
+                if let (ClaimOutcome::Claimed(id), true) = (&reply.outcome, self.windows.len() > 1)
+                {
+                    self.set_hint(conn, *id, ttl);
+                }
+                return Ok(reply);
+            }
+            let hinted = found.hint.map(|id| usize::from(id) / WINDOW);
+            if walk.advance(hinted).is_none() {
+                self.resume = None;
+                return Ok(found.into_reply());
+            }
+        }
+    }
+
+    /// Cluster: the hint names `id` for a TTL, sent on a clone of the
+    /// connection without waiting (a lost hint costs a later claim a read).
+    fn set_hint(&self, conn: &Redis, id: usize, ttl: Duration) {
+        let (mut conn, mut set) = (conn.clone(), redis::cmd("SET"));
+        set.arg(self.keys.hint()).arg(id).arg("PX").arg(ttl_ms(ttl));
+        tokio::spawn(async move { set.query_async::<()>(&mut conn).await });
+    }
+
+    /// One Cluster window: the read, then a call per candidate. Some when
+    /// an ID was taken or adopted.
+    async fn claim_slot_window(
+        &self,
+        conn: &mut Redis,
+        owner: &Owner,
+        ttl: Duration,
+        index: usize,
+        found: &mut Found,
+    ) -> redis::RedisResult<Option<ClaimReply>> {
+        let window = self.windows[index].clone();
+        // One single-key MGET per ID (nil for a key of another type too), one
+        // pipeline per node, all at once (a multi-slot MGET, split by redis-rs,
+        // failed with a result-count mismatch during a failover).
+        let mut values = conn.read_each(&self.reads[index]).await?;
+        if values.len() > window.len() {
+            found.hint = values.pop().flatten().and_then(|v| v.parse().ok());
+        }
+        found.calls += 1;
+        found.held |= values.iter().any(Option::is_some);
+        let ours = values
+            .iter()
+            .position(|v| v.as_deref() == Some(owner.as_str()));
+        let candidates: Vec<usize> = match ours {
+            Some(index) => vec![index],
+            None => (0..values.len()).filter(|i| values[*i].is_none()).collect(),
+        };
+        for index in candidates.into_iter().map(|i| window.start + i) {
+            let pair = [&self.ids[index], &self.guards[index]];
+            let cmd = claim_cmd(&pair, owner, ttl, None);
+            let (reply, _) = run_claim(conn, &cmd).await?;
+            found.calls += 1;
+            found
+                .wrong_type
+                .extend(reply.wrong_type.iter().map(|_| index));
+            match reply.outcome {
+                ClaimOutcome::Claimed(_) | ClaimOutcome::Adopted(_) => {
+                    let outcome = match reply.outcome {
+                        ClaimOutcome::Adopted(_) => ClaimOutcome::Adopted(index),
+                        _ => ClaimOutcome::Claimed(index),
+                    };
+                    return Ok(Some(ClaimReply {
+                        outcome,
+                        wrong_type: std::mem::take(&mut found.wrong_type),
+                        expires_ms: reply.expires_ms,
+                        other_shards_kept_data: false,
+                        calls: found.calls,
+                    }));
+                }
+                ClaimOutcome::Paused { wait, guard } => found.paused(wait, guard),
+                // Taken meanwhile, or another type; an open guard existed.
+                ClaimOutcome::AllHeld => found.guard_existed = true,
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What a Cluster claim found in the windows it looked at.
+#[derive(Default)]
+struct Found {
+    calls: u32,
+    wrong_type: Vec<usize>,
+    /// Soonest opening and most telling finding of the closed guards.
+    paused: Option<(Duration, GuardFound)>,
+    /// A lease key of the app exists.
+    held: bool,
+    /// A guard was found set (open, or closed as set before).
+    guard_existed: bool,
+    /// The ID the claim hint named at the last read.
+    hint: Option<u16>,
+}
+
+impl Found {
+    fn paused(&mut self, wait: Duration, guard: GuardFound) {
+        self.guard_existed |= guard != GuardFound::Missing;
+        self.paused = Some(match self.paused {
+            None => (wait, guard),
+            Some((w, g)) => (w.min(wait), telling(g, guard)),
+        });
+    }
+
+    /// No ID taken: paused behind the soonest guard, else all held.
+    fn into_reply(self) -> ClaimReply {
+        let outcome = match self.paused {
+            Some((wait, guard)) => ClaimOutcome::Paused { wait, guard },
+            None => ClaimOutcome::AllHeld,
+        };
+        let missing = matches!(
+            outcome,
+            ClaimOutcome::Paused {
+                guard: GuardFound::Missing,
+                ..
+            }
+        );
+        ClaimReply {
+            outcome,
+            wrong_type: self.wrong_type,
+            expires_ms: 0,
+            other_shards_kept_data: missing && (self.held || self.guard_existed),
+            calls: self.calls,
+        }
+    }
+}
+
+/// The more telling of two guard findings (as `claim.lua` ranks them).
+fn telling(a: GuardFound, b: GuardFound) -> GuardFound {
+    let rank = |g| match g {
+        GuardFound::Missing => 2,
+        GuardFound::TooFar => 1,
+        GuardFound::Closed => 0,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
+/// One claim over `0..=max_worker_id` by a [`Claimer`] of its own (tests and
+/// one-off callers; a keeper keeps its claimer). See [`Claimer::claim`].
+///
+/// Errors: Redis errors (the first connect's included).
+pub async fn claim_lowest(
+    conn: &mut Redis,
+    keys: &LeaseKeys,
+    max_worker_id: u16,
+    owner: &Owner,
+    ttl: Duration,
+) -> redis::RedisResult<ClaimReply> {
+    Claimer::new(keys, max_worker_id)
+        .claim(conn, owner, ttl)
+        .await
+}
