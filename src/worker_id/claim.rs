@@ -2,7 +2,7 @@
 //! `claim.lua`, which re-adopts our own key or takes the lowest free worker
 //! ID of its pairs behind their claim guard: one guard per app on one
 //! server, one per ID key in that key's slot on Cluster (docs/worker.md,
-//! "Claim guard"). Which pairs a call gets: [`claimer`].
+//! "Claim guard"). Which pairs a call gets: `claim/claimer.rs`.
 
 pub(crate) mod claimer;
 pub(crate) mod windows;
