@@ -63,8 +63,7 @@ async fn check_eviction(state: &ServeState, conn: &mut Redis) {
 /// (`CONFIG SET` can change it at run time).
 pub(super) async fn eviction_loop(state: ServeState, mut conn: Redis, every: Duration) {
     let shutdown = state.inner.shutdown.clone();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut tick = ticks(every);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -75,6 +74,14 @@ pub(super) async fn eviction_loop(state: ServeState, mut conn: Redis, every: Dur
             () = check_eviction(&state, &mut conn) => {}
         }
     }
+}
+
+/// The ticks of a background loop: every `every`, a late round delaying
+/// the next rather than bunching them.
+fn ticks(every: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tick
 }
 
 /// Logs a warning when `pool` has no key in Redis (never created, or a typo
@@ -98,8 +105,7 @@ pub(super) async fn reap_loop(
     cooldown: Duration,
 ) {
     let shutdown = state.inner.shutdown.clone();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut tick = ticks(every);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
