@@ -65,6 +65,10 @@ KNOWN_METRICS = {
     "snowlease_claim_attempts_total",
     "snowlease_claim_guard_opens_timestamp_seconds",
     "snowlease_clock_skew_seconds",
+    "snowlease_ids_minted_total",
+    "snowlease_mint_unavailable_total",
+    "snowlease_mint_mark_lead_seconds",
+    "snowlease_mint_sequence_waits_total",
 }
 RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
 GROUP_KEYS = {"name", "interval", "rules", "limit", "query_offset", "labels"}

@@ -84,6 +84,16 @@ pub enum ExecError {
         /// The signal's number.
         signal: i32,
     },
+    /// The sidecar at `at` mints the IDs itself (`worker --mint`): it offers
+    /// no worker ID, and a command minting with it would duplicate IDs; the
+    /// command was not started, or was stopped (exit 5, `exit::REFUSED`).
+    #[error(
+        "the sidecar at {at} runs in mint mode (--mint) and offers no worker ID; ask it for IDs with GET /next instead of running under exec or id"
+    )]
+    MintMode {
+        /// Where we looked (the file or URL).
+        at: String,
+    },
     /// Anything else (signal handlers, ...), exit 1.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
@@ -202,6 +212,10 @@ async fn supervise(
                         p.worker_id
                     )),
                     Reading::Absent(reason) => Some(reason),
+                    Reading::Minting => Some(
+                        "the sidecar now runs in mint mode (--mint) and offers no worker ID"
+                            .to_owned(),
+                    ),
                     Reading::Unreachable(reason) if rules.expiring(until(&current, now), now) => {
                         Some(format!(
                             "{reason}; the last reading goes stale within the grace of {} ms",
@@ -273,6 +287,11 @@ async fn wait_for_id(
             }
             Reading::Published(_) => "stale".to_owned(),
             Reading::Absent(reason) | Reading::Unreachable(reason) => reason,
+            Reading::Minting => {
+                return Err(ExecError::MintMode {
+                    at: source.to_string(),
+                });
+            }
         };
         let now = Instant::now();
         if now >= deadline {

@@ -10,7 +10,7 @@
 //! | 2 | bad input: a flag, env var or argument outside its range; nothing was written |
 //! | 3 | unavailable in time: no worker ID claimed (`worker`) or published (`exec`, `id`), no pool id due (`pool acquire`) |
 //! | 4 | not held: lease lost with `--on-loss exit` (`worker`), not owner or expired (`pool release`/`extend`) |
-//! | 5 | refused as unsafe: `guard open` found lease keys of the app without a guard, or a closed guard (without `--force`); nothing written |
+//! | 5 | refused as unsafe: `guard open` found lease keys of the app without a guard, or a closed guard (without `--force`); nothing written; `exec`, `id`: the sidecar runs in mint mode and offers no worker ID |
 //! | 6 | denied by a rate budget within `--wait` (`budget take`, `pool acquire --budget`); the JSON on stdout gives `retry_after_ms` |
 //! | 69 | `lock`: not acquired within `--wait`; the command never started (EX_UNAVAILABLE; not 3, which a command's own code could be) |
 //! | 75 | `exec`: the ID was lost while the command ran; `lock`: the lock was lost or not renewed in time while the command ran; the command was stopped (EX_TEMPFAIL) |

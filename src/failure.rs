@@ -49,6 +49,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
             ExecError::Spawn { .. } => CANNOT_EXECUTE,
             ExecError::Lost { .. } => LEASE_LOST,
             ExecError::Signalled { signal } => signalled(*signal),
+            ExecError::MintMode { .. } => REFUSED,
             ExecError::Other(_) => FAILURE,
         };
     }

@@ -20,9 +20,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+pub(crate) use accept::PlacedUnixListener;
 pub(crate) use bind::bind;
 pub(crate) use limits::{ConnectionLimits, HttpArgs};
-pub(crate) use serve::{serve, serve_on, serve_on_own_thread};
+pub(crate) use serve::{on_own_thread, serve, serve_on, serve_on_own_thread};
 
 /// `/livez` and `/healthz`: 200 while the process serves HTTP; never
 /// depends on Redis (a Redis outage must not restart the pod).

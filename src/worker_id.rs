@@ -15,7 +15,7 @@
 //! - `publisher`: keeps the files in step with the state.
 //! - `routes`: `/id`, `/readyz`, `/metrics`.
 //! - `metrics`: Prometheus metrics of worker mode.
-//! - [`mint`]: mint mode (in progress): minting IDs under the lease, `/next`.
+//! - [`mint`]: mint mode: minting IDs under the lease, `/next`.
 //! - [`status`]: `snowlease status`, a read-only view of an app's leases.
 
 pub mod args;
@@ -25,7 +25,6 @@ pub mod guard;
 pub(crate) mod keeper;
 pub(crate) mod limits;
 pub(crate) mod metrics;
-#[allow(dead_code)] // wired into the keeper next (issue 23)
 pub mod mint;
 pub(crate) mod publisher;
 pub(crate) mod routes;
@@ -46,6 +45,9 @@ use tracing::{info, warn};
 use self::args::{LeaseSettings, WorkerConfig};
 use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
+use self::mint::Mint;
+use self::mint::reserver::Reserver;
+use self::mint::socket::MintSocket;
 use self::routes::WorkerHttp;
 use crate::identity::{Owner, resolve_identity};
 use crate::timing::ms;
@@ -111,6 +113,13 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let _output_lock = files::lock_output(&config.output_file)?;
     let listener = http::bind(config.listen)
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
+    let mint_socket = match config.mint.as_ref().and_then(|m| m.socket.as_deref()) {
+        Some(path) => Some(
+            MintSocket::bind(path)
+                .with_context(|| format!("cannot listen on --mint-socket {}", path.display()))?,
+        ),
+        None => None,
+    };
     let conn = config.redis.connect(config.lease.call_timeout())?;
 
     let metrics = Arc::new(WorkerMetrics::default());
@@ -120,6 +129,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         .worker_ids
         .set(i64::from(config.lease.max_worker_id) + 1);
     http::register_build_info(&mut registry);
+    let mint = config.mint.clone().map(|m| Mint::new(m, &mut registry));
     let recorded = files::read_state(&config.output_file, &config.app);
     let params = WorkerParams {
         app: config.app.clone(),
@@ -136,29 +146,63 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             "--allow-evicting-redis: maxmemory-policy is not checked; on a Redis that evicts keys one worker ID can be published twice"
         );
     }
+    let reserver_conn = conn.clone();
     let (worker, state_rx) = Worker::new(conn, owner, params, recorded, metrics);
 
     let http_stop = CancellationToken::new();
-    let router = routes::worker_router(WorkerHttp {
+    let mut router = routes::worker_router(WorkerHttp {
         app: config.app.as_str().into(),
         state: state_rx.clone(),
         registry: Arc::new(registry),
+        mint: mint.is_some(),
     });
+    let mut socket_task = None;
+    if let Some(mint) = &mint {
+        router = router.merge(mint::routes::router(mint.http.clone()));
+        if let Some(socket) = mint_socket {
+            let routes = mint::routes::router(mint.http.clone()).merge(http::liveness_routes());
+            let serving = socket.serve(routes, config.http, http_stop.clone());
+            socket_task = Some(
+                http::on_own_thread("mint-socket", serving)
+                    .context("cannot start the mint socket's thread")?,
+            );
+        }
+    }
     // On its own thread: a flood of connections never delays a renewal or
     // the unpublishing at the deadline, which run on this one.
     let http_task = http::serve_on_own_thread(listener, router, config.http, http_stop.clone())
         .context("cannot start the http thread")?;
     let output_file = config.output_file.clone();
     let app = config.app.clone();
-    let publisher =
-        tokio::spawn(
-            async move { publisher::run_publisher(state_rx, folder, &output_file, app).await },
-        );
+    let mint_mode = mint.is_some();
+    let publisher_state = state_rx.clone();
+    let publisher = tokio::spawn(async move {
+        publisher::run_publisher(publisher_state, folder, &output_file, app, mint_mode).await
+    });
+    let reserver = mint.map(|mint| {
+        let reserver = Reserver {
+            desk: mint.http.desk,
+            metrics: mint.http.metrics,
+            conn: reserver_conn,
+            lease_keys: claim::LeaseKeys::new(&config.lease.key_prefix, &config.app),
+            mint_keys: mint::script::MintKeys::new(&config.lease.key_prefix, &config.app),
+            config: mint.config,
+            call_timeout: config.lease.call_timeout(),
+            min_replicas_ack: config.min_replicas_ack,
+            max_clock_skew: config.max_clock_skew,
+            renew_now: worker.renew_signal(),
+        };
+        tokio::spawn(reserver.run(state_rx))
+    });
 
-    // The keeper unpublishes (awaits the publisher), then removes every
-    // key of ours, also one a claim left whose reply was lost.
+    // The keeper unpublishes (awaits the publisher, and in mint mode the
+    // reserver stopping the minter and recording its last timestamp), then
+    // removes every key of ours, also one a claim left whose reply was lost.
     let unpublished = async {
         let _ = publisher.await;
+        if let Some(reserver) = reserver {
+            let _ = reserver.await;
+        }
     };
     let stopped = worker.run(shutdown, unpublished).await;
 
@@ -176,6 +220,13 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         .is_err()
     {
         warn!("http server did not stop within 1s");
+    }
+    if let Some(task) = socket_task
+        && tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .is_err()
+    {
+        warn!("the mint socket did not stop within 1s");
     }
     // Every stop reason names the Redis it concerns (for a claim timeout the
     // first question); the exit code still comes from the WorkerError.

@@ -61,6 +61,10 @@ pub(crate) enum Reading {
     /// The source could not be read (sidecar HTTP down, timeout); the last
     /// fresh reading still holds until its deadline.
     Unreachable(String),
+    /// The sidecar mints the IDs itself (`--mint`): it offers no worker ID
+    /// (no ID file, `/id` answers 409), and one used here would be minted
+    /// with twice.
+    Minting,
 }
 
 impl Source {
@@ -149,7 +153,10 @@ fn read_file(path: &std::path::Path) -> Reading {
         Ok(Ok(text)) => text,
         Ok(Err(_)) => return Reading::Absent("ID file is not UTF-8 text".into()),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Reading::Absent("no ID file".into());
+            return match minting(path) {
+                true => Reading::Minting,
+                false => Reading::Absent("no ID file".into()),
+            };
         }
         Err(err) => return Reading::Absent(format!("cannot read the ID file: {err}")),
     };
@@ -198,6 +205,15 @@ fn read_file(path: &std::path::Path) -> Reading {
         worker_id,
         valid_until: Some(valid_until),
     })
+}
+
+/// True when the state file beside the ID file `path` says the sidecar
+/// mints the IDs itself (it writes no ID file then).
+fn minting(path: &std::path::Path) -> bool {
+    read_small(&state_path(path))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<StateFile>(&bytes).ok())
+        .is_some_and(|state| state.mint)
 }
 
 /// `<base>/id`, keeping a path prefix of the base URL; a URL that already
@@ -250,6 +266,7 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
             Reading::Unreachable("sidecar is re-adopting its recorded lease".into())
         }
         503 => Reading::Absent("sidecar answers 503: no valid lease".into()),
+        409 if state_of(&body) == Some("minting") => Reading::Minting,
         other => Reading::Unreachable(format!("GET: status {other}")),
     }
 }
@@ -303,6 +320,7 @@ mod tests {
             valid_until_boot_ms: boot.map(BootInstant::as_millis),
             boot_id: boot_id().map(str::to_owned),
             release_unconfirmed: false,
+            mint: false,
         })
         .unwrap()
     }
@@ -389,6 +407,23 @@ mod tests {
         kept.release_unconfirmed = true;
         write_atomic(&state_path(&file), &serde_json::to_vec(&kept).unwrap()).unwrap();
         assert!(matches!(read_file(&file), Reading::Absent(r) if r.contains("stopped publishing")));
+    }
+
+    /// A mint-mode sidecar writes a state file with `mint` and no ID file:
+    /// that reads as minting, not as an ID not yet published; any other
+    /// state file without an ID file is still "no ID file".
+    #[test]
+    fn a_mint_mode_state_file_without_an_id_file_reads_as_minting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("worker-id");
+        assert!(matches!(read_file(&file), Reading::Absent(r) if r == "no ID file"));
+        let mut record: StateFile =
+            serde_json::from_slice(&state(7, Duration::from_secs(5))).unwrap();
+        write_atomic(&state_path(&file), &serde_json::to_vec(&record).unwrap()).unwrap();
+        assert!(matches!(read_file(&file), Reading::Absent(r) if r == "no ID file"));
+        record.mint = true;
+        write_atomic(&state_path(&file), &serde_json::to_vec(&record).unwrap()).unwrap();
+        assert_eq!(read_file(&file), Reading::Minting);
     }
 
     /// Only the boot-clock deadline counts: a wall-clock deadline in the

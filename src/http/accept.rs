@@ -32,16 +32,23 @@ impl Accept for TcpListener {
     }
 }
 
-impl Accept for UnixListener {
+/// A unix listener and the name it is reached by: the mint socket is bound under a
+/// temporary name and renamed into place, so its own address names the temporary file.
+pub(crate) struct PlacedUnixListener {
+    /// The listener.
+    pub listener: UnixListener,
+    /// The socket file's final path.
+    pub path: std::path::PathBuf,
+}
+
+impl Accept for PlacedUnixListener {
     type Stream = UnixStream;
 
     async fn accept_one(&self) -> std::io::Result<UnixStream> {
-        Ok(self.accept().await?.0)
+        Ok(self.listener.accept().await?.0)
     }
 
     fn describe(&self) -> String {
-        let addr = self.local_addr();
-        let path = addr.as_ref().ok().and_then(|a| a.as_pathname());
-        path.map_or_else(|| "unix socket".into(), |p| p.display().to_string())
+        self.path.display().to_string()
     }
 }

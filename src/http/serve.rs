@@ -107,14 +107,26 @@ pub(crate) fn serve_on_own_thread(
     limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<oneshot::Receiver<std::io::Result<()>>> {
+    on_own_thread("http", serve(listener, router, limits, shutdown))
+}
+
+/// Runs `serving` (a server loop such as [`serve`]) to its end on a thread
+/// named `name` with a one-thread runtime of its own; the receiver gets its
+/// result.
+///
+/// Errors: the thread or its runtime cannot be started.
+pub(crate) fn on_own_thread(
+    name: &str,
+    serving: impl Future<Output = std::io::Result<()>> + Send + 'static,
+) -> std::io::Result<oneshot::Receiver<std::io::Result<()>>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (done, result) = oneshot::channel();
     std::thread::Builder::new()
-        .name("http".into())
+        .name(name.into())
         .spawn(move || {
-            let served = runtime.block_on(serve(listener, router, limits, shutdown));
+            let served = runtime.block_on(serving);
             let _ = done.send(served);
         })?;
     Ok(result)

@@ -13,6 +13,7 @@ use crate::cli::{
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
 use crate::http::{ConnectionLimits, HttpArgs};
+use crate::worker_id::mint::args::{MintArgs, MintConfig};
 
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub(crate) const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
@@ -147,6 +148,10 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub eviction: EvictionArgs,
 
+    /// `--mint` and its flags.
+    #[command(flatten)]
+    pub mint: MintArgs,
+
     /// Log format.
     #[command(flatten)]
     pub log: LogArgs,
@@ -186,6 +191,8 @@ pub struct WorkerConfig {
     /// Largest |wall clock - Redis TIME| at which a newly claimed ID is
     /// published, 10 ms-60 s (docs/worker.md, "ID handover").
     pub max_clock_skew: Duration,
+    /// Mint mode (`--mint`): the sidecar mints the IDs; `None` publishes the worker ID.
+    pub mint: Option<MintConfig>,
 }
 
 /// The lease parameters the worker loop needs, nothing else.
@@ -254,6 +261,9 @@ impl WorkerArgs {
             return Err(ConfigError::new("--output-file", "must name a file"));
         }
         let http = self.http.validate()?;
+        let mint = self
+            .mint
+            .validate(keys.max_worker_id, self.ttl, self.max_clock_skew)?;
         Ok(WorkerConfig {
             app: keys.app,
             redis,
@@ -274,6 +284,7 @@ impl WorkerArgs {
             handover_delay: self.handover_delay,
             min_replicas_ack: self.min_replicas_ack,
             max_clock_skew: self.max_clock_skew,
+            mint,
         })
     }
 }

@@ -48,11 +48,16 @@ pub(crate) struct StateFile {
     /// ([`boot_clock::boot_id`]; shared by every container on the node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// `true` when the sidecar mints the IDs itself (`--mint`): no ID file is written, and
+    /// `exec` and `id` refuse to run on the worker ID (two minters would share it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mint: bool,
 }
 
 impl StateFile {
-    /// The record of a lease held now (not marked `release_unconfirmed`).
-    pub(crate) fn held(app: &str, held: &HeldLease) -> Self {
+    /// The record of a lease held now (not marked `release_unconfirmed`); `mint` in mint
+    /// mode.
+    pub(crate) fn held(app: &str, held: &HeldLease, mint: bool) -> Self {
         Self {
             app: app.to_owned(),
             worker_id: held.worker_id,
@@ -61,6 +66,7 @@ impl StateFile {
             valid_until_boot_ms: Some(held.valid_until.as_millis()),
             boot_id: boot_clock::boot_id().map(str::to_owned),
             release_unconfirmed: false,
+            mint,
         }
     }
 
@@ -288,6 +294,7 @@ mod tests {
             release_unconfirmed: false,
             valid_until_boot_ms: ms,
             boot_id: boot_id.map(str::to_owned),
+            mint: false,
         }
     }
 

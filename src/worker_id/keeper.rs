@@ -15,7 +15,7 @@
 
 mod advice;
 mod claiming;
-mod gate;
+pub(crate) mod gate;
 mod holding;
 mod release;
 mod setup;
@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -159,6 +159,9 @@ pub(crate) struct Worker {
     skew: ClockSkew,
     /// The claims over the app's range, key names and calls built once.
     claimer: Claimer,
+    /// Renew now (mint mode: a reservation found the lease key not ours, e.g. after Redis
+    /// lost its data; the renewal re-creates it or finds the loss).
+    renew_now: Arc<Notify>,
 }
 
 // === impl Worker ===
@@ -198,8 +201,14 @@ impl Worker {
             metrics,
             state,
             setup: Setup::default(),
+            renew_now: Arc::new(Notify::new()),
         };
         (worker, receiver)
+    }
+
+    /// The signal that makes a held lease renew at once (mint mode's reserver).
+    pub(crate) fn renew_signal(&self) -> Arc<Notify> {
+        self.renew_now.clone()
     }
 
     /// Claims, holds and reclaims until shutdown or an error, then stops:
@@ -262,13 +271,21 @@ impl Worker {
     }
 
     /// The lease confirmed by a claim or renew sent at `sent`, after which
-    /// Redis says the key lives until at least `redis_expires_ms`.
-    fn held(&self, worker_id: u16, sent: BootInstant, redis_expires_ms: u64) -> HeldLease {
+    /// Redis says the key lives until at least `redis_expires_ms`; `claimed`
+    /// is when the claim that began it was sent (`sent` for a claim).
+    fn held(
+        &self,
+        worker_id: u16,
+        claimed: BootInstant,
+        sent: BootInstant,
+        redis_expires_ms: u64,
+    ) -> HeldLease {
         let valid_for = lease::validity(self.params.settings.ttl);
         let sent_wall = SystemTime::now() - sent.elapsed();
         HeldLease {
             worker_id,
             owner: self.ours.owner.clone(),
+            claimed,
             valid_until: sent + valid_for,
             valid_until_unix_ms: lease::unix_ms(sent_wall + valid_for),
             redis_expires_ms,
@@ -308,6 +325,7 @@ mod tests {
         HeldLease {
             worker_id,
             owner: Owner::from_recorded("pod-a#00ff".into()),
+            claimed: BootInstant::now(),
             valid_until: BootInstant::now(),
             valid_until_unix_ms: 0,
             redis_expires_ms: 0,

@@ -25,11 +25,16 @@ use crate::atomic_file::{Folder, Stamp};
 /// `folder` is the folder of `output_file`, kept open: every write, check
 /// and removal goes relative to it, so a write needs one new descriptor
 /// (the temporary file) and a check none.
+///
+/// In mint mode (`mint`) only the state file is written, marked `mint`:
+/// the worker ID is not offered to the app (it would mint with it twice),
+/// and an ID file an earlier process left is removed.
 pub(crate) async fn run_publisher(
     mut state: watch::Receiver<WorkerState>,
     folder: Folder,
     output_file: &Path,
     app: String,
+    mint: bool,
 ) {
     let name = |path: &Path| path.file_name().map(OsStr::to_owned).unwrap_or_default();
     let mut files = Files {
@@ -38,6 +43,7 @@ pub(crate) async fn run_publisher(
         state: name(&state_path(output_file)),
         published: None,
         record: None,
+        mint,
     };
     loop {
         let current = state.borrow_and_update().clone();
@@ -79,6 +85,8 @@ struct Files {
     published: Option<Published>,
     /// The state file this process wrote last.
     record: Option<StateFile>,
+    /// Mint mode: the state file only, never an ID file.
+    mint: bool,
 }
 
 /// The ID file as written last: which ID, and the stamp that tells whether
@@ -94,8 +102,12 @@ impl Files {
         // State first: a crash between the two leaves a record, not an ID.
         // No ID without its deadline beside it: a reader takes an ID file
         // without a state file as published with no deadline at all.
-        if !self.write_state(StateFile::held(app, held)) {
+        if !self.write_state(StateFile::held(app, held, self.mint)) {
             self.unpublish();
+            return;
+        }
+        if self.mint {
+            self.remove_id_file();
             return;
         }
         // Checked at every renew, not only when the ID changes: a tmp
@@ -125,6 +137,17 @@ impl Files {
     /// Removes the ID file, then marks this process's record: the ID is
     /// not published, and its key may still hold our owner string.
     fn unpublish(&mut self) {
+        self.remove_id_file();
+        if let Some(record) = self.record.clone().filter(|r| !r.release_unconfirmed) {
+            let _ = self.write_state(StateFile {
+                release_unconfirmed: true,
+                ..record
+            });
+        }
+    }
+
+    /// Removes the ID file (a missing one is no error).
+    fn remove_id_file(&mut self) {
         match self.folder.remove(&self.id) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -133,12 +156,6 @@ impl Files {
             }
         }
         self.published = None;
-        if let Some(record) = self.record.clone().filter(|r| !r.release_unconfirmed) {
-            let _ = self.write_state(StateFile {
-                release_unconfirmed: true,
-                ..record
-            });
-        }
     }
 
     /// Writes the record; false (logged) when it could not be written.

@@ -25,6 +25,8 @@ pub(crate) struct WorkerHttp {
     pub state: watch::Receiver<WorkerState>,
     /// Metrics registry, encoded on each scrape.
     pub registry: Arc<Registry>,
+    /// Mint mode (`--mint`): `/id` answers 409, the worker ID is not offered.
+    pub mint: bool,
 }
 
 /// Routes of the worker sidecar. Pure: tests drive it with `oneshot`.
@@ -39,8 +41,16 @@ pub(crate) fn worker_router(http: WorkerHttp) -> Router {
 
 /// `GET /id`: 200 with JSON (or the bare ID for `Accept: text/plain`) while
 /// the lease is within its validity deadline, judged at request time; 503
-/// otherwise.
+/// otherwise; 409 `{"state": "minting"}` in mint mode, whatever the lease:
+/// an app minting with the worker ID would duplicate the sidecar's IDs.
 async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Response {
+    if http.mint {
+        let body = json!({
+            "state": "minting",
+            "error": "mint mode (--mint): this sidecar mints the IDs itself and offers no worker ID; use GET /next",
+        });
+        return (StatusCode::CONFLICT, axum::Json(body)).into_response();
+    }
     let state = http.state.borrow().clone();
     let Some(held) = state.valid_lease() else {
         let mut body = unpublished(&state);
@@ -137,11 +147,16 @@ mod tests {
     use tower::ServiceExt;
 
     fn router_with(state: WorkerState) -> Router {
+        router_in(state, false)
+    }
+
+    fn router_in(state: WorkerState, mint: bool) -> Router {
         let (_tx, rx) = watch::channel(state);
         worker_router(WorkerHttp {
             app: "orders".into(),
             state: rx,
             registry: Arc::new(Registry::default()),
+            mint,
         })
     }
 
@@ -149,6 +164,7 @@ mod tests {
         WorkerState::Held(HeldLease {
             worker_id: 7,
             owner: Owner::generate("10.0.0.1"),
+            claimed: crate::boot_clock::BootInstant::now(),
             valid_until: crate::boot_clock::BootInstant::now() + valid_for,
             valid_until_unix_ms: 0,
             redis_expires_ms: 0,
@@ -178,6 +194,21 @@ mod tests {
             get(router.clone(), "/id", "text/plain").await,
             (StatusCode::OK, "7\n".into())
         );
+        assert_eq!(get(router, "/readyz", "*/*").await.0, StatusCode::OK);
+    }
+
+    /// Mint mode offers no worker ID, even with a valid lease: 409 naming
+    /// the mode, in JSON and for text alike; readiness still follows the lease.
+    #[tokio::test]
+    async fn id_answers_409_in_mint_mode() {
+        let router = router_in(held(Duration::from_secs(5)), true);
+        for accept in ["application/json", "text/plain"] {
+            let (status, body) = get(router.clone(), "/id", accept).await;
+            assert_eq!(status, StatusCode::CONFLICT);
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(json["state"], "minting");
+            assert!(json["error"].as_str().unwrap().contains("/next"), "{body}");
+        }
         assert_eq!(get(router, "/readyz", "*/*").await.0, StatusCode::OK);
     }
 

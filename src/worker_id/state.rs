@@ -57,6 +57,10 @@ pub(crate) struct HeldLease {
     pub worker_id: u16,
     /// Owner string stored in the key.
     pub owner: Owner,
+    /// When the claim (or re-adoption) that began this lease was sent: a renewal keeps it, a
+    /// new claim changes it, even of the same worker ID. Mint mode starts a new minting
+    /// session only for a new claim (a renewal must not forget the floor it read).
+    pub claimed: BootInstant,
     /// Deadline of local validity (sent + TTL - margin) on the boot clock.
     pub valid_until: BootInstant,
     /// The same deadline in Unix ms (wall clock, erring early), for files.

@@ -50,6 +50,9 @@ mod lock;
 mod mint_handover;
 /// Mint mode's scripts: the high-water mark, reservations, the settled record; Cluster slots.
 mod mint_script;
+/// `worker --mint` as a process: `/next` over TCP and the socket, `/id` 409, handovers (clean,
+/// SIGKILL, to a clock behind), clock steps while minting.
+mod mint_worker;
 /// A node that stops being the primary (REPLICAOF, a DNS-name failover): every mode leaves
 /// it; a `maxclients` refusal named.
 mod node_role;

@@ -279,7 +279,12 @@ impl Worker {
         };
         WorkerMetrics::count(&self.metrics.claim_attempts, outcome);
         let worker_id = u16::try_from(index).expect("at most 1024 keys");
-        Ok(Round::Held(self.held(worker_id, sent, reply.expires_ms)))
+        Ok(Round::Held(self.held(
+            worker_id,
+            sent,
+            sent,
+            reply.expires_ms,
+        )))
     }
 
     /// Re-adopts a recorded lease when the key still holds exactly the
@@ -302,7 +307,7 @@ impl Worker {
                 "re-adopted the lease recorded in the state file"
             );
             self.ours.owner = owner;
-            return Ok(Some(self.held(rec.worker_id, sent, reply.expires_ms)));
+            return Ok(Some(self.held(rec.worker_id, sent, sent, reply.expires_ms)));
         }
         info!(
             worker_id = rec.worker_id,

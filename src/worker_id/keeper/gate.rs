@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use super::Worker;
-use crate::connection::Readable;
+use crate::connection::{Readable, Redis};
 use crate::timing::bounded;
 use crate::worker_id::state::HeldLease;
 
@@ -102,25 +102,44 @@ impl Worker {
     }
 
     /// Whether `--min-replicas-ack` replicas acknowledged the last write
-    /// on the key of `lease` (`WAIT`, README "Guarantees"); true when none
-    /// are asked for. Redis waits at most [`wait_limit`].
+    /// on the key of `lease` ([`acknowledged`]).
     async fn acknowledged(&mut self, lease: &HeldLease) -> bool {
-        let replicas = self.params.min_replicas_ack;
-        if replicas == 0 {
-            return true;
-        }
-        let call_timeout = self.params.settings.call_timeout();
-        let Some(limit) = wait_limit(call_timeout, lease.remaining()) else {
-            return false;
-        };
         let key = self.keys().id(lease.worker_id);
-        let call = self.conn.wait_replicas(&key, replicas, limit);
-        match bounded(call_timeout, call).await {
-            Ok(acked) => acked >= replicas,
-            Err(err) => {
-                warn!(error = %Readable(&err), "WAIT for replica acknowledgement failed");
-                false
-            }
+        let call_timeout = self.params.settings.call_timeout();
+        let replicas = self.params.min_replicas_ack;
+        acknowledged(
+            &mut self.conn,
+            &key,
+            replicas,
+            call_timeout,
+            lease.remaining(),
+        )
+        .await
+    }
+}
+
+/// Whether `replicas` replicas acknowledged the last write `conn` made on `key` (`WAIT`,
+/// README "Guarantees"); true when none are asked for. Redis waits at most [`wait_limit`]
+/// of `call_timeout` and `remaining` (the lease's validity). Shared by the keeper's gate and
+/// mint mode's reservations, which must count only once they would survive a failover.
+pub(crate) async fn acknowledged(
+    conn: &mut Redis,
+    key: &str,
+    replicas: u32,
+    call_timeout: Duration,
+    remaining: Duration,
+) -> bool {
+    if replicas == 0 {
+        return true;
+    }
+    let Some(limit) = wait_limit(call_timeout, remaining) else {
+        return false;
+    };
+    match bounded(call_timeout, conn.wait_replicas(key, replicas, limit)).await {
+        Ok(acked) => acked >= replicas,
+        Err(err) => {
+            warn!(error = %Readable(&err), "WAIT for replica acknowledgement failed");
+            false
         }
     }
 }

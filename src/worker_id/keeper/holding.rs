@@ -122,6 +122,7 @@ impl Worker {
                 // A wake-up only: the renew round judges validity itself.
                 _ = boot_clock::sleep_until(wake) => {}
                 _ = reconnects.changed() => debug!("new redis connection; renewing at once"),
+                () = self.renew_now.notified() => debug!("renewal asked for; renewing at once"),
             }
             let round = tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(hold.held),
@@ -137,7 +138,7 @@ impl Worker {
             self.report_round(&hold, &round);
             match hold_end(round, hold.held.worker_id, &mut hold.refusal) {
                 Ok(RenewRound::Renewed(sent, expires_ms)) => {
-                    hold.held = self.held(hold.held.worker_id, sent, expires_ms);
+                    hold.held = self.held(hold.held.worker_id, hold.held.claimed, sent, expires_ms);
                     hold.next_renew = timing::renew_after_confirmed(sent, interval);
                     self.set_state(WorkerState::Held(hold.held.clone()));
                 }

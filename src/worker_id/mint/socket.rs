@@ -66,7 +66,10 @@ impl MintSocket {
         limits: ConnectionLimits,
         shutdown: CancellationToken,
     ) -> io::Result<()> {
-        let listener = tokio::net::UnixListener::from_std(self.listener)?;
+        let listener = http::PlacedUnixListener {
+            listener: tokio::net::UnixListener::from_std(self.listener)?,
+            path: self.path.clone(),
+        };
         let served = http::serve_on(listener, router, limits, shutdown).await;
         let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
         if ours && let Err(err) = std::fs::remove_file(&self.path) {

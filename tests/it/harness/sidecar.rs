@@ -345,16 +345,16 @@ impl Sidecar {
         poll_some(timeout, || self.events_with(substr).into_iter().next())
     }
 
-    /// The HTTP address, from the "http listening" log event (waits up to 10 s).
+    /// The HTTP address, from the "http listening" log event of `--listen` (not that of a
+    /// unix socket; waits up to 10 s).
     pub fn http_addr(&self) -> SocketAddr {
         *self.addr.get_or_init(|| {
-            let event = self
-                .wait_for_event("http listening", secs(10))
-                .unwrap_or_else(|| panic!("{}: no \"http listening\" log event", self.name));
-            event["addr"]
-                .as_str()
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("{}: bad addr in {event}", self.name))
+            poll_some(secs(10), || {
+                self.events_with("http listening")
+                    .iter()
+                    .find_map(|event| event["addr"].as_str()?.parse().ok())
+            })
+            .unwrap_or_else(|| panic!("{}: no \"http listening\" log event", self.name))
         })
     }
 

@@ -1,0 +1,193 @@
+//! The flags of mint mode (`snowlease worker --mint`), validated into a [`MintConfig`]:
+//! the ID layout and epoch, the unix socket, and the reservation window. Issue 23,
+//! docs/worker.md "Mint mode".
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms};
+use super::minter::Window;
+use crate::cli::{DurationLimit, parse_duration, show_duration};
+use crate::config_error::ConfigError;
+
+/// `--mint-window`: how far ahead of its clock the sidecar reserves timestamps in Redis,
+/// 100 ms to 60 s. One reservation (a small script call) per half window of minting.
+pub(crate) const MINT_WINDOW: DurationLimit = DurationLimit {
+    flag: "--mint-window",
+    default: "2s",
+    min: Duration::from_millis(100),
+    max: Duration::from_secs(60),
+};
+
+/// Flags of mint mode, part of `snowlease worker`.
+#[derive(Debug, Clone, Args)]
+pub struct MintArgs {
+    /// Mint the Snowflake IDs here (`GET /next`) instead of publishing the worker ID to the app.
+    #[arg(long, env = "SNOWLEASE_MINT")]
+    pub mint: bool,
+
+    /// Also serve `GET /next` on this unix socket (mode 0660), e.g. on a volume the pod shares.
+    #[arg(long, env = "SNOWLEASE_MINT_SOCKET", requires = "mint")]
+    pub mint_socket: Option<PathBuf>,
+
+    /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE, each at least 1, together at most 63.
+    #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT)]
+    pub id_layout: String,
+
+    /// Where timestamps count from: RFC 3339 or Unix ms, not in the future [default: Twitter's].
+    #[arg(long, env = "SNOWLEASE_EPOCH")]
+    pub epoch: Option<String>,
+
+    /// Reserve timestamps this far ahead of the clock in Redis (100ms-60s; below --ttl - --max-clock-skew).
+    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
+    pub mint_window: Duration,
+}
+
+/// Validated settings of mint mode.
+#[derive(Debug, Clone)]
+pub struct MintConfig {
+    /// Bits of an ID.
+    pub layout: IdLayout,
+    /// Where timestamps count from.
+    pub epoch: Epoch,
+    /// The unix socket to serve `/next` on, if any.
+    pub socket: Option<PathBuf>,
+    /// The reservation window: reserve the clock + `ahead_ms` once less than half of it is
+    /// left; `reserve.lua` caps a reservation at Redis' TIME + `ahead_ms`.
+    pub window: Window,
+}
+
+impl MintConfig {
+    /// The longest a reservation may run ahead of Redis' TIME (`reserve.lua`'s cap).
+    pub fn max_lead(&self) -> Duration {
+        Duration::from_millis(self.window.ahead_ms)
+    }
+}
+
+impl MintArgs {
+    /// `None` without `--mint`. Checks the layout against `--max-worker-id` and the next 10
+    /// years, and the window against the TTL: after Redis loses its data, the claim guard
+    /// holds claims back one TTL, which must outlast every reservation granted before the
+    /// loss (at most the window past Redis' TIME) plus the clock skew a newcomer may have
+    /// (docs/mint-design.md, "Data loss").
+    ///
+    /// Errors: [`ConfigError`] naming `--id-layout`, `--epoch` or `--mint-window`.
+    pub fn validate(
+        &self,
+        max_worker_id: u16,
+        ttl: Duration,
+        max_clock_skew: Duration,
+    ) -> Result<Option<MintConfig>, ConfigError> {
+        if !self.mint {
+            return Ok(None);
+        }
+        let now = wall_now_ms();
+        let layout = IdLayout::parse(&self.id_layout)?;
+        let epoch = match &self.epoch {
+            Some(text) => Epoch::parse(text, now)?,
+            None => Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), now)?,
+        };
+        layout.check_workers(max_worker_id)?;
+        layout.check_lasts(epoch, now)?;
+        MINT_WINDOW.check(self.mint_window)?;
+        if self.mint_window + max_clock_skew >= ttl {
+            return Err(ConfigError::new(
+                MINT_WINDOW.flag,
+                format!(
+                    "{} plus --max-clock-skew {} must stay below --ttl {}: after Redis loses its data, the claim guard's wait of one TTL must outlast every reservation",
+                    show_duration(self.mint_window),
+                    show_duration(max_clock_skew),
+                    show_duration(ttl)
+                ),
+            ));
+        }
+        let ahead_ms = crate::timing::ms(self.mint_window);
+        Ok(Some(MintConfig {
+            layout,
+            epoch,
+            socket: self.mint_socket.clone(),
+            window: Window {
+                ahead_ms,
+                low_water_ms: ahead_ms / 2,
+            },
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mint: MintArgs,
+    }
+
+    fn validate(extra: &[&str], max_worker_id: u16) -> Result<Option<MintConfig>, ConfigError> {
+        let mut argv = vec!["snowlease", "--mint"];
+        argv.extend_from_slice(extra);
+        let args = Cli::try_parse_from(argv).expect("parses").mint;
+        args.validate(
+            max_worker_id,
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+        )
+    }
+
+    #[test]
+    fn defaults_validate_with_twitters_layout() {
+        let config = validate(&[], 31).unwrap().unwrap();
+        assert_eq!(config.layout, IdLayout::parse("41:10:12").unwrap());
+        assert_eq!(config.epoch.unix_ms(), DEFAULT_EPOCH_MS);
+        assert_eq!(
+            (config.window.ahead_ms, config.window.low_water_ms),
+            (2000, 1000)
+        );
+        assert_eq!(config.socket, None);
+    }
+
+    #[test]
+    fn without_mint_there_is_no_config() {
+        let args = Cli::try_parse_from(["snowlease"]).unwrap().mint;
+        let config = args.validate(31, Duration::from_secs(120), Duration::from_millis(500));
+        assert!(config.unwrap().is_none());
+    }
+
+    #[test]
+    fn the_socket_needs_mint() {
+        assert!(Cli::try_parse_from(["snowlease", "--mint-socket", "/tmp/s"]).is_err());
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: [(&[&str], u16, &str); 5] = [
+            (&["--id-layout", "41:4:12"], 31, "--id-layout"),
+            (&["--id-layout", "35:10:12"], 31, "--id-layout"),
+            (&["--epoch", "soon"], 31, "--epoch"),
+            (&["--mint-window", "99ms"], 31, "--mint-window"),
+            (&["--mint-window", "120s"], 31, "--mint-window"),
+        ];
+        for (extra, max_worker_id, flag) in cases {
+            let err = validate(extra, max_worker_id).unwrap_err();
+            assert_eq!(err.flag, flag, "{extra:?}: {err}");
+        }
+    }
+
+    /// The window plus the skew must stay below the TTL (the claim guard covers a data loss).
+    #[test]
+    fn the_window_must_fit_in_the_ttl() {
+        let args = Cli::try_parse_from(["snowlease", "--mint", "--mint-window", "1500ms"])
+            .unwrap()
+            .mint;
+        let skew = Duration::from_millis(500);
+        let err = args.validate(31, Duration::from_secs(2), skew).unwrap_err();
+        assert_eq!(err.flag, "--mint-window");
+        assert!(err.reason.contains("--ttl 2s"), "{}", err.reason);
+        args.validate(31, Duration::from_millis(2001), skew)
+            .expect("just above");
+    }
+}

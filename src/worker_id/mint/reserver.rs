@@ -1,0 +1,371 @@
+//! The reserver: follows the keeper's [`WorkerState`] and feeds the desk's minter. A new
+//! claim starts a minting session above the mark Redis holds (`mark.lua`); a renewal moves
+//! its validity deadline; a reservation (`reserve.lua`) raises its ceiling ahead of the
+//! clock; every state without a valid lease stops it; shutdown stops it for good and
+//! records the last minted timestamp (`settle.lua`) before the keeper releases the key
+//! (docs/worker.md, "Mint mode").
+//!
+//! A reservation that is refused or fails never stops minting: the minter keeps minting up
+//! to the ceiling Redis already confirmed and until the lease's validity deadline, both of
+//! which stay true whatever Redis answers now.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
+
+use super::args::MintConfig;
+use super::desk::MintDesk;
+use super::layout::wall_now_ms;
+use super::metrics::MintMetrics;
+use super::minter::{Anchor, Grant, LeaseTicket, Standby};
+use super::script::{self, MintKeys};
+use crate::boot_clock::{self, BootInstant};
+use crate::connection::{Readable, Redis};
+use crate::identity::Owner;
+use crate::timing::bounded;
+use crate::worker_id::claim::LeaseKeys;
+use crate::worker_id::keeper::gate;
+use crate::worker_id::state::{HeldLease, WorkerState};
+
+/// Longest the reserver sleeps between two looks at the minter: a forward clock step or a
+/// burst can make a reservation due sooner than the last look said.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// First wait after a failed mark read or reservation; doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// Longest wait between two tries of a failing call.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Longest the settle call at shutdown may take: the release waits for it.
+const SETTLE_LIMIT: Duration = Duration::from_secs(1);
+
+/// What the reserver needs besides the state channel.
+pub(crate) struct Reserver {
+    /// The minter the handlers mint from.
+    pub desk: Arc<MintDesk>,
+    /// The mark's lead is set here.
+    pub metrics: Arc<MintMetrics>,
+    /// A clone of the keeper's connection (its own `WAIT` bookkeeping).
+    pub conn: Redis,
+    /// The app's lease keys.
+    pub lease_keys: LeaseKeys,
+    /// The app's mark keys.
+    pub mint_keys: MintKeys,
+    /// Window and lead cap.
+    pub config: MintConfig,
+    /// Bound of one Redis call.
+    pub call_timeout: Duration,
+    /// `--min-replicas-ack`: a reservation counts once that many replicas have it.
+    pub min_replicas_ack: u32,
+    /// `--max-clock-skew`: the wall clock is trusted for a forward re-anchor only within it.
+    pub max_clock_skew: Duration,
+    /// Makes the keeper renew at once (a reservation found the lease key not ours).
+    pub renew_now: Arc<Notify>,
+}
+
+/// The lease being minted under.
+struct Session {
+    ticket: LeaseTicket,
+    claimed: BootInstant,
+    lease_key: String,
+    owner: Owner,
+    held: HeldLease,
+    /// No reservation before this instant (backoff after a failure).
+    next_try: BootInstant,
+    /// The current backoff.
+    backoff: Duration,
+}
+
+impl Reserver {
+    /// Runs until the keeper's state is `Stopping` (or its channel ends), then stops the
+    /// minter for good and settles. The keeper releases only after this returns.
+    pub(crate) async fn run(mut self, mut state: watch::Receiver<WorkerState>) {
+        let mut session: Option<Session> = None;
+        loop {
+            let current = state.borrow_and_update().clone();
+            match current {
+                WorkerState::Held(held) => {
+                    match session.as_mut().filter(|s| s.claimed == held.claimed) {
+                        Some(s) => {
+                            self.desk
+                                .update(|m| m.extend(s.ticket, held.valid_until.as_millis()));
+                            s.held = held;
+                        }
+                        None => session = self.begin(held, &mut state).await,
+                    }
+                }
+                WorkerState::Stopping => break,
+                other => {
+                    self.desk.update(|m| m.stop(standby_of(&other)));
+                    session = None;
+                }
+            }
+            let changed = match session.as_mut() {
+                Some(s) => self.reserve_until_change(s, &mut state).await,
+                None => state.changed().await.is_ok(),
+            };
+            self.metrics
+                .set_mark_lead(self.desk.read(|m| m.mark_lead_ms(now_ms())));
+            if !changed {
+                break;
+            }
+        }
+        self.settle(session).await;
+    }
+
+    /// Starts a session for a newly claimed lease: reads the floor (`mark.lua`), retrying
+    /// until it is read or the state moves on (then `None`; the caller looks again).
+    async fn begin(
+        &mut self,
+        held: HeldLease,
+        state: &mut watch::Receiver<WorkerState>,
+    ) -> Option<Session> {
+        // Nothing of an earlier lease mints while the new one's floor is read.
+        self.desk.update(|m| m.stop(Standby::Claiming));
+        let lease_key = self.lease_keys.id(held.worker_id);
+        let mut backoff = RETRY_FIRST;
+        loop {
+            let read = script::read_mark(&mut self.conn, &self.mint_keys, &lease_key, &held.owner);
+            let failed = match bounded(self.call_timeout, read).await {
+                Ok(read) if read.ours => {
+                    let anchor = Anchor {
+                        boot_ms: now_ms(),
+                        unix_ms: wall_now_ms(),
+                    };
+                    warn_if_behind(held.worker_id, read.floor_unix_ms, anchor.unix_ms);
+                    let grant = Grant {
+                        worker_id: held.worker_id,
+                        anchor,
+                        floor_unix_ms: read.floor_unix_ms,
+                        valid_until_boot_ms: held.valid_until.as_millis(),
+                    };
+                    let ticket = self.desk.update(|m| m.start(grant));
+                    info!(
+                        worker_id = held.worker_id,
+                        floor_unix_ms = read.floor_unix_ms,
+                        mark_unix_ms = read.mark_unix_ms,
+                        "minting above the high-water mark"
+                    );
+                    return Some(Session {
+                        ticket,
+                        claimed: held.claimed,
+                        lease_key,
+                        owner: held.owner.clone(),
+                        held,
+                        next_try: BootInstant::now(),
+                        backoff: RETRY_FIRST,
+                    });
+                }
+                Ok(_) => {
+                    self.renew_now.notify_one();
+                    "the lease key does not hold our owner string".to_owned()
+                }
+                Err(err) => Readable(&err).to_string(),
+            };
+            warn!(worker_id = held.worker_id, error = %failed, "cannot read the high-water mark; not minting yet");
+            tokio::select! {
+                changed = state.changed() => {
+                    let _ = changed;
+                    return None;
+                }
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Reserves whenever the minter's ceiling falls below the low water (or a request
+    /// found it reached) until the keeper's state changes: true then, false when the
+    /// channel ended.
+    async fn reserve_until_change(
+        &mut self,
+        s: &mut Session,
+        state: &mut watch::Receiver<WorkerState>,
+    ) -> bool {
+        loop {
+            let now = BootInstant::now();
+            let (due, lead) = self.desk.read(|m| {
+                let now = now.as_millis();
+                (m.reservation_due(now), m.mark_lead_ms(now))
+            });
+            self.metrics.set_mark_lead(lead);
+            if let Some(target) = due.filter(|_| now >= s.next_try) {
+                tokio::select! {
+                    changed = state.changed() => return changed.is_ok(),
+                    () = self.reserve(s, target) => {}
+                }
+                continue;
+            }
+            let wake = match due {
+                Some(_) => s.next_try,
+                None => now + self.until_due(now),
+            };
+            tokio::select! {
+                changed = state.changed() => return changed.is_ok(),
+                () = self.desk.reservation_wanted() => s.next_try = s.next_try.min(BootInstant::now()),
+                _ = boot_clock::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// How long until a reservation is due by the clock, at most [`LOOK_EVERY`].
+    fn until_due(&self, now: BootInstant) -> Duration {
+        let lead = self.desk.read(|m| m.mark_lead_ms(now.as_millis()));
+        let left = lead.map_or(0, |lead| lead - self.config.window.low_water_ms as i64);
+        Duration::from_millis(left.max(1) as u64).min(LOOK_EVERY)
+    }
+
+    /// One reservation up to `target` (Unix ms). Raises the ceiling only once Redis
+    /// confirmed it, we still reach the primary (Sentinel), and the replicas asked for
+    /// acknowledged it; else backs off, and a reply that is not ours makes the keeper renew
+    /// at once (it re-creates a key Redis lost, or finds the loss).
+    async fn reserve(&mut self, s: &mut Session, target: u64) {
+        let sent_wall = wall_now_ms();
+        let call = script::reserve(
+            &mut self.conn,
+            &self.mint_keys,
+            &s.lease_key,
+            &s.owner,
+            target,
+            self.config.max_lead(),
+        );
+        let failure = match bounded(self.call_timeout, call).await {
+            Ok(r) if r.ours => {
+                if !self.conn.confirm_primary().await {
+                    "the node is no longer the primary".to_owned()
+                } else if !gate::acknowledged(
+                    &mut self.conn,
+                    &s.lease_key,
+                    self.min_replicas_ack,
+                    self.call_timeout,
+                    s.held.remaining(),
+                )
+                .await
+                {
+                    "too few replicas acknowledged the reservation".to_owned()
+                } else {
+                    let reply_wall = wall_now_ms();
+                    let skew = crate::timing::ms(self.max_clock_skew);
+                    let trusted = r.redis_ms + skew >= sent_wall && r.redis_ms <= reply_wall + skew;
+                    let anchor = Anchor {
+                        boot_ms: now_ms(),
+                        unix_ms: reply_wall,
+                    };
+                    self.desk.update(|m| {
+                        m.raise_ceiling(s.ticket, r.mark_unix_ms);
+                        if trusted && m.reanchor(s.ticket, anchor) {
+                            debug!(
+                                unix_ms = reply_wall,
+                                "minting clock moved forward to the wall clock"
+                            );
+                        }
+                    });
+                    s.backoff = RETRY_FIRST;
+                    s.next_try = BootInstant::now();
+                    return;
+                }
+            }
+            Ok(_) => {
+                self.renew_now.notify_one();
+                "the lease key does not hold our owner string".to_owned()
+            }
+            Err(err) => Readable(&err).to_string(),
+        };
+        let first = s.backoff == RETRY_FIRST;
+        if first {
+            warn!(worker_id = s.held.worker_id, error = %failure, "reservation failed; minting on up to the confirmed mark");
+        } else {
+            debug!(worker_id = s.held.worker_id, error = %failure, "reservation failed again");
+        }
+        s.next_try = BootInstant::now() + s.backoff;
+        s.backoff = (s.backoff * 2).min(RETRY_MAX);
+    }
+
+    /// Stops minting for good and records the last minted timestamp, so the next holder
+    /// mints at once instead of waiting for our reservation to pass. A failed settle leaves
+    /// the mark as the next floor: later, never wrong.
+    async fn settle(mut self, session: Option<Session>) {
+        let ended = self.desk.update(|m| m.stop(Standby::Draining));
+        let (Some(s), Some(ended)) = (session, ended) else {
+            return;
+        };
+        let call = script::settle(
+            &mut self.conn,
+            &self.mint_keys,
+            &s.lease_key,
+            &s.owner,
+            ended.settled_unix_ms,
+        );
+        match bounded(self.call_timeout.min(SETTLE_LIMIT), call).await {
+            Ok(settled) if settled.ours => info!(
+                worker_id = ended.worker_id,
+                settled_unix_ms = settled.settled_unix_ms,
+                "recorded the last minted timestamp"
+            ),
+            Ok(_) => info!(
+                worker_id = ended.worker_id,
+                "the lease key was no longer ours; the mark stays the next floor"
+            ),
+            Err(err) => warn!(
+                worker_id = ended.worker_id,
+                error = %Readable(&err),
+                "cannot record the last minted timestamp; the next holder waits for the mark"
+            ),
+        }
+    }
+}
+
+/// The 503 state of a keeper state without a valid lease.
+fn standby_of(state: &WorkerState) -> Standby {
+    match state {
+        WorkerState::Claiming => Standby::Claiming,
+        WorkerState::Readopting(_) => Standby::Readopting,
+        WorkerState::GuardClosed(_) => Standby::GuardClosed,
+        WorkerState::ClockSkewed(_) => Standby::ClockSkew,
+        WorkerState::Evicting(_) => Standby::Evicting,
+        WorkerState::Lost | WorkerState::Held(_) => Standby::Lost,
+        WorkerState::Stopping => Standby::Draining,
+    }
+}
+
+/// Logs when the wall clock is behind the floor beyond a few ms: minting waits (`503
+/// clock_behind`) until it passes it, never mints below.
+fn warn_if_behind(worker_id: u16, floor_unix_ms: u64, clock_unix_ms: u64) {
+    if floor_unix_ms > clock_unix_ms {
+        warn!(
+            worker_id,
+            behind_ms = floor_unix_ms - clock_unix_ms,
+            "the clock is behind the previous holders' high-water mark: /next answers 503 clock_behind until it passes it"
+        );
+    }
+}
+
+fn now_ms() -> u64 {
+    BootInstant::now().as_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every state without a valid lease maps to the 503 state apps see.
+    #[test]
+    fn states_without_a_lease_map_to_their_standby() {
+        assert_eq!(standby_of(&WorkerState::Claiming), Standby::Claiming);
+        assert_eq!(standby_of(&WorkerState::Lost), Standby::Lost);
+        assert_eq!(standby_of(&WorkerState::ClockSkewed(5)), Standby::ClockSkew);
+        assert_eq!(standby_of(&WorkerState::Stopping), Standby::Draining);
+        let soon = BootInstant::now();
+        assert_eq!(
+            standby_of(&WorkerState::GuardClosed(soon)),
+            Standby::GuardClosed
+        );
+        assert_eq!(
+            standby_of(&WorkerState::Readopting(soon)),
+            Standby::Readopting
+        );
+    }
+}

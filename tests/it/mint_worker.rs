@@ -1,0 +1,316 @@
+//! `snowlease worker --mint` as a process against a real Redis: `/next` over `--listen` and
+//! the unix socket, the worker ID kept from the app (no ID file, `/id` 409, `exec` and `id`
+//! refuse), the settled record at SIGTERM, handovers (clean, SIGKILL mid-burst, to a clock
+//! behind), and wall-clock steps while minting (libfaketime): never an ID twice, never one
+//! at or below the previous holder's.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use snowlease::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
+
+use crate::clock_skew::set_offset;
+use crate::harness::*;
+
+const APP: &str = "mint";
+
+/// A mint-mode sidecar (TTL 2 s from the harness; a window that fits below it).
+fn minter(redis: &RedisServer) -> SidecarBuilder {
+    Sidecar::worker(redis, APP)
+        .switch("--mint")
+        .flag("--mint-window", "500ms")
+}
+
+/// The worker bits of `id` in the default layout.
+fn worker_of(id: u64) -> u16 {
+    let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), unix_ms()).unwrap();
+    IdLayout::parse(DEFAULT_LAYOUT)
+        .unwrap()
+        .decompose(epoch, id)
+        .worker_id
+}
+
+/// `GET /next?count=n` as JSON: the IDs, or the status and body of a refusal.
+fn next(sidecar: &Sidecar, count: usize) -> Result<Vec<u64>, (u16, String)> {
+    let (status, body) = sidecar.http_get(&format!("/next?count={count}"), None);
+    if status != 200 {
+        return Err((status, body));
+    }
+    let json: Value = serde_json::from_str(&body).unwrap();
+    Ok(json["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_str().expect("IDs are strings").parse().unwrap())
+        .collect())
+}
+
+/// Waits until `/next` answers and returns the first batch.
+fn first_batch(sidecar: &Sidecar, count: usize) -> Vec<u64> {
+    poll_some(secs(15), || next(sidecar, count).ok())
+        .unwrap_or_else(|| panic!("no IDs: {:?}", next(sidecar, count)))
+}
+
+/// One HTTP/1.1 request over a unix socket, as an app in the pod sends it.
+fn socket_get(path: &Path, target: &str, accept: &str) -> String {
+    let mut stream = UnixStream::connect(path).unwrap();
+    let head = format!(
+        "GET {target} HTTP/1.1\r\nHost: mint\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// Every ID strictly increasing, once.
+fn assert_increasing(ids: &[u64]) {
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "not increasing");
+}
+
+/// The whole interface on a live sidecar: JSON strings and text, batches in order, 400
+/// naming `count`, the socket at mode 0660, `/id` 409, no ID file but a state file marked
+/// `mint`, `exec` and `id` refused with exit 5, metrics counting, and the worker bits of
+/// every ID equal to the held worker ID.
+#[test]
+fn mint_mode_answers_next_and_keeps_the_worker_id_from_the_app() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let pod = PodDir::new();
+    let socket = pod.path().join("mint.sock");
+    let sidecar = minter(&redis)
+        .pod(&pod)
+        .flag("--mint-socket", socket.to_string_lossy())
+        .spawn();
+    let batch = first_batch(&sidecar, 100);
+    assert_eq!(batch.len(), 100);
+    assert_increasing(&batch);
+
+    let (status, body) = sidecar.http_get("/next", None);
+    assert_eq!(status, 200, "{body}");
+    let one: Value = serde_json::from_str(&body).unwrap();
+    let one: u64 = one["id"].as_str().expect("a string").parse().unwrap();
+    assert!(one > *batch.last().unwrap());
+    let (status, text) = sidecar.http_get("/next?count=3", Some("text/plain"));
+    assert_eq!(status, 200);
+    let lines: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    assert_increasing(&lines);
+    assert!(lines[0] > one);
+    for bad in ["0", "4097", "x", "-1"] {
+        let (status, body) = sidecar.http_get(&format!("/next?count={bad}"), None);
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("count") && body.contains("1-4096"), "{body}");
+    }
+
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o660);
+    let answer = socket_get(&socket, "/next", "text/plain");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let over_socket: u64 = answer
+        .rsplit("\r\n\r\n")
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(over_socket > lines[2]);
+    assert!(socket_get(&socket, "/livez", "*/*").starts_with("HTTP/1.1 200"));
+
+    let (status, body) = sidecar.get_id();
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("minting"), "{body}");
+    assert_eq!(sidecar.read_output_file(), None, "no ID file in mint mode");
+    let state = sidecar.read_state().expect("a state file");
+    assert_eq!(state["mint"], true, "{state}");
+    let worker_id = u16::try_from(state["worker_id"].as_u64().unwrap()).unwrap();
+    for id in batch.iter().chain(&lines).chain([&one, &over_socket]) {
+        assert_eq!(worker_of(*id), worker_id);
+    }
+
+    let file = sidecar.output_file().to_string_lossy().into_owned();
+    let exec = run_snowlease(
+        &["exec", "--file", &file, "--wait", "2s", "--", "true"],
+        &[],
+        secs(10),
+    );
+    assert_eq!(exec.code, Some(5), "{}", exec.stderr);
+    assert!(exec.stderr.contains("mint mode"), "{}", exec.stderr);
+    let url = format!("http://{}", sidecar.http_addr());
+    let id = run_snowlease(&["id", "--url", &url], &[], secs(10));
+    assert_eq!(id.code, Some(5), "{}", id.stderr);
+    assert!(id.stderr.contains("GET /next"), "{}", id.stderr);
+
+    let minted = sidecar.metric("snowlease_ids_minted_total").unwrap();
+    assert!(minted >= 105.0, "{minted}");
+    let lead = sidecar.metric("snowlease_mint_mark_lead_seconds").unwrap();
+    assert!(
+        lead > 0.0 && lead <= 0.6,
+        "the mark leads the clock: {lead}"
+    );
+}
+
+/// SIGTERM records the last minted timestamp; the next holder of the worker ID (same pod
+/// volume gone: a new pod) mints at once, above every ID of the first.
+#[test]
+fn a_clean_handover_mints_above_the_previous_holder() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let mut first = minter(&redis).flag("--max-worker-id", "0").spawn();
+    let mut old = first_batch(&first, 4096);
+    old.extend(next(&first, 4096).unwrap());
+    first.signal(Signal::SIGTERM);
+    assert!(first.wait_exit(secs(10)).is_some_and(|s| s.success()));
+    let settled_key = "snowflake:worker:mint:settled:{snowflake:worker:mint:0}";
+    let settled: u64 = redis
+        .get(settled_key)
+        .expect("settled record")
+        .parse()
+        .unwrap();
+    assert!(first.wait_for_log("recorded the last minted timestamp", secs(1)));
+
+    let second = minter(&redis).flag("--max-worker-id", "0").spawn();
+    let new = first_batch(&second, 4096);
+    assert!(new[0] > *old.last().unwrap(), "above every old ID");
+    let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), unix_ms()).unwrap();
+    let layout = IdLayout::parse(DEFAULT_LAYOUT).unwrap();
+    assert!(layout.decompose(epoch, new[0]).unix_ms > settled);
+    assert_eq!(
+        layout.decompose(epoch, *old.last().unwrap()).unix_ms,
+        settled
+    );
+}
+
+/// Clients pull batches while the holder is SIGKILLed: the next holder (after the key
+/// expires) mints above the mark, so above every ID any client got from the first.
+#[test]
+fn sigkill_mid_burst_then_a_new_holder_mints_above() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let first = Arc::new(minter(&redis).flag("--max-worker-id", "0").spawn());
+    first_batch(&first, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (first, stop) = (first.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match next(&first, 512) {
+                        Ok(ids) => got.extend(ids),
+                        Err(_) => break,
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    std::thread::sleep(ms(700));
+    first.signal(Signal::SIGKILL);
+    stop.store(true, Ordering::Relaxed);
+    let old: Vec<u64> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    assert!(old.len() > 4096, "a burst: {}", old.len());
+
+    let second = minter(&redis).flag("--max-worker-id", "0").spawn();
+    let new = first_batch(&second, 4096);
+    let newest_old = *old.iter().max().unwrap();
+    assert!(new[0] > newest_old, "above every old ID");
+    let all: BTreeSet<u64> = old.iter().chain(&new).copied().collect();
+    assert_eq!(all.len(), old.len() + new.len(), "no ID twice");
+}
+
+/// A sidecar under libfaketime (wall clock offset by the stamp file; the boot clock left
+/// alone), for `app`.
+fn faked(redis: &RedisServer, stamp: &Path) -> SidecarBuilder {
+    minter(redis)
+        .flag("--max-worker-id", "0")
+        .env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME_TIMESTAMP_FILE", stamp)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+}
+
+/// A handover to a sidecar whose clock is 30 s behind: beyond `--max-clock-skew` it mints
+/// nothing (503 `clock_skew`) until its clock is right; within it (3 s behind, skew bound
+/// 5 s) it answers 503 `clock_behind` with the wait, then mints above the old IDs.
+#[test]
+fn a_handover_to_a_clock_behind_mints_nothing_at_or_below_the_old_ids() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = dir.path().join("offset");
+
+    let mut first = minter(&redis).flag("--max-worker-id", "0").spawn();
+    let old = first_batch(&first, 4096);
+    first.signal(Signal::SIGTERM);
+    assert!(first.wait_exit(secs(10)).is_some());
+
+    set_offset(&stamp, "-30s");
+    let mut behind = faked(&redis, &stamp).spawn();
+    assert!(
+        poll_until(secs(10), || {
+            next(&behind, 1)
+                .is_err_and(|(status, body)| status == 503 && body.contains("clock_skew"))
+        }),
+        "{:?}",
+        next(&behind, 1)
+    );
+    set_offset(&stamp, "+0");
+    let new = first_batch(&behind, 10);
+    assert!(new[0] > *old.last().unwrap());
+    behind.signal(Signal::SIGTERM);
+    assert!(behind.wait_exit(secs(10)).is_some());
+    let last = new.last().copied().unwrap();
+
+    set_offset(&stamp, "-3s");
+    let near = faked(&redis, &stamp)
+        .flag("--ttl", "10s")
+        .flag("--renew-interval", "2s")
+        .flag("--max-clock-skew", "5s")
+        .spawn();
+    let (status, body) = poll_some(secs(10), || {
+        next(&near, 1)
+            .err()
+            .filter(|(s, b)| *s == 503 && b.contains("clock_behind"))
+    })
+    .unwrap_or_else(|| panic!("{:?}", next(&near, 1)));
+    let refused: Value = serde_json::from_str(&body).unwrap();
+    let wait_ms = refused["wait_ms"].as_u64().unwrap();
+    assert!((1..=3_000).contains(&wait_ms), "{status} {body}");
+    let newer = first_batch(&near, 10);
+    assert!(newer[0] > last, "above the last holder's IDs");
+}
+
+/// Wall-clock steps of -30 s and +30 s under a minting sidecar: the IDs keep increasing (the
+/// minting clock is the boot clock), the lease stays held, nothing is refused.
+#[test]
+fn clock_steps_while_minting_never_lower_an_id() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = dir.path().join("offset");
+    set_offset(&stamp, "+0");
+    let sidecar = faked(&redis, &stamp).spawn();
+    let mut ids = first_batch(&sidecar, 1000);
+    for offset in ["-30s", "+30s", "+0", "+30s"] {
+        set_offset(&stamp, offset);
+        let until = std::time::Instant::now() + ms(1_500);
+        while std::time::Instant::now() < until {
+            let batch = next(&sidecar, 1000).unwrap_or_else(|e| panic!("{offset}: {e:?}"));
+            ids.extend(batch);
+        }
+    }
+    assert_increasing(&ids);
+    let worker_id = sidecar.read_state().unwrap()["worker_id"].as_u64().unwrap();
+    assert!(ids.iter().all(|id| u64::from(worker_of(*id)) == worker_id));
+}
