@@ -45,6 +45,9 @@ mod harness_selftest;
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
+/// Mint mode through Redis restarted empty, a Cluster shard emptied, a Sentinel failover with
+/// `--min-replicas-ack`: the guard covers a lost mark; no ID twice.
+mod mint_faults;
 /// The mint guarantee on real Redis with minters on fake clocks: handovers to a clock 30 s
 /// behind, a paused old holder.
 mod mint_handover;

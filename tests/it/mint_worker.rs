@@ -19,17 +19,22 @@ use snowlease::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch
 use crate::clock_skew::set_offset;
 use crate::harness::*;
 
-const APP: &str = "mint";
+pub(crate) const APP: &str = "mint";
 
 /// A mint-mode sidecar (TTL 2 s from the harness; a window that fits below it).
 fn minter(redis: &RedisServer) -> SidecarBuilder {
-    Sidecar::worker(redis, APP)
+    minter_at(&redis.url())
+}
+
+/// [`minter`] for any Redis URL (Sentinel, Cluster).
+pub(crate) fn minter_at(url: &str) -> SidecarBuilder {
+    Sidecar::worker_at(url, APP)
         .switch("--mint")
         .flag("--mint-window", "500ms")
 }
 
 /// The worker bits of `id` in the default layout.
-fn worker_of(id: u64) -> u16 {
+pub(crate) fn worker_of(id: u64) -> u16 {
     let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), unix_ms()).unwrap();
     IdLayout::parse(DEFAULT_LAYOUT)
         .unwrap()
@@ -37,9 +42,11 @@ fn worker_of(id: u64) -> u16 {
         .worker_id
 }
 
-/// `GET /next?count=n` as JSON: the IDs, or the status and body of a refusal.
-fn next(sidecar: &Sidecar, count: usize) -> Result<Vec<u64>, (u16, String)> {
-    let (status, body) = sidecar.http_get(&format!("/next?count={count}"), None);
+/// `GET /next?count=n` as JSON: the IDs, or the status and body of a refusal (status 0: no
+/// answer within 2 s; a request at the ceiling waits up to 500 ms for a reservation).
+pub(crate) fn next(sidecar: &Sidecar, count: usize) -> Result<Vec<u64>, (u16, String)> {
+    let target = format!("/next?count={count}");
+    let (status, body) = sidecar.http_get_within(&target, None, secs(2));
     if status != 200 {
         return Err((status, body));
     }
@@ -53,7 +60,7 @@ fn next(sidecar: &Sidecar, count: usize) -> Result<Vec<u64>, (u16, String)> {
 }
 
 /// Waits until `/next` answers and returns the first batch.
-fn first_batch(sidecar: &Sidecar, count: usize) -> Vec<u64> {
+pub(crate) fn first_batch(sidecar: &Sidecar, count: usize) -> Vec<u64> {
     poll_some(secs(15), || next(sidecar, count).ok())
         .unwrap_or_else(|| panic!("no IDs: {:?}", next(sidecar, count)))
 }
@@ -71,7 +78,7 @@ fn socket_get(path: &Path, target: &str, accept: &str) -> String {
 }
 
 /// Every ID strictly increasing, once.
-fn assert_increasing(ids: &[u64]) {
+pub(crate) fn assert_increasing(ids: &[u64]) {
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "not increasing");
 }
 
@@ -229,10 +236,15 @@ fn sigkill_mid_burst_then_a_new_holder_mints_above() {
     assert_eq!(all.len(), old.len() + new.len(), "no ID twice");
 }
 
-/// A sidecar under libfaketime (wall clock offset by the stamp file; the boot clock left
-/// alone), for `app`.
+/// A sidecar for worker ID 0 under libfaketime (wall clock offset by the stamp file; the
+/// boot clock left alone).
 fn faked(redis: &RedisServer, stamp: &Path) -> SidecarBuilder {
-    minter(redis)
+    faked_at(&redis.url(), stamp)
+}
+
+/// [`faked`] for any Redis URL.
+pub(crate) fn faked_at(url: &str, stamp: &Path) -> SidecarBuilder {
+    minter_at(url)
         .flag("--max-worker-id", "0")
         .env("LD_PRELOAD", libfaketime())
         .env("FAKETIME_TIMESTAMP_FILE", stamp)
