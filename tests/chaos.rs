@@ -46,6 +46,8 @@ mod it_dir {
 mod checker;
 #[path = "chaos/managed.rs"]
 mod managed;
+#[path = "chaos/mint.rs"]
+mod mint;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -153,6 +155,22 @@ fn chaos_managed_long_run_never_publishes_one_id_twice() {
     );
 }
 
+/// The short mint run: part of the suite, kept short for CI.
+#[test]
+fn chaos_mint_short_run_never_mints_one_id_twice() {
+    run(
+        Setup::Mint,
+        env_u64("SNOWLEASE_CHAOS_MINT_SECS").unwrap_or(30),
+    );
+}
+
+/// The long mint run; its figures are in docs/worker.md ("Mint mode").
+#[test]
+#[ignore]
+fn chaos_mint_long_run_never_mints_one_id_twice() {
+    run(Setup::Mint, env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200));
+}
+
 /// Which Redis the sidecars use.
 #[derive(Clone, Copy, Debug)]
 enum Setup {
@@ -164,6 +182,9 @@ enum Setup {
     /// [`Managed`]: primary and replica behind one host name, TLS, a rotated password; an
     /// app under `snowlease exec` beside each sidecar.
     Managed,
+    /// As `Standalone`, every sidecar minting (`--mint`, [`mint`]) under libfaketime, with
+    /// wall-clock steps among the faults.
+    Mint,
 }
 
 impl Setup {
@@ -171,6 +192,7 @@ impl Setup {
     fn kinds(self, password_file: bool) -> Vec<Kind> {
         match self {
             Setup::Standalone => KINDS.to_vec(),
+            Setup::Mint => [&KINDS[..], &[Kind::SidecarClockStep]].concat(),
             Setup::Sentinel { .. } => SENTINEL_KINDS.to_vec(),
             Setup::Managed => MANAGED_KINDS
                 .into_iter()
@@ -274,8 +296,8 @@ enum Kind {
     /// Managed: new password added, written to the password file, old one removed, the
     /// user's clients killed.
     PasswordRotation,
-    /// Managed: one sidecar's wall clock steps +-30 s for 1.5-4.6 s (half the time with the
-    /// sidecar frozen past its TTL meanwhile).
+    /// Managed and mint: one sidecar's wall clock steps +-30 s for 1.5-4.6 s (half the time
+    /// with the sidecar frozen past its TTL meanwhile).
     SidecarClockStep,
     /// Managed: one `exec`'s wall clock steps +-30 s for 1.5-4.6 s (half the time with its
     /// sidecar frozen past its TTL meanwhile: the app must still be gone by the deadline).
@@ -363,6 +385,8 @@ struct Slot {
     sidecar: Option<Sidecar>,
     view: Arc<Mutex<SlotView>>,
     managed: Option<ManagedSlot>,
+    /// Mint setup: the sidecar's libfaketime offset file.
+    mint_clock: Option<PathBuf>,
 }
 
 /// What a slot of the managed setup adds: flags, the private-hosts wrapper, the faked
@@ -421,6 +445,9 @@ impl Slot {
             }
             let wrapper: Vec<&str> = m.wrapper.iter().map(String::as_str).collect();
             builder = faketime(builder, &m.sidecar_clock).wrap(&wrapper);
+        }
+        if let Some(clock) = &self.mint_clock {
+            builder = faketime(builder.switch("--mint"), clock).flag("--mint-window", "500ms");
         }
         let sidecar = builder.spawn();
         let addr = sidecar.http_addr();
@@ -533,7 +560,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
         );
     }
     let (mut redis, min_acks) = match setup {
-        Setup::Standalone => (Backend::Standalone(RedisServer::start()), 0),
+        Setup::Standalone | Setup::Mint => (Backend::Standalone(RedisServer::start()), 0),
         Setup::Sentinel { min_acks, replicas } => (
             Backend::Sentinel(SentinelTopology::start_with(SentinelOptions {
                 replicas,
@@ -545,8 +572,9 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     };
     redis.primary().open_claim_guard(APP);
     let (sidecars, max_id) = (setup.sidecars(), setup.max_id());
+    let minting = matches!(setup, Setup::Mint);
     let mut slots: Vec<Slot> = (0..sidecars)
-        .map(|_| new_slot(&redis, min_acks, max_id))
+        .map(|_| new_slot(&redis, min_acks, max_id, minting))
         .collect();
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.spawn(i);
@@ -556,12 +584,23 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     }
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
+    // A mint-mode sidecar answers `/id` with 409: its clients pull IDs instead.
     let recorders: Vec<_> = slots
         .iter()
         .enumerate()
+        .filter(|_| !minting)
         .map(|(i, slot)| {
             let (file, apps) = (slot.pod.worker_id_file(), slot.managed.is_some());
             record(i, slot.view.clone(), file, start, stop.clone(), seed, apps)
+        })
+        .collect();
+    let pullers: Vec<_> = slots
+        .iter()
+        .enumerate()
+        .filter(|_| minting)
+        .map(|(i, slot)| {
+            let state = slot.pod.worker_id_file().with_extension("state.json");
+            mint::pull(i, slot.view.clone(), state, stop.clone(), seed)
         })
         .collect();
 
@@ -610,6 +649,22 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
         .into_iter()
         .flat_map(|r| r.join().expect("recorder"))
         .collect();
+    if minting {
+        let pulled: Vec<mint::Pulled> = pullers
+            .into_iter()
+            .map(|p| p.join().expect("puller"))
+            .collect();
+        print_faults(seed, &faults, elapsed_us(start));
+        exits.print(&faults);
+        drop(slots);
+        mint::check(&pulled)?;
+        return match harness_failure {
+            Some(failure) => panic!(
+                "chaos (seed {seed}): the harness failed during the {failure}; history up to it checked above"
+            ),
+            None => Ok(()),
+        };
+    }
     let verdict = report(
         seed,
         max_id as usize + 1,
@@ -631,8 +686,12 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
 
 /// A slot of `redis`: its own proxy on standalone Redis, the managed setup's files and
 /// wrapper there.
-fn new_slot(redis: &Backend, min_acks: u32, max_id: u32) -> Slot {
+fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool) -> Slot {
     let pod = PodDir::new();
+    let mint_clock = minting.then(|| pod.path().join("sidecar.faketime"));
+    if let Some(clock) = &mint_clock {
+        set_clock(clock, "+0");
+    }
     let (proxy, url, managed) = match redis {
         Backend::Standalone(server) => {
             let proxy = FaultProxy::for_redis(server);
@@ -655,6 +714,7 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32) -> Slot {
             exec_pid: None,
         })),
         managed,
+        mint_clock,
     }
 }
 
@@ -838,14 +898,11 @@ fn settle(topo: &SentinelTopology) {
 /// is frozen past its TTL meanwhile, so the lease ends while the clock is off (the deadline
 /// that `exec` judges, and the one the sidecar publishes, must not move with it).
 fn step_clock(kind: Kind, slot: &Slot, rng: &mut StdRng) {
-    let m = slot
-        .managed
-        .as_ref()
-        .expect("clock steps run in the managed setup");
-    let stamp = if kind == Kind::SidecarClockStep {
-        &m.sidecar_clock
-    } else {
-        &m.exec_clock
+    let stamp = match (&slot.managed, &slot.mint_clock, kind) {
+        (Some(m), _, Kind::SidecarClockStep) => &m.sidecar_clock,
+        (Some(m), _, _) => &m.exec_clock,
+        (None, Some(clock), Kind::SidecarClockStep) => clock,
+        _ => panic!("clock steps run in the managed and mint setups"),
     };
     set_clock(stamp, if rng.random_bool(0.5) { "+30" } else { "-30" });
     // libfaketime re-reads the file once a second (FAKETIME_CACHE_DURATION).
@@ -951,6 +1008,20 @@ fn ask(http: &ureq::Agent, addr: SocketAddr) -> Obs {
         },
         Err(_) => Obs::NoAnswer,
     }
+}
+
+/// The fault count of a run by kind (the mint run's table; the others print gaps too).
+fn print_faults(seed: u64, faults: &[Fault], end_us: u64) {
+    let mut by_kind: BTreeMap<Kind, usize> = BTreeMap::new();
+    for f in faults {
+        *by_kind.entry(f.kind).or_default() += 1;
+    }
+    eprintln!("chaos: seed {seed}");
+    eprintln!(
+        "chaos: {} trials (faults) in {:.0} s: {by_kind:?}",
+        faults.len(),
+        end_us as f64 / 1e6
+    );
 }
 
 /// Prints the figures; Err when the history breaks a rule.
