@@ -16,6 +16,7 @@ mod render;
 use self::render::render;
 use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
+use super::mint::script::MintKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::{Keyspace, Redis, RedisTarget};
 use crate::lease::TOMBSTONE_PREFIX;
@@ -145,6 +146,13 @@ pub(crate) struct Entry {
     pub owner: Option<String>,
     /// Remaining TTL (PTTL) in ms; `None` when the key never expires.
     pub ttl_ms: Option<u64>,
+    /// Mint mode: the ID's high-water mark (Unix ms, docs/worker.md "Mint mode"); `None`
+    /// when the ID never minted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark_unix_ms: Option<u64>,
+    /// The mark minus Redis' `TIME` (ms; positive: reserved ahead of now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark_lead_ms: Option<i64>,
 }
 
 impl Entry {
@@ -166,8 +174,8 @@ impl Entry {
 
 /// Reads every lease key of `app`: one pipeline of TYPE + PTTL for all
 /// keys and GET of the claim guard (Cluster: of every per-ID guard), then
-/// one of GET for the string keys. A key that expires between the two
-/// counts as free.
+/// one of GET for the string keys and their mint marks. A key that expires
+/// between the two counts as free.
 ///
 /// Errors: the first Redis error (NOPERM, connection, timeout).
 pub(crate) async fn read(
@@ -225,6 +233,8 @@ pub(crate) async fn read(
                 key_type,
                 owner: None,
                 ttl_ms: u64::try_from(pttl).ok(),
+                mark_unix_ms: None,
+                mark_lead_ms: None,
             },
         ));
     }
@@ -234,17 +244,24 @@ pub(crate) async fn read(
     let strings: Vec<usize> = (0..entries.len())
         .filter(|i| entries[*i].1.is_lease())
         .collect();
+    let marks = MintKeys::new(key_prefix, app);
     for i in &strings {
         pipe.cmd("GET").arg(entries[*i].0);
+        pipe.cmd("GET").arg(marks.mark(entries[*i].0));
     }
     if !strings.is_empty() {
         let values: Vec<RedisResult<Option<String>>> = pipe.query_async(conn).await?;
-        if values.len() != strings.len() {
+        if values.len() != 2 * strings.len() {
             return Err(short_reply());
         }
-        for (i, value) in strings.into_iter().zip(values) {
+        for (i, pair) in strings.into_iter().zip(values.chunks(2)) {
+            let [value, mark] = pair else {
+                return Err(short_reply());
+            };
             let entry = &mut entries[i].1;
-            match value {
+            entry.mark_unix_ms = mark.as_ref().ok().and_then(|m| m.as_deref()?.parse().ok());
+            entry.mark_lead_ms = entry.mark_unix_ms.map(|m| m as i64 - now_ms as i64);
+            match value.clone() {
                 Ok(owner) => entry.owner = owner,
                 // Replaced by another type between the two round trips.
                 Err(err) if err.code() == Some("WRONGTYPE") => {

@@ -155,6 +155,13 @@ fn mint_mode_answers_next_and_keeps_the_worker_id_from_the_app() {
     assert_eq!(id.code, Some(5), "{}", id.stderr);
     assert!(id.stderr.contains("GET /next"), "{}", id.stderr);
 
+    let status = run_snowlease(
+        &["status", "--app", APP, "--redis-url", &redis.url()],
+        &[],
+        secs(10),
+    );
+    assert!(status.stdout.contains("(mint mark +"), "{}", status.stdout);
+
     let minted = sidecar.metric("snowlease_ids_minted_total").unwrap();
     assert!(minted >= 105.0, "{minted}");
     let lead = sidecar.metric("snowlease_mint_mark_lead_seconds").unwrap();

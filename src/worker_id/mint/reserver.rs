@@ -8,6 +8,11 @@
 //! A reservation that is refused or fails never stops minting: the minter keeps minting up
 //! to the ceiling Redis already confirmed and until the lease's validity deadline, both of
 //! which stay true whatever Redis answers now.
+//!
+//! Reservations follow demand: one at the start of a lease, then ahead of the clock (at the
+//! low water) only while IDs are being minted, and at once when a request found the ceiling
+//! reached. An idle sidecar makes no Redis calls beyond its renewals; its first request
+//! after a pause waits for one reservation.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +82,11 @@ struct Session {
     next_try: BootInstant,
     /// The current backoff.
     backoff: Duration,
+    /// The minter's last timestamp at the last confirmed reservation; `None` before the
+    /// first. Minting since then makes a reservation due at the low water.
+    reserved_at_last: Option<Option<u64>>,
+    /// A request found the ceiling reached since the last confirmed reservation.
+    wanted: bool,
 }
 
 impl Reserver {
@@ -94,7 +104,16 @@ impl Reserver {
                                 .update(|m| m.extend(s.ticket, held.valid_until.as_millis()));
                             s.held = held;
                         }
-                        None => session = self.begin(held, &mut state).await,
+                        None => {
+                            session = self.begin(held, &mut state).await;
+                            // The state moved on while the floor was read: look again now.
+                            if session.is_none() {
+                                if state.has_changed().is_err() {
+                                    break;
+                                }
+                                continue;
+                            }
+                        }
                     }
                 }
                 WorkerState::Stopping => break,
@@ -157,6 +176,8 @@ impl Reserver {
                         held,
                         next_try: BootInstant::now(),
                         backoff: RETRY_FIRST,
+                        reserved_at_last: None,
+                        wanted: false,
                     });
                 }
                 Ok(_) => {
@@ -187,11 +208,13 @@ impl Reserver {
     ) -> bool {
         loop {
             let now = BootInstant::now();
-            let (due, lead) = self.desk.read(|m| {
+            let (due, lead, last) = self.desk.read(|m| {
                 let now = now.as_millis();
-                (m.reservation_due(now), m.mark_lead_ms(now))
+                (m.reservation_due(now), m.mark_lead_ms(now), m.last_minted())
             });
             self.metrics.set_mark_lead(lead);
+            let active = s.wanted || s.reserved_at_last != Some(last);
+            let due = due.filter(|_| active);
             if let Some(target) = due.filter(|_| now >= s.next_try) {
                 tokio::select! {
                     changed = state.changed() => return changed.is_ok(),
@@ -201,11 +224,13 @@ impl Reserver {
             }
             let wake = match due {
                 Some(_) => s.next_try,
-                None => now + self.until_due(now),
+                None if active => now + self.until_due(now),
+                // Idle: a request that reaches the ceiling wakes us.
+                None => now + LOOK_EVERY,
             };
             tokio::select! {
                 changed = state.changed() => return changed.is_ok(),
-                () = self.desk.reservation_wanted() => s.next_try = s.next_try.min(BootInstant::now()),
+                () = self.desk.reservation_wanted() => s.wanted = true,
                 _ = boot_clock::sleep_until(wake) => {}
             }
         }
@@ -254,7 +279,7 @@ impl Reserver {
                         boot_ms: now_ms(),
                         unix_ms: reply_wall,
                     };
-                    self.desk.update(|m| {
+                    let last = self.desk.update(|m| {
                         m.raise_ceiling(s.ticket, r.mark_unix_ms);
                         if trusted && m.reanchor(s.ticket, anchor) {
                             debug!(
@@ -262,7 +287,10 @@ impl Reserver {
                                 "minting clock moved forward to the wall clock"
                             );
                         }
+                        m.last_minted()
                     });
+                    s.reserved_at_last = Some(last);
+                    s.wanted = false;
                     s.backoff = RETRY_FIRST;
                     s.next_try = BootInstant::now();
                     return;

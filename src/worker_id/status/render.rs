@@ -103,9 +103,12 @@ pub(super) fn render(report: &Report) -> String {
             || format!("({} key, not touched)", entry.key_type),
             |o| o.strip_prefix(TOMBSTONE_PREFIX).unwrap_or(o).to_owned(),
         );
+        let mark = entry.mark_lead_ms.map_or(String::new(), |lead| {
+            format!("  (mint mark {:+.1}s from now)", lead as f64 / 1000.0)
+        });
         let _ = writeln!(
             out,
-            "{:>4}  {state:<10}  {ttl:>10}  {owner}",
+            "{:>4}  {state:<10}  {ttl:>10}  {owner}{mark}",
             entry.worker_id
         );
     }
@@ -133,24 +136,32 @@ mod tests {
                     key_type: "string".into(),
                     owner: Some("10.0.0.7#00aa".into()),
                     ttl_ms: Some(119_250),
+                    mark_unix_ms: Some(1_796_000_001_200),
+                    mark_lead_ms: Some(1_200),
                 },
                 Entry {
                     worker_id: 1,
                     key_type: "string".into(),
                     owner: Some("legacy".into()),
                     ttl_ms: None,
+                    mark_unix_ms: None,
+                    mark_lead_ms: None,
                 },
                 Entry {
                     worker_id: 2,
                     key_type: "string".into(),
                     owner: Some("released:10.0.0.8#00bb".into()),
                     ttl_ms: Some(800),
+                    mark_unix_ms: None,
+                    mark_lead_ms: None,
                 },
                 Entry {
                     worker_id: 3,
                     key_type: "hash".into(),
                     owner: None,
                     ttl_ms: None,
+                    mark_unix_ms: None,
+                    mark_lead_ms: None,
                 },
             ],
             claim_guard: ClaimGuard::Closed { opens_in_ms: 1500 },
@@ -167,7 +178,11 @@ mod tests {
             text.contains("119.2s  10.0.0.7#00aa") || text.contains("119.3s  10.0.0.7#00aa"),
             "{text}"
         );
-        assert!(text.contains("no expiry  legacy"), "{text}");
+        assert!(
+            text.contains("10.0.0.7#00aa  (mint mark +1.2s from now)"),
+            "{text}"
+        );
+        assert!(text.contains("no expiry  legacy\n"), "{text}");
         assert!(
             text.contains("2  released          0.8s  10.0.0.8#00bb"),
             "{text}"
