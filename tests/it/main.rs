@@ -29,7 +29,7 @@ mod docs;
 mod double_publish;
 /// A Redis that may evict keys: no lease held on it (worker, pool CLI, pool serve).
 mod eviction;
-/// The Java, Node.js and Python examples under examples/ against a live sidecar.
+/// The examples under examples/ against a live sidecar: ID readers; mint clients, 503 retries.
 mod examples;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
