@@ -17,7 +17,7 @@ mod claim_windows;
 mod cli;
 /// `--max-clock-skew` under libfaketime: a new ID waits for the clock, a held one stays.
 mod clock_skew;
-/// The Kustomize Component's app name: an empty SNOWLEASE_APP names itself and its source.
+/// The Components: an empty SNOWLEASE_APP names its source; the mint socket via the fsGroup.
 mod component;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
