@@ -26,13 +26,19 @@ Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
   DEFAULT_LISTEN read from src/); only env vars snowlease reads (read from src/). The
   Dockerfile's EXPOSE is the default port.
 - A container started by `snowlease exec`: `--` in its command with the app's command
-  after it, the snowlease volume mounted. An overlay using a component keeps the base
+  after it, the snowlease volume mounted.
+- A worker with `--mint-socket` (mint mode): the socket's folder is a volume the sidecar
+  mounts writable and the first app container mounts at the same path; the app can connect
+  (mode 0660: the pod's fsGroup, or the sidecar's group among the app's); no `snowlease
+  exec` in that pod (it refuses mint mode, exit 5). An overlay using a component keeps the base
   Deployment's pod securityContext and each app container's securityContext, image, env,
   ports and args, and its command is the exec wrapper followed by the base's command.
 - The component on ordinary kustomizations, built from overlays written under target/: of
   two Deployments only the annotated one changes, a StatefulSet and a Java Deployment keep
   their command and args, the app name is each workload's annotation; a wrapped container
-  without `command` fails the build.
+  without `command` fails the build. Likewise the mint component (components/snowlease-mint/):
+  the sidecar alone, its group the pod's fsGroup, the socket's volume mounted read-only into
+  the app, whose command is left alone; a pod without fsGroup fails the build.
 - Self-test: broken copies (one per rule) must each be rejected for their reason.
 """
 import copy
@@ -229,6 +235,77 @@ def check_exec_wrapping(res):
     return errors
 
 
+# The image's user and group (Dockerfile: USER 65532:65532).
+IMAGE_GID = 65532
+
+
+def option(container, flag, env):
+    """A snowlease option of `container`: `--flag=V` or `--flag V` in its args, else the value
+    of env var `env`, else None."""
+    args = [str(a) for a in container.get("args") or []]
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+    for e in container.get("env") or []:
+        if e.get("name") == env and "value" in e:
+            return str(e["value"])
+    return None
+
+
+def mount_holding(container, path):
+    """The container's volume mount whose mountPath holds `path` (the deepest), or None."""
+    found = [m for m in container.get("volumeMounts") or []
+             if path.startswith(str(m.get("mountPath", "")).rstrip("/") + "/")]
+    return max(found, key=lambda m: len(m["mountPath"]), default=None)
+
+
+def is_exec(container):
+    command = [str(a) for a in container.get("command") or []]
+    return len(command) >= 2 and command[0].endswith("/snowlease") and command[1] == "exec"
+
+
+def check_mint_socket(res):
+    """A worker in mint mode with `--mint-socket` (SNOWLEASE_MINT_SOCKET) serves the app a
+    socket it can reach: the socket's folder is a volume the sidecar mounts writable and the
+    pod's first other container (the app) mounts at the same path; the app shares the
+    socket's group, as the socket has mode 0660 (the pod's fsGroup, which the kubelet gives
+    every container and an emptyDir, or the sidecar's group among the app's groups); and no
+    container starts through `snowlease exec`, which refuses a sidecar in mint mode (exit 5)."""
+    errors = []
+    pod = res["spec"]["template"]["spec"]
+    psc = pod.get("securityContext") or {}
+    for where, c in containers(res):
+        if c.get("command") or (c.get("args") or [None])[0] != "worker":
+            continue
+        socket = option(c, "--mint-socket", "SNOWLEASE_MINT_SOCKET")
+        if socket is None:
+            continue
+        own = mount_holding(c, socket)
+        if own is None or own.get("readOnly"):
+            errors.append(f"{where}: --mint-socket {socket} is on no writable volume mount")
+            continue
+        app = next((a for a in pod.get("containers") or [] if a is not c), None)
+        if app is None:
+            errors.append(f"{where}: mints for no app container")
+            continue
+        theirs = mount_holding(app, socket) or {}
+        if (theirs.get("name"), theirs.get("mountPath")) != (own["name"], own["mountPath"]):
+            errors.append(f"containers/{app.get('name')}: mounts no volume {own['name']} at "
+                          f"{own['mountPath']}, where the mint socket {socket} is")
+        group = (c.get("securityContext") or {}).get("runAsGroup", psc.get("runAsGroup", IMAGE_GID))
+        app_groups = {(app.get("securityContext") or {}).get("runAsGroup", psc.get("runAsGroup"))}
+        app_groups |= set(psc.get("supplementalGroups") or [])
+        if psc.get("fsGroup") is None and group not in app_groups:
+            errors.append(f"containers/{app.get('name')}: cannot connect to the mint socket "
+                          f"(mode 0660, group {group}): no pod fsGroup, and the app's groups "
+                          f"{sorted(g for g in app_groups if g is not None)} lack it")
+        errors += [f"{w}: snowlease exec refuses a sidecar in mint mode (exit 5); the app asks "
+                   f"GET /next instead" for w, other in containers(res) if is_exec(other)]
+    return errors
+
+
 def check_kept(built, base):
     """An overlay that adds snowlease to `base` keeps the app's own settings: pod
     securityContext, and per app container its securityContext, image, env, ports and
@@ -344,7 +421,8 @@ def check_resource(res, path, versions=None):
             errors.append(f"{label}: {e.message}")
     if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
         errors += [f"{label}: {e}"
-                   for e in check_hardening(res) + check_sidecar(res) + check_exec_wrapping(res)]
+                   for e in check_hardening(res) + check_sidecar(res) + check_exec_wrapping(res)
+                   + check_mint_socket(res)]
     return errors
 
 
@@ -469,6 +547,7 @@ rule = first("monitoring", "PrometheusRule")
 plain = first("plain-sidecar", "Deployment")
 overlay = first("existing-deployment", "Deployment")
 overlay_base = load(os.path.join(ROOT, "existing-deployment", "deployment.yaml"))[0]
+mint = first("existing-deployment-mint", "Deployment")
 
 
 def broken(res, mutate):
@@ -539,6 +618,20 @@ cases = {
         (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_lease_lost_total[10m]) > 0")),
         "unknown metric"),
+    "mint socket on no volume the app mounts":
+        (broken(mint, lambda r: pod(r)["containers"][0]["volumeMounts"].pop()),
+        "where the mint socket"),
+    "mint socket on the sidecar's read-only root":
+        (broken(mint, lambda r: pod(r)["initContainers"][0]["volumeMounts"].clear()),
+        "on no writable volume mount"),
+    "mint socket without a group the app has (no fsGroup)":
+        (broken(mint, lambda r: (pod(r).pop("securityContext"),
+                                 pod(r)["initContainers"][0]["securityContext"].pop("runAsGroup"))),
+        "cannot connect to the mint socket"),
+    "snowlease exec beside a minting sidecar":
+        (broken(mint, lambda r: pod(r)["containers"][0].update(
+            command=["/var/run/snowlease/bin/snowlease", "exec", "--", "/app/orders-server"])),
+        "refuses a sidecar in mint mode"),
     "alert expression that does not parse":
         (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_leases_lost_total[10m] > 0")),
@@ -630,13 +723,13 @@ spec:
 """
 
 
-def build_with_component(tmp, name, base):
-    """`kubectl kustomize` of an overlay of `base` (YAML text) with the component."""
+def build_with_component(tmp, name, base, component="snowlease"):
+    """`kubectl kustomize` of an overlay of `base` (YAML text) with components/`component`."""
     folder = os.path.join(tmp, name)
     os.makedirs(folder)
     with open(os.path.join(folder, "base.yaml"), "w") as f:
         f.write(base)
-    component = os.path.relpath(os.path.join(ROOT, "components", "snowlease"), folder)
+    component = os.path.relpath(os.path.join(ROOT, "components", component), folder)
     with open(os.path.join(folder, "kustomization.yaml"), "w") as f:
         f.write("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
                 f"resources: [base.yaml]\ncomponents: [{component}]\n")
@@ -711,6 +804,137 @@ def check_component_cases():
 
 
 failures += check_component_cases()
+
+
+# 4. The mint component (components/snowlease-mint/) the same way: the sidecar alone (no
+# install-snowlease, no exec wrapper), its group the pod's fsGroup, the socket's volume
+# mounted read-only into the first container, whose command and args stay (none needed);
+# a workload without the annotation is left alone; a pod without fsGroup fails the build.
+MINT_BASE = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders, annotations: {snowlease/app: orders}}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata: {labels: {app: orders}}
+    spec:
+      securityContext: {fsGroup: 1000}
+      containers:
+        - {name: orders, image: orders:1, args: [--listen=:8000]}
+        - {name: proxy, image: envoy:1}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: billing}
+spec:
+  selector: {matchLabels: {app: billing}}
+  template:
+    metadata: {labels: {app: billing}}
+    spec:
+      containers:
+        - {name: billing, image: billing:1, args: [--port=9000]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: ledger, annotations: {snowlease/app: ledger-ids}}
+spec:
+  serviceName: ledger
+  selector: {matchLabels: {app: ledger}}
+  template:
+    metadata: {labels: {app: ledger}}
+    spec:
+      securityContext: {fsGroup: 2000, runAsNonRoot: true}
+      initContainers:
+        - {name: migrate, image: ledger:1, command: [/migrate]}
+      containers:
+        - name: ledger
+          image: ledger:1
+          command: [/ledger]
+          volumeMounts: [{name: data, mountPath: /data}]
+"""
+NO_FS_GROUP = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders, annotations: {snowlease/app: orders}}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata: {labels: {app: orders}}
+    spec:
+      containers:
+        - {name: orders, image: orders:1, command: [/app/orders-server]}
+"""
+
+
+def check_minting(res, base):
+    """`res` (built) is `base` with the minting sidecar added: app name, the sidecar alone
+    in front of the base's init containers, its group the fsGroup, the app's mount, the
+    other containers untouched."""
+    where = f"{res['kind']}/{res['metadata']['name']}"
+    errors = [f"{where}: {e}" for e in check_kept(res, base)]
+    spec, bspec = res["spec"]["template"], base["spec"]["template"]
+    app = base["metadata"]["annotations"]["snowlease/app"]
+    if (spec["metadata"].get("annotations") or {}).get("snowlease/app") != app:
+        errors.append(f"{where}: pod annotation snowlease/app is not {app!r}")
+    inits = spec["spec"].get("initContainers") or []
+    base_inits = bspec["spec"].get("initContainers") or []
+    if [c["name"] for c in inits] != ["snowlease"] + [c["name"] for c in base_inits]:
+        errors.append(f"{where}: initContainers {[c['name'] for c in inits]}, want snowlease, "
+                      f"then the base's")
+    sidecar = inits[0] if inits else {}
+    if option(sidecar, "--mint-socket", "SNOWLEASE_MINT_SOCKET") != "/var/run/snowlease/mint.sock" \
+            or "--mint" not in (sidecar.get("args") or []):
+        errors.append(f"{where}: the sidecar does not mint on /var/run/snowlease/mint.sock")
+    fs_group = bspec["spec"]["securityContext"]["fsGroup"]
+    if (sidecar.get("securityContext") or {}).get("runAsGroup") != fs_group:
+        errors.append(f"{where}: the sidecar's runAsGroup is not the fsGroup {fs_group}")
+    first, bfirst = spec["spec"]["containers"][0], bspec["spec"]["containers"][0]
+    if first.get("volumeMounts") != (bfirst.get("volumeMounts") or []) + [
+            {"name": "snowlease", "mountPath": "/var/run/snowlease", "readOnly": True}]:
+        errors.append(f"{where}: volumeMounts {first.get('volumeMounts')}")
+    if spec["spec"]["containers"][1:] != bspec["spec"]["containers"][1:]:
+        errors.append(f"{where}: containers after the first changed")
+    return errors
+
+
+def mint_case_errors():
+    errors = []
+    target = os.path.join(ROOT, "..", "target")
+    os.makedirs(target, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target, prefix="mint-component-cases-") as tmp:
+        built, error = build_with_component(tmp, "mixed", MINT_BASE, "snowlease-mint")
+        if error:
+            return [f"mint component on 2 Deployments and a StatefulSet: build failed: {error}"]
+        bases = {(r["kind"], r["metadata"]["name"]): r for r in yaml.safe_load_all(MINT_BASE)}
+        for res in built:
+            base = bases[(res["kind"], res["metadata"]["name"])]
+            if "snowlease/app" not in (base["metadata"].get("annotations") or {}):
+                if res != base:
+                    errors.append(f"{res['kind']}/{res['metadata']['name']}: not opted in, "
+                                  f"but changed")
+                continue
+            errors += check_minting(res, base)
+            errors += check_resource(res, "mint component case", VERSIONS)
+        _, error = build_with_component(tmp, "no-fs-group", NO_FS_GROUP, "snowlease-mint")
+        if error is None:
+            errors.append("a pod without fsGroup: the build did not fail")
+        elif "securityContext/fsGroup" not in error:
+            errors.append(f"a pod without fsGroup: the error does not name fsGroup: {error}")
+    return errors
+
+
+def check_mint_cases():
+    errors = mint_case_errors()
+    for e in errors:
+        print(f"FAIL mint component case: {e}")
+    if not errors:
+        print("ok   mint component cases: a Deployment and a StatefulSet opted in, sidecar in "
+              "the fsGroup, commands untouched; no fsGroup fails the build")
+    return errors
+
+
+failures += check_mint_cases()
 
 print(f"validate-k8s: {len(files)} files, {len(roots)} kustomizations built, {checked} "
       f"resources checked against Kubernetes "

@@ -1,10 +1,15 @@
-//! The examples under examples/ (Java, Node.js, Python) against a live sidecar: each prints the
-//! published worker ID read from the ID file, falls back to `GET /id`, and refuses to mint
-//! (exit 3, nothing on stdout) when neither has an ID. An example whose interpreter is missing
-//! is skipped with a loud message (`.ci/run` installs them from Debian's packages).
+//! The examples under examples/ against a live sidecar. The worker-ID readers (Java, Node.js,
+//! Python) print the published worker ID read from the ID file, fall back to `GET /id`, and
+//! refuse to mint (exit 3, nothing on stdout) when neither has an ID. The mint clients (Go,
+//! Java, Node.js, Python) print the IDs of `GET /next` over `--mint-socket`, retry 503s for
+//! `--wait`, and exit 3 with nothing on stdout when none came. An example whose interpreter or
+//! compiler is missing is skipped with a loud message (`.ci/run` installs them from Debian's
+//! packages).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use crate::harness::*;
 
@@ -217,5 +222,246 @@ fn examples_judge_the_boot_clock_deadline() {
                 false => assert_eq!(out.code, Some(3), "{} {state}: {out:?}", example.name),
             }
         }
+    }
+}
+
+/// A mint example ready to run: its name and the command line before its own arguments.
+struct MintExample {
+    name: &'static str,
+    argv: Vec<OsString>,
+}
+
+/// The mint examples whose interpreter or compiler is here; the Go and Java ones are built
+/// into `build` first (once: `go build`, `javac`). The others are skipped loudly.
+fn mint_examples(build: &Path) -> Vec<MintExample> {
+    let skip = |name: &str, tool: &str| {
+        eprintln!("!!! SKIPPED mint example {name}: `{tool}` not on PATH (.ci/run installs it) !!!")
+    };
+    let mut found = Vec::new();
+    for (name, program, script) in [
+        ("python", "python3", "examples/python/mint.py"),
+        ("node", "node", "examples/node/mint.js"),
+    ] {
+        match find(program) {
+            Some(path) => found.push(MintExample {
+                name,
+                argv: vec![path.into(), repo().join(script).into()],
+            }),
+            None => skip(name, program),
+        }
+    }
+    match (find("javac"), find("java")) {
+        (Some(javac), Some(java)) => {
+            let mut cmd = Command::new(javac);
+            cmd.arg("-d")
+                .arg(build)
+                .arg(repo().join("examples/java/Mint.java"));
+            let out = run_command(cmd, secs(120));
+            assert_eq!(out.code, Some(0), "javac Mint.java: {out:?}");
+            let argv = [java.into(), "-XX:TieredStopAtLevel=1".into(), "-cp".into()];
+            found.push(MintExample {
+                name: "java",
+                argv: [&argv[..], &[build.into(), "Mint".into()]].concat(),
+            });
+        }
+        _ => skip("java", "javac"),
+    }
+    match find("go") {
+        Some(go) => {
+            let binary = build.join("mint-go");
+            let mut cmd = Command::new(go);
+            cmd.arg("build")
+                .arg("-o")
+                .arg(&binary)
+                .arg(repo().join("examples/go/mint.go"))
+                // The build cache beside cargo's: warm after the first run.
+                .env("GOCACHE", repo().join("target/go-build"));
+            let out = run_command(cmd, secs(300));
+            assert_eq!(out.code, Some(0), "go build mint.go: {out:?}");
+            found.push(MintExample {
+                name: "go",
+                argv: vec![binary.into()],
+            });
+        }
+        None => skip("go", "go"),
+    }
+    found
+}
+
+/// Runs `example` with SNOWLEASE_MINT_SOCKET=`socket` and `args`; how long it took.
+fn run_mint(example: &MintExample, socket: &Path, args: &[&str]) -> (Run, Duration) {
+    let mut cmd = Command::new(&example.argv[0]);
+    cmd.args(&example.argv[1..])
+        .args(args)
+        .env("SNOWLEASE_MINT_SOCKET", socket);
+    let started = Instant::now();
+    // The JVM starts slowly on a loaded 2-core machine.
+    let out = run_command(cmd, secs(120));
+    (out, started.elapsed())
+}
+
+/// A mint-mode sidecar for worker IDs 0-`max_worker_id` serving `/next` on `<pod>/mint.sock`
+/// (TTL 2 s from the harness, a window that fits below it), and that socket's path.
+fn minter(redis: &RedisServer, max_worker_id: u16) -> (Sidecar, PathBuf) {
+    let pod = PodDir::new();
+    let socket = pod.path().join("mint.sock");
+    let sidecar = Sidecar::worker(redis, "orders")
+        .pod(&pod)
+        .flag("--max-worker-id", max_worker_id.to_string())
+        .switch("--mint")
+        .flag("--mint-window", "500ms")
+        .flag("--mint-socket", socket.to_string_lossy())
+        .spawn();
+    (sidecar, socket)
+}
+
+/// The IDs an example printed, one a line; panics on anything else.
+fn printed_ids(name: &str, out: &Run) -> Vec<u64> {
+    assert_eq!(out.code, Some(0), "{name}: {out:?}");
+    out.stdout
+        .lines()
+        .map(|l| l.parse().unwrap_or_else(|e| panic!("{name}: {l:?}: {e}")))
+        .collect()
+}
+
+/// The worker bits of an ID in the default layout 41:10:12 (bits 12-21), computed here
+/// rather than by the code under test.
+fn worker_bits(id: u64) -> u64 {
+    (id >> 12) & 0x3ff
+}
+
+/// Each mint example prints exactly COUNT IDs, one a line, strictly increasing (within a run
+/// and from one run to the next), whose worker bits are the sidecar's worker ID (its state
+/// file); 5000 IDs take two requests (at most 4096 each).
+#[test]
+fn mint_examples_print_increasing_ids_of_the_sidecars_worker_id() {
+    let build = tempfile::tempdir().unwrap();
+    let examples = mint_examples(build.path());
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    // Skip worker ID 0, so worker bits of 0 would not pass by accident.
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(worker_key("orders", 0))
+            .arg("other#1"),
+    );
+    let (sidecar, socket) = minter(&redis, 31);
+    let answered = poll_until(secs(15), || sidecar.http_get("/next", None).0 == 200);
+    assert!(answered, "no /next: {:?}", sidecar.http_get("/next", None));
+    let state = sidecar.read_state().expect("a state file");
+    let worker_id = state["worker_id"].as_u64().expect("worker_id");
+    assert_ne!(worker_id, 0);
+
+    let mut newest = 0;
+    for example in &examples {
+        for count in [1, 5000] {
+            let (out, took) = run_mint(example, &socket, &[&count.to_string()]);
+            let ids = printed_ids(example.name, &out);
+            eprintln!("mint example {} {count}: {took:?}", example.name);
+            assert_eq!(ids.len(), count, "{}: {out:?}", example.name);
+            assert!(
+                ids[0] > newest,
+                "{}: not above the run before",
+                example.name
+            );
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "{}: not increasing",
+                example.name
+            );
+            assert!(
+                ids.iter().all(|id| worker_bits(*id) == worker_id),
+                "{}: worker bits other than {worker_id}",
+                example.name
+            );
+            newest = *ids.last().unwrap();
+        }
+    }
+}
+
+/// `snowlease_mint_unavailable_total{state="claiming"}` of `sidecar`: its 503s while it
+/// looks for a free worker ID.
+fn claiming_answers(sidecar: &Sidecar) -> f64 {
+    sidecar
+        .metric(r#"snowlease_mint_unavailable_total{state="claiming"}"#)
+        .unwrap_or(0.0)
+}
+
+/// With a sidecar that has no lease (its only worker ID held by another owner: 503
+/// `claiming`), each mint example retries after Retry-After (1 s) until `--wait 2` is spent,
+/// then exits 3 with nothing on stdout and the last answer on stderr; with no socket at all,
+/// likewise. Started with `--wait 60` while the ID is held, each gets its IDs once the ID is
+/// freed and the sidecar claims it.
+#[test]
+fn mint_examples_retry_503_then_give_up_or_get_ids() {
+    let build = tempfile::tempdir().unwrap();
+    let examples = mint_examples(build.path());
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let held = worker_key("orders", 0);
+    let _: () = redis.query(redis::cmd("SET").arg(&held).arg("other#1"));
+    let (sidecar, socket) = minter(&redis, 0);
+    let refused = poll_until(secs(15), || {
+        sidecar.http_get("/next", None).1.contains("claiming")
+    });
+    assert!(
+        refused,
+        "not claiming: {:?}",
+        sidecar.http_get("/next", None)
+    );
+
+    let missing = sidecar.pod().path().join("no.sock");
+    for example in &examples {
+        let before = claiming_answers(&sidecar);
+        let (out, took) = run_mint(example, &socket, &["--wait", "2", "3"]);
+        let tries = claiming_answers(&sidecar) - before;
+        eprintln!(
+            "mint example {} --wait 2 on 503: {took:?}, {tries} tries",
+            example.name
+        );
+        assert_eq!(out.code, Some(3), "{}: {out:?}", example.name);
+        assert_eq!(out.stdout, "", "{}: printed nothing", example.name);
+        assert!(
+            out.stderr.contains("no IDs") && out.stderr.contains("claiming"),
+            "{}: {out:?}",
+            example.name
+        );
+        assert!(tries >= 2.0, "{}: retried: {tries} tries", example.name);
+        assert!(took >= secs(2), "{}: gave up early: {took:?}", example.name);
+
+        let (out, _) = run_mint(example, &missing, &["--wait", "0", "3"]);
+        assert_eq!(out.code, Some(3), "{}: {out:?}", example.name);
+        assert_eq!(out.stdout, "", "{}: printed nothing", example.name);
+        assert!(out.stderr.contains("no.sock"), "{}: {out:?}", example.name);
+    }
+
+    // All at once; the ID is freed once the sidecar refused as many requests as there are
+    // examples (each asks at start and then once a second).
+    let before = claiming_answers(&sidecar);
+    let started = Instant::now();
+    let runs: Vec<_> = examples
+        .iter()
+        .map(|example| {
+            let (argv, socket) = (example.argv.clone(), socket.clone());
+            let example = MintExample {
+                name: example.name,
+                argv,
+            };
+            std::thread::spawn(move || run_mint(&example, &socket, &["--wait", "60", "10"]))
+        })
+        .collect();
+    let all_refused = poll_until(secs(60), || {
+        claiming_answers(&sidecar) - before >= examples.len() as f64
+    });
+    assert!(all_refused, "the examples never asked");
+    let freed = started.elapsed();
+    let _: () = redis.query(redis::cmd("DEL").arg(&held));
+    for (example, run) in examples.iter().zip(runs) {
+        let (out, took) = run.join().unwrap();
+        eprintln!(
+            "mint example {} until the ID was freed ({freed:?}): {took:?}",
+            example.name
+        );
+        assert_eq!(printed_ids(example.name, &out).len(), 10, "{out:?}");
     }
 }

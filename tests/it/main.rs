@@ -17,7 +17,7 @@ mod claim_windows;
 mod cli;
 /// `--max-clock-skew` under libfaketime: a new ID waits for the clock, a held one stays.
 mod clock_skew;
-/// The Kustomize Component's app name: an empty SNOWLEASE_APP names itself and its source.
+/// The Components: an empty SNOWLEASE_APP names its source; the mint socket via the fsGroup.
 mod component;
 /// The Redis connection: dead and idle-closed connections, slow probe, TLS, URLs, mismatches.
 mod connection;
@@ -29,7 +29,7 @@ mod docs;
 mod double_publish;
 /// A Redis that may evict keys: no lease held on it (worker, pool CLI, pool serve).
 mod eviction;
-/// The Java, Node.js and Python examples under examples/ against a live sidecar.
+/// The examples under examples/ against a live sidecar: ID readers; mint clients, 503 retries.
 mod examples;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
