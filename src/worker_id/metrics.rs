@@ -179,12 +179,14 @@ mod tests {
     }
 
     /// `KNOWN_METRICS` of scripts/validate_k8s.py (the metrics alert rules may name) is
-    /// exactly what the sidecar exports: its families, counters with `_total`.
+    /// exactly what the sidecar exports (mint mode's included): its families, counters with
+    /// `_total`.
     #[test]
     fn known_metrics_of_the_k8s_check_are_the_exported_ones() {
         let mut registry = Registry::default();
         WorkerMetrics::default().register(&mut registry);
         crate::http::register_build_info(&mut registry);
+        crate::worker_id::mint::metrics::MintMetrics::default().register(&mut registry);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         let exported: std::collections::BTreeSet<String> = text
