@@ -333,3 +333,26 @@ fn clock_steps_while_minting_never_lower_an_id() {
     let worker_id = sidecar.read_state().unwrap()["worker_id"].as_u64().unwrap();
     assert!(ids.iter().all(|id| u64::from(worker_of(*id)) == worker_id));
 }
+
+/// Bad mint flags end the start with exit 2 naming the flag (and the date a layout runs out),
+/// before anything is written to Redis.
+#[test]
+fn bad_mint_flags_are_refused_naming_the_flag_and_nothing_is_written() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--id-layout", "41:4:12"], "--id-layout"),
+        (&["--id-layout", "38:10:12"], "overflow at 2019-07-21"),
+        (&["--id-layout", "42:10:12"], "--id-layout"),
+        (&["--epoch", "2099-01-01T00:00:00Z"], "--epoch"),
+        (&["--mint-window", "119s"], "--mint-window"),
+    ];
+    for (flags, named) in cases {
+        let mut args = vec!["worker", "--app", APP, "--redis-url", &url, "--mint"];
+        args.extend_from_slice(flags);
+        let run = run_snowlease(&args, &[], secs(10));
+        assert_eq!(run.code, Some(2), "{flags:?}: {}", run.stderr);
+        assert!(run.stderr.contains(named), "{flags:?}: {}", run.stderr);
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+}
