@@ -45,6 +45,8 @@ mod harness_selftest;
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
+/// Mint mode under adversarial use: a handover to another `--epoch` (ignored finding), an unreadable mark.
+mod mint_break;
 /// Mint mode through Redis restarted empty, a Cluster shard emptied, a Sentinel failover with
 /// `--min-replicas-ack`: the guard covers a lost mark; no ID twice.
 mod mint_faults;

@@ -136,16 +136,19 @@ impl Reserver {
     }
 
     /// Starts a session for a newly claimed lease: reads the floor (`mark.lua`), retrying
-    /// until it is read or the state moves on (then `None`; the caller looks again).
+    /// with a doubling backoff (50 ms to 1 s; a renewal of the same lease meanwhile keeps
+    /// it, and only the first failure is a warning) until it is read or the keeper's state
+    /// leaves this lease (then `None`; the caller looks again).
     async fn begin(
         &mut self,
-        held: HeldLease,
+        mut held: HeldLease,
         state: &mut watch::Receiver<WorkerState>,
     ) -> Option<Session> {
         // Nothing of an earlier lease mints while the new one's floor is read.
         self.desk.update(|m| m.stop(Standby::Claiming));
         let lease_key = self.lease_keys.id(held.worker_id);
         let mut backoff = RETRY_FIRST;
+        let mut warned = false;
         loop {
             let read = script::read_mark(&mut self.conn, &self.mint_keys, &lease_key, &held.owner);
             let failed = match bounded(self.call_timeout, read).await {
@@ -186,13 +189,31 @@ impl Reserver {
                 }
                 Err(err) => Readable(&err).to_string(),
             };
-            warn!(worker_id = held.worker_id, error = %failed, "cannot read the high-water mark; not minting yet");
-            tokio::select! {
-                changed = state.changed() => {
-                    let _ = changed;
-                    return None;
+            if warned {
+                debug!(worker_id = held.worker_id, error = %failed, "cannot read the high-water mark again");
+            } else {
+                warn!(worker_id = held.worker_id, error = %failed, "cannot read the high-water mark; not minting yet");
+                warned = true;
+            }
+            let retry = tokio::time::sleep(backoff);
+            tokio::pin!(retry);
+            loop {
+                tokio::select! {
+                    changed = state.changed() => {
+                        if changed.is_err() {
+                            return None;
+                        }
+                        // A renewal of this lease moves its deadline only; anything else
+                        // (a loss, another claim, the stop) is the caller's to look at.
+                        match &*state.borrow_and_update() {
+                            WorkerState::Held(renewed) if renewed.claimed == held.claimed => {
+                                held = renewed.clone();
+                            }
+                            _ => return None,
+                        }
+                    }
+                    () = &mut retry => break,
                 }
-                () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(RETRY_MAX);
         }
