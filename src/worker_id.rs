@@ -179,6 +179,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let publisher = tokio::spawn(async move {
         publisher::run_publisher(publisher_state, folder, &output_file, app, mint_mode).await
     });
+    let format_refused = Arc::new(std::sync::OnceLock::new());
     let reserver = mint.map(|mint| {
         let reserver = Reserver {
             desk: mint.http.desk,
@@ -191,6 +192,9 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             min_replicas_ack: config.min_replicas_ack,
             max_clock_skew: config.max_clock_skew,
             renew_now: worker.renew_signal(),
+            stop: shutdown.clone(),
+            format_refused: format_refused.clone(),
+            format_checked: false,
         };
         tokio::spawn(reserver.run(state_rx))
     });
@@ -227,6 +231,11 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             .is_err()
     {
         warn!("the mint socket did not stop within 1s");
+    }
+    if let Some(why) = format_refused.get() {
+        return Err(
+            crate::config_error::ConfigError::new("--id-layout, --epoch", why.clone()).into(),
+        );
     }
     // Every stop reason names the Redis it concerns (for a claim timeout the
     // first question); the exit code still comes from the WorkerError.

@@ -1,5 +1,6 @@
-//! Mint mode under adversarial use (findings of a break session): handovers between
-//! sidecars whose `--epoch` differs, and a high-water mark that cannot be read. Real
+//! Mint mode under adversarial use (findings of a break session): a sidecar whose `--epoch`
+//! or `--id-layout` differs from the app's recorded format, and a high-water mark that
+//! cannot be read. Real
 //! processes on a real Redis, as in `mint_worker.rs`.
 
 use std::collections::BTreeSet;
@@ -25,45 +26,61 @@ fn pull_for(sidecar: &Sidecar, secs: u64) -> Vec<u64> {
     ids
 }
 
-/// Finding: a rolling update that changes `--epoch` (or `--id-layout`) hands a worker ID
+/// Finding: a rolling update that changes `--epoch` (or `--id-layout`) handed a worker ID
 /// from a sidecar minting in one format to one minting in another. The mark is in Unix ms,
-/// so the new holder mints above it, but its IDs encode `t - epoch`: with an epoch 3 s later
-/// its IDs are those the old holder minted 3 s earlier. Nothing records the format an app
-/// mints in, so nothing refuses it. Expected: no ID twice (the new holder refuses to mint,
-/// or mints above in its own format). Ignored until the format is recorded in Redis and
-/// checked; docs/kubernetes.md "Upgrading" now warns against the change.
+/// so the new holder minted above it, but its IDs encode `t - epoch`: with an epoch 3 s
+/// later its IDs were those the old holder minted 3 s earlier (57,344 twice). Now the first
+/// sidecar records the app's format (`<prefix><app>:format`), and one minting in another
+/// stops before it mints (exit 2 naming both flags); a layout change alike. The first
+/// format's sidecars go on minting.
 #[test]
-#[ignore = "finding: a changed --epoch between holders mints duplicate IDs (not fixed yet)"]
-fn a_handover_to_another_epoch_never_mints_an_id_twice() {
+fn a_sidecar_in_another_id_format_refuses_to_mint() {
     let redis = RedisServer::start();
     redis.open_claim_guard(APP);
     let mut first = minter_at(&redis.url()).flag("--max-worker-id", "0").spawn();
-    let old: BTreeSet<u64> = pull_for(&first, 3).into_iter().collect();
+    let old: BTreeSet<u64> = pull_for(&first, 1).into_iter().collect();
     first.signal(Signal::SIGTERM);
     assert!(first.wait_exit(secs(10)).is_some_and(|s| s.success()));
+    assert_eq!(
+        redis.get("snowflake:worker:mint:format").as_deref(),
+        Some("41:10:12@1288834974657")
+    );
 
     let later_epoch = (DEFAULT_EPOCH_MS + 3_000).to_string();
-    let second = minter_at(&redis.url())
-        .flag("--max-worker-id", "0")
-        .flag("--epoch", later_epoch)
-        .spawn();
-    let new = poll_some(secs(15), || next(&second, 4096).ok()).unwrap_or_default();
-    let mut new: BTreeSet<u64> = new.into_iter().collect();
-    let until = std::time::Instant::now() + secs(3);
-    while std::time::Instant::now() < until {
-        match next(&second, 4096) {
-            Ok(batch) => new.extend(batch),
-            Err(_) => std::thread::sleep(ms(20)),
-        }
+    let changed: [(&str, String); 2] = [
+        ("--epoch", later_epoch),
+        ("--id-layout", "41:9:13".to_owned()),
+    ];
+    for (flag, value) in changed {
+        let mut second = minter_at(&redis.url())
+            .flag("--max-worker-id", "0")
+            .flag(flag, value.clone())
+            .spawn();
+        let mut answered = Vec::new();
+        let exited = poll_some(secs(15), || {
+            if let Ok(ids) = next(&second, 4096) {
+                answered.extend(ids);
+            }
+            second.wait_exit(ms(1))
+        });
+        let status = exited.unwrap_or_else(|| panic!("{flag} {value}: still running"));
+        assert_eq!(status.code(), Some(2), "{flag} {value}");
+        assert!(
+            answered.is_empty(),
+            "{flag} {value}: minted {}",
+            answered.len()
+        );
+        assert!(
+            second.wait_for_log("another ID format is recorded", secs(1)),
+            "{flag} {value}"
+        );
+        let stderr = second.log_lines().join("\n");
+        assert!(stderr.contains("--id-layout, --epoch"), "{stderr}");
     }
-    let twice = old.intersection(&new).count();
-    assert_eq!(
-        twice,
-        0,
-        "{twice} IDs minted twice ({} old, {} new)",
-        old.len(),
-        new.len()
-    );
+
+    let third = minter_at(&redis.url()).flag("--max-worker-id", "0").spawn();
+    let new = first_batch(&third, 4096);
+    assert!(new.iter().all(|id| !old.contains(id)));
 }
 
 /// Finding: a mark that cannot be read (here set by hand to garbage) was retried with a

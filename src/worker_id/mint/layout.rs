@@ -40,6 +40,15 @@ pub struct IdParts {
 }
 
 impl IdLayout {
+    /// The format record of this layout from `epoch`, `"<t>:<w>:<s>@<epoch Unix ms>"`
+    /// (`format.lua`): two sidecars of one app mint in the same format only when it is equal.
+    pub fn format(self, epoch: Epoch) -> String {
+        format!(
+            "{}:{}:{}@{}",
+            self.timestamp_bits, self.worker_bits, self.sequence_bits, epoch.0
+        )
+    }
+
     /// Parses `TIMESTAMP:WORKER:SEQUENCE` bit counts. Errors name `--id-layout`.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let bad = |why: String| ConfigError::new("--id-layout", why);

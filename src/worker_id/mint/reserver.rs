@@ -14,11 +14,12 @@
 //! reached. An idle sidecar makes no Redis calls beyond its renewals; its first request
 //! after a pause waits for one reservation.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tracing::{debug, info, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
 
 use super::args::MintConfig;
 use super::desk::MintDesk;
@@ -69,6 +70,12 @@ pub(crate) struct Reserver {
     pub max_clock_skew: Duration,
     /// Makes the keeper renew at once (a reservation found the lease key not ours).
     pub renew_now: Arc<Notify>,
+    /// Stops the sidecar: cancelled when the app's recorded ID format is another.
+    pub stop: CancellationToken,
+    /// Why the sidecar stopped minting for good: the recorded format differs from ours.
+    pub format_refused: Arc<OnceLock<String>>,
+    /// The recorded format equals ours (checked once per process, `format.lua`).
+    pub format_checked: bool,
 }
 
 /// The lease being minted under.
@@ -150,6 +157,26 @@ impl Reserver {
         let mut backoff = RETRY_FIRST;
         let mut warned = false;
         loop {
+            match self.format_agrees().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    // The keeper stops; minting never starts.
+                    let _ = state.changed().await;
+                    return None;
+                }
+                Err(failed) => {
+                    warn!(worker_id = held.worker_id, error = %failed, "cannot check the app's ID format; not minting yet");
+                    tokio::select! {
+                        changed = state.changed() => {
+                            let _ = changed;
+                            return None;
+                        }
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                    continue;
+                }
+            }
             let read = script::read_mark(&mut self.conn, &self.mint_keys, &lease_key, &held.owner);
             let failed = match bounded(self.call_timeout, read).await {
                 Ok(read) if read.ours => {
@@ -217,6 +244,33 @@ impl Reserver {
             }
             backoff = (backoff * 2).min(RETRY_MAX);
         }
+    }
+
+    /// Whether the app's recorded ID format (`format.lua`, recorded by the first sidecar that
+    /// minted) is ours. A mark in Unix ms bounds IDs only among sidecars that encode time
+    /// alike: one with another `--epoch` or `--id-layout` would mint IDs an earlier holder
+    /// minted. Another format stops the sidecar (exit 2, [`Self::format_refused`]).
+    async fn format_agrees(&mut self) -> Result<bool, String> {
+        if self.format_checked {
+            return Ok(true);
+        }
+        let ours = self.config.layout.format(self.config.epoch);
+        let call = script::record_format(&mut self.conn, &self.mint_keys, &ours);
+        let recorded = bounded(self.call_timeout, call)
+            .await
+            .map_err(|err| Readable(&err).to_string())?;
+        if recorded == ours {
+            self.format_checked = true;
+            return Ok(true);
+        }
+        let why = format!(
+            "this app mints IDs in the format {recorded} (layout@epoch ms, recorded in {}), this sidecar in {ours}: minting in both could give one ID twice; keep --id-layout and --epoch of the app, or mint under a new --app",
+            self.mint_keys.format()
+        );
+        error!(recorded = %recorded, ours = %ours, "refusing to mint: another ID format is recorded for this app; stopping");
+        let _ = self.format_refused.set(why);
+        self.stop.cancel();
+        Ok(false)
     }
 
     /// Reserves whenever the minter's ceiling falls below the low water (or a request

@@ -1,6 +1,7 @@
 //! The high-water mark of each worker ID in Redis and its three owner-checked scripts:
 //! `mark.lua` (the floor after a claim), `reserve.lua` (raise the mark before minting past
-//! it), `settle.lua` (the last minted timestamp, at release). docs/mint-design.md.
+//! it), `settle.lua` (the last minted timestamp, at release); and the app's ID format
+//! (`format.lua`), checked before minting. docs/mint-design.md.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use crate::timing::ms;
 static MARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("mark.lua")));
 static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reserve.lua")));
 static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
+static FORMAT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("format.lua")));
 
 /// Names of the mint keys of one app, beside its lease keys under `<prefix><app>:`: per
 /// worker ID the mark `mark:{<lease key>}` and the settled record `settled:{<lease key>}`.
@@ -41,6 +43,11 @@ impl MintKeys {
     /// The settled record (Unix ms) of the worker ID whose lease key is `lease_key`.
     pub fn settled(&self, lease_key: &str) -> String {
         format!("{}settled:{{{lease_key}}}", self.base)
+    }
+
+    /// The app's ID format record, `<prefix><app>:format`.
+    pub fn format(&self) -> String {
+        format!("{}format", self.base)
     }
 }
 
@@ -152,6 +159,20 @@ pub async fn settle<C: ConnectionLike>(
         settled_unix_ms,
         mark_unix_ms,
     })
+}
+
+/// Runs `format.lua`: records `format` (`"<layout>@<epoch Unix ms>"`) as the app's ID
+/// format when none is recorded; returns the recorded one (compare it with `format`).
+pub async fn record_format<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &MintKeys,
+    format: &str,
+) -> redis::RedisResult<String> {
+    FORMAT
+        .key(keys.format())
+        .arg(format)
+        .invoke_async(conn)
+        .await
 }
 
 #[cfg(test)]
