@@ -14,8 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::boot_clock::BootInstant;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
+use tracing::warn;
 
-use crate::connection::{Readable, is_auth_error, is_permission_error};
+use crate::connection::{Readable, Redis, is_auth_error, is_permission_error};
 use crate::identity::Owner;
 use crate::timing::{self, ttl_ms};
 
@@ -212,9 +213,56 @@ pub(crate) fn step(what: &'static str) -> impl FnOnce(RedisError) -> RedisError 
     }
 }
 
+/// How long Redis may wait for replicas: half the call timeout (the
+/// client's own limit must not cut it off), never past the validity
+/// deadline `remaining` away. `None` below 1 ms: a lease about to end is
+/// not worth waiting for.
+fn wait_limit(call_timeout: Duration, remaining: Duration) -> Option<Duration> {
+    let limit = (call_timeout / 2).min(remaining);
+    (limit >= Duration::from_millis(1)).then_some(limit)
+}
+
+/// Whether `replicas` replicas acknowledged the last write `conn` made on `key` (`WAIT`,
+/// README "Guarantees"); true when none are asked for. Redis waits at most [`wait_limit`]
+/// of `call_timeout` and `remaining` (the lease's validity). Shared by the worker keeper's gate
+/// and mint mode's reservations, which must count only once they would survive a failover.
+pub(crate) async fn acknowledged(
+    conn: &mut Redis,
+    key: &str,
+    replicas: u32,
+    call_timeout: Duration,
+    remaining: Duration,
+) -> bool {
+    if replicas == 0 {
+        return true;
+    }
+    let Some(limit) = wait_limit(call_timeout, remaining) else {
+        return false;
+    };
+    match timing::bounded(call_timeout, conn.wait_replicas(key, replicas, limit)).await {
+        Ok(acked) => acked >= replicas,
+        Err(err) => {
+            warn!(error = %Readable(&err), "WAIT for replica acknowledgement failed");
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `WAIT` gets half the call timeout, cut by the validity deadline;
+    /// under 1 ms left, the gate refuses without asking.
+    #[test]
+    fn wait_is_bounded_by_half_the_call_timeout_and_the_deadline() {
+        const MS: Duration = Duration::from_millis(1);
+        assert_eq!(wait_limit(1000 * MS, 60_000 * MS), Some(500 * MS));
+        assert_eq!(wait_limit(1000 * MS, 200 * MS), Some(200 * MS));
+        assert_eq!(wait_limit(1000 * MS, 1 * MS), Some(MS));
+        assert_eq!(wait_limit(1000 * MS, Duration::from_micros(999)), None);
+        assert_eq!(wait_limit(1000 * MS, Duration::ZERO), None);
+    }
 
     #[test]
     fn margin_is_one_percent_but_at_least_100ms() {

@@ -15,7 +15,7 @@
 
 mod advice;
 mod claiming;
-pub(crate) mod gate;
+mod gate;
 mod holding;
 mod release;
 mod setup;

@@ -4,13 +4,8 @@
 //! replicas acknowledged it. Claim and renew report a refusal their own
 //! way; the checks and their order live only here.
 
-use std::time::Duration;
-
-use tracing::warn;
-
 use super::Worker;
-use crate::connection::{Readable, Redis};
-use crate::timing::bounded;
+use crate::lease;
 use crate::worker_id::state::HeldLease;
 
 /// Which write the gate judges.
@@ -64,15 +59,6 @@ fn checks(write: Write) -> &'static [Check] {
     }
 }
 
-/// How long Redis may wait for replicas: half the call timeout (the
-/// client's own limit must not cut it off), never past the validity
-/// deadline `remaining` away. `None` below 1 ms: a lease about to end is
-/// not worth waiting for.
-fn wait_limit(call_timeout: Duration, remaining: Duration) -> Option<Duration> {
-    let limit = (call_timeout / 2).min(remaining);
-    (limit >= Duration::from_millis(1)).then_some(limit)
-}
-
 // === impl Worker ===
 
 impl Worker {
@@ -102,12 +88,12 @@ impl Worker {
     }
 
     /// Whether `--min-replicas-ack` replicas acknowledged the last write
-    /// on the key of `lease` ([`acknowledged`]).
+    /// on the key of `lease` ([`lease::acknowledged`]).
     async fn acknowledged(&mut self, lease: &HeldLease) -> bool {
         let key = self.keys().id(lease.worker_id);
         let call_timeout = self.params.settings.call_timeout();
         let replicas = self.params.min_replicas_ack;
-        acknowledged(
+        lease::acknowledged(
             &mut self.conn,
             &key,
             replicas,
@@ -118,37 +104,9 @@ impl Worker {
     }
 }
 
-/// Whether `replicas` replicas acknowledged the last write `conn` made on `key` (`WAIT`,
-/// README "Guarantees"); true when none are asked for. Redis waits at most [`wait_limit`]
-/// of `call_timeout` and `remaining` (the lease's validity). Shared by the keeper's gate and
-/// mint mode's reservations, which must count only once they would survive a failover.
-pub(crate) async fn acknowledged(
-    conn: &mut Redis,
-    key: &str,
-    replicas: u32,
-    call_timeout: Duration,
-    remaining: Duration,
-) -> bool {
-    if replicas == 0 {
-        return true;
-    }
-    let Some(limit) = wait_limit(call_timeout, remaining) else {
-        return false;
-    };
-    match bounded(call_timeout, conn.wait_replicas(key, replicas, limit)).await {
-        Ok(acked) => acked >= replicas,
-        Err(err) => {
-            warn!(error = %Readable(&err), "WAIT for replica acknowledgement failed");
-            false
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
 
     /// A renewal is never refused for clock skew (a held ID stays
     /// published); a claim is, after the primary and before `WAIT`.
@@ -168,17 +126,6 @@ mod tests {
         for write in [Write::Claim, Write::Renew] {
             assert_eq!(checks(write).first(), Some(&Check::Primary));
         }
-    }
-
-    /// `WAIT` gets half the call timeout, cut by the validity deadline;
-    /// under 1 ms left, the gate refuses without asking.
-    #[test]
-    fn wait_is_bounded_by_half_the_call_timeout_and_the_deadline() {
-        assert_eq!(wait_limit(1000 * MS, 60_000 * MS), Some(500 * MS));
-        assert_eq!(wait_limit(1000 * MS, 200 * MS), Some(200 * MS));
-        assert_eq!(wait_limit(1000 * MS, 1 * MS), Some(MS));
-        assert_eq!(wait_limit(1000 * MS, Duration::from_micros(999)), None);
-        assert_eq!(wait_limit(1000 * MS, Duration::ZERO), None);
     }
 
     /// Only a Sentinel switch retries a claim at once.

@@ -30,9 +30,9 @@ use super::script::{self, MintKeys};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Readable, Redis};
 use crate::identity::Owner;
+use crate::lease;
 use crate::timing::bounded;
 use crate::worker_id::claim::LeaseKeys;
-use crate::worker_id::keeper::gate;
 use crate::worker_id::state::{HeldLease, WorkerState};
 
 /// Longest the reserver sleeps between two looks at the minter: a forward clock step or a
@@ -336,7 +336,7 @@ impl Reserver {
             Ok(r) if r.ours => {
                 if !self.conn.confirm_primary().await {
                     "the node is no longer the primary".to_owned()
-                } else if !gate::acknowledged(
+                } else if !lease::acknowledged(
                     &mut self.conn,
                     &s.lease_key,
                     self.min_replicas_ack,
