@@ -32,6 +32,13 @@
 //!
 //! podman ignores the plain sidecar's `preStop` hook: at `podman pod stop` both containers get
 //! SIGTERM at once.
+//!
+//! The mint pod (k8s/existing-deployment-mint/, [`MINT_PATCH`]) has no binary in the app
+//! container and no `exec`: the app (UID 1000, the image's `snowlease sleep 1h` standing in)
+//! gets IDs through the repo's Go client, examples/go/mint.go built static and copied in.
+//! Its emptyDir is made beforehand as the kubelet would (podman 4.3 would share a volume of
+//! that name between pods and chown it to whichever container starts first), and the app
+//! container is stopped before the pod, as Kubernetes stops native sidecars last.
 
 use std::fs;
 use std::io::Write;
@@ -39,6 +46,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
+
+use snowlease::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
 
 use crate::harness::*;
 
@@ -299,12 +308,12 @@ fn image_trusts_redis_tls_through_its_ca_bundle() {
     assert_eq!(private_ca.code, Some(0), "{private_ca:?}");
 }
 
-/// The conversions both pods need (module docs), as one JSON patch with the sidecar as
+/// The conversions every pod needs (module docs), as one JSON patch with the sidecar as
 /// container 0 and the app as container 1; `test` ops fail the render when the manifests no
-/// longer have that shape. `{redis_url}` and `{listen}` are filled in per test.
+/// longer have that shape. Filled in by [`podman_patch`].
 const PODMAN_PATCH: &str = r#"
 - {op: test, path: /spec/template/spec/containers/0/name, value: snowlease}
-- {op: test, path: /spec/template/spec/containers/1/name, value: app}
+- {op: test, path: /spec/template/spec/containers/1/name, value: "{app}"}
 - {op: replace, path: /spec/replicas, value: 1}
 - {op: add, path: /spec/template/spec/hostNetwork, value: true}
 - {op: add, path: /spec/template/spec/restartPolicy, value: OnFailure}
@@ -319,8 +328,19 @@ const PODMAN_PATCH: &str = r#"
 - {op: remove, path: /spec/template/spec/containers/0/readinessProbe}
 - {op: remove, path: /spec/template/spec/containers/0/livenessProbe}
 - {op: remove, path: /spec/template/spec/containers/1/ports}
-- {op: replace, path: /spec/template/spec/containers/1/args, value: [/usr/local/bin/snowlease, sleep, 1h]}
+- {op: replace, path: /spec/template/spec/containers/1/args, value: {app_args}}
 "#;
+
+/// [`PODMAN_PATCH`] for a pod whose app container is named `app` and gets `app_args` (a YAML
+/// flow list: the image's entrypoint is `snowlease`), with the sidecar on Redis `redis_url`
+/// and listening on `listen` (`host:port`).
+fn podman_patch(app: &str, app_args: &str, redis_url: &str, listen: &str) -> String {
+    PODMAN_PATCH
+        .replace("{app}", app)
+        .replace("{app_args}", app_args)
+        .replace("{redis_url}", redis_url)
+        .replace("{listen}", listen)
+}
 
 /// The native sidecar (init container 1, `restartPolicy: Always`) as the first ordinary
 /// container, applied before [`PODMAN_PATCH`].
@@ -437,11 +457,12 @@ fn run_pod(test: &str, folder: &str, prefix: &str, first: Option<&str>) {
     redis.open_claim_guard("orders");
     let listen = format!("127.0.0.1:{}", free_port());
     let mut patches: Vec<String> = first.iter().map(|p| p.to_string()).collect();
-    patches.push(
-        PODMAN_PATCH
-            .replace("{redis_url}", &redis.url())
-            .replace("{listen}", &listen),
-    );
+    patches.push(podman_patch(
+        "app",
+        "[/usr/local/bin/snowlease, sleep, 1h]",
+        &redis.url(),
+        &listen,
+    ));
     let pod = Pod::play(podman, folder, prefix, &patches);
 
     let key = "snowflake:worker:orders:0";
@@ -556,6 +577,260 @@ fn native_sidecar_pod_converted_runs_in_podman() {
         "native-",
         Some(NATIVE_SIDECAR_PATCH),
     );
+}
+
+/// The mint sidecar of k8s/existing-deployment-mint/ (init container 0, `restartPolicy:
+/// Always`) as the first ordinary container, applied before [`PODMAN_PATCH`]; the app
+/// container's readinessProbe (its own `/health`) goes as the sidecar's probes do. The
+/// emptyDir `snowlease` becomes [`MINT_VOLUME`]: podman 4.3 names an emptyDir's volume after
+/// the manifest's volume, so two pods played at once with a volume `snowlease` would share
+/// one, and it chowns a new volume to whichever container starts first (the app, UID 1000,
+/// at times: then the sidecar cannot write there); the test makes that volume beforehand as
+/// the kubelet makes the emptyDir of a pod with an fsGroup (see [`kubelet_volume`]).
+const MINT_PATCH: &str = r#"
+- {op: test, path: /spec/template/spec/initContainers/0/name, value: snowlease}
+- {op: test, path: /spec/template/spec/initContainers/0/restartPolicy, value: Always}
+- {op: move, from: /spec/template/spec/initContainers/0, path: /spec/template/spec/containers/0}
+- {op: remove, path: /spec/template/spec/containers/0/restartPolicy}
+- {op: test, path: /spec/template/spec/initContainers, value: []}
+- {op: remove, path: /spec/template/spec/initContainers}
+- {op: remove, path: /spec/template/spec/containers/1/readinessProbe}
+- {op: test, path: /spec/template/spec/volumes/0/name, value: snowlease}
+- {op: replace, path: /spec/template/spec/volumes/0/name, value: mint-snowlease}
+- {op: test, path: /spec/template/spec/containers/0/volumeMounts/0/name, value: snowlease}
+- {op: replace, path: /spec/template/spec/containers/0/volumeMounts/0/name, value: mint-snowlease}
+- {op: test, path: /spec/template/spec/containers/1/volumeMounts/1/name, value: snowlease}
+- {op: replace, path: /spec/template/spec/containers/1/volumeMounts/1/name, value: mint-snowlease}
+"#;
+
+/// The podman volume the mint pod's emptyDir `snowlease` is renamed to ([`MINT_PATCH`]).
+const MINT_VOLUME: &str = "mint-snowlease";
+
+/// A podman volume made as the kubelet makes an emptyDir for a pod with fsGroup `fs_group`
+/// (root-owned, group `fs_group`, setgid, mode 2777, as tests/it/component.rs does), with
+/// podman's chown-on-first-mount off (`uid`/`gid` options); removed on drop, after the pod.
+struct KubeletVolume {
+    podman: &'static Podman,
+    name: &'static str,
+}
+
+/// See [`KubeletVolume`]; a volume of that name left by an earlier run is removed first.
+fn kubelet_volume(podman: &'static Podman, name: &'static str, fs_group: u32) -> KubeletVolume {
+    use std::os::unix::fs::PermissionsExt;
+    podman.run(&["volume", "rm", "-f", name], secs(60));
+    podman.ok(&[
+        "volume",
+        "create",
+        "-o",
+        &format!("o=uid=0,gid={fs_group}"),
+        name,
+    ]);
+    let volume = KubeletVolume { podman, name };
+    let dir = podman.ok(&["volume", "inspect", name, "--format", "{{.Mountpoint}}"]);
+    fs::set_permissions(dir.stdout.trim(), fs::Permissions::from_mode(0o2777)).unwrap();
+    volume
+}
+
+impl Drop for KubeletVolume {
+    fn drop(&mut self) {
+        self.podman
+            .run(&["volume", "rm", "-f", self.name], secs(60));
+    }
+}
+
+/// examples/go/mint.go built static (`CGO_ENABLED=0`: Go's own resolver, no libc) into
+/// `dir`, so it runs in the scratch image; its path, or why not (no `go`).
+fn static_go_mint_client(dir: &Path) -> Result<PathBuf, String> {
+    let go = which("go").ok_or("go is not installed (.ci/run installs golang-go)")?;
+    let binary = dir.join("mint");
+    let mut build = Command::new(go);
+    build
+        .arg("build")
+        .arg("-o")
+        .arg(&binary)
+        .arg(repo().join("examples/go/mint.go"))
+        .env("CGO_ENABLED", "0")
+        // The build cache beside cargo's (as tests/it/examples.rs): warm after the first run.
+        .env("GOCACHE", repo().join("target/go-build"));
+    let run = run_command(build, secs(300));
+    assert_eq!(run.code, Some(0), "go build mint.go: {run:?}");
+    Ok(binary)
+}
+
+/// The effective GID of a process (second field of `Gid:` in /proc/<pid>/status).
+fn gid_of(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Gid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// k8s/existing-deployment-mint/ (the snowlease-mint component on a stock Deployment with
+/// fsGroup 1000) in podman: the sidecar (UID 65532, group 1000 copied from the fsGroup,
+/// read-only root) claims worker ID 0 and creates the socket (mode 0660) on the shared
+/// volume; in the app container (UID 1000, the volume mounted read-only) the repo's Go client
+/// (examples/go/mint.go, built static and copied in with `podman cp`: the image is scratch)
+/// gets IDs of worker 0 over /var/run/snowlease/mint.sock, its default; the same client as a
+/// user outside the group is refused. The app reaches the socket through group 1000, its
+/// own runAsGroup and the fsGroup here: podman 4.3 adds no fsGroup to the containers' groups
+/// (tests/it/component.rs covers an app whose only way in is the fsGroup). With the app
+/// stopped first, `podman pod stop` settles and releases: the settled record holds the last
+/// minted timestamp and the lease key is a tombstone.
+#[test]
+fn mint_pod_serves_ids_to_the_app_over_the_socket_in_podman() {
+    let test = "mint_pod_serves_ids_to_the_app_over_the_socket_in_podman";
+    let podman = match Podman::get() {
+        Ok(p) => p,
+        Err(why) => return skip(test, &why),
+    };
+    let client_dir = tempfile::tempdir().unwrap();
+    let client = match static_go_mint_client(client_dir.path()) {
+        Ok(c) => c,
+        Err(why) => return skip(test, &why),
+    };
+    let redis = RedisServer::start();
+    redis.open_claim_guard("orders");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let _volume = kubelet_volume(podman, MINT_VOLUME, 1000);
+    let patches = [
+        MINT_PATCH.to_owned(),
+        podman_patch("orders", "[sleep, 1h]", &redis.url(), &listen),
+    ];
+    let pod = Pod::play(podman, "existing-deployment-mint", "mint-", &patches);
+
+    let key = "snowflake:worker:orders:0";
+    let claimed = poll_until(secs(60), || {
+        redis.get(key).is_some_and(|o| o.starts_with("127.0.0.1#"))
+    });
+    assert!(
+        claimed,
+        "no claim: {:?}\n{}",
+        redis.get(key),
+        pod.logs("snowlease")
+    );
+
+    let sidecar = pod.pid("snowlease");
+    assert_eq!(uid_of(sidecar), Some(65532));
+    let read_only = podman.ok(&[
+        "inspect",
+        &pod.container("snowlease"),
+        "--format",
+        "{{.HostConfig.ReadonlyRootfs}}",
+    ]);
+    assert_eq!(read_only.stdout.trim(), "true");
+    let app = pod.pid("orders");
+    // The socket's group: the sidecar's (runAsGroup, the fsGroup copied) and the app's.
+    assert_eq!(gid_of(sidecar), Some(1000));
+    assert_eq!((uid_of(app), gid_of(app)), (Some(1000), Some(1000)));
+
+    let app_mount = podman.ok(&[
+        "inspect",
+        &pod.container("orders"),
+        "--format",
+        "{{range .Mounts}}{{if eq .Destination \"/var/run/snowlease\"}}{{.RW}}{{end}}{{end}}",
+    ]);
+    assert_eq!(
+        app_mount.stdout.trim(),
+        "false",
+        "the app's mount is read-only"
+    );
+
+    // The socket as the app container sees it.
+    let socket = format!("/proc/{app}/root/var/run/snowlease/mint.sock");
+    let socket = poll_some(secs(30), || fs::metadata(&socket).ok())
+        .unwrap_or_else(|| panic!("no socket\n{}", pod.logs("snowlease")));
+    {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        assert!(socket.file_type().is_socket());
+        assert_eq!(
+            (socket.mode() & 0o777, socket.uid(), socket.gid()),
+            (0o660, 65532, 1000)
+        );
+    }
+
+    podman.ok(&[
+        "cp",
+        client.to_str().unwrap(),
+        &format!("{}:/usr/local/bin/mint", pod.container("orders")),
+    ]);
+    let minted = podman.ok(&[
+        "exec",
+        &pod.container("orders"),
+        "/usr/local/bin/mint",
+        "--wait",
+        "10",
+        "5",
+    ]);
+    let ids: Vec<u64> = minted.stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(ids.len(), 5, "{minted:?}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert!(
+        ids.iter().all(|id| crate::mint_worker::worker_of(*id) == 0),
+        "{ids:?}"
+    );
+
+    // Outside the socket's group: refused (the client's exit 3 once --wait is spent).
+    let outsider = podman.run(
+        &[
+            "exec",
+            "--user",
+            "2000:2000",
+            &pod.container("orders"),
+            "/usr/local/bin/mint",
+            "--wait",
+            "0",
+            "1",
+        ],
+        secs(30),
+    );
+    assert_eq!(outsider.code, Some(3), "{outsider:?}");
+    assert!(
+        outsider.stderr.contains("permission denied"),
+        "{outsider:?}"
+    );
+
+    // Kubernetes' order: the app containers first, the native sidecar once they are gone
+    // (docs/kubernetes.md: the app stops first, then the sidecar settles and releases). The
+    // stand-in app (`snowlease sleep`, PID 1 of its container without a SIGTERM handler)
+    // ignores SIGTERM: SIGKILL after 2 s, exit 137.
+    podman.ok(&["stop", "-t", "2", &pod.container("orders")]);
+    let started = Instant::now();
+    podman.ok(&["pod", "stop", "-t", "30", &pod.name]);
+    let took = started.elapsed();
+    let settled_key = "snowflake:worker:orders:settled:{snowflake:worker:orders:0}";
+    let settled: u64 = redis
+        .get(settled_key)
+        .unwrap_or_else(|| panic!("no settled record\n{}", pod.logs("snowlease")))
+        .parse()
+        .unwrap();
+    let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), unix_ms()).unwrap();
+    let layout = IdLayout::parse(DEFAULT_LAYOUT).unwrap();
+    let last = layout.decompose(epoch, *ids.last().unwrap()).unix_ms;
+    assert!(settled >= last, "settled {settled}, last ID at {last}");
+    let (value, pttl) = redis.get_with_pttl(key);
+    assert!(
+        value
+            .as_deref()
+            .is_some_and(|v| v.starts_with("released:127.0.0.1#")),
+        "{value:?}\n{}",
+        pod.logs("snowlease")
+    );
+    assert!((1..=60_000).contains(&pttl), "tombstone PTTL {pttl}");
+    let states = podman.ok(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("pod={}", pod.name),
+        "--format",
+        "{{.Names}} {{.Exited}} {{.ExitCode}}",
+    ]);
+    let states: Vec<&str> = states.stdout.lines().collect();
+    let sidecar_state = format!("{} true 0", pod.container("snowlease"));
+    let app_state = format!("{} true 137", pod.container("orders"));
+    assert!(states.contains(&sidecar_state.as_str()), "{states:?}");
+    assert!(states.contains(&app_state.as_str()), "{states:?}");
+    assert!(states.iter().all(|s| s.contains(" true ")), "{states:?}");
+    // Well inside the 30 s grace period: the sidecar settled at SIGTERM.
+    assert!(took < secs(20), "pod stop took {took:?}");
 }
 
 /// The recipe pulls nothing (`FROM scratch` only) and gets every file it copies: each `COPY`
