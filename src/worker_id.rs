@@ -55,19 +55,31 @@ use crate::{atomic_file, http};
 
 /// Logs at start what the lease settings ride through (docs/operations.md, "Sizing for Redis
 /// outages"): the Redis outage during which the ID stays published, wherever it starts and
-/// at best, and how long a crashed pod's ID stays taken.
-fn log_outage_budget(settings: &LeaseSettings) {
+/// at best, and how long a crashed pod's ID stays taken. In mint mode minting rides through
+/// less: at most the last reservation's lead, `--mint-window` (docs/worker.md, "Mint mode").
+fn log_outage_budget(settings: &LeaseSettings, mint_window: Option<Duration>) {
     let budget = sizing::OutageBudget::sidecar(settings);
     let (held_min, held_max) = sizing::crashed_pod_holds(settings);
+    let (rides, message) = match mint_window {
+        None => (
+            None,
+            "the ID stays published through a Redis outage of outage_ridden_ms (outage_ridden_best_ms if it starts right after a renew); an app under exec rides through less: a renewal must come --grace + --poll before the deadline (table in docs/operations.md, Sizing for Redis outages)",
+        ),
+        Some(window) => (
+            Some(ms(window)),
+            "the lease stays held through a Redis outage of outage_ridden_ms (outage_ridden_best_ms at best); minting goes on through at most mint_outage_ridden_ms of it (the last reservation's lead, --mint-window), then /next answers 503 reserving until Redis answers (docs/worker.md, Mint mode)",
+        ),
+    };
     info!(
         ttl_ms = ms(settings.ttl),
         renew_interval_ms = ms(settings.renew_interval),
         retries = settings.retries,
         outage_ridden_ms = ms(budget.guaranteed),
         outage_ridden_best_ms = ms(budget.best),
+        mint_outage_ridden_ms = rides,
         crashed_pod_id_taken_min_ms = ms(held_min),
         crashed_pod_id_taken_max_ms = ms(held_max),
-        "the ID stays published through a Redis outage of outage_ridden_ms (outage_ridden_best_ms if it starts right after a renew); an app under exec rides through less: a renewal must come --grace + --poll before the deadline (table in docs/operations.md, Sizing for Redis outages)"
+        "{message}"
     );
 }
 
@@ -82,7 +94,8 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let (identity, source) = resolve_identity(config.identity.as_deref());
     let owner = Owner::generate(&identity);
     info!(identity = %identity, source = ?source, app = %config.app, redis = %config.redis, "starting worker-ID sidecar");
-    log_outage_budget(&config.lease);
+    let mint_window = config.mint.as_ref().map(|m| m.max_lead());
+    log_outage_budget(&config.lease, mint_window);
     // Two nodes within the skew bound differ by up to twice it (docs/worker.md, "ID handover").
     if config.handover_delay < 2 * config.max_clock_skew {
         warn!(

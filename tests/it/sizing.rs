@@ -39,3 +39,23 @@ fn worker_logs_the_outage_its_settings_ride_through() {
         assert_eq!(line[field], value, "{field}: {line}");
     }
 }
+
+/// In mint mode the same line adds what minting rides through: the last reservation's lead,
+/// `--mint-window`.
+#[test]
+fn mint_worker_logs_the_outage_minting_rides_through() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .switch("--mint")
+        .flag("--mint-window", "700ms")
+        .spawn();
+    assert!(sidecar.wait_for_log("mint_outage_ridden_ms", secs(10)));
+    let line: serde_json::Value = sidecar
+        .log_lines()
+        .iter()
+        .find(|l| l.contains("mint_outage_ridden_ms"))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .expect("a JSON log line");
+    assert_eq!(line["mint_outage_ridden_ms"], 700, "{line}");
+    assert!(line["message"].as_str().unwrap().contains("503 reserving"));
+}

@@ -31,7 +31,7 @@ use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Readable, Redis};
 use crate::identity::Owner;
 use crate::lease;
-use crate::timing::bounded;
+use crate::timing::{bounded, ms};
 use crate::worker_id::claim::LeaseKeys;
 use crate::worker_id::state::{HeldLease, WorkerState};
 
@@ -184,7 +184,8 @@ impl Reserver {
                         boot_ms: now_ms(),
                         unix_ms: wall_now_ms(),
                     };
-                    warn_if_behind(held.worker_id, read.floor_unix_ms, anchor.unix_ms);
+                    let expected = self.config.window.ahead_ms + ms(self.max_clock_skew);
+                    log_if_behind(held.worker_id, read.floor_unix_ms, anchor.unix_ms, expected);
                     let grant = Grant {
                         worker_id: held.worker_id,
                         anchor,
@@ -323,7 +324,7 @@ impl Reserver {
     /// acknowledged it; else backs off, and a reply that is not ours makes the keeper renew
     /// at once (it re-creates a key Redis lost, or finds the loss).
     async fn reserve(&mut self, s: &mut Session, target: u64) {
-        let sent_wall = wall_now_ms();
+        let (sent_wall, sent) = (wall_now_ms(), BootInstant::now());
         let call = script::reserve(
             &mut self.conn,
             &self.mint_keys,
@@ -348,8 +349,11 @@ impl Reserver {
                     "too few replicas acknowledged the reservation".to_owned()
                 } else {
                     let reply_wall = wall_now_ms();
-                    let skew = crate::timing::ms(self.max_clock_skew);
-                    let trusted = r.redis_ms + skew >= sent_wall && r.redis_ms <= reply_wall + skew;
+                    let trusted = wall_agrees(
+                        [sent_wall, reply_wall],
+                        r.redis_ms,
+                        self.max_clock_skew + sent.elapsed(),
+                    );
                     let anchor = Anchor {
                         boot_ms: now_ms(),
                         unix_ms: reply_wall,
@@ -434,16 +438,35 @@ fn standby_of(state: &WorkerState) -> Standby {
     }
 }
 
-/// Logs when the wall clock is behind the floor beyond a few ms: minting waits (`503
-/// clock_behind`) until it passes it, never mints below.
-fn warn_if_behind(worker_id: u16, floor_unix_ms: u64, clock_unix_ms: u64) {
-    if floor_unix_ms > clock_unix_ms {
+/// Logs when the clock is behind the floor: minting waits (`503 clock_behind`) until it passes
+/// it, never mints below. Within `expected_ms` (the window plus the skew bound) that is the
+/// previous holder's reservation ahead of its clock, after a crash or a re-adoption: info;
+/// beyond, this clock is behind Redis' view of time: a warning.
+fn log_if_behind(worker_id: u16, floor_unix_ms: u64, clock_unix_ms: u64, expected_ms: u64) {
+    let Some(behind_ms) = floor_unix_ms.checked_sub(clock_unix_ms).filter(|b| *b > 0) else {
+        return;
+    };
+    if behind_ms <= expected_ms {
+        info!(
+            worker_id,
+            behind_ms,
+            "waiting out the previous holder's reservation: /next answers 503 clock_behind until the clock passes it"
+        );
+    } else {
         warn!(
             worker_id,
-            behind_ms = floor_unix_ms - clock_unix_ms,
-            "the clock is behind the previous holders' high-water mark: /next answers 503 clock_behind until it passes it"
+            behind_ms,
+            "the clock is behind the previous holders' high-water mark beyond --mint-window: /next answers 503 clock_behind until it passes it"
         );
     }
+}
+
+/// Whether the wall clock read before and after a call agrees with the Redis `TIME` read
+/// within it, within `slack` (the skew bound plus the round trip) both times: a clock that
+/// stepped during the call agrees on one side only, and must not move the minting clock.
+fn wall_agrees(walls: [u64; 2], redis_ms: u64, slack: Duration) -> bool {
+    let slack = ms(slack);
+    walls.iter().all(|wall| wall.abs_diff(redis_ms) <= slack)
 }
 
 fn now_ms() -> u64 {
@@ -453,6 +476,24 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wall clock moves the minting clock only when it agrees with Redis before and after
+    /// the call: a step during the call (seen once as 30 s of `503 reserving`) does not.
+    #[test]
+    fn a_wall_clock_stepped_during_the_call_is_not_trusted() {
+        let slack = Duration::from_millis(500);
+        assert!(wall_agrees([10_000, 10_003], 10_001, slack));
+        assert!(wall_agrees([10_400, 10_450], 10_001, slack));
+        assert!(
+            !wall_agrees([10_000, 40_003], 10_001, slack),
+            "a step ahead mid-call"
+        );
+        assert!(
+            !wall_agrees([40_000, 10_003], 10_001, slack),
+            "a step back mid-call"
+        );
+        assert!(!wall_agrees([11_000, 11_003], 10_001, slack), "skewed");
+    }
 
     /// Every state without a valid lease maps to the 503 state apps see.
     #[test]
