@@ -13,12 +13,14 @@
 //! - idle RSS of a mint-mode sidecar against a plain worker sidecar with the same flags
 //!   (goal: within 0.5 MiB).
 //!
-//! Beside each load: the sidecar's CPU per request (`/proc/<pid>/stat`) and the clients'
-//! (`getrusage`). Prints a table and the goals met or missed (docs/worker.md, "Mint mode
-//! speed").
+//! Beside the single-ID loads, the same clients against a floor in this process (a blocking
+//! thread per connection answering a fixed `200 ok`: one read and one write per request),
+//! which shows what the machine's scheduler alone allows. Beside each load: the sidecar's
+//! CPU per request (`/proc/<pid>/task/*/schedstat`) and the client threads' (`getrusage`).
+//! Prints a table and the goals met or missed (docs/worker.md, "Mint mode speed").
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Barrier;
@@ -182,6 +184,17 @@ fn assert_increasing(ids: &[u64]) {
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "not increasing");
 }
 
+/// One kind of load: a request and the server it goes to.
+#[derive(Clone, Copy)]
+struct Kind<'a> {
+    socket: &'a Path,
+    /// The server's process, for its CPU time; `None` for the in-process [`Floor`].
+    server: Option<u32>,
+    target: &'a str,
+    accept: &'a str,
+    expect: Expect,
+}
+
 /// One load: `clients` connections, each sending the same request back to back.
 #[derive(Default)]
 struct Load {
@@ -193,34 +206,29 @@ struct Load {
     elapsed: Duration,
     /// Every request's, send to answer read.
     latencies: Vec<Duration>,
-    /// The sidecar's CPU (user + system), us.
+    /// The server's CPU (user + system), us; NaN when not known.
     server_cpu_us: f64,
-    /// The clients' CPU (this process, all threads), us.
+    /// The client threads' CPU (user + system), us.
     client_cpu_us: f64,
 }
 
-/// Runs `clients` keep-alive connections against `target` for `time`.
-fn load(
-    sidecar: &MintSidecar,
-    target: &str,
-    accept: &str,
-    expect: Expect,
-    clients: usize,
-    time: Duration,
-) -> Load {
+/// Runs `clients` keep-alive connections of `kind` for `time`.
+fn load(kind: Kind, clients: usize, time: Duration) -> Load {
     let barrier = Barrier::new(clients + 1);
-    let (server_before, client_before) = (sidecar.cpu_us(), own_cpu_us());
+    let server_cpu = || kind.server.map_or(f64::NAN, process_cpu_us);
+    let server_before = server_cpu();
     let runs: Vec<(Load, Instant, Instant)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..clients)
             .map(|_| {
                 let barrier = &barrier;
                 scope.spawn(move || {
-                    let mut client = Client::connect(&sidecar.socket, target, accept);
+                    let mut client = Client::connect(kind.socket, kind.target, kind.accept);
                     let mut run = Load {
                         latencies: Vec::with_capacity(200_000),
                         ..Load::default()
                     };
                     barrier.wait();
+                    let cpu_before = thread_cpu_us();
                     let started = Instant::now();
                     let deadline = started + time;
                     let mut sent = started;
@@ -231,12 +239,13 @@ fn load(
                         run.requests += 1;
                         if answer.status == 200 {
                             let body = &client.buf[answer.body];
-                            run.ids += expect.count(body, run.requests == 1);
+                            run.ids += kind.expect.count(body, run.requests == 1);
                         } else {
                             run.refused += 1;
                         }
                         sent = answered;
                     }
+                    run.client_cpu_us = thread_cpu_us() - cpu_before;
                     (run, started, sent)
                 })
             })
@@ -245,8 +254,7 @@ fn load(
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut total = Load {
-        server_cpu_us: sidecar.cpu_us() - server_before,
-        client_cpu_us: own_cpu_us() - client_before,
+        server_cpu_us: server_cpu() - server_before,
         ..Load::default()
     };
     let first = runs.iter().map(|r| r.1).min().unwrap();
@@ -256,9 +264,50 @@ fn load(
         total.ids += run.ids;
         total.requests += run.requests;
         total.refused += run.refused;
+        total.client_cpu_us += run.client_cpu_us;
         total.latencies.extend(run.latencies);
     }
     total
+}
+
+/// The floor of a request on this machine: a blocking thread per connection in this
+/// process that answers each request (sent whole, as [`Client`] sends it) with a fixed
+/// `200 ok`, no HTTP parsing, no event loop: one read and one write per request.
+struct Floor {
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Floor {
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n";
+
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("floor.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut buf = [0; 4096];
+                    let mut filled = 0;
+                    loop {
+                        match stream.read(&mut buf[filled..]) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => filled += n,
+                        }
+                        if buf[..filled].ends_with(b"\r\n\r\n") {
+                            filled = 0;
+                            if stream.write_all(Self::ANSWER).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Self { socket, _dir: dir }
+    }
 }
 
 /// The measured loads of one kind, pooled.
@@ -268,6 +317,7 @@ struct Measured {
     requests: u64,
     refused: u64,
     latencies: Vec<Duration>,
+    /// NaN when not known.
     server_cpu_us: f64,
     client_cpu_us: f64,
 }
@@ -301,9 +351,9 @@ impl Measured {
 /// `ROUNDS` loads of each of `kinds` after a warm-up of each, alternating kinds (first
 /// kind first in even rounds, last first in odd ones), so a change of the machine's state
 /// moves all kinds alike.
-fn measure(sidecar: &MintSidecar, clients: usize, kinds: &[(&str, &str, Expect)]) -> Vec<Measured> {
-    for (target, accept, expect) in kinds {
-        load(sidecar, target, accept, *expect, clients, WARM_UP);
+fn measure(clients: usize, kinds: &[Kind]) -> Vec<Measured> {
+    for kind in kinds {
+        load(*kind, clients, WARM_UP);
     }
     let mut loads: Vec<Vec<Load>> = kinds.iter().map(|_| Vec::new()).collect();
     for round in 0..ROUNDS {
@@ -312,8 +362,7 @@ fn measure(sidecar: &MintSidecar, clients: usize, kinds: &[(&str, &str, Expect)]
             order.reverse();
         }
         for k in order {
-            let (target, accept, expect) = kinds[k];
-            loads[k].push(load(sidecar, target, accept, expect, clients, LOAD_TIME));
+            loads[k].push(load(kinds[k], clients, LOAD_TIME));
         }
     }
     loads.into_iter().map(Measured::new).collect()
@@ -356,9 +405,15 @@ impl MintSidecar {
         assert!(minting.is_some(), "the mint sidecar did not mint");
     }
 
-    /// The sidecar's CPU time so far (user + system, all threads), us.
-    fn cpu_us(&self) -> f64 {
-        process_cpu_us(self.child.id())
+    /// A load of `target` on the socket.
+    fn kind<'a>(&'a self, target: &'a str, accept: &'a str, expect: Expect) -> Kind<'a> {
+        Kind {
+            socket: &self.socket,
+            server: Some(self.child.id()),
+            target,
+            accept,
+            expect,
+        }
     }
 }
 
@@ -405,11 +460,10 @@ fn process_cpu_us(pid: u32) -> f64 {
     ns as f64 / 1e3
 }
 
-/// This process's CPU time so far (user + system, all its threads; not the sidecar's or
-/// redis-server's), us.
-fn own_cpu_us() -> f64 {
+/// The calling thread's CPU time so far (user + system), us.
+fn thread_cpu_us() -> f64 {
     use nix::sys::resource::{UsageWho, getrusage};
-    let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+    let usage = getrusage(UsageWho::RUSAGE_THREAD).unwrap();
     let us = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e6 + t.tv_usec() as f64;
     us(usage.user_time()) + us(usage.system_time())
 }
@@ -483,7 +537,10 @@ fn header() {
 }
 
 fn row(name: &str, m: &Measured, ratio: String, goal: &str) {
-    let per = |cpu: f64| format!("{:.1}", cpu / m.requests as f64);
+    let per = |cpu: f64| match cpu.is_nan() {
+        true => "-".to_owned(),
+        false => format!("{:.1}", cpu / m.requests as f64),
+    };
     println!(
         "{name:<44} {:>11.0} {ratio:>7} {goal:>9} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7}",
         m.rate,
@@ -509,14 +566,23 @@ fn main() {
     open_claim_guard(&url, "mint");
     let sidecar = MintSidecar::start(&url, "mint");
 
+    let floor = Floor::start();
     let single = [
-        ("/livez", "*/*", Expect::Live),
-        ("/next", "*/*", Expect::One),
+        Kind {
+            socket: &floor.socket,
+            server: None,
+            target: "/livez",
+            accept: "*/*",
+            expect: Expect::Live,
+        },
+        sidecar.kind("/livez", "*/*", Expect::Live),
+        sidecar.kind("/next", "*/*", Expect::One),
     ];
     let mut singles = Vec::new();
     for clients in [1, 16] {
-        let mut m = measure(&sidecar, clients, &single).into_iter();
-        singles.push((clients, m.next().unwrap(), m.next().unwrap()));
+        let mut m = measure(clients, &single).into_iter();
+        let mut next = || m.next().unwrap();
+        singles.push((clients, next(), next(), next()));
     }
     let target = format!("/next?count={BATCH}");
     let mut batches = Vec::new();
@@ -525,7 +591,7 @@ fn main() {
         (4, "*/*", Expect::BatchJson, "JSON"),
         (1, "text/plain", Expect::BatchText, "text"),
     ] {
-        let m = measure(&sidecar, clients, &[(&target, accept, expect)]);
+        let m = measure(clients, &[sidecar.kind(&target, accept, expect)]);
         batches.push((clients, name, m.into_iter().next().unwrap()));
     }
     std::thread::sleep(Duration::from_millis(2500));
@@ -553,11 +619,17 @@ fn main() {
     );
     header();
     let mut summary = Vec::new();
-    for (clients, livez, next) in &singles {
+    for (clients, floor, livez, next) in &singles {
         let ratio = next.rate / livez.rate;
         let conns = format!(
             "{clients} connection{}",
             if *clients == 1 { "" } else { "s" }
+        );
+        row(
+            &format!("floor (fixed answer), {conns}"),
+            floor,
+            "-".into(),
+            "-",
         );
         row(&format!("GET /livez, {conns}"), livez, "1.00x".into(), "-");
         row(
