@@ -2,7 +2,6 @@
 //! loses integers above 2^53) or plain decimal lines; 503 naming the state without a valid
 //! lease; 400 naming `count` and its range. The handlers never touch Redis.
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 use axum::Router;
@@ -97,21 +96,44 @@ fn wants_text(headers: &HeaderMap) -> bool {
 }
 
 /// 200: `{"id": "<decimal>"}` for a plain `/next`, `{"ids": [...]}` with `count`; one
-/// decimal per line as text.
+/// decimal per line as text. Written directly (digits need no escaping): the same bytes as
+/// serde_json's compact form, without a `String` and a JSON value per ID, which made a
+/// 4096-ID answer cost more than the ms its IDs come from.
 fn answer(ids: &[u64], batch: bool, text: bool) -> Response {
+    let mut digits = itoa::Buffer::new();
+    // 19 digits at most (IDs are below 2^63), quotes and a comma each.
+    let mut body = String::with_capacity(ids.len() * 22 + 16);
     if text {
-        let mut body = String::with_capacity(ids.len() * 20);
         for id in ids {
-            let _ = writeln!(body, "{id}");
+            body.push_str(digits.format(*id));
+            body.push('\n');
         }
         return ([(header::CONTENT_TYPE, "text/plain")], body).into_response();
     }
-    let decimal = |id: &u64| id.to_string();
-    let body = match batch {
-        true => json!({ "ids": ids.iter().map(decimal).collect::<Vec<_>>() }),
-        false => json!({ "id": ids.first().map(decimal) }),
+    let mut quoted = |body: &mut String, id: u64| {
+        body.push('"');
+        body.push_str(digits.format(id));
+        body.push('"');
     };
-    axum::Json(body).into_response()
+    if batch {
+        body.push_str(r#"{"ids":["#);
+        for (n, id) in ids.iter().enumerate() {
+            if n > 0 {
+                body.push(',');
+            }
+            quoted(&mut body, *id);
+        }
+        body.push_str("]}");
+    } else {
+        body.push_str(r#"{"id":"#);
+        match ids.first() {
+            Some(id) => quoted(&mut body, *id),
+            None => body.push_str("null"),
+        }
+        body.push('}');
+    }
+    // axum::Json's content type.
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// 503 `{"state": ...}` (plus `wait_ms` while the clock is behind the mark) with

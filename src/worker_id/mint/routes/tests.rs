@@ -225,3 +225,27 @@ async fn at_the_ceiling_a_request_waits_for_the_keepers_reservation() {
     assert_eq!(started.elapsed(), Duration::ZERO, "answered at the raise");
     keeper.await.unwrap();
 }
+
+/// The answers written by hand are byte for byte what serde_json writes for the same IDs
+/// (the largest 63-bit ID included), with axum::Json's content type; text is one decimal a
+/// line.
+#[tokio::test]
+async fn answers_are_serde_jsons_bytes() {
+    let ids = [0, 7, 1_234_567_890_123, i64::MAX as u64];
+    let strings: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let body = |response: Response| async {
+        let headers = response.headers().clone();
+        let bytes = to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (headers, String::from_utf8(bytes.to_vec()).unwrap())
+    };
+    let (headers, batch) = body(answer(&ids, true, false)).await;
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert_eq!(batch, json!({ "ids": strings }).to_string());
+    let (_, one) = body(answer(&ids[3..], false, false)).await;
+    assert_eq!(one, json!({ "id": strings[3] }).to_string());
+    let (_, none) = body(answer(&[], false, false)).await;
+    assert_eq!(none, json!({ "id": null }).to_string());
+    let (headers, text) = body(answer(&ids, true, true)).await;
+    assert_eq!(headers[header::CONTENT_TYPE], "text/plain");
+    assert_eq!(text, strings.join("\n") + "\n");
+}
