@@ -49,6 +49,7 @@ use self::mint::Mint;
 use self::mint::reserver::Reserver;
 use self::mint::socket::MintSocket;
 use self::routes::WorkerHttp;
+use crate::config_error::ConfigError;
 use crate::identity::{Owner, resolve_identity};
 use crate::timing::ms;
 use crate::{atomic_file, http};
@@ -134,6 +135,20 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         None => None,
     };
     let conn = config.redis.connect(config.lease.call_timeout())?;
+    // A sidecar of another ID format stops before it claims (the reserver checks again
+    // before it mints, should Redis not answer here).
+    if let Some(mint) = &config.mint {
+        let keys = mint::script::MintKeys::new(&config.lease.key_prefix, &config.app);
+        let timeout = config.lease.call_timeout();
+        let mut probe = conn.clone();
+        let checked = mint::reserver::format_refusal(&mut probe, &keys, mint, timeout);
+        if let Ok(Some(why)) = checked.await {
+            if let Some(socket) = mint_socket {
+                socket.close();
+            }
+            return Err(ConfigError::new("--id-layout, --epoch", why).into());
+        }
+    }
 
     let metrics = Arc::new(WorkerMetrics::default());
     let mut registry = Registry::default();

@@ -31,8 +31,8 @@ fn pull_for(sidecar: &Sidecar, secs: u64) -> Vec<u64> {
 /// so the new holder minted above it, but its IDs encode `t - epoch`: with an epoch 3 s
 /// later its IDs were those the old holder minted 3 s earlier (57,344 twice). Now the first
 /// sidecar records the app's format (`<prefix><app>:format`), and one minting in another
-/// stops before it mints (exit 2 naming both flags); a layout change alike. The first
-/// format's sidecars go on minting.
+/// stops at start, before it claims (exit 2 naming both flags, its socket removed); a layout
+/// change alike. The first format's sidecars go on minting.
 #[test]
 fn a_sidecar_in_another_id_format_refuses_to_mint() {
     let redis = RedisServer::start();
@@ -52,30 +52,27 @@ fn a_sidecar_in_another_id_format_refuses_to_mint() {
         ("--id-layout", "41:9:13".to_owned()),
     ];
     for (flag, value) in changed {
+        let pod = PodDir::new();
+        let socket = pod.path().join("mint.sock");
         let mut second = minter_at(&redis.url())
+            .pod(&pod)
             .flag("--max-worker-id", "0")
+            .flag("--mint-socket", socket.to_string_lossy())
             .flag(flag, value.clone())
             .spawn();
-        let mut answered = Vec::new();
-        let exited = poll_some(secs(15), || {
-            if let Ok(ids) = next(&second, 4096) {
-                answered.extend(ids);
-            }
-            second.wait_exit(ms(1))
-        });
-        let status = exited.unwrap_or_else(|| panic!("{flag} {value}: still running"));
+        let status = second
+            .wait_exit(secs(15))
+            .unwrap_or_else(|| panic!("{flag} {value}: still running"));
         assert_eq!(status.code(), Some(2), "{flag} {value}");
         assert!(
-            answered.is_empty(),
-            "{flag} {value}: minted {}",
-            answered.len()
-        );
-        assert!(
-            second.wait_for_log("another ID format is recorded", secs(1)),
+            second.wait_for_log("mints IDs in the format", secs(1)),
             "{flag} {value}"
         );
         let stderr = second.log_lines().join("\n");
         assert!(stderr.contains("--id-layout, --epoch"), "{stderr}");
+        // Refused at start: no claim (no tombstone of a pod that crash-loops), no socket.
+        assert_eq!(second.count_log("lease acquired"), 0, "{stderr}");
+        assert!(!socket.exists(), "the socket file is removed");
     }
 
     let third = minter_at(&redis.url()).flag("--max-worker-id", "0").spawn();

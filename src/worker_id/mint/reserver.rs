@@ -247,28 +247,24 @@ impl Reserver {
         }
     }
 
-    /// Whether the app's recorded ID format (`format.lua`, recorded by the first sidecar that
-    /// minted) is ours. A mark in Unix ms bounds IDs only among sidecars that encode time
-    /// alike: one with another `--epoch` or `--id-layout` would mint IDs an earlier holder
-    /// minted. Another format stops the sidecar (exit 2, [`Self::format_refused`]).
+    /// Whether the app's recorded ID format is ours ([`format_refusal`]); another stops the
+    /// sidecar (exit 2, [`Self::format_refused`]) before it mints.
     async fn format_agrees(&mut self) -> Result<bool, String> {
         if self.format_checked {
             return Ok(true);
         }
-        let ours = self.config.layout.format(self.config.epoch);
-        let call = script::record_format(&mut self.conn, &self.mint_keys, &ours);
-        let recorded = bounded(self.call_timeout, call)
-            .await
-            .map_err(|err| Readable(&err).to_string())?;
-        if recorded == ours {
+        let refusal = format_refusal(
+            &mut self.conn,
+            &self.mint_keys,
+            &self.config,
+            self.call_timeout,
+        )
+        .await?;
+        let Some(why) = refusal else {
             self.format_checked = true;
             return Ok(true);
-        }
-        let why = format!(
-            "this app mints IDs in the format {recorded} (layout@epoch ms, recorded in {}), this sidecar in {ours}: minting in both could give one ID twice; keep --id-layout and --epoch of the app, or mint under a new --app",
-            self.mint_keys.format()
-        );
-        error!(recorded = %recorded, ours = %ours, "refusing to mint: another ID format is recorded for this app; stopping");
+        };
+        error!(reason = %why, "refusing to mint: another ID format is recorded for this app; stopping");
         let _ = self.format_refused.set(why);
         self.stop.cancel();
         Ok(false)
@@ -423,6 +419,31 @@ impl Reserver {
             ),
         }
     }
+}
+
+/// Records our ID format as the app's (`format.lua`) unless one is recorded, and compares:
+/// `None` when the recorded format is ours; else why this sidecar must not mint. A mark in
+/// Unix ms bounds IDs only among sidecars that encode time alike: one with another `--epoch`
+/// or `--id-layout` would mint IDs an earlier holder minted.
+///
+/// Errors: the Redis call failed or timed out (`call_timeout`), as text.
+pub(crate) async fn format_refusal(
+    conn: &mut Redis,
+    keys: &MintKeys,
+    config: &MintConfig,
+    call_timeout: Duration,
+) -> Result<Option<String>, String> {
+    let ours = config.layout.format(config.epoch);
+    let call = script::record_format(conn, keys, &ours);
+    let recorded = bounded(call_timeout, call)
+        .await
+        .map_err(|err| Readable(&err).to_string())?;
+    Ok((recorded != ours).then(|| {
+        format!(
+            "this app mints IDs in the format {recorded} (layout@epoch ms, recorded in {}), this sidecar in {ours}: minting in both could give one ID twice; keep --id-layout and --epoch of the app, or mint under a new --app",
+            keys.format()
+        )
+    }))
 }
 
 /// The 503 state of a keeper state without a valid lease.

@@ -79,6 +79,18 @@ impl MintSocket {
     }
 }
 
+impl MintSocket {
+    /// Closes the socket without serving it and removes its file (when it is still this
+    /// one): a start that stops before serving leaves no socket behind.
+    pub(crate) fn close(self) {
+        drop(self.listener);
+        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// Ok when `path` is free or a socket nobody listens on.
 fn check_replaceable(path: &Path) -> io::Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
