@@ -110,3 +110,37 @@ fn an_unreadable_mark_is_retried_with_backoff_and_warned_once() {
         "mints within the 1 s backoff once the mark is readable"
     );
 }
+
+/// The format check's second place: a sidecar whose start-time check got no answer (its
+/// Redis blackholed at start) checks again before its first mint, after its claim, and
+/// still stops with exit 2 without answering an ID.
+#[test]
+fn a_format_unchecked_at_start_is_checked_before_the_first_mint() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg("snowflake:worker:mint:format")
+            .arg("41:10:12@1288834977657"),
+    );
+    let proxy = FaultProxy::for_redis(&redis);
+    proxy.set_mode(Mode::Blackhole);
+    let mut sidecar = minter_at(&proxy.url()).flag("--max-worker-id", "0").spawn();
+    assert!(sidecar.wait_for_log("http listening", secs(10)));
+    std::thread::sleep(ms(500));
+    proxy.set_mode(Mode::Pass);
+    let mut answered = 0;
+    let exited = poll_some(secs(20), || {
+        answered += next(&sidecar, 1).map_or(0, |ids| ids.len());
+        sidecar.wait_exit(ms(1))
+    });
+    let status = exited.expect("stopped");
+    let log = sidecar.log_lines().join("\n");
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert_eq!(answered, 0, "no ID answered");
+    assert!(
+        sidecar.count_log("lease acquired") >= 1,
+        "claimed first: {log}"
+    );
+    assert!(log.contains("refusing to mint"), "{log}");
+}
