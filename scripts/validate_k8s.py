@@ -765,16 +765,18 @@ def check_opted_in(res, base):
     return errors
 
 
-def component_case_errors():
+def case_errors(label, component, base_text, check, failing):
+    """Builds `component` on the workloads of `base_text` (YAML): each opted-in one must pass
+    `check(res, base)` and the resource checks, every other one must come out unchanged; then
+    on `failing` = (name, YAML, what its error must name) the build must fail naming it."""
     errors = []
     target = os.path.join(ROOT, "..", "target")
     os.makedirs(target, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target, prefix="component-cases-") as tmp:
-        built, error = build_with_component(tmp, "mixed", COMPONENT_BASE)
+    with tempfile.TemporaryDirectory(dir=target, prefix=f"{component}-cases-") as tmp:
+        built, error = build_with_component(tmp, "mixed", base_text, component)
         if error:
-            return [f"component on 2 Deployments and a StatefulSet: build failed: {error}"]
-        bases = {(r["kind"], r["metadata"]["name"]): r
-                 for r in yaml.safe_load_all(COMPONENT_BASE)}
+            return [f"{label} on 2 Deployments and a StatefulSet: build failed: {error}"]
+        bases = {(r["kind"], r["metadata"]["name"]): r for r in yaml.safe_load_all(base_text)}
         for res in built:
             base = bases[(res["kind"], res["metadata"]["name"])]
             if "snowlease/app" not in (base["metadata"].get("annotations") or {}):
@@ -782,28 +784,30 @@ def component_case_errors():
                     errors.append(f"{res['kind']}/{res['metadata']['name']}: not opted in, "
                                   f"but changed")
                 continue
-            errors += check_opted_in(res, base)
-            errors += [f"component case: {e}" for e in check_resource(res, "component case", VERSIONS)]
-        _, error = build_with_component(tmp, "no-command", NO_COMMAND)
+            errors += check(res, base)
+            errors += [f"{label} case: {e}" for e in check_resource(res, f"{label} case", VERSIONS)]
+        name, text, named = failing
+        _, error = build_with_component(tmp, name, text, component)
         if error is None:
-            errors.append("a wrapped container without command: the build did not fail")
-        elif "containers/0/command" not in error:
-            errors.append(f"a wrapped container without command: the error does not name "
-                          f"its command: {error}")
+            errors.append(f"{name}: the build did not fail")
+        elif named not in error:
+            errors.append(f"{name}: the error does not name {named}: {error}")
     return errors
 
 
-def check_component_cases():
-    errors = component_case_errors()
+def report_cases(label, errors, ok):
     for e in errors:
-        print(f"FAIL component case: {e}")
+        print(f"FAIL {label} case: {e}")
     if not errors:
-        print("ok   component cases: 2 of 3 Deployments and a StatefulSet opted in, commands "
-              "kept; no command fails the build")
+        print(f"ok   {label} cases: {ok}")
     return errors
 
 
-failures += check_component_cases()
+failures += report_cases(
+    "component",
+    case_errors("component", "snowlease", COMPONENT_BASE, check_opted_in,
+                ("a wrapped container without command", NO_COMMAND, "containers/0/command")),
+    "2 of 3 Deployments and a StatefulSet opted in, commands kept; no command fails the build")
 
 
 # 4. The mint component (components/snowlease-mint/) the same way: the sidecar alone (no
@@ -898,43 +902,12 @@ def check_minting(res, base):
     return errors
 
 
-def mint_case_errors():
-    errors = []
-    target = os.path.join(ROOT, "..", "target")
-    os.makedirs(target, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target, prefix="mint-component-cases-") as tmp:
-        built, error = build_with_component(tmp, "mixed", MINT_BASE, "snowlease-mint")
-        if error:
-            return [f"mint component on 2 Deployments and a StatefulSet: build failed: {error}"]
-        bases = {(r["kind"], r["metadata"]["name"]): r for r in yaml.safe_load_all(MINT_BASE)}
-        for res in built:
-            base = bases[(res["kind"], res["metadata"]["name"])]
-            if "snowlease/app" not in (base["metadata"].get("annotations") or {}):
-                if res != base:
-                    errors.append(f"{res['kind']}/{res['metadata']['name']}: not opted in, "
-                                  f"but changed")
-                continue
-            errors += check_minting(res, base)
-            errors += check_resource(res, "mint component case", VERSIONS)
-        _, error = build_with_component(tmp, "no-fs-group", NO_FS_GROUP, "snowlease-mint")
-        if error is None:
-            errors.append("a pod without fsGroup: the build did not fail")
-        elif "securityContext/fsGroup" not in error:
-            errors.append(f"a pod without fsGroup: the error does not name fsGroup: {error}")
-    return errors
-
-
-def check_mint_cases():
-    errors = mint_case_errors()
-    for e in errors:
-        print(f"FAIL mint component case: {e}")
-    if not errors:
-        print("ok   mint component cases: a Deployment and a StatefulSet opted in, sidecar in "
-              "the fsGroup, commands untouched; no fsGroup fails the build")
-    return errors
-
-
-failures += check_mint_cases()
+failures += report_cases(
+    "mint component",
+    case_errors("mint component", "snowlease-mint", MINT_BASE, check_minting,
+                ("a pod without fsGroup", NO_FS_GROUP, "securityContext/fsGroup")),
+    "a Deployment and a StatefulSet opted in, sidecar in the fsGroup, commands untouched; "
+    "no fsGroup fails the build")
 
 print(f"validate-k8s: {len(files)} files, {len(roots)} kustomizations built, {checked} "
       f"resources checked against Kubernetes "
