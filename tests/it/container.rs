@@ -444,6 +444,57 @@ fn uid_of(pid: u32) -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// Waits until the pod's sidecar holds `key` (owner from the pod's IP 127.0.0.1), and checks
+/// it runs as UID 65532 on a read-only root; returns its PID.
+fn sidecar_claims_hardened(podman: &Podman, pod: &Pod, redis: &RedisServer, key: &str) -> u32 {
+    let claimed = poll_until(secs(60), || {
+        redis.get(key).is_some_and(|o| o.starts_with("127.0.0.1#"))
+    });
+    assert!(
+        claimed,
+        "no claim: {:?}\n{}",
+        redis.get(key),
+        pod.logs("snowlease")
+    );
+    let sidecar = pod.pid("snowlease");
+    assert_eq!(uid_of(sidecar), Some(65532));
+    let read_only = podman.ok(&[
+        "inspect",
+        &pod.container("snowlease"),
+        "--format",
+        "{{.HostConfig.ReadonlyRootfs}}",
+    ]);
+    assert_eq!(read_only.stdout.trim(), "true");
+    sidecar
+}
+
+/// The release at the pod's stop: `key` is a tombstone for SNOWLEASE_HANDOVER_DELAY (60 s),
+/// not a key left for a TTL.
+fn assert_released(redis: &RedisServer, key: &str, pod: &Pod) {
+    let (value, pttl) = redis.get_with_pttl(key);
+    assert!(
+        value
+            .as_deref()
+            .is_some_and(|v| v.starts_with("released:127.0.0.1#")),
+        "{value:?}\n{}",
+        pod.logs("snowlease")
+    );
+    assert!((1..=60_000).contains(&pttl), "tombstone PTTL {pttl}");
+}
+
+/// "<container> <exited> <exit code>" of every container of the pod.
+fn exit_states(podman: &Podman, pod: &Pod) -> Vec<String> {
+    let states = podman.ok(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("pod={}", pod.name),
+        "--format",
+        "{{.Names}} {{.Exited}} {{.ExitCode}}",
+    ]);
+    states.stdout.lines().map(str::to_owned).collect()
+}
+
 /// The pod runs as it would in a cluster: `install-snowlease` copied the binary, the sidecar
 /// (UID 65532, read-only root) claims ID 0, the app started by `snowlease exec` has
 /// WORKER_ID=0, `snowlease id --url` answers from the app container; `podman pod stop`
@@ -466,25 +517,7 @@ fn run_pod(test: &str, folder: &str, prefix: &str, first: Option<&str>) {
     let pod = Pod::play(podman, folder, prefix, &patches);
 
     let key = "snowflake:worker:orders:0";
-    let claimed = poll_until(secs(60), || {
-        redis.get(key).is_some_and(|o| o.starts_with("127.0.0.1#"))
-    });
-    assert!(
-        claimed,
-        "no claim: {:?}\n{}",
-        redis.get(key),
-        pod.logs("snowlease")
-    );
-
-    let sidecar = pod.pid("snowlease");
-    assert_eq!(uid_of(sidecar), Some(65532));
-    let read_only = podman.ok(&[
-        "inspect",
-        &pod.container("snowlease"),
-        "--format",
-        "{{.HostConfig.ReadonlyRootfs}}",
-    ]);
-    assert_eq!(read_only.stdout.trim(), "true");
+    sidecar_claims_hardened(podman, &pod, &redis, key);
 
     let copied = tempfile::tempdir().unwrap();
     let dest = copied.path().join("snowlease");
@@ -522,25 +555,9 @@ fn run_pod(test: &str, folder: &str, prefix: &str, first: Option<&str>) {
     let started = Instant::now();
     podman.ok(&["pod", "stop", "-t", "30", &pod.name]);
     let took = started.elapsed();
-    // The release: a tombstone for SNOWLEASE_HANDOVER_DELAY (60 s), not a key left for a TTL.
-    let (value, pttl) = redis.get_with_pttl(key);
-    assert!(
-        value
-            .as_deref()
-            .is_some_and(|v| v.starts_with("released:127.0.0.1#")),
-        "{value:?}\n{}",
-        pod.logs("snowlease")
-    );
-    assert!((1..=60_000).contains(&pttl), "tombstone PTTL {pttl}");
-    let states = podman.ok(&[
-        "ps",
-        "-a",
-        "--filter",
-        &format!("pod={}", pod.name),
-        "--format",
-        "{{.Names}} {{.Exited}} {{.ExitCode}}",
-    ]);
-    let states: Vec<&str> = states.stdout.lines().collect();
+    assert_released(&redis, key, &pod);
+    let states = exit_states(podman, &pod);
+    let states: Vec<&str> = states.iter().map(String::as_str).collect();
     let sidecar_state = format!("{} true 0", pod.container("snowlease"));
     // The app (`snowlease sleep`) dies of the SIGTERM `exec` passed on: 128 + 15. Or, where
     // both containers get SIGTERM at once (the plain sidecar: podman ignores the preStop hook
@@ -698,25 +715,7 @@ fn mint_pod_serves_ids_to_the_app_over_the_socket_in_podman() {
     let pod = Pod::play(podman, "existing-deployment-mint", "mint-", &patches);
 
     let key = "snowflake:worker:orders:0";
-    let claimed = poll_until(secs(60), || {
-        redis.get(key).is_some_and(|o| o.starts_with("127.0.0.1#"))
-    });
-    assert!(
-        claimed,
-        "no claim: {:?}\n{}",
-        redis.get(key),
-        pod.logs("snowlease")
-    );
-
-    let sidecar = pod.pid("snowlease");
-    assert_eq!(uid_of(sidecar), Some(65532));
-    let read_only = podman.ok(&[
-        "inspect",
-        &pod.container("snowlease"),
-        "--format",
-        "{{.HostConfig.ReadonlyRootfs}}",
-    ]);
-    assert_eq!(read_only.stdout.trim(), "true");
+    let sidecar = sidecar_claims_hardened(podman, &pod, &redis, key);
     let app = pod.pid("orders");
     // The socket's group: the sidecar's (runAsGroup, the fsGroup copied) and the app's.
     assert_eq!(gid_of(sidecar), Some(1000));
@@ -806,24 +805,9 @@ fn mint_pod_serves_ids_to_the_app_over_the_socket_in_podman() {
     let layout = IdLayout::parse(DEFAULT_LAYOUT).unwrap();
     let last = layout.decompose(epoch, *ids.last().unwrap()).unix_ms;
     assert!(settled >= last, "settled {settled}, last ID at {last}");
-    let (value, pttl) = redis.get_with_pttl(key);
-    assert!(
-        value
-            .as_deref()
-            .is_some_and(|v| v.starts_with("released:127.0.0.1#")),
-        "{value:?}\n{}",
-        pod.logs("snowlease")
-    );
-    assert!((1..=60_000).contains(&pttl), "tombstone PTTL {pttl}");
-    let states = podman.ok(&[
-        "ps",
-        "-a",
-        "--filter",
-        &format!("pod={}", pod.name),
-        "--format",
-        "{{.Names}} {{.Exited}} {{.ExitCode}}",
-    ]);
-    let states: Vec<&str> = states.stdout.lines().collect();
+    assert_released(&redis, key, &pod);
+    let states = exit_states(podman, &pod);
+    let states: Vec<&str> = states.iter().map(String::as_str).collect();
     let sidecar_state = format!("{} true 0", pod.container("snowlease"));
     let app_state = format!("{} true 137", pod.container("orders"));
     assert!(states.contains(&sidecar_state.as_str()), "{states:?}");
