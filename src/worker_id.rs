@@ -135,18 +135,23 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         None => None,
     };
     let conn = config.redis.connect(config.lease.call_timeout())?;
-    // A sidecar of another ID format stops before it claims (the reserver checks again
-    // before it mints, should Redis not answer here).
+    // A sidecar of another ID format stops before it claims (the reserver checks before it
+    // mints only when Redis did not answer here).
+    let mut format_checked = false;
     if let Some(mint) = &config.mint {
         let keys = mint::script::MintKeys::new(&config.lease.key_prefix, &config.app);
         let timeout = config.lease.call_timeout();
         let mut probe = conn.clone();
         let checked = mint::reserver::format_refusal(&mut probe, &keys, mint, timeout);
-        if let Ok(Some(why)) = checked.await {
-            if let Some(socket) = mint_socket {
-                socket.close();
+        match checked.await {
+            Ok(None) => format_checked = true,
+            Ok(Some(why)) => {
+                if let Some(socket) = mint_socket {
+                    socket.close();
+                }
+                return Err(ConfigError::new("--id-layout, --epoch", why).into());
             }
-            return Err(ConfigError::new("--id-layout, --epoch", why).into());
+            Err(_) => {}
         }
     }
 
@@ -222,7 +227,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             renew_now: worker.renew_signal(),
             stop: shutdown.clone(),
             format_refused: format_refused.clone(),
-            format_checked: false,
+            format_checked,
         };
         tokio::spawn(reserver.run(state_rx))
     });

@@ -74,7 +74,8 @@ pub(crate) struct Reserver {
     pub stop: CancellationToken,
     /// Why the sidecar stopped minting for good: the recorded format differs from ours.
     pub format_refused: Arc<OnceLock<String>>,
-    /// The recorded format equals ours (checked once per process, `format.lua`).
+    /// The recorded format equals ours (`format.lua`): checked at start, else once here
+    /// before the first mint.
     pub format_checked: bool,
 }
 
@@ -296,7 +297,7 @@ impl Reserver {
             }
             let wake = match due {
                 Some(_) => s.next_try,
-                None if active => now + self.until_due(now),
+                None if active => now + self.until_due(lead),
                 // Idle: a request that reaches the ceiling wakes us.
                 None => now + LOOK_EVERY,
             };
@@ -308,9 +309,9 @@ impl Reserver {
         }
     }
 
-    /// How long until a reservation is due by the clock, at most [`LOOK_EVERY`].
-    fn until_due(&self, now: BootInstant) -> Duration {
-        let lead = self.desk.read(|m| m.mark_lead_ms(now.as_millis()));
+    /// How long until a reservation is due by the clock (`lead`: the ceiling's lead over
+    /// it, ms), at most [`LOOK_EVERY`].
+    fn until_due(&self, lead: Option<i64>) -> Duration {
         let left = lead.map_or(0, |lead| lead - self.config.window.low_water_ms as i64);
         Duration::from_millis(left.max(1) as u64).min(LOOK_EVERY)
     }
