@@ -36,7 +36,7 @@ use nix::unistd::Pid;
 mod it {
     pub mod harness;
 }
-use it::harness::{RedisServer, guard_open, poll_some};
+use it::harness::{RedisServer, guard_open, poll_some, rss_kib};
 
 const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
 /// How long each measured load runs.
@@ -466,19 +466,6 @@ fn thread_cpu_us() -> f64 {
     let usage = getrusage(UsageWho::RUSAGE_THREAD).unwrap();
     let us = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e6 + t.tv_usec() as f64;
     us(usage.user_time()) + us(usage.system_time())
-}
-
-/// (VmRSS, RssAnon) of process `pid`, KiB.
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("RssAnon:"))
 }
 
 /// Memory of a holding sidecar, plain or `--mint` (with `--mint-socket`, answering one

@@ -19,7 +19,7 @@ mod it {
     pub mod harness;
 }
 use it::harness::{
-    RedisServer, SentinelTopology, free_port, guard_open, holding_sidecars, sample_through,
+    RedisServer, SentinelTopology, free_port, guard_open, holding_sidecars, rss_kib, sample_through,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_snowlease");
@@ -142,15 +142,7 @@ fn idle_rss(bin: &str, url: &str, app: &str) -> (u64, u64) {
     }
     // 10 renewals at 200 ms.
     std::thread::sleep(Duration::from_millis(2500));
-    let status = std::fs::read_to_string(format!("/proc/{}/status", sidecar.child.id())).unwrap();
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let rss = (field("VmRSS:"), field("RssAnon:"));
+    let rss = rss_kib(sidecar.child.id());
     stop(vec![sidecar]);
     rss
 }

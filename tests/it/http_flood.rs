@@ -74,16 +74,6 @@ fn count_closed(conns: &mut [TcpStream]) -> usize {
         .count()
 }
 
-/// Resident memory of `pid` in KiB (`VmRSS` of /proc/<pid>/status).
-fn rss_kib(pid: nix::unistd::Pid) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
-}
-
 /// The state file's `valid_until_ms`, 0 when absent.
 fn valid_until_ms(sidecar: &Sidecar) -> u64 {
     sidecar
@@ -111,12 +101,12 @@ fn idle_connection_flood_starves_neither_the_files_nor_id() {
         .spawn();
     let lease = sidecar.wait_for_lease(secs(15));
     let pid = sidecar.spawned_pid();
-    let rss_before = rss_kib(pid);
+    let rss_before = rss_kib(pid.as_raw() as u32).0;
 
     let mut conns = flood(sidecar.http_addr(), FLOOD);
     assert_eq!(conns.len(), FLOOD, "the flood must be established");
     let flooded = Instant::now();
-    let rss_flooded = rss_kib(pid);
+    let rss_flooded = rss_kib(pid.as_raw() as u32).0;
 
     // Renewals go on and rewrite the state file (every 500 ms): three fresh deadlines.
     let mut seen = valid_until_ms(&sidecar);
@@ -178,7 +168,7 @@ fn idle_connection_flood_starves_neither_the_files_nor_id() {
         FLOOD - count_closed(&mut conns),
         flooded.elapsed()
     );
-    let rss_after = rss_kib(pid);
+    let rss_after = rss_kib(pid.as_raw() as u32).0;
     eprintln!(
         "FIGURE worker RSS: {rss_before} KiB before, {rss_flooded} KiB with {held} idle \
          connections held (of {FLOOD} opened), {rss_after} KiB after they were closed"

@@ -46,6 +46,19 @@ pub fn stop_process(pid: Pid) {
     );
 }
 
+/// Resident memory of process `pid` in KiB: (`VmRSS`, `RssAnon`) of /proc/<pid>/status.
+pub fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("RssAnon:"))
+}
+
 /// True when every thread of `pid` is in the stopped state (`T` in `/proc/<pid>/task/*/stat`).
 pub fn process_stopped(pid: Pid) -> bool {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
