@@ -370,3 +370,25 @@ fn bad_mint_flags_are_refused_naming_the_flag_and_nothing_is_written() {
     }
     assert_eq!(redis.dbsize(), 0, "nothing written");
 }
+
+/// Reservations follow demand: while nobody asks for IDs the mark stays where the last
+/// reservation put it (no Redis call beyond the renewals), and the next request raises it.
+#[test]
+fn an_idle_sidecar_does_not_reserve() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let sidecar = minter(&redis).flag("--max-worker-id", "0").spawn();
+    let first = first_batch(&sidecar, 10);
+    let mark_key = format!("snowflake:worker:{APP}:mark:{{{}}}", worker_key(APP, 0));
+    let mark = || -> u64 { redis.get(&mark_key).expect("a mark").parse().unwrap() };
+    // The window is 500 ms: reserving on the clock alone would keep the mark 250-500 ms
+    // ahead. Idle, the clock passes it (a negative lead) and it stays.
+    let lead = || sidecar.metric("snowlease_mint_mark_lead_seconds").unwrap();
+    assert!(poll_until(secs(5), || lead() < 0.0), "lead {}", lead());
+    let idle = mark();
+    std::thread::sleep(ms(500));
+    assert_eq!(mark(), idle, "no reservation while idle");
+    let after = first_batch(&sidecar, 10);
+    assert!(after[0] > first[9]);
+    assert!(mark() > idle, "the next request reserved");
+}
