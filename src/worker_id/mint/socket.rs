@@ -71,10 +71,7 @@ impl MintSocket {
             path: self.path.clone(),
         };
         let served = http::serve_on(listener, router, limits, shutdown).await;
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
-        if ours && let Err(err) = std::fs::remove_file(&self.path) {
-            warn!(path = %self.path.display(), error = %err, "cannot remove the mint socket");
-        }
+        remove_if_ours(&self.path, self.inode);
         served
     }
 }
@@ -84,10 +81,16 @@ impl MintSocket {
     /// one): a start that stops before serving leaves no socket behind.
     pub(crate) fn close(self) {
         drop(self.listener);
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
-        if ours {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        remove_if_ours(&self.path, self.inode);
+    }
+}
+
+/// Removes the socket file at `path` when it is still the one bound (`inode`), not one a
+/// later process bound under the same name.
+fn remove_if_ours(path: &Path, inode: u64) {
+    let ours = std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == inode);
+    if ours && let Err(err) = std::fs::remove_file(path) {
+        warn!(path = %path.display(), error = %err, "cannot remove the mint socket");
     }
 }
 
