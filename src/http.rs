@@ -33,6 +33,15 @@ pub(crate) fn liveness_routes() -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
 }
 
+/// Whether a request asks for plain text (`Accept` names `text/plain`, not JSON): `/id` and
+/// `/next` then answer bare decimals, one a line.
+pub(crate) fn wants_text(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
+}
+
 /// Encodes a registry in the Prometheus/OpenMetrics text format.
 pub(crate) fn encode_metrics(registry: &Registry) -> Response {
     let mut body = String::new();

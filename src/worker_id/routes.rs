@@ -57,7 +57,7 @@ async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Respon
         body["error"] = "no valid worker-ID lease".into();
         return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
     };
-    if wants_text(&headers) {
+    if crate::http::wants_text(&headers) {
         return (
             [(header::CONTENT_TYPE, "text/plain")],
             format!("{}\n", held.worker_id),
@@ -71,13 +71,6 @@ async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Respon
         "lease_expires_in_ms": crate::timing::ms(held.remaining()),
     }))
     .into_response()
-}
-
-fn wants_text(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
 }
 
 /// `{"state": ...}` of an unpublished ID, with `opens_in_ms` while the

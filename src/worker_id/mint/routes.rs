@@ -47,7 +47,11 @@ async fn next(
         Ok(minted) => {
             http.metrics.minted.inc_by(minted.ids.len() as u64);
             http.metrics.sequence_waits.inc_by(minted.sequence_waits);
-            answer(&minted.ids, count.is_some(), wants_text(&headers))
+            answer(
+                &minted.ids,
+                count.is_some(),
+                crate::http::wants_text(&headers),
+            )
         }
         Err(refusal) => {
             http.metrics.count_unavailable(refusal.state());
@@ -86,13 +90,6 @@ impl IntoResponse for BadCount {
         });
         (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
     }
-}
-
-fn wants_text(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
 }
 
 /// 200: `{"id": "<decimal>"}` for a plain `/next`, `{"ids": [...]}` with `count`; one
