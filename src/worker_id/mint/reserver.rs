@@ -29,7 +29,6 @@ use super::minter::{Anchor, Grant, LeaseTicket, Standby};
 use super::script::{self, MintKeys};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Readable, Redis};
-use crate::identity::Owner;
 use crate::lease;
 use crate::timing::{bounded, ms};
 use crate::worker_id::claim::LeaseKeys;
@@ -82,9 +81,9 @@ pub(crate) struct Reserver {
 /// The lease being minted under.
 struct Session {
     ticket: LeaseTicket,
-    claimed: BootInstant,
+    /// The lease key of `held`'s worker ID, named once.
     lease_key: String,
-    owner: Owner,
+    /// The lease as last renewed; its `claimed` and `owner` name the session.
     held: HeldLease,
     /// No reservation before this instant (backoff after a failure).
     next_try: BootInstant,
@@ -106,7 +105,7 @@ impl Reserver {
             let current = state.borrow_and_update().clone();
             match current {
                 WorkerState::Held(held) => {
-                    match session.as_mut().filter(|s| s.claimed == held.claimed) {
+                    match session.as_mut().filter(|s| s.held.claimed == held.claimed) {
                         Some(s) => {
                             self.desk
                                 .update(|m| m.extend(s.ticket, held.valid_until.as_millis()));
@@ -202,9 +201,7 @@ impl Reserver {
                     );
                     return Some(Session {
                         ticket,
-                        claimed: held.claimed,
                         lease_key,
-                        owner: held.owner.clone(),
                         held,
                         next_try: BootInstant::now(),
                         backoff: RETRY_FIRST,
@@ -326,7 +323,7 @@ impl Reserver {
             &mut self.conn,
             &self.mint_keys,
             &s.lease_key,
-            &s.owner,
+            &s.held.owner,
             target,
             self.config.max_lead(),
         );
@@ -400,7 +397,7 @@ impl Reserver {
             &mut self.conn,
             &self.mint_keys,
             &s.lease_key,
-            &s.owner,
+            &s.held.owner,
             ended.settled_unix_ms,
         );
         match bounded(self.call_timeout.min(SETTLE_LIMIT), call).await {
