@@ -8,32 +8,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 use nix::sys::signal::Signal;
 
 use crate::clock_skew::set_offset;
 use crate::harness::*;
-use crate::mint_worker::{APP, assert_increasing, faked_at, first_batch, minter_at, next};
-
-/// A client pulling batches of 256 until `stop` (or the sidecar is gone): the IDs in the
-/// order received and the 503 states seen.
-fn pull(sidecar: Arc<Sidecar>, stop: Arc<AtomicBool>) -> JoinHandle<(Vec<u64>, Vec<String>)> {
-    std::thread::spawn(move || {
-        let (mut ids, mut refused) = (Vec::new(), Vec::new());
-        while !stop.load(Ordering::Relaxed) {
-            match next(&sidecar, 256) {
-                Ok(batch) => ids.extend(batch),
-                Err((0, _)) => break,
-                Err((_, body)) => {
-                    refused.push(body);
-                    std::thread::sleep(ms(20));
-                }
-            }
-        }
-        (ids, refused)
-    })
-}
+use crate::mint_worker::{APP, assert_increasing, faked_at, first_batch, minter_at, next, pull};
 
 /// The first holder mints, is SIGKILLed, and `lose` wipes its Redis data (mark, guard and
 /// lease key); a newcomer whose clock is 1 s behind (within `--max-clock-skew` 1.5 s) first

@@ -11,6 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -57,6 +58,28 @@ pub(crate) fn next(sidecar: &Sidecar, count: usize) -> Result<Vec<u64>, (u16, St
         .iter()
         .map(|id| id.as_str().expect("IDs are strings").parse().unwrap())
         .collect())
+}
+
+/// A client pulling batches of 256 until `stop` (or the sidecar is gone): the IDs in the
+/// order received and the 503 states seen.
+pub(crate) fn pull(
+    sidecar: Arc<Sidecar>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<(Vec<u64>, Vec<String>)> {
+    std::thread::spawn(move || {
+        let (mut ids, mut refused) = (Vec::new(), Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            match next(&sidecar, 256) {
+                Ok(batch) => ids.extend(batch),
+                Err((0, _)) => break,
+                Err((_, body)) => {
+                    refused.push(body);
+                    std::thread::sleep(ms(20));
+                }
+            }
+        }
+        (ids, refused)
+    })
 }
 
 /// Waits until `/next` answers and returns the first batch.
@@ -211,27 +234,13 @@ fn sigkill_mid_burst_then_a_new_holder_mints_above() {
     let first = Arc::new(minter(&redis).flag("--max-worker-id", "0").spawn());
     first_batch(&first, 1);
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let (first, stop) = (first.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut got = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    match next(&first, 512) {
-                        Ok(ids) => got.extend(ids),
-                        Err(_) => break,
-                    }
-                }
-                got
-            })
-        })
-        .collect();
+    let clients: Vec<_> = (0..4).map(|_| pull(first.clone(), stop.clone())).collect();
     std::thread::sleep(ms(700));
     first.signal(Signal::SIGKILL);
     stop.store(true, Ordering::Relaxed);
     let old: Vec<u64> = clients
         .into_iter()
-        .flat_map(|c| c.join().unwrap())
+        .flat_map(|c| c.join().unwrap().0)
         .collect();
     assert!(old.len() > 4096, "a burst: {}", old.len());
 
