@@ -4,7 +4,7 @@
 //! even with its clock behind within `--max-clock-skew`, mints above every earlier ID. A
 //! holder alive through the loss keeps minting in order. With `--min-replicas-ack` a
 //! reservation counts only once the replica has it, so a failover never hands the next
-//! holder a mark below minted IDs.
+//! holder a mark below minted IDs. Through an outage minting stops at the last reservation.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -144,4 +144,34 @@ fn sentinel_failover_with_min_replicas_ack_never_lowers_the_mark() {
     let second = acked(minter_at(&topo.url())).spawn();
     let new = first_batch(&second, 4096);
     assert!(new[0] > *old.iter().max().unwrap(), "above every old ID");
+}
+
+/// Through a Redis outage minting goes on only up to the last reservation (at most
+/// `--mint-window`, 500 ms here, ahead), then answers `503 reserving` while the lease itself
+/// is still valid; every ID answered is at or below the mark Redis holds.
+#[test]
+fn a_redis_outage_stops_minting_at_the_last_reservation() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let sidecar = Arc::new(minter_at(&redis.url()).flag("--max-worker-id", "0").spawn());
+    first_batch(&sidecar, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = pull(sidecar.clone(), stop.clone());
+    std::thread::sleep(ms(300));
+    redis.pause();
+    assert!(
+        poll_until(secs(5), || sidecar
+            .metric("snowlease_mint_unavailable_total{state=\"reserving\"}")
+            .is_some_and(|n| n > 0.0)),
+        "reserving"
+    );
+    redis.resume();
+    stop.store(true, Ordering::Relaxed);
+    let (ids, refused) = client.join().unwrap();
+    let first_refusal = refused.first().map(String::as_str).unwrap_or_default();
+    assert!(first_refusal.contains("reserving"), "{refused:?}");
+    let mark_key = format!("snowflake:worker:{APP}:mark:{{{}}}", worker_key(APP, 0));
+    let mark: u64 = redis.get(&mark_key).unwrap().parse().unwrap();
+    let newest = crate::mint_worker::unix_ms_of(*ids.iter().max().unwrap());
+    assert!(newest <= mark, "newest ID at {newest}, mark {mark}");
 }

@@ -43,6 +43,15 @@ pub(crate) fn worker_of(id: u64) -> u16 {
         .worker_id
 }
 
+/// The timestamp (Unix ms) of `id` in the default layout.
+pub(crate) fn unix_ms_of(id: u64) -> u64 {
+    let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), unix_ms()).unwrap();
+    IdLayout::parse(DEFAULT_LAYOUT)
+        .unwrap()
+        .decompose(epoch, id)
+        .unix_ms
+}
+
 /// `GET /next?count=n` as JSON: the IDs, or the status and body of a refusal (status 0: no
 /// answer within 2 s; a request at the ceiling waits up to 500 ms for a reservation).
 pub(crate) fn next(sidecar: &Sidecar, count: usize) -> Result<Vec<u64>, (u16, String)> {
