@@ -142,14 +142,17 @@ fn script_call(keys: &LeaseKeys, ids: usize, id: usize, keyspace: Keyspace) -> V
             k.push(format!("{PREFIX}bench{ids}:guard:{{{}}}", key(id)));
         }
         Keyspace::Whole => {
-            let first = id / 64 * 64;
-            for i in first..(first + 64).min(ids) {
+            // Window w of n holds IDs w, w + n, ... (docs/worker.md, "Claim windows").
+            let n = ids.div_ceil(32);
+            let first = id % n;
+            for i in (first..ids).step_by(n) {
                 k.push(key(i));
                 k.push(guard.clone());
             }
-            if ids > 64 {
+            if ids > 32 {
                 k.push(format!("{PREFIX}bench{ids}:hint"));
                 extra.push(first.to_string());
+                extra.push(n.to_string());
             }
         }
     }

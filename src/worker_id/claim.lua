@@ -16,6 +16,9 @@
 --             the last windowed claim took (PX: the TTL), read here and set
 --             to the ID this call takes. Only a hint: a missing one or one
 --             of another type (never touched) names none
+-- ARGV[4]     optional, with ARGV[3]: the step between the worker IDs of
+--             consecutive pairs (integer >= 1, default 1): pair i holds
+--             worker ID ARGV[3] + (i - 1) * ARGV[4] (interleaved windows)
 --
 -- Returns {index, how, wrong, wait_ms, expires_ms, hint}:
 --   index       0-based pair of the key now held by us, -1 when no key could
@@ -54,6 +57,13 @@ if ARGV[3] ~= nil then
   end
   hint_key = KEYS[#KEYS]
 end
+local step = 1
+if ARGV[4] ~= nil then
+  step = tonumber(ARGV[4])
+  if step == nil or step < 1 or step ~= math.floor(step) then
+    return redis.error_reply('ERR claim: ID step must be an integer >= 1')
+  end
+end
 local pair_keys = #KEYS - (hint_key and 1 or 0)
 if pair_keys == 0 or pair_keys % 2 ~= 0 then
   return redis.error_reply('ERR claim: KEYS must be (lease key, guard) pairs')
@@ -81,7 +91,7 @@ local function take(i)
   if not redis.call('SET', ids[i], ARGV[1], 'NX', 'PX', ttl) then return false end
   if hint_key then
     local _, writable = read_hint()
-    if writable then redis.call('SET', hint_key, first_id + i - 1, 'PX', ttl) end
+    if writable then redis.call('SET', hint_key, first_id + (i - 1) * step, 'PX', ttl) end
   end
   return true
 end

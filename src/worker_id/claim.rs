@@ -25,7 +25,7 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("clai
 /// Names of one app's keys, all under `<prefix><app>:` (snowlease never
 /// touches other keys): lease keys `<id>`, the claim guard `guard` (one
 /// server) or `guard:{<lease key>}` (Cluster, one per ID), the claim hint
-/// `hint` (one server, ranges over 64 IDs) and start-up probe keys
+/// `hint` (one server, ranges over 32 IDs) and start-up probe keys
 /// `probe:<nonce>`.
 #[derive(Debug, Clone)]
 pub struct LeaseKeys {
@@ -174,12 +174,13 @@ pub struct ClaimReply {
 type RawReply = (i64, i64, Vec<usize>, u64, u64, i64);
 
 /// An `EVALSHA` of `claim.lua` over `keys` (pairs, then the hint key when
-/// `first_id` is given), built once and sent as often as needed.
+/// `window` is given: the worker ID of the first pair and the step between
+/// pairs' IDs), built once and sent as often as needed.
 pub(crate) fn claim_cmd<K: AsRef<str>>(
     keys: &[K],
     owner: &Owner,
     ttl: Duration,
-    first_id: Option<u16>,
+    window: Option<(u16, u16)>,
 ) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(CLAIM.get_hash()).arg(keys.len());
@@ -187,8 +188,8 @@ pub(crate) fn claim_cmd<K: AsRef<str>>(
         cmd.arg(key.as_ref());
     }
     cmd.arg(owner.as_str()).arg(ttl_ms(ttl));
-    if let Some(first_id) = first_id {
-        cmd.arg(first_id);
+    if let Some((first_id, step)) = window {
+        cmd.arg(first_id).arg(step);
     }
     cmd
 }

@@ -1,6 +1,7 @@
-//! Claims over a full range of 1024 IDs (`--max-worker-id 1023`) in windows of 64 IDs:
-//! the lowest free ID of the window found, the claim hint past a taken lower half, the
-//! exhaustion message, 64 concurrent claims on one server and on Cluster.
+//! Claims over a full range of 1024 IDs (`--max-worker-id 1023`) in 32 interleaved windows
+//! of 32 IDs (window w: w, w + 32, ...): the lowest free ID of the window found, one call
+//! past a taken lower half, the exhaustion message, 64 concurrent claims on one server and
+//! on Cluster.
 
 use std::collections::BTreeSet;
 
@@ -38,9 +39,10 @@ async fn claim(
     (owner, reply)
 }
 
-/// One server, 1024 IDs, only 650 and 700 free (one window, 640-703): wherever a claim
-/// starts, it walks the windows to that one and takes its lowest free ID, 650, then the
-/// next claim 700; a third finds all held after one call per window (16), none over 64 IDs.
+/// One server, 1024 IDs, only 650 and 682 free (one window: 10, 42, ..., 1002): wherever a
+/// claim starts, it walks the windows to that one and takes its lowest free ID, 650, then
+/// the next claim 682 (the hint names that window); a third finds all held after one call
+/// per window (32), none over 32 IDs.
 #[tokio::test(flavor = "current_thread")]
 async fn a_full_range_is_walked_window_by_window() {
     let redis = RedisServer::start();
@@ -50,7 +52,7 @@ async fn a_full_range_is_walked_window_by_window() {
     hold(
         &redis,
         "wide",
-        (0..=1023).filter(|id| ![650, 700].contains(id)),
+        (0..=1023).filter(|id| ![650, 682].contains(id)),
     );
 
     let (owner, first) = claim(&mut c, &keys).await;
@@ -64,11 +66,8 @@ async fn a_full_range_is_walked_window_by_window() {
         Some("650")
     );
     let (_, second) = claim(&mut c, &keys).await;
-    assert_eq!(second.outcome, ClaimOutcome::Claimed(700), "{second:?}");
-    assert!(
-        second.calls <= 2,
-        "the hint names window 640-703: {second:?}"
-    );
+    assert_eq!(second.outcome, ClaimOutcome::Claimed(682), "{second:?}");
+    assert!(second.calls <= 2, "the hint names window 10: {second:?}");
 
     // Every command into the slow log, to read each call's key count.
     let _: () = redis.query(
@@ -79,7 +78,7 @@ async fn a_full_range_is_walked_window_by_window() {
     );
     let _: () = redis.query(redis::cmd("SLOWLOG").arg("RESET"));
     let (_, third) = claim(&mut c, &keys).await;
-    assert_eq!((third.outcome, third.calls), (ClaimOutcome::AllHeld, 16));
+    assert_eq!((third.outcome, third.calls), (ClaimOutcome::AllHeld, 32));
     let logged: Vec<(i64, i64, i64, Vec<String>)> = redis
         .query::<Vec<redis::Value>>(redis::cmd("SLOWLOG").arg("GET").arg(1000))
         .into_iter()
@@ -94,12 +93,13 @@ async fn a_full_range_is_walked_window_by_window() {
         .filter(|(.., args)| args[0].eq_ignore_ascii_case("evalsha"))
         .map(|(.., args)| args[2].parse().unwrap())
         .collect();
-    assert_eq!(key_counts, vec![129; 16], "64 pairs and the hint per call");
+    assert_eq!(key_counts, vec![65; 32], "32 pairs and the hint per call");
 }
 
-/// The lower half of 1024 IDs is held (a rollout's old pods): after the first claim set the
-/// hint, each newcomer takes an ID of the upper half in at most 2 calls (its own window,
-/// then the hint's), each the lowest free of its window; the IDs are distinct.
+/// The lower half of 1024 IDs is held (a rollout's old pods, or sidecars that claimed the
+/// lowest free ID): every window holds 16 free IDs of the upper half, so each newcomer takes
+/// one in one call, the lowest free of its window (IDs of one window differ by 32); the IDs
+/// are distinct.
 #[tokio::test(flavor = "current_thread")]
 async fn the_hint_leads_past_a_taken_lower_half() {
     let redis = RedisServer::start();
@@ -114,15 +114,14 @@ async fn the_hint_leads_past_a_taken_lower_half() {
             panic!("{reply:?}")
         };
         assert!(id >= 512, "{reply:?}");
-        let window = id / 64 * 64;
         assert!(
-            (window..id).all(|lower| taken.contains(&lower)),
+            (512 + id % 32..id)
+                .step_by(32)
+                .all(|lower| taken.contains(&lower)),
             "{id}: the lowest free of its window ({taken:?})"
         );
         assert!(taken.insert(id), "{id} twice");
-        if n > 0 {
-            assert!(reply.calls <= 2, "claim {n}: {reply:?}");
-        }
+        assert_eq!(reply.calls, 1, "claim {n}: {reply:?}");
     }
 }
 

@@ -1,17 +1,17 @@
 //! [`Claimer`]: the claims of one keeper over its ID range (docs/worker.md,
 //! "Claim" and "Claim windows"). Key names and script calls are built once
-//! per keeper, not per claim. A range of at most 64 IDs is one window: the
-//! lowest free ID, as ever. A larger one goes a window of 64 IDs per call,
+//! per keeper, not per claim. A range of at most 32 IDs is one window: the
+//! lowest free ID, as ever. A larger one goes a window of at most 32
+//! interleaved IDs per call (window `w` of `n`: IDs `w, w + n, ...`),
 //! starting at a window picked by the owner string, then where the claim
 //! hint points, then on in order, until an ID is taken or every window was
 //! looked at.
 
-use std::ops::Range;
 use std::time::Duration;
 
 use redis::Cmd;
 
-use super::windows::{WINDOW, Walk, start_window, windows};
+use super::windows::{Walk, Window, start_window, window_of, windows};
 use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_claim};
 use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;
@@ -23,12 +23,12 @@ pub struct Claimer {
     keys: LeaseKeys,
     /// The lease key of each ID, in ID order.
     ids: Vec<String>,
-    windows: Vec<Range<usize>>,
+    windows: Vec<Window>,
     /// One server: each window's `EVALSHA`, built for `built_for`.
     cmds: Vec<Cmd>,
     built_for: Option<(String, Duration)>,
     /// Cluster: each ID's guard, and each window's keys to read (its lease
-    /// keys, then the hint over 64 IDs), built at the first Cluster claim.
+    /// keys, then the hint over 32 IDs), built at the first Cluster claim.
     guards: Vec<String>,
     reads: Vec<Vec<String>>,
     /// The window of the last call whose reply never came: our key may be
@@ -52,7 +52,7 @@ impl Claimer {
     }
 
     /// Adopts a key of the range that holds our owner string, else claims a
-    /// free ID: the lowest free one of a range of at most 64 IDs; of a
+    /// free ID: the lowest free one of a range of at most 32 IDs; of a
     /// larger range the lowest free one of the first window with one (see
     /// the module docs). One server: one `claim.lua` call per window, all
     /// behind the app's guard (a closed guard pauses the whole claim).
@@ -93,12 +93,13 @@ impl Claimer {
             .windows
             .iter()
             .map(|window| {
-                let mut keys: Vec<&str> = self.ids[window.clone()]
-                    .iter()
-                    .flat_map(|id| [id.as_str(), guard.as_str()])
+                let mut keys: Vec<&str> = window
+                    .ids()
+                    .flat_map(|id| [self.ids[id].as_str(), guard.as_str()])
                     .collect();
                 // One window: the seed's call, no hint.
-                let first = windowed.then(|| u16::try_from(window.start).expect("ID"));
+                let id = |n: usize| u16::try_from(n).expect("at most 1024 IDs");
+                let first = windowed.then(|| (id(window.first), id(window.step)));
                 if windowed {
                     keys.push(&hint);
                 }
@@ -124,13 +125,13 @@ impl Claimer {
             self.resume = Some(window);
             let (reply, hint) = run_claim(conn, &self.cmds[window]).await?;
             calls += 1;
-            let first = self.windows[window].start;
-            wrong_type.extend(reply.wrong_type.iter().map(|i| first + i));
+            let ids = &self.windows[window];
+            wrong_type.extend(reply.wrong_type.iter().map(|i| ids.id(*i)));
             let outcome = match reply.outcome {
-                ClaimOutcome::Claimed(i) => ClaimOutcome::Claimed(first + i),
-                ClaimOutcome::Adopted(i) => ClaimOutcome::Adopted(first + i),
+                ClaimOutcome::Claimed(i) => ClaimOutcome::Claimed(ids.id(i)),
+                ClaimOutcome::Adopted(i) => ClaimOutcome::Adopted(ids.id(i)),
                 ClaimOutcome::AllHeld => {
-                    let hinted = hint.map(|id| usize::from(id) / WINDOW);
+                    let hinted = hint.and_then(|id| self.window_of(id));
                     if walk.advance(hinted).is_some() {
                         continue;
                     }
@@ -152,7 +153,7 @@ impl Claimer {
     /// Cluster: per window a read, then a call per free ID, until one is
     /// taken; paused windows do not stop the walk (other shards may have
     /// kept their data). The read is only a hint: each call decides on its
-    /// own slot. Over 64 IDs the read takes the claim hint along (its own
+    /// own slot. Over 32 IDs the read takes the claim hint along (its own
     /// slot: no script can set it with a lease key, so the claimer sets it
     /// after a claim, without waiting for the reply).
     async fn claim_slots(
@@ -169,7 +170,13 @@ impl Claimer {
             self.reads = self
                 .windows
                 .iter()
-                .map(|w| self.ids[w.clone()].iter().chain(&hint).cloned().collect())
+                .map(|w| {
+                    w.ids()
+                        .map(|id| &self.ids[id])
+                        .chain(&hint)
+                        .cloned()
+                        .collect()
+                })
                 .collect();
         }
         let mut found = Found::default();
@@ -186,12 +193,19 @@ impl Claimer {
                 }
                 return Ok(reply);
             }
-            let hinted = found.hint.map(|id| usize::from(id) / WINDOW);
+            let hinted = found.hint.and_then(|id| self.window_of(id));
             if walk.advance(hinted).is_none() {
                 self.resume = None;
                 return Ok(found.into_reply());
             }
         }
+    }
+
+    /// The window that holds a hint's `id`; None outside the range (a
+    /// sidecar of the app with a larger `--max-worker-id` set it).
+    fn window_of(&self, id: u16) -> Option<usize> {
+        let id = usize::from(id);
+        (id < self.ids.len()).then(|| window_of(id, self.windows.len()))
     }
 
     /// Cluster: the hint names `id` for a TTL, sent on a clone of the
@@ -212,12 +226,12 @@ impl Claimer {
         index: usize,
         found: &mut Found,
     ) -> redis::RedisResult<Option<ClaimReply>> {
-        let window = self.windows[index].clone();
+        let window = &self.windows[index];
         // One single-key MGET per ID (nil for a key of another type too), one
         // pipeline per node, all at once (a multi-slot MGET, split by redis-rs,
         // failed with a result-count mismatch during a failover).
         let mut values = conn.read_each(&self.reads[index]).await?;
-        if values.len() > window.len() {
+        if values.len() > window.len {
             found.hint = values.pop().flatten().and_then(|v| v.parse().ok());
         }
         found.calls += 1;
@@ -229,7 +243,7 @@ impl Claimer {
             Some(index) => vec![index],
             None => (0..values.len()).filter(|i| values[*i].is_none()).collect(),
         };
-        for index in candidates.into_iter().map(|i| window.start + i) {
+        for index in candidates.into_iter().map(|i| window.id(i)) {
             let pair = [&self.ids[index], &self.guards[index]];
             let cmd = claim_cmd(&pair, owner, ttl, None);
             let (reply, _) = run_claim(conn, &cmd).await?;

@@ -1,23 +1,57 @@
 //! Claim windows (docs/worker.md, "Claim windows"): a range of more than
-//! [`WINDOW`] IDs is claimed one window of at most 64 IDs per script call,
-//! so no call holds Redis for long; where a claim starts and where it looks
-//! next. Pure functions; the calls are in `claimer.rs`.
+//! [`WINDOW`] IDs is claimed one window of at most 32 IDs per script call,
+//! so no call holds Redis longer than the default range's claim does; which IDs a window holds, where a
+//! claim starts and where it looks next. Pure functions; the calls are in
+//! `claimer.rs`.
 
-use std::ops::Range;
+/// Most IDs per window, the default range's size: one `claim.lua` call
+/// over 32 pairs costs Redis about 40-70 us, over 64 pairs 70-120 us, over
+/// 1024 pairs 700 us (docs/worker.md, "Claim windows").
+pub(crate) const WINDOW: usize = 32;
 
-/// IDs per window: one `claim.lua` call over 64 pairs costs Redis about
-/// 45 us (128 keys; 1024 IDs in one call cost 700 us, docs/worker.md).
-pub(crate) const WINDOW: usize = 64;
+/// The worker IDs of one window: `first`, `first + step`, ... (`len` IDs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) first: usize,
+    pub(crate) step: usize,
+    pub(crate) len: usize,
+}
 
-/// The windows of IDs `0..=max_worker_id`: `[0, 64)`, `[64, 128)`, ...,
-/// the last one shorter when the range is no multiple of 64. A range of at
-/// most 64 IDs is one window.
-pub(crate) fn windows(max_worker_id: u16) -> Vec<Range<usize>> {
+impl Window {
+    /// The worker ID of the window's `index`-th pair.
+    pub(crate) fn id(&self, index: usize) -> usize {
+        self.first + index * self.step
+    }
+
+    /// The window's worker IDs, in ID order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len).map(|index| self.id(index))
+    }
+}
+
+/// The windows of IDs `0..=max_worker_id`: a range of at most 32 IDs is
+/// one window (`0, 1, 2, ...`); a larger one is split into `n = ceil(IDs /
+/// 32)` windows that interleave: window `w` holds the IDs `w, w + n, w +
+/// 2n, ...` (1024 IDs: 32 windows of 32, window 3 = 3, 35, 67, ...). Each
+/// window samples the whole range, so a range filled from its low end (the
+/// lowest free ID first, as the seed's rule and older sidecars claim)
+/// leaves free IDs in every window until the whole range is nearly full,
+/// and claims in any window take low IDs first.
+pub(crate) fn windows(max_worker_id: u16) -> Vec<Window> {
     let count = usize::from(max_worker_id) + 1;
-    (0..count)
-        .step_by(WINDOW)
-        .map(|first| first..(first + WINDOW).min(count))
+    let n = count.div_ceil(WINDOW);
+    (0..n)
+        .map(|first| Window {
+            first,
+            step: n,
+            len: (count - first).div_ceil(n),
+        })
         .collect()
+}
+
+/// The window that holds worker ID `id` among `count` windows.
+pub(crate) fn window_of(id: usize, count: usize) -> usize {
+    id % count.max(1)
 }
 
 /// The window a claim by `owner` starts in: spread over the windows by a
@@ -78,16 +112,40 @@ impl Walk {
 mod tests {
     use super::*;
 
+    fn ids(window: &Window) -> Vec<usize> {
+        window.ids().collect()
+    }
+
     #[test]
-    fn ranges_split_into_windows_of_64() {
-        assert_eq!(windows(31), vec![0..32]);
-        assert_eq!(windows(63), vec![0..64]);
-        assert_eq!(windows(64), vec![0..64, 64..65]);
-        assert_eq!(windows(99), vec![0..64, 64..100]);
+    fn ranges_split_into_interleaved_windows_of_at_most_32() {
+        let one = windows(31);
+        assert_eq!(one.len(), 1);
+        assert_eq!(ids(&one[0]), (0..32).collect::<Vec<_>>());
+        assert_eq!(ids(&windows(0)[0]), vec![0]);
+        let two = windows(32);
+        assert_eq!(ids(&two[0]), (0..33).step_by(2).collect::<Vec<_>>());
+        assert_eq!(ids(&two[1]), (1..33).step_by(2).collect::<Vec<_>>());
+        let uneven = windows(99);
+        assert_eq!(uneven.len(), 4);
+        assert_eq!(uneven.iter().map(|w| w.len).collect::<Vec<_>>(), [25; 4]);
         let all = windows(1023);
-        assert_eq!(all.len(), 16);
-        assert!(all.iter().all(|w| w.len() == WINDOW));
-        assert_eq!(all[15], 960..1024);
+        assert_eq!(all.len(), 32);
+        assert!(all.iter().all(|w| w.len == WINDOW));
+        assert_eq!(ids(&all[31])[..3], [31, 63, 95]);
+        assert_eq!(all[31].id(31), 1023);
+        // Every ID in exactly one window, and window_of finds it.
+        for max in [32u16, 63, 64, 99, 200, 1000, 1023] {
+            let ws = windows(max);
+            let mut seen = vec![0; usize::from(max) + 1];
+            for (w, window) in ws.iter().enumerate() {
+                assert!(window.len <= WINDOW, "{max}: {window:?}");
+                for id in window.ids() {
+                    seen[id] += 1;
+                    assert_eq!(window_of(id, ws.len()), w);
+                }
+            }
+            assert!(seen.iter().all(|n| *n == 1), "{max}");
+        }
     }
 
     /// Starts spread over the windows, the same for the same owner string.
