@@ -27,6 +27,8 @@ const PREFIX: &str = "snowflake:worker:";
 const TTL: Duration = Duration::from_secs(120);
 const HELD: &str = "10.9.9.9#beef";
 const CLAIM_LUA: &str = include_str!("../src/worker_id/claim.lua");
+/// Most IDs per claim window (src/worker_id/claim/windows.rs, crate-private).
+const WINDOW: usize = 32;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -143,13 +145,13 @@ fn script_call(keys: &LeaseKeys, ids: usize, id: usize, keyspace: Keyspace) -> V
         }
         Keyspace::Whole => {
             // Window w of n holds IDs w, w + n, ... (docs/worker.md, "Claim windows").
-            let n = ids.div_ceil(32);
+            let n = ids.div_ceil(WINDOW);
             let first = id % n;
             for i in (first..ids).step_by(n) {
                 k.push(key(i));
                 k.push(guard.clone());
             }
-            if ids > 32 {
+            if ids > WINDOW {
                 k.push(format!("{PREFIX}bench{ids}:hint"));
                 extra.push(first.to_string());
                 extra.push(n.to_string());

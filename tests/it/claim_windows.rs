@@ -125,6 +125,28 @@ async fn the_hint_leads_past_a_taken_lower_half() {
     }
 }
 
+/// On an empty range of 1024 IDs, 16 claims in turn each take the lowest free ID of the
+/// window they start in: the window's own number (0-31) in a window not used yet, then 32
+/// above the last ID taken there. So a fleet's IDs gather at the low end of the range.
+#[tokio::test(flavor = "current_thread")]
+async fn claims_on_an_empty_range_take_the_low_end_of_their_windows() {
+    let redis = RedisServer::start();
+    let mut c = conn(&redis.url());
+    let keys = LeaseKeys::new(PREFIX, "fleet");
+    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}fleet:guard")).arg(0));
+    let mut used = [0usize; 32];
+    for n in 0..16 {
+        let (_, reply) = claim(&mut c, &keys).await;
+        let ClaimOutcome::Claimed(id) = reply.outcome else {
+            panic!("{reply:?}")
+        };
+        let window = id % 32;
+        assert_eq!(id, window + 32 * used[window], "claim {n}: {used:?}");
+        assert_eq!(reply.calls, 1, "claim {n}: {reply:?}");
+        used[window] += 1;
+    }
+}
+
 /// A sidecar over 1024 IDs, all held: it stays unready and exits 3 at `--claim-timeout`,
 /// saying how many IDs exist and who holds them.
 #[test]
