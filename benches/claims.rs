@@ -22,6 +22,8 @@ mod it {
 use it::harness::{ClusterTopology, RedisServer};
 
 const TRIALS: usize = 300;
+/// Rounds of redis-benchmark, then TRIALS / ROUNDS claims, per row.
+const ROUNDS: usize = 5;
 const OWNERS: usize = 16;
 const PREFIX: &str = "snowflake:worker:";
 const TTL: Duration = Duration::from_secs(120);
@@ -108,13 +110,46 @@ impl Stats {
             })
             .sum()
     }
+
+    /// The counters now, summed over the nodes.
+    fn snapshot(&self) -> Counters {
+        let (eval_us, eval_calls) = self.command("evalsha");
+        let (mget_us, _) = self.command("mget");
+        Counters {
+            eval_us,
+            eval_calls,
+            mget_us,
+            slow: self.slow(),
+        }
+    }
 }
 
-/// `redis-benchmark -c 1` of `args` against `port`: its p50 latency.
+/// Redis' counters a row reads: `evalsha` and `mget` usec, `evalsha` calls, slow-log
+/// entries.
+#[derive(Clone, Copy, Default)]
+struct Counters {
+    eval_us: u64,
+    eval_calls: u64,
+    mget_us: u64,
+    slow: u64,
+}
+
+impl Counters {
+    /// Adds what happened between `from` and `to`.
+    fn add(&mut self, from: Counters, to: Counters) {
+        self.eval_us += to.eval_us - from.eval_us;
+        self.eval_calls += to.eval_calls - from.eval_calls;
+        self.mget_us += to.mget_us - from.mget_us;
+        self.slow += to.slow - from.slow;
+    }
+}
+
+/// `redis-benchmark -c 1` of `args` against `port`: its p50 latency. `-r` makes each
+/// `__rand_int__` in `args` a fresh 12-digit number per call (redis-benchmark's docs).
 fn benchmark_p50(port: u16, args: &[String]) -> Duration {
     let output = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", "1", "-n", "2000", "--csv"])
+        .args(["-c", "1", "-n", "400", "-r", "2000000000", "--csv"])
         .args(args)
         .stderr(Stdio::null())
         .output()
@@ -130,25 +165,37 @@ fn benchmark_p50(port: u16, args: &[String]) -> Duration {
     Duration::from_secs_f64(p50_ms / 1000.0)
 }
 
-/// The `EVALSHA` a claim sends for the window of `id` (one server) or the pair of `id`
-/// (Cluster), with a fixed owner string, as redis-benchmark's arguments.
-fn script_call(keys: &LeaseKeys, ids: usize, id: usize, keyspace: Keyspace) -> Vec<String> {
+/// The `EVALSHA` a claim sends when it takes `free`, the lowest free ID of the range:
+/// its window (one server) or its (lease key, guard) pair (Cluster), as redis-benchmark's
+/// arguments, and a key of the node it must go to. So that every call of the benchmark
+/// takes a key, as the claim does (a fixed key would be adopted from the second call on,
+/// a cheaper path), the key taken gets a fresh name per call: on one server the key of
+/// `free`, on Cluster a key and guard under one hash tag (a pair's keys share a slot).
+fn script_call(
+    keys: &LeaseKeys,
+    ids: usize,
+    free: usize,
+    keyspace: Keyspace,
+) -> (Vec<String>, String) {
     let sha = redis::Script::new(CLAIM_LUA).get_hash().to_owned();
     let mut call = vec!["EVALSHA".to_owned(), sha];
     let (mut k, mut extra) = (Vec::new(), Vec::new());
     let key = |id: usize| keys.id(u16::try_from(id).unwrap());
+    let fresh = |name: String| format!("{name}:__rand_int__");
     let guard = format!("{PREFIX}bench{ids}:guard");
-    match keyspace {
+    let routed_by = match keyspace {
         Keyspace::Slots => {
-            k.push(key(id));
-            k.push(format!("{PREFIX}bench{ids}:guard:{{{}}}", key(id)));
+            let tag = format!("{{{}}}", key(free));
+            k.push(fresh(format!("{PREFIX}bench{ids}:{tag}")));
+            k.push(format!("{PREFIX}bench{ids}:guard:{tag}"));
+            tag
         }
         Keyspace::Whole => {
             // Window w of n holds IDs w, w + n, ... (docs/worker.md, "Claim windows").
             let n = ids.div_ceil(WINDOW);
-            let first = id % n;
+            let first = free % n;
             for i in (first..ids).step_by(n) {
-                k.push(key(i));
+                k.push(if i == free { fresh(key(i)) } else { key(i) });
                 k.push(guard.clone());
             }
             if ids > WINDOW {
@@ -156,20 +203,37 @@ fn script_call(keys: &LeaseKeys, ids: usize, id: usize, keyspace: Keyspace) -> V
                 extra.push(first.to_string());
                 extra.push(n.to_string());
             }
+            key(free)
         }
-    }
+    };
     call.push(k.len().to_string());
     call.extend(k);
     call.push("10.8.8.8#bench".into());
     call.push(TTL.as_millis().to_string());
     call.extend(extra);
-    call
+    (call, routed_by)
 }
 
 async fn ping(conn: &mut MultiplexedConnection) -> Duration {
     let start = Instant::now();
     let _: String = redis::cmd("PING").query_async(conn).await.unwrap();
     start.elapsed()
+}
+
+/// A PING to each of `conns` at once: the round trip of a read that fans out to every
+/// node (a Cluster claim's first step), with the nodes sharing this machine's cores.
+async fn ping_all(conns: &mut [MultiplexedConnection]) -> Duration {
+    let start = Instant::now();
+    futures_util::future::join_all(conns.iter_mut().map(ping)).await;
+    start.elapsed()
+}
+
+async fn connect(port: u16) -> MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
 }
 
 async fn set_all(conn: &mut Redis, keys: impl Iterator<Item = String>, value: &str) {
@@ -182,8 +246,25 @@ async fn set_all(conn: &mut Redis, keys: impl Iterator<Item = String>, value: &s
     }
 }
 
-async fn del(conn: &mut Redis, key: &str) {
-    let _: () = redis::cmd("DEL").arg(key).query_async(conn).await.unwrap();
+/// One claim by `claimer`, timed, and the key it took deleted again: (latency, calls).
+async fn claim_and_free(
+    conn: &mut Redis,
+    keys: &LeaseKeys,
+    claimer: &mut Claimer,
+    owner: &Owner,
+) -> (Duration, u32) {
+    let start = Instant::now();
+    let reply = claimer.claim(conn, owner, TTL).await.unwrap();
+    let took = start.elapsed();
+    let ClaimOutcome::Claimed(id) = reply.outcome else {
+        panic!("{reply:?}")
+    };
+    let _: () = redis::cmd("DEL")
+        .arg(keys.id(id as u16))
+        .query_async(conn)
+        .await
+        .unwrap();
+    (took, reply.calls)
 }
 
 /// One row's measurements.
@@ -191,6 +272,8 @@ struct Row {
     ids: usize,
     taken: &'static str,
     ping: Duration,
+    /// A PING to every node at once.
+    ping_all: Duration,
     claim: Duration,
     calls: f64,
     /// Redis' own time per claim (script calls and reads), and per script call.
@@ -198,6 +281,8 @@ struct Row {
     redis_per_call: f64,
     slow: u64,
     benchmark: Duration,
+    /// The median over rounds of (claim median / redis-benchmark p50) in one round.
+    to_rb: f64,
 }
 
 /// The node holding most of `keys` (the one a claim waits on longest).
@@ -230,11 +315,11 @@ async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) ->
         let names = LeaseKeys::new(PREFIX, &format!("bench{ids}"));
         let range_keys: Vec<String> = (0..=max).map(|id| names.id(id)).collect();
         let ping_port = busiest(&range_keys, node_of);
-        let mut pinger = redis::Client::open(format!("redis://127.0.0.1:{ping_port}"))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut pinger = connect(ping_port).await;
+        let mut all = Vec::new();
+        for port in &stats.ports {
+            all.push(connect(*port).await);
+        }
         for (taken, held) in [
             ("none", 0..0),
             ("half", 0..ids / 2),
@@ -252,45 +337,57 @@ async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) ->
             set_all(&mut conn, keys.guards(max, keyspace).into_iter(), "0").await;
             set_all(&mut conn, held.clone().map(|id| keys.id(id as u16)), HELD).await;
             let first_free = held.end;
-            let call = script_call(&keys, ids, first_free, keyspace);
-            let benchmark = benchmark_p50(node_of(&keys.id(first_free as u16)), &call);
-            del(&mut conn, &keys.id(first_free as u16)).await;
-
+            let (call, routed_by) = script_call(&keys, ids, first_free, keyspace);
+            if keyspace == Keyspace::Slots {
+                set_all(&mut conn, [call[4].clone()].into_iter(), "0").await;
+            }
             let mut owners: Vec<(Owner, Claimer)> = (0..OWNERS)
                 .map(|_| (Owner::generate("bench"), Claimer::new(&keys, max)))
                 .collect();
-            let (mut pings, mut claims, mut calls) = (Vec::new(), Vec::new(), 0u64);
-            for trial in 0..TRIALS + 2 * OWNERS {
-                if trial == 2 * OWNERS {
-                    stats.reset();
-                }
+            // Warm up every owner's claimer, then rounds of redis-benchmark and claims in
+            // turn: this VM's round trip drifts within seconds, so each round's claims are
+            // set against its own redis-benchmark p50, and Redis' counters count only the
+            // claims.
+            for trial in 0..2 * OWNERS {
                 let (owner, claimer) = &mut owners[trial % OWNERS];
-                let sample = ping(&mut pinger).await;
-                let start = Instant::now();
-                let reply = claimer.claim(&mut conn, owner, TTL).await.unwrap();
-                let took = start.elapsed();
-                let ClaimOutcome::Claimed(id) = reply.outcome else {
-                    panic!("{ids} IDs, {taken}: {reply:?}")
-                };
-                del(&mut conn, &keys.id(id as u16)).await;
-                if trial >= 2 * OWNERS {
-                    pings.push(sample);
-                    claims.push(took);
-                    calls += u64::from(reply.calls);
-                }
+                claim_and_free(&mut conn, &keys, claimer, owner).await;
             }
-            let (eval_us, eval_calls) = stats.command("evalsha");
-            let (mget_us, _) = stats.command("mget");
+            stats.reset();
+            let (mut pings, mut pings_all) = (Vec::new(), Vec::new());
+            let (mut claims, mut calls) = (Vec::new(), 0u64);
+            let (mut benchmarks, mut to_rb, mut counted) =
+                (Vec::new(), Vec::new(), Counters::default());
+            for round in 0..ROUNDS {
+                let benchmark = benchmark_p50(node_of(&routed_by), &call);
+                let before = stats.snapshot();
+                let mut round_claims = Vec::new();
+                for trial in 0..TRIALS / ROUNDS {
+                    let (owner, claimer) = &mut owners[(round * TRIALS / ROUNDS + trial) % OWNERS];
+                    pings.push(ping(&mut pinger).await);
+                    pings_all.push(ping_all(&mut all).await);
+                    let (took, reply_calls) =
+                        claim_and_free(&mut conn, &keys, claimer, owner).await;
+                    round_claims.push(took);
+                    calls += u64::from(reply_calls);
+                }
+                counted.add(before, stats.snapshot());
+                to_rb.push(median(round_claims.clone()).as_secs_f64() / benchmark.as_secs_f64());
+                claims.extend(round_claims);
+                benchmarks.push(benchmark);
+            }
+            to_rb.sort_by(f64::total_cmp);
             rows.push(Row {
                 ids,
                 taken,
                 ping: median(pings),
+                ping_all: median(pings_all),
                 claim: median(claims),
                 calls: calls as f64 / TRIALS as f64,
-                redis_per_claim: (eval_us + mget_us) as f64 / TRIALS as f64,
-                redis_per_call: eval_us as f64 / eval_calls.max(1) as f64,
-                slow: stats.slow(),
-                benchmark,
+                redis_per_claim: (counted.eval_us + counted.mget_us) as f64 / TRIALS as f64,
+                redis_per_call: counted.eval_us as f64 / counted.eval_calls.max(1) as f64,
+                slow: counted.slow,
+                benchmark: median(benchmarks),
+                to_rb: to_rb[ROUNDS / 2],
             });
         }
     }
@@ -303,29 +400,40 @@ fn secs(n: u64) -> Duration {
 
 fn print(name: &str, rows: &[Row]) {
     println!(
-        "{:<28} {:>8} {:>6} {:>6} {:>9} {:>9} {:>6} {:>8} {:>7}",
-        name, "claim", "/PING", "calls", "redis/cl", "redis/call", ">100us", "rb p50", "/rb"
+        "{:<28} {:>8} {:>6} {:>8} {:>8} {:>6} {:>6} {:>9} {:>9} {:>6} {:>8} {:>7}",
+        name,
+        "claim",
+        "/PING",
+        "PING",
+        "PING all",
+        "/floor",
+        "calls",
+        "redis/cl",
+        "redis/call",
+        ">100us",
+        "rb p50",
+        "/rb"
     );
     for r in rows {
+        // A claim of n calls waits at least one read to every node at once, then n - 1
+        // round trips to one node (one server: n round trips).
+        let floor = r.ping_all.as_secs_f64() + (r.calls - 1.0) * r.ping.as_secs_f64();
         println!(
-            "{:<28} {:>6.1}us {:>5.2}x {:>6.2} {:>7.1}us {:>8.1}us {:>6} {:>6.1}us {:>6.2}x",
+            "{:<28} {:>6.1}us {:>5.2}x {:>6.1}us {:>6.1}us {:>5.2}x {:>6.2} {:>7.1}us {:>8.1}us {:>6} {:>6.1}us {:>6.2}x",
             format!("{} IDs, {} taken", r.ids, r.taken),
             us(r.claim),
             r.claim.as_secs_f64() / r.ping.as_secs_f64(),
+            us(r.ping),
+            us(r.ping_all),
+            r.claim.as_secs_f64() / floor,
             r.calls,
             r.redis_per_claim,
             r.redis_per_call,
             r.slow,
             us(r.benchmark),
-            r.claim.as_secs_f64() / r.benchmark.as_secs_f64(),
+            r.to_rb,
         );
     }
-    let pings: Vec<Duration> = rows.iter().map(|r| r.ping).collect();
-    println!(
-        "  PING medians per row: {:.1}-{:.1}us",
-        us(*pings.iter().min().unwrap()),
-        us(*pings.iter().max().unwrap())
-    );
 }
 
 fn main() {
@@ -337,7 +445,7 @@ fn main() {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "snowlease claim benchmark ({cpus} CPUs, load {}; medians of {TRIALS} claims; redis/cl: Redis' own usec per claim, evalsha + mget; redis/call: per evalsha; >100us: SLOWLOG entries; rb p50: redis-benchmark -c 1 of the row's script call)",
+        "snowlease claim benchmark ({cpus} CPUs, load {}; medians of {TRIALS} claims; redis/cl: Redis' own usec per claim, evalsha + mget; redis/call: per evalsha; >100us: SLOWLOG entries; PING all: a PING to every node at once; /floor: claim / (PING all + (calls - 1) x PING); rb p50: redis-benchmark -c 1 of the row's script call, taking a key each call)",
         load.split(' ').take(3).collect::<Vec<_>>().join(" ")
     );
     let redis = RedisServer::start();
@@ -346,6 +454,17 @@ fn main() {
     let rb_ping = benchmark_p50(redis.port(), &["PING".to_owned()]);
     print("one server", &standalone);
     println!("  redis-benchmark PING p50: {:.1}us", us(rb_ping));
+    let stats = Stats { ports: vec![port] };
+    let noop = ["EVAL", "return 1", "0"].map(String::from);
+    stats.reset();
+    for _ in 0..ROUNDS {
+        benchmark_p50(port, &noop);
+    }
+    println!(
+        "  control: {} of {} EVAL \"return 1\" 0 calls over 100us (SLOWLOG): the machine's own tail",
+        stats.slow(),
+        ROUNDS * 400
+    );
     let topo = ClusterTopology::start_primaries_only();
     let ports: Vec<u16> = topo.primaries().iter().map(|p| p.port).collect();
     let node_of = |key: &str| topo.owner_of_key(key).port;
