@@ -1,10 +1,13 @@
 //! `cargo bench --bench claims`: claims over 32, 256 and 1024 IDs with none, the lower half,
 //! and all but the last ID taken, on one server and on a 3-primary Cluster, through the
 //! `Claimer` a keeper keeps (16 owners, so starts spread over the windows as sidecars' do).
-//! Beside each row: calls per claim, Redis' own time per claim and per script call (`INFO
-//! commandstats`), calls over 100 us (`SLOWLOG`, threshold 100 us), a PING round trip
-//! sampled in turn with the claims, and `redis-benchmark -c 1`'s p50 of the row's script
-//! call in the same run (docs/worker.md, "Benchmarks").
+//! Each row is 5 rounds of `redis-benchmark -c 1` of the row's script call (taking a fresh
+//! key each call, as a claim does) and 60 claims. Beside each row: calls per claim, Redis'
+//! own time per claim and per script call (`INFO commandstats`), calls over 100 us
+//! (`SLOWLOG`, threshold 100 us), a PING to one node and a PING to every node at once
+//! sampled before each claim, the claim over its round-trip floor, and the claim over the
+//! round's redis-benchmark p50; then a no-op `EVAL`'s slow-log count as the machine's
+//! control (docs/worker.md, "Benchmarks").
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
