@@ -77,6 +77,30 @@ pub(crate) fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
     }
 }
 
+/// The clap value parser of a whole-number flag whose range is `min..=max`:
+/// text that is no whole number, or a number the flag's type cannot hold
+/// (negative, or too large), is refused with the range (`-1 is outside
+/// 0-1023`), where clap's own parser named its type's range (`0..=4294967295`)
+/// or none. A number the type holds is left to stage two, which checks the
+/// range with the flag's own message. Give the flag `allow_negative_numbers`
+/// too, so that `--flag -1` reaches the parser instead of reading as a flag.
+pub(crate) fn whole<T>(min: u64, max: u64) -> impl Fn(&str) -> Result<T, String> + Clone
+where
+    T: TryFrom<u64>,
+{
+    move |text: &str| {
+        let text = text.trim();
+        let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("not a whole number; allowed: {min}-{max}"));
+        }
+        text.parse::<u64>()
+            .ok()
+            .and_then(|n| T::try_from(n).ok())
+            .ok_or_else(|| format!("{text} is outside {min}-{max}"))
+    }
+}
+
 /// Checks `min <= value <= max`; the error names `flag` and the range, in
 /// the docs' form (`25h is outside 1s-24h`).
 pub fn check_range(
@@ -293,6 +317,21 @@ pub fn env_source(root: &clap::Command, matches: &clap::ArgMatches, flag: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Numbers the type holds pass (range left to stage two); anything else
+    /// names the range.
+    #[test]
+    fn whole_numbers_pass_and_the_rest_names_the_range() {
+        let parse = whole::<u16>(0, 1023);
+        assert_eq!(parse("7"), Ok(7));
+        assert_eq!(parse("+7"), Ok(7));
+        assert_eq!(parse("2000"), Ok(2000));
+        assert_eq!(parse("65536"), Err("65536 is outside 0-1023".to_owned()));
+        assert_eq!(parse("-0"), Err("-0 is outside 0-1023".to_owned()));
+        for bad in ["", "-", "1.5", "1e3", "0x10", "seven"] {
+            assert_eq!(parse(bad), Err("not a whole number; allowed: 0-1023".to_owned()));
+        }
+    }
 
     #[test]
     fn durations_accept_ms_s_m() {

@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use super::limits::{self, CLI_WAIT_MS, PENALTY_MS, Range};
+use super::limits::{self, BURST, CLI_WAIT_MS, COST, PENALTY_MS, Range};
 use super::{Budget, BudgetError, BudgetKey, Rate, Taken, checked_cost, checked_keys};
-use crate::cli::{ConfigError, LogFormat, RedisArgs, check_range, parse_duration};
+use crate::cli::{ConfigError, LogFormat, RedisArgs, check_range, parse_duration, whole};
 use crate::connection::RedisTarget;
 
 /// Flags of `snowlease budget`.
@@ -51,7 +51,8 @@ pub struct BudgetTarget {
     pub rates: Vec<Rate>,
 
     /// Units a full budget allows at once (1-1000000); once for every key, or once per --key in order.
-    #[arg(long = "burst", required = true)]
+    #[arg(long = "burst", required = true,
+        value_parser = whole::<u64>(BURST.min, BURST.max), allow_negative_numbers = true)]
     pub bursts: Vec<u64>,
 
     /// Where Redis is.
@@ -67,7 +68,8 @@ pub struct TakeArgs {
     pub target: BudgetTarget,
 
     /// Units to charge every key (1 to the smallest burst).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1,
+        value_parser = whole::<u64>(COST.min, COST.max), allow_negative_numbers = true)]
     pub cost: u64,
 
     /// Retry a denial for this long (0s-24h), sleeping by retry_after_ms; then exit 6.
@@ -311,11 +313,13 @@ pub struct ChargeArgs {
     pub budget_rates: Vec<Rate>,
 
     /// The burst of --budget (1-1000000); once for every key, or once per --budget-key.
-    #[arg(long = "budget-burst", requires = "budget")]
+    #[arg(long = "budget-burst", requires = "budget",
+        value_parser = whole::<u64>(BURST.min, BURST.max), allow_negative_numbers = true)]
     pub budget_bursts: Vec<u64>,
 
     /// Units charged to every --budget-key (1 to the smallest burst).
-    #[arg(long, default_value_t = 1, requires = "budget")]
+    #[arg(long, default_value_t = 1, requires = "budget",
+        value_parser = whole::<u64>(COST.min, COST.max), allow_negative_numbers = true)]
     pub budget_cost: u64,
 }
 

@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::{ConfigError, check_range, parse_duration};
+use crate::cli::{ConfigError, check_range, parse_duration, whole};
 
 /// `--max-connections` and `--http-header-timeout`, shared by every HTTP
 /// listener (the worker sidecar, `pool serve`).
 #[derive(Debug, Clone, Copy, Args)]
 pub struct HttpArgs {
     /// Most HTTP connections open at once (1-65536), also kept 128 below the open-file limit; at the cap a new connection closes the oldest idle one.
-    #[arg(long, env = "SNOWLEASE_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "SNOWLEASE_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
+        value_parser = whole::<u32>(1, MAX_CONNECTIONS_LIMIT.into()), allow_negative_numbers = true)]
     pub max_connections: u32,
 
     /// Longest a connection may go without a complete request header (100ms-10m): from connect, and between keep-alive requests.

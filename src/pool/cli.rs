@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use super::limits::REAP_LIMIT;
-use crate::cli::{LogFormat, RedisArgs, parse_duration};
+use super::limits::{MAX_STRIKES, REAP_LIMIT};
+use crate::cli::{LogFormat, RedisArgs, parse_duration, whole};
 
 /// Flags of `snowlease pool`.
 #[derive(Args)]
@@ -95,7 +95,8 @@ pub(crate) struct IdsArgs {
 #[derive(Args)]
 pub(crate) struct StrikeArgs {
     /// Quarantines within --strike-window that disable an id (1-100); default: strikes off.
-    #[arg(long, requires = "strike_window")]
+    #[arg(long, requires = "strike_window",
+        value_parser = whole::<u64>(MAX_STRIKES.min, MAX_STRIKES.max), allow_negative_numbers = true)]
     pub max_strikes: Option<u64>,
 
     /// The window strikes are counted in (1s-30d); give it with --max-strikes.
@@ -247,7 +248,8 @@ pub(crate) struct ReapArgs {
     pub target: PoolTarget,
 
     /// Most leases reclaimed per Redis call (1-1000).
-    #[arg(long, env = "SNOWLEASE_POOL_REAP_LIMIT", default_value_t = REAP_LIMIT.max as usize)]
+    #[arg(long, env = "SNOWLEASE_POOL_REAP_LIMIT", default_value_t = REAP_LIMIT.max as usize,
+        value_parser = whole::<usize>(REAP_LIMIT.min, REAP_LIMIT.max), allow_negative_numbers = true)]
     pub limit: usize,
 
     /// Reclaimed ids are due again after this cooldown (0s-10m).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::cli::{
-    ConfigError, LogArgs, RedisUrlArg, parse_duration, show_duration, validate_key_prefix,
+    ConfigError, LogArgs, RedisUrlArg, parse_duration, show_duration, validate_key_prefix, whole,
 };
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
@@ -53,7 +53,8 @@ pub struct AppKeysArgs {
     pub key_prefix: String,
 
     /// Highest worker ID handed out (0-1023); IDs run from 0 to this value.
-    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = MAX_WORKER_ID.default)]
+    #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = MAX_WORKER_ID.default,
+        value_parser = whole::<u32>(MAX_WORKER_ID.min.into(), MAX_WORKER_ID.max.into()), allow_negative_numbers = true)]
     pub max_worker_id: u32,
 }
 
@@ -105,7 +106,8 @@ pub struct WorkerArgs {
     pub renew_interval: Duration,
 
     /// Retries of a failed renew round (0-10), with doubling backoff.
-    #[arg(long, env = "SNOWLEASE_RETRIES", default_value_t = RETRIES.default)]
+    #[arg(long, env = "SNOWLEASE_RETRIES", default_value_t = RETRIES.default,
+        value_parser = whole::<u32>(RETRIES.min.into(), RETRIES.max.into()), allow_negative_numbers = true)]
     pub retries: u32,
 
     /// File the worker ID is published to (decimal ID and a newline).
@@ -137,7 +139,8 @@ pub struct WorkerArgs {
     pub handover_delay: Duration,
 
     /// Publish a claimed or renewed ID only once this many replicas acknowledged the write (`WAIT`), 0-16; 0: do not wait. Needs `+wait` in the ACL when >= 1.
-    #[arg(long, env = "SNOWLEASE_MIN_REPLICAS_ACK", default_value_t = MIN_REPLICAS_ACK.default)]
+    #[arg(long, env = "SNOWLEASE_MIN_REPLICAS_ACK", default_value_t = MIN_REPLICAS_ACK.default,
+        value_parser = whole::<u32>(MIN_REPLICAS_ACK.min.into(), MIN_REPLICAS_ACK.max.into()), allow_negative_numbers = true)]
     pub min_replicas_ack: u32,
 
     /// Largest difference between this node's wall clock and Redis' TIME (10ms-60s) at which a newly claimed ID is published.

@@ -286,3 +286,56 @@ fn bad_input_is_named_in_the_docs_words() {
         }
     }
 }
+
+/// Every whole-number flag names itself and its range for any number it cannot take: a
+/// negative one (typed `--flag -1`, which clap read as an unknown flag `-1`), one too large for
+/// its type (clap said "-1 is not in 0..=4294967295" or "number too large to fit in target
+/// type") and no number at all (clap named no range); exit 2 each.
+#[test]
+fn whole_number_flags_name_their_range_for_any_bad_number() {
+    let worker = ["worker", "--app", "a"];
+    let budget = ["--budget", "b", "--budget-key", "k", "--budget-rate", "1/s"];
+    let acquire = [&["pool", "acquire", "--pool", "p"][..], &budget[..]].concat();
+    let take = ["budget", "take", "--name", "b", "--key", "k", "--rate", "1/s"];
+    let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+        (worker.to_vec(), "--max-worker-id", "0-1023"),
+        (vec!["status", "--app", "a"], "--max-worker-id", "0-1023"),
+        (vec!["guard", "open", "--app", "a"], "--max-worker-id", "0-1023"),
+        (worker.to_vec(), "--retries", "0-10"),
+        (worker.to_vec(), "--min-replicas-ack", "0-16"),
+        (worker.to_vec(), "--max-connections", "1-65536"),
+        (vec!["pool", "serve", "--pool", "p"], "--max-connections", "1-65536"),
+        (vec!["pool", "reap", "--pool", "p"], "--limit", "1-1000"),
+        (
+            vec!["pool", "config", "--pool", "p", "--strike-window", "1m"],
+            "--max-strikes",
+            "1-100",
+        ),
+        (take.to_vec(), "--burst", "1-1000000"),
+        (
+            [&take[..], &["--burst", "5"]].concat(),
+            "--cost",
+            "1-1000000",
+        ),
+        (acquire.clone(), "--budget-burst", "1-1000000"),
+        (
+            [&acquire[..], &["--budget-burst", "5"]].concat(),
+            "--budget-cost",
+            "1-1000000",
+        ),
+    ];
+    for (argv, flag, range) in cases {
+        for (value, says) in [
+            ("-1", "-1 is outside"),
+            ("99999999999999999999", "99999999999999999999 is outside"),
+            ("abc", "not a whole number"),
+        ] {
+            let argv = [&argv[..], &[flag, value]].concat();
+            let run = run_snowlease(&argv, &[], secs(10));
+            assert_eq!(run.code, Some(2), "{argv:?}: {run:?}");
+            for text in [flag, range, says] {
+                assert!(run.stderr.contains(text), "{argv:?}: {text:?}: {run:?}");
+            }
+        }
+    }
+}
