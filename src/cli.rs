@@ -329,7 +329,10 @@ mod tests {
         assert_eq!(parse("65536"), Err("65536 is outside 0-1023".to_owned()));
         assert_eq!(parse("-0"), Err("-0 is outside 0-1023".to_owned()));
         for bad in ["", "-", "1.5", "1e3", "0x10", "seven"] {
-            assert_eq!(parse(bad), Err("not a whole number; allowed: 0-1023".to_owned()));
+            assert_eq!(
+                parse(bad),
+                Err("not a whole number; allowed: 0-1023".to_owned())
+            );
         }
     }
 

@@ -1,7 +1,9 @@
 //! `snowlease status`: which worker IDs of an app are held, by which owner
 //! string, for how much longer; keys of the wrong type marked; the free
-//! count; a warning when Redis may evict lease keys. Read-only: TYPE, PTTL
-//! and GET, in two pipelined round trips, then `INFO memory`.
+//! count; a warning when Redis may evict lease keys, and one when keys of
+//! the app exist above `--max-worker-id`. Read-only: TYPE, PTTL and GET, in
+//! two pipelined round trips, a pipeline of TYPE above the range, then
+//! `INFO memory`.
 
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use super::mint::script::MintKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::{Keyspace, Redis, RedisTarget};
 use crate::lease::TOMBSTONE_PREFIX;
+use crate::worker_id::limits::WORKER_ID_LIMIT;
 
 /// Timeout of each Redis round trip of `status`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -370,16 +373,76 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
             config.app, config.redis
         )
     })?;
+    let names = LeaseKeys::new(&config.key_prefix, &config.app);
+    let above = tokio::time::timeout(
+        CALL_TIMEOUT * 2,
+        above_range(&mut conn, &names, config.max_worker_id),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("timed out"))
+    .and_then(|r| r.map_err(anyhow::Error::from))
+    .with_context(|| {
+        format!(
+            "cannot read the keys of {} above --max-worker-id {}",
+            config.app, config.max_worker_id
+        )
+    })?;
     let eviction = Eviction::check(&mut conn).await;
     let text = if config.json {
         let mut json = serde_json::to_value(&report)?;
+        json["above_range"] = serde_json::to_value(&above)?;
         json["eviction"] = serde_json::to_value(&eviction)?;
         serde_json::to_string_pretty(&json)? + "\n"
     } else {
-        eviction.warning().unwrap_or_default() + &render(&report)
+        eviction.warning().unwrap_or_default()
+            + &above_range_warning(&above, config.max_worker_id)
+            + &render(&report)
     };
     crate::cli::stdout_line(text.trim_end_matches('\n'))?;
     Ok(())
+}
+
+/// The IDs above `max_worker_id` (up to 1023) whose lease key exists, of
+/// any type: sidecars of the app started with a larger `--max-worker-id`
+/// hold them, and a report of `0..=max_worker_id` would hide them. One
+/// `TYPE` per ID (what the ACL of `status` allows already) in one pipeline
+/// (on a Cluster each command on its own, all at once).
+///
+/// Errors: the first Redis error.
+async fn above_range(
+    conn: &mut Redis,
+    names: &LeaseKeys,
+    max_worker_id: u16,
+) -> RedisResult<Vec<u16>> {
+    let ids: Vec<u16> = (max_worker_id.saturating_add(1)..=WORKER_ID_LIMIT).collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for id in &ids {
+        pipe.cmd("TYPE").arg(names.id(*id));
+    }
+    let types: Vec<String> = pipe.query_async(conn).await?;
+    Ok(ids
+        .into_iter()
+        .zip(types)
+        .filter_map(|(id, key_type)| (key_type != "none").then_some(id))
+        .collect())
+}
+
+/// The line `status` prints when keys above the range exist; empty when
+/// none do.
+fn above_range_warning(ids: &[u16], max_worker_id: u16) -> String {
+    let (Some(lowest), Some(highest)) = (ids.first(), ids.last()) else {
+        return String::new();
+    };
+    let (count, which) = match ids.len() {
+        1 => ("1 key".to_owned(), format!("ID {lowest}")),
+        n => (format!("{n} keys"), format!("IDs {lowest}-{highest}")),
+    };
+    format!(
+        "warning: {count} above --max-worker-id {max_worker_id} ({which}) not shown: sidecars of the app with a larger --max-worker-id hold them; pass theirs to see them\n"
+    )
 }
 
 /// Whether Redis may evict lease keys, as `status` reports it: read-only,

@@ -296,15 +296,25 @@ fn whole_number_flags_name_their_range_for_any_bad_number() {
     let worker = ["worker", "--app", "a"];
     let budget = ["--budget", "b", "--budget-key", "k", "--budget-rate", "1/s"];
     let acquire = [&["pool", "acquire", "--pool", "p"][..], &budget[..]].concat();
-    let take = ["budget", "take", "--name", "b", "--key", "k", "--rate", "1/s"];
+    let take = [
+        "budget", "take", "--name", "b", "--key", "k", "--rate", "1/s",
+    ];
     let cases: Vec<(Vec<&str>, &str, &str)> = vec![
         (worker.to_vec(), "--max-worker-id", "0-1023"),
         (vec!["status", "--app", "a"], "--max-worker-id", "0-1023"),
-        (vec!["guard", "open", "--app", "a"], "--max-worker-id", "0-1023"),
+        (
+            vec!["guard", "open", "--app", "a"],
+            "--max-worker-id",
+            "0-1023",
+        ),
         (worker.to_vec(), "--retries", "0-10"),
         (worker.to_vec(), "--min-replicas-ack", "0-16"),
         (worker.to_vec(), "--max-connections", "1-65536"),
-        (vec!["pool", "serve", "--pool", "p"], "--max-connections", "1-65536"),
+        (
+            vec!["pool", "serve", "--pool", "p"],
+            "--max-connections",
+            "1-65536",
+        ),
         (vec!["pool", "reap", "--pool", "p"], "--limit", "1-1000"),
         (
             vec!["pool", "config", "--pool", "p", "--strike-window", "1m"],

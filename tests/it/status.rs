@@ -79,11 +79,24 @@ fn status_reports_held_expiring_and_wrong_type_keys() {
     assert!(leases[2]["owner"].is_null());
     assert!(leases[3]["ttl_ms"].is_null(), "no expiry");
     assert_eq!(report["claim_guard"]["state"], "open");
+    // ID 8 is above --max-worker-id 7: not in the table, but named.
+    assert_eq!(report["above_range"], serde_json::json!([8]));
 
     let run = status(&redis.url(), &[]);
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert!(
+    let mut lines = run.stdout.lines();
+    assert_eq!(
+        lines.next(),
+        Some(
+            "warning: 1 key above --max-worker-id 7 (ID 8) not shown: sidecars of the app with a larger --max-worker-id hold them; pass theirs to see them"
+        ),
+        "{}",
         run.stdout
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap_or_default()
             .starts_with("app orders: 4 of 8 worker IDs free, 3 held, 1 wrong type"),
         "{}",
         run.stdout

@@ -53,20 +53,38 @@ fn sentinel_failovers_keep_ids_unique() {
 }
 
 /// `status`, the pool CLI and `pool serve` work on a Cluster reached by a plain
-/// `redis://` URL (detected) and by `redis+cluster://`.
+/// `redis://` URL (detected) and by `redis+cluster://`; `status` names the keys above its
+/// `--max-worker-id` on every shard.
 #[test]
 fn cluster_status_and_pool_basics() {
     let topo = ClusterTopology::start_primaries_only();
     let url = topo.url();
     let forced = url.replacen("redis://", "redis+cluster://", 1);
+    let above = [40u32, 151, 700, 1023];
+    for id in above {
+        let key = worker_key("orders", id);
+        let _: () = topo
+            .server(topo.owner_of_key(&key).port)
+            .query(redis::cmd("SET").arg(&key).arg("10.0.0.9#00000000000000aa"));
+    }
     for url in [&url, &forced] {
         let run = run_snowlease(
-            &["status", "--app", "orders", "--redis-url", url],
+            &["status", "--app", "orders", "--redis-url", url, "--json"],
             &[],
             secs(20),
         );
         assert_eq!(run.code, Some(0), "{run:?}");
+        let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(report["above_range"], serde_json::json!(above), "{run:?}");
     }
+    let shards: std::collections::BTreeSet<u16> = above
+        .iter()
+        .map(|id| topo.owner_of_key(&worker_key("orders", *id)).port)
+        .collect();
+    assert!(
+        shards.len() > 1,
+        "the keys above the range sit on one shard only"
+    );
     let env = [("REDIS_URL", url.as_str())];
     let init = run_snowlease(
         &["pool", "init", "--pool", "proxies", "--ids", "a,b"],
