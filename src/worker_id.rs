@@ -61,14 +61,23 @@ use crate::{atomic_file, http};
 fn log_outage_budget(settings: &LeaseSettings, mint_window: Option<Duration>) {
     let budget = sizing::OutageBudget::sidecar(settings);
     let (held_min, held_max) = sizing::crashed_pod_holds(settings);
+    // The values in the text too: a reader of text logs should not have to
+    // match field names to the sentence.
+    let secs = |d: Duration| format!("{:.1}s", d.as_secs_f64());
+    let (guaranteed, best) = (secs(budget.guaranteed), secs(budget.best));
     let (rides, message) = match mint_window {
         None => (
             None,
-            "the ID stays published through a Redis outage of outage_ridden_ms (outage_ridden_best_ms if it starts right after a renew); an app under exec rides through less: a renewal must come --grace + --poll before the deadline (table in docs/operations.md, Sizing for Redis outages)",
+            format!(
+                "the ID stays published through a Redis outage of {guaranteed} ({best} if it starts right after a renew); an app under exec rides through less: a renewal must come --grace + --poll before the deadline (table in docs/operations.md, Sizing for Redis outages)"
+            ),
         ),
         Some(window) => (
             Some(ms(window)),
-            "the lease stays held through a Redis outage of outage_ridden_ms (outage_ridden_best_ms at best); minting goes on through at most mint_outage_ridden_ms of it (the last reservation's lead, --mint-window), then /next answers 503 reserving until Redis answers (docs/worker.md, Mint mode)",
+            format!(
+                "the lease stays held through a Redis outage of {guaranteed} ({best} at best); minting goes on through at most {} of it (the last reservation's lead, --mint-window), then /next answers 503 reserving until Redis answers (docs/worker.md, Mint mode)",
+                secs(window)
+            ),
         ),
     };
     info!(

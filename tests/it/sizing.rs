@@ -38,6 +38,9 @@ fn worker_logs_the_outage_its_settings_ride_through() {
     ] {
         assert_eq!(line[field], value, "{field}: {line}");
     }
+    // The text says the values too (it named the fields: "an outage of outage_ridden_ms").
+    let message = line["message"].as_str().unwrap();
+    assert!(message.contains("outage of 53.0s (113.0s if"), "{message}");
 }
 
 /// In mint mode the same line adds what minting rides through: the last reservation's lead,
@@ -57,5 +60,7 @@ fn mint_worker_logs_the_outage_minting_rides_through() {
         .and_then(|l| serde_json::from_str(l).ok())
         .expect("a JSON log line");
     assert_eq!(line["mint_outage_ridden_ms"], 700, "{line}");
-    assert!(line["message"].as_str().unwrap().contains("503 reserving"));
+    let message = line["message"].as_str().unwrap();
+    assert!(message.contains("503 reserving"), "{message}");
+    assert!(message.contains("at most 0.7s of it"), "{message}");
 }
