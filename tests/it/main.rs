@@ -9,6 +9,8 @@ mod budget;
 mod budget_http;
 /// Pool acquire with a budget charge: atomic, denial leases nothing, replays not charged twice.
 mod budget_pool;
+/// Claims over more than 32 IDs broken on purpose: re-adoption across windows, mixed ranges.
+mod claim_break;
 /// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
 mod claim_script;
 /// Claims over 1024 IDs in windows of 64: lowest free of a window, the hint, 64 at once.

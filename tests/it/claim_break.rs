@@ -1,0 +1,206 @@
+//! Claims over ranges of more than 32 IDs (interleaved windows) broken on purpose: the
+//! re-adoption of a key that still holds our owner string, sidecars of one app with
+//! different `--max-worker-id`, bad hints, keys of another type, lost replies.
+
+use snowlease::connection::{Keyspace, Redis, RedisTarget};
+use snowlease::identity::Owner;
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+
+use crate::harness::*;
+
+fn conn(url: &str) -> Redis {
+    RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap()
+}
+
+/// The window a claim by `owner` starts in among `count` windows: FNV-1a of the owner
+/// string modulo `count`, as `src/worker_id/claim/windows.rs` picks it.
+fn start_window(owner: &str, count: u64) -> u64 {
+    owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    }) % count
+}
+
+/// `MSET` of every lease key of `ids` to another owner's string, in one call.
+fn hold(redis: &RedisServer, app: &str, ids: impl Iterator<Item = u32>) {
+    let mut mset = redis::cmd("MSET");
+    for id in ids {
+        mset.arg(worker_key(app, id)).arg("10.9.9.9#beef");
+    }
+    let _: () = redis.query(&mut mset);
+}
+
+fn open_guard(redis: &RedisServer, app: &str) {
+    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}{app}:guard")).arg(0));
+}
+
+/// The lease keys of `app` whose value is `owner`.
+fn keys_holding(redis: &RedisServer, app: &str, owner: &str) -> Vec<String> {
+    redis
+        .keys(&format!("{PREFIX}{app}:[0-9]*"))
+        .into_iter()
+        .filter(|k| redis.get(k).as_deref() == Some(owner))
+        .collect()
+}
+
+/// One keeper's [`Claimer`] over 1024 IDs: its claim took ID 1000 (window 8, the only free
+/// one), then the range emptied. Claimed again with the same owner string (what the keeper
+/// does after its lease was unpublished while the key still holds that string: a loss by
+/// the deadline whose renew ran, an evicting Redis, a gate refusal), it must adopt 1000, as
+/// the single call over 32 IDs does (`claim.lua` adopts first). It takes the lowest free ID
+/// of its start window instead, and key 1000 keeps our owner string until its TTL.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window() {
+    let redis = RedisServer::start();
+    let mut c = conn(&redis.url());
+    let keys = LeaseKeys::new(PREFIX, "again");
+    open_guard(&redis, "again");
+    // The seed's range of 32 IDs, one call: the second claim adopts (the control).
+    let seed = Owner::generate("test");
+    hold(&redis, "again", 0..30);
+    let mut claimer = Claimer::new(&keys, 31);
+    let first = claimer.claim(&mut c, &seed, secs(30)).await.unwrap();
+    assert_eq!(first.outcome, ClaimOutcome::Claimed(30), "{first:?}");
+    let lower: Vec<String> = (0..30).map(|id| worker_key("again", id)).collect();
+    let _: () = redis.query(redis::cmd("DEL").arg(&lower));
+    let second = claimer.claim(&mut c, &seed, secs(30)).await.unwrap();
+    assert_eq!(second.outcome, ClaimOutcome::Adopted(30), "{second:?}");
+    let _: () = redis.query(&mut redis::cmd("FLUSHDB"));
+    open_guard(&redis, "again");
+    let owner = (0..)
+        .map(|_| Owner::generate("test"))
+        .find(|o| start_window(o.as_str(), 32) != 8)
+        .unwrap();
+    hold(&redis, "again", (0..1024).filter(|id| *id != 1000));
+    let mut claimer = Claimer::new(&keys, 1023);
+    let first = claimer.claim(&mut c, &owner, secs(30)).await.unwrap();
+    assert_eq!(first.outcome, ClaimOutcome::Claimed(1000), "{first:?}");
+
+    let others: Vec<String> = (0..1024)
+        .filter(|id| *id != 1000)
+        .map(|id| worker_key("again", id))
+        .collect();
+    let _: () = redis.query(redis::cmd("DEL").arg(&others));
+    let second = claimer.claim(&mut c, &owner, secs(30)).await.unwrap();
+    assert_eq!(
+        second.outcome,
+        ClaimOutcome::Adopted(1000),
+        "{second:?}; keys holding our owner string: {:?}",
+        keys_holding(&redis, "again", owner.as_str())
+    );
+}
+
+/// The same on Cluster (3 primaries): the claimer reads only the windows it walks, so its
+/// second claim takes the lowest free ID of its start window too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window_on_cluster() {
+    let topo = ClusterTopology::start_primaries_only();
+    let url = topo.url();
+    let mut c = conn(&url);
+    let keys = LeaseKeys::new(PREFIX, "again");
+    let mut setup = redis::pipe();
+    for guard in keys.guards(1023, Keyspace::Slots) {
+        setup.cmd("SET").arg(guard).arg(0).ignore();
+    }
+    for id in (0..1024).filter(|id| *id != 1000) {
+        setup
+            .cmd("SET")
+            .arg(worker_key("again", id))
+            .arg("10.9.9.9#beef")
+            .ignore();
+    }
+    let _: () = setup.query_async(&mut c).await.unwrap();
+    let owner = (0..)
+        .map(|_| Owner::generate("test"))
+        .find(|o| start_window(o.as_str(), 32) != 8)
+        .unwrap();
+    let mut claimer = Claimer::new(&keys, 1023);
+    let first = claimer.claim(&mut c, &owner, secs(30)).await.unwrap();
+    assert_eq!(first.outcome, ClaimOutcome::Claimed(1000), "{first:?}");
+
+    let mut del = redis::pipe();
+    for id in (0..1024).filter(|id| *id != 1000) {
+        del.cmd("DEL").arg(worker_key("again", id)).ignore();
+    }
+    let _: () = del.query_async(&mut c).await.unwrap();
+    let second = claimer.claim(&mut c, &owner, secs(30)).await.unwrap();
+    let ours: Vec<u32> = (0..1024)
+        .filter(|id| {
+            let key = worker_key("again", *id);
+            topo.server(topo.owner_of_key(&key).port)
+                .get(&key)
+                .as_deref()
+                == Some(owner.as_str())
+        })
+        .collect();
+    assert_eq!(
+        second.outcome,
+        ClaimOutcome::Adopted(1000),
+        "{second:?}; IDs whose key holds our owner string: {ours:?}"
+    );
+}
+
+/// The same through the sidecar, as docs/worker.md promises for an evicting Redis ("It
+/// claims again once the policy is `noeviction`, re-adopting the same key while it still
+/// holds its owner string"): `--max-worker-id 1023`, the sidecar holds 1000 (the only free
+/// ID, outside its start window), the range empties, `maxmemory-policy allkeys-lru`
+/// unpublishes it, `noeviction` again while key 1000 still holds its owner string. Expected:
+/// it holds 1000 again and no other key holds its owner string.
+#[test]
+fn an_evicting_redis_reclaim_readopts_its_key_over_1024_ids() {
+    let redis = RedisServer::start_with(RedisOptions {
+        args: vec!["--maxmemory".into(), "64mb".into()],
+        ..RedisOptions::default()
+    });
+    open_guard(&redis, "evict");
+    hold(&redis, "evict", (0..1024).filter(|id| *id != 1000));
+    let (sidecar, owner) = (0..10)
+        .find_map(|_| {
+            let sidecar = Sidecar::worker(&redis, "evict")
+                .flag("--max-worker-id", "1023")
+                .flag("--ttl", "30s")
+                .flag("--renew-interval", "1s")
+                .spawn();
+            let lease = sidecar.wait_for_lease(secs(10));
+            assert_eq!(lease.worker_id, 1000);
+            if start_window(&lease.owner, 32) != 8 {
+                return Some((sidecar, lease.owner));
+            }
+            // Started in window 8 itself (1 in 32): try another owner string.
+            sidecar.signal(Signal::SIGKILL);
+            let _: () = redis.query(redis::cmd("DEL").arg(worker_key("evict", 1000)));
+            None
+        })
+        .expect("an owner string that starts outside window 8");
+    let others: Vec<String> = (0..1024)
+        .filter(|id| *id != 1000)
+        .map(|id| worker_key("evict", id))
+        .collect();
+    let _: () = redis.query(redis::cmd("DEL").arg(&others));
+
+    let set = |policy: &str| {
+        let _: () = redis.query(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory-policy")
+                .arg(policy),
+        );
+    };
+    set("allkeys-lru");
+    assert!(
+        poll_until(secs(5), || sidecar.id().is_none()),
+        "still published 5 s after the policy changed"
+    );
+    assert_eq!(
+        redis.get(&worker_key("evict", 1000)).as_deref(),
+        Some(owner.as_str()),
+        "key 1000 still holds the owner string"
+    );
+    set("noeviction");
+    let lease = sidecar.wait_for_lease(secs(10));
+    let ours = keys_holding(&redis, "evict", &owner);
+    assert_eq!(
+        (lease.worker_id, ours.clone()),
+        (1000, vec![worker_key("evict", 1000)]),
+        "re-adopted 1000; keys holding the owner string: {ours:?}"
+    );
+}
