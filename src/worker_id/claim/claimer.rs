@@ -31,8 +31,9 @@ pub struct Claimer {
     /// keys, then the hint over 32 IDs), built at the first Cluster claim.
     guards: Vec<String>,
     reads: Vec<Vec<String>>,
-    /// The window of the last call whose reply never came: our key may be
-    /// there, so the next claim looks there first.
+    /// The window of the last call whose reply never came, or of the ID
+    /// last claimed or adopted: our key may be there, so the next claim
+    /// looks there first (and adopts it while it holds our owner string).
     resume: Option<usize>,
 }
 
@@ -139,7 +140,10 @@ impl Claimer {
                 }
                 paused @ ClaimOutcome::Paused { .. } => paused,
             };
-            self.resume = None;
+            self.resume = match outcome {
+                ClaimOutcome::Claimed(_) | ClaimOutcome::Adopted(_) => Some(window),
+                _ => None,
+            };
             return Ok(ClaimReply {
                 outcome,
                 wrong_type,
@@ -186,7 +190,6 @@ impl Claimer {
                 .claim_slot_window(conn, owner, ttl, walk.current(), &mut found)
                 .await?
             {
-                self.resume = None;
                 if let (ClaimOutcome::Claimed(id), true) = (&reply.outcome, self.windows.len() > 1)
                 {
                     self.set_hint(conn, *id, ttl);
@@ -199,6 +202,13 @@ impl Claimer {
                 return Ok(found.into_reply());
             }
         }
+    }
+
+    /// The next claim starts in the window of `worker_id` (a lease held
+    /// another way: the state file's), where it adopts that key while it
+    /// still holds our owner string.
+    pub(crate) fn resume_at(&mut self, worker_id: u16) {
+        self.resume = self.window_of(worker_id);
     }
 
     /// The window that holds a hint's `id`; None outside the range (a

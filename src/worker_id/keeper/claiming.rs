@@ -243,6 +243,7 @@ impl Worker {
         self.ours.claim_started = true;
         if let Some(rec) = self.recorded.clone() {
             if let Some(held) = self.adopt(&rec).await? {
+                self.claimer.resume_at(held.worker_id);
                 return Ok(Round::Held(held));
             }
             self.recorded = None;
