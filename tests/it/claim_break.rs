@@ -204,3 +204,124 @@ fn an_evicting_redis_reclaim_readopts_its_key_over_1024_ids() {
         "re-adopted 1000; keys holding the owner string: {ours:?}"
     );
 }
+
+/// Holds only while the claim runs: a test's own record of who holds which ID.
+type Held = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<usize, String>>>;
+
+/// Claimers of one app with `--max-worker-id` 31, 100 and 1023 at once (16 of each), each
+/// claiming (again while all of 0-31 are held), holding a moment and releasing (owner-checked
+/// DEL) 6 times: no ID is ever taken
+/// while another claimer holds it, none outside its claimer's range, and the hint a wider
+/// range leaves (up to 1023) never makes a narrower claim fail.
+async fn mixed_ranges(url: &str, app: &str) {
+    let keys = LeaseKeys::new(PREFIX, app);
+    let held: Held = Default::default();
+    let tasks = [31u16, 100, 1023]
+        .into_iter()
+        .flat_map(|max| (0..16).map(move |n| (max, n)));
+    let claims = tasks.map(|(max, _)| {
+        let (keys, held) = (keys.clone(), held.clone());
+        let mut c = conn(url);
+        async move {
+            let mut claimer = Claimer::new(&keys, max);
+            let mut got = Vec::new();
+            for _ in 0..6 {
+                let owner = Owner::generate("mixed");
+                // 48 claimers may fill 0-31 for a while: all held is no finding.
+                let id = loop {
+                    let reply = claimer.claim(&mut c, &owner, secs(30)).await.unwrap();
+                    match reply.outcome {
+                        ClaimOutcome::Claimed(id) => break id,
+                        ClaimOutcome::AllHeld if max == 31 => tokio::task::yield_now().await,
+                        _ => panic!("max {max}: {reply:?}"),
+                    }
+                };
+                assert!(id <= usize::from(max), "max {max} took {id}");
+                if let Some(other) = held.lock().unwrap().insert(id, owner.as_str().into()) {
+                    panic!("{id} taken by {owner:?} while {other} holds it");
+                }
+                got.push(id);
+                tokio::task::yield_now().await;
+                held.lock().unwrap().remove(&id);
+                let key = keys.id(u16::try_from(id).unwrap());
+                let del = redis::Script::new(
+                    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+                );
+                let n: i64 = del.key(&key).arg(owner.as_str()).invoke_async(&mut c).await.unwrap();
+                assert_eq!(n, 1, "{key} no longer ours");
+            }
+            got
+        }
+    });
+    let all: Vec<Vec<usize>> = futures_util::future::join_all(claims).await;
+    assert_eq!(all.iter().map(Vec::len).sum::<usize>(), 48 * 6);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mixed_ranges_of_one_app_never_share_an_id_on_one_server() {
+    let redis = RedisServer::start();
+    open_guard(&redis, "mixed");
+    mixed_ranges(&redis.url(), "mixed").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mixed_ranges_of_one_app_never_share_an_id_on_cluster() {
+    let topo = ClusterTopology::start_primaries_only();
+    let url = topo.url();
+    let keys = LeaseKeys::new(PREFIX, "mixed");
+    let mut open = redis::pipe();
+    for guard in keys.guards(1023, Keyspace::Slots) {
+        open.cmd("SET").arg(guard).arg(0).ignore();
+    }
+    let _: () = open.query_async(&mut conn(&url)).await.unwrap();
+    mixed_ranges(&url, "mixed").await;
+}
+
+/// A hint of garbage or of another type, or naming an ID outside the range, on a range of
+/// 101 IDs (4 windows of 25-26) where only ID 98 (window 2) is free: every claim takes 98
+/// (no error, no ID outside the range), the hint of another type is left as it was.
+#[tokio::test(flavor = "current_thread")]
+async fn bad_hints_lead_nowhere_wrong() {
+    let redis = RedisServer::start();
+    let mut c = conn(&redis.url());
+    let keys = LeaseKeys::new(PREFIX, "hint");
+    open_guard(&redis, "hint");
+    let hint = format!("{PREFIX}hint:hint");
+    let strings = [
+        "abc", "-5", "99999", "1.5", "nan", "inf", "1e300", "0x10", "65535", "1000", "", " 7",
+    ];
+    let mut setups: Vec<(String, redis::Cmd)> = strings
+        .iter()
+        .map(|v| {
+            (
+                format!("string {v:?}"),
+                redis::cmd("SET").arg(&hint).arg(*v).clone(),
+            )
+        })
+        .collect();
+    setups.push((
+        "list".into(),
+        redis::cmd("RPUSH").arg(&hint).arg("3").clone(),
+    ));
+    setups.push((
+        "hash".into(),
+        redis::cmd("HSET").arg(&hint).arg("a").arg("3").clone(),
+    ));
+    for (value, mut set) in setups {
+        let _: () = redis.query(redis::cmd("FLUSHDB").arg("SYNC"));
+        open_guard(&redis, "hint");
+        hold(&redis, "hint", (0..=100).filter(|id| *id != 98));
+        let _: redis::Value = redis.query(&mut set);
+        let owner = Owner::generate("test");
+        let reply = Claimer::new(&keys, 100)
+            .claim(&mut c, &owner, secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("hint {value}: {e}"));
+        assert_eq!(reply.outcome, ClaimOutcome::Claimed(98), "hint {value}");
+        assert!(reply.calls <= 4, "hint {value}: {reply:?}");
+        match value.as_str() {
+            "list" | "hash" => assert_eq!(redis.key_type(&hint), value),
+            _ => assert_eq!(redis.get(&hint).as_deref(), Some("98"), "hint {value}"),
+        }
+    }
+}
