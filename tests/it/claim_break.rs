@@ -325,3 +325,42 @@ async fn bad_hints_lead_nowhere_wrong() {
         }
     }
 }
+
+/// Environment variables of one run.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
+/// `--max-worker-id` out of range, negative or huge, in every spelling: exit 2, a message
+/// that names the flag and its range 0-1023, nothing written to Redis. `1024` and `70000`
+/// say `... is outside 0-1023 (10 bits)`; `-1` as its own argument says only
+/// `unexpected argument '-1' found` (no flag, no range), and `=-1`, `99999999999` and the
+/// env var `-1` say `is not in 0..=4294967295` (the parser's type, not the range).
+#[test]
+fn a_negative_or_huge_max_worker_id_names_the_flag_and_its_range() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let base = ["worker", "--app", "badin", "--redis-url", url.as_str()];
+    let cases: [(&[&str], Env); 6] = [
+        (&["--max-worker-id", "1024"], &[]),
+        (&["--max-worker-id", "70000"], &[]),
+        (&["--max-worker-id", "-1"], &[]),
+        (&["--max-worker-id=-1"], &[]),
+        (&["--max-worker-id", "99999999999"], &[]),
+        (&[], &[("SNOWLEASE_MAX_WORKER_ID", "-1")]),
+    ];
+    let mut wrong = Vec::new();
+    for (extra, env) in cases {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let run = run_snowlease(&args, env, secs(10));
+        assert_eq!(run.code, Some(2), "{extra:?} {env:?}: {run:?}");
+        let said = run.stderr.to_lowercase();
+        if !(said.contains("max-worker-id") && said.contains("0-1023")) {
+            wrong.push(format!("{extra:?} {env:?}: {}", run.stderr.trim()));
+        }
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+    assert!(
+        wrong.is_empty(),
+        "messages without the flag or 0-1023:\n{}",
+        wrong.join("\n")
+    );
+}
