@@ -364,3 +364,72 @@ fn a_negative_or_huge_max_worker_id_names_the_flag_and_its_range() {
         wrong.join("\n")
     );
 }
+
+/// A windowed claim whose reply is lost: a sidecar over 1024 IDs waits behind a missing
+/// guard (one TTL, 2 s); Redis is SIGSTOPped before that round, past the call timeout, then
+/// SIGCONTed. Whatever ran, the sidecar ends up holding one ID, and only that ID's key holds
+/// its owner string.
+#[test]
+fn a_lost_windowed_claim_reply_is_adopted_not_doubled() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "lost")
+        .flag("--max-worker-id", "1023")
+        .switch("--allow-evicting-redis")
+        .spawn();
+    assert!(sidecar.wait_for_log("no claim guard", secs(10)));
+    // Lower half held: the claim goes on in its start window (16 free IDs each).
+    hold(&redis, "lost", 0..512);
+    redis.pause();
+    assert!(
+        sidecar.wait_for_log("retrying claim", secs(15)),
+        "a claim round must time out"
+    );
+    redis.resume();
+    let lease = sidecar.wait_for_lease(secs(15));
+    let ours = keys_holding(&redis, "lost", &lease.owner);
+    assert_eq!(
+        ours,
+        vec![worker_key("lost", lease.worker_id)],
+        "one key holds the owner string"
+    );
+    assert!(lease.worker_id >= 512, "{lease:?}");
+    // The claim sent while Redis was stopped ran at SIGCONT; the next round adopted its key.
+    let adopted = sidecar.metric("snowlease_claim_attempts_total{outcome=\"adopted\"}");
+    assert_eq!(adopted, Some(1.0), "the lost claim's key adopted");
+}
+
+/// `SCRIPT FLUSH` on every node between windowed claims (one server, Cluster of 3
+/// primaries): each claim loads `claim.lua` again and takes an ID; 8 claims, 8 distinct IDs.
+#[tokio::test(flavor = "current_thread")]
+async fn script_flush_between_windowed_claims_is_ridden_through() {
+    let redis = RedisServer::start();
+    open_guard(&redis, "flush");
+    let topo = ClusterTopology::start_primaries_only();
+    let keys = LeaseKeys::new(PREFIX, "flush");
+    let mut open = redis::pipe();
+    for guard in keys.guards(1023, Keyspace::Slots) {
+        open.cmd("SET").arg(guard).arg(0).ignore();
+    }
+    let _: () = open.query_async(&mut conn(&topo.url())).await.unwrap();
+    let flush = |servers: &[&RedisServer]| {
+        for server in servers {
+            let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+        }
+    };
+    let nodes: Vec<&RedisServer> = topo.servers().iter().collect();
+    for (url, servers) in [(redis.url(), vec![&redis]), (topo.url(), nodes)] {
+        let mut c = conn(&url);
+        let mut ids = std::collections::BTreeSet::new();
+        for n in 0..8 {
+            flush(&servers);
+            let reply = Claimer::new(&keys, 1023)
+                .claim(&mut c, &Owner::generate("test"), secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("{url} claim {n}: {e}"));
+            let ClaimOutcome::Claimed(id) = reply.outcome else {
+                panic!("{url} claim {n}: {reply:?}")
+            };
+            assert!(ids.insert(id), "{url}: {id} twice");
+        }
+    }
+}
