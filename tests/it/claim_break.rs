@@ -46,8 +46,9 @@ fn keys_holding(redis: &RedisServer, app: &str, owner: &str) -> Vec<String> {
 /// one), then the range emptied. Claimed again with the same owner string (what the keeper
 /// does after its lease was unpublished while the key still holds that string: a loss by
 /// the deadline whose renew ran, an evicting Redis, a gate refusal), it must adopt 1000, as
-/// the single call over 32 IDs does (`claim.lua` adopts first). It takes the lowest free ID
-/// of its start window instead, and key 1000 keeps our owner string until its TTL.
+/// the single call over 32 IDs does (`claim.lua` adopts first). It took the lowest free ID of
+/// its start window instead (key 1000 kept our owner string until its TTL) until a claim
+/// began starting in the window of the ID it last held.
 #[tokio::test(flavor = "current_thread")]
 async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window() {
     let redis = RedisServer::start();
@@ -90,7 +91,7 @@ async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window() {
 }
 
 /// The same on Cluster (3 primaries): the claimer reads only the windows it walks, so its
-/// second claim takes the lowest free ID of its start window too.
+/// second claim took the lowest free ID of its start window too.
 #[tokio::test(flavor = "current_thread")]
 async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window_on_cluster() {
     let topo = ClusterTopology::start_primaries_only();
@@ -331,9 +332,9 @@ type Env<'a> = &'a [(&'a str, &'a str)];
 
 /// `--max-worker-id` out of range, negative or huge, in every spelling: exit 2, a message
 /// that names the flag and its range 0-1023, nothing written to Redis. `1024` and `70000`
-/// say `... is outside 0-1023 (10 bits)`; `-1` as its own argument says only
+/// say `... is outside 0-1023 (10 bits)`; `-1` as its own argument said only
 /// `unexpected argument '-1' found` (no flag, no range), and `=-1`, `99999999999` and the
-/// env var `-1` say `is not in 0..=4294967295` (the parser's type, not the range).
+/// env var `-1` said `is not in 0..=4294967295` (the parser's type, not the range).
 #[test]
 fn a_negative_or_huge_max_worker_id_names_the_flag_and_its_range() {
     let redis = RedisServer::start();
