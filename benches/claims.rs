@@ -1,6 +1,7 @@
 //! `cargo bench --bench claims`: claims over 32, 256 and 1024 IDs with none, the lower half,
 //! and all but the last ID taken, on one server and on a 3-primary Cluster, through the
-//! `Claimer` a keeper keeps (16 owners, so starts spread over the windows as sidecars' do).
+//! `Claimer` a keeper keeps, a new one with a new owner string per claim: each claim is a
+//! sidecar's first (its start window picked by its owner string, its calls built then).
 //! Each row is 5 rounds of `redis-benchmark -c 1` of the row's script call (taking a fresh
 //! key each call, as a claim does) and 60 claims. Beside each row: calls per claim, Redis'
 //! own time per claim and per script call (`INFO commandstats`), calls over 100 us
@@ -27,7 +28,8 @@ use it::harness::{ClusterTopology, RedisServer};
 const TRIALS: usize = 300;
 /// Rounds of redis-benchmark, then TRIALS / ROUNDS claims, per row.
 const ROUNDS: usize = 5;
-const OWNERS: usize = 16;
+/// Claims before the counted ones (a warm connection and script cache).
+const WARM_UP: usize = 32;
 const PREFIX: &str = "snowflake:worker:";
 const TTL: Duration = Duration::from_secs(120);
 const HELD: &str = "10.9.9.9#beef";
@@ -249,15 +251,12 @@ async fn set_all(conn: &mut Redis, keys: impl Iterator<Item = String>, value: &s
     }
 }
 
-/// One claim by `claimer`, timed, and the key it took deleted again: (latency, calls).
-async fn claim_and_free(
-    conn: &mut Redis,
-    keys: &LeaseKeys,
-    claimer: &mut Claimer,
-    owner: &Owner,
-) -> (Duration, u32) {
+/// The first claim of a new keeper's `Claimer` over `0..=max` with a new owner string,
+/// timed, and the key it took deleted again: (latency, calls).
+async fn claim_and_free(conn: &mut Redis, keys: &LeaseKeys, max: u16) -> (Duration, u32) {
+    let (owner, mut claimer) = (Owner::generate("bench"), Claimer::new(keys, max));
     let start = Instant::now();
-    let reply = claimer.claim(conn, owner, TTL).await.unwrap();
+    let reply = claimer.claim(conn, &owner, TTL).await.unwrap();
     let took = start.elapsed();
     let ClaimOutcome::Claimed(id) = reply.outcome else {
         panic!("{reply:?}")
@@ -297,9 +296,9 @@ fn busiest(keys: &[String], node_of: &dyn Fn(&str) -> u16) -> u16 {
     count.into_iter().max_by_key(|(_, n)| *n).unwrap().0
 }
 
-/// The rows of one deployment: for each range and taken set, the claim latency of 16
-/// owners in turn, with the held keys in place and guards open; PING to the node holding
-/// most of the range's keys.
+/// The rows of one deployment: for each range and taken set, the latency of first claims
+/// (a new owner string and `Claimer` each), with the held keys in place and guards open;
+/// PING to the node holding most of the range's keys.
 async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) -> Vec<Row> {
     let mut conn = RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap();
     let keyspace = conn.keyspace().await.unwrap();
@@ -344,32 +343,26 @@ async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) ->
             if keyspace == Keyspace::Slots {
                 set_all(&mut conn, [call[4].clone()].into_iter(), "0").await;
             }
-            let mut owners: Vec<(Owner, Claimer)> = (0..OWNERS)
-                .map(|_| (Owner::generate("bench"), Claimer::new(&keys, max)))
-                .collect();
-            // Warm up every owner's claimer, then rounds of redis-benchmark and claims in
+            // Warm up, then rounds of redis-benchmark and claims in
             // turn: this VM's round trip drifts within seconds, so each round's claims are
             // set against its own redis-benchmark p50, and Redis' counters count only the
             // claims.
-            for trial in 0..2 * OWNERS {
-                let (owner, claimer) = &mut owners[trial % OWNERS];
-                claim_and_free(&mut conn, &keys, claimer, owner).await;
+            for _ in 0..WARM_UP {
+                claim_and_free(&mut conn, &keys, max).await;
             }
             stats.reset();
             let (mut pings, mut pings_all) = (Vec::new(), Vec::new());
             let (mut claims, mut calls) = (Vec::new(), 0u64);
             let (mut benchmarks, mut to_rb, mut counted) =
                 (Vec::new(), Vec::new(), Counters::default());
-            for round in 0..ROUNDS {
+            for _ in 0..ROUNDS {
                 let benchmark = benchmark_p50(node_of(&routed_by), &call);
                 let before = stats.snapshot();
                 let mut round_claims = Vec::new();
-                for trial in 0..TRIALS / ROUNDS {
-                    let (owner, claimer) = &mut owners[(round * TRIALS / ROUNDS + trial) % OWNERS];
+                for _ in 0..TRIALS / ROUNDS {
                     pings.push(ping(&mut pinger).await);
                     pings_all.push(ping_all(&mut all).await);
-                    let (took, reply_calls) =
-                        claim_and_free(&mut conn, &keys, claimer, owner).await;
+                    let (took, reply_calls) = claim_and_free(&mut conn, &keys, max).await;
                     round_claims.push(took);
                     calls += u64::from(reply_calls);
                 }

@@ -1,11 +1,13 @@
 //! [`Claimer`]: the claims of one keeper over its ID range (docs/worker.md,
 //! "Claim" and "Claim windows"). Key names and script calls are built once
-//! per keeper, not per claim. A range of at most 32 IDs is one window: the
-//! lowest free ID, as ever. A larger one goes a window of at most 32
-//! interleaved IDs per call (window `w` of `n`: IDs `w, w + n, ...`),
-//! starting at a window picked by the owner string, then where the claim
-//! hint points, then on in order, until an ID is taken or every window was
-//! looked at.
+//! per keeper, not per claim, each window's when it is first used (a claim
+//! over 1024 IDs calls one or two of 32: building all 32 cost a sidecar's
+//! first claim 90-100 us on the 2-core VM). A range of at most 32 IDs is one
+//! window: the lowest free ID, as ever. A larger one goes a window of at
+//! most 32 interleaved IDs per call (window `w` of `n`: IDs `w, w + n,
+//! ...`), starting in the window of the ID last held (else one picked by
+//! the owner string), then where the claim hint points, then on in order,
+//! until an ID is taken or every window was looked at.
 
 use std::time::Duration;
 
@@ -24,13 +26,13 @@ pub struct Claimer {
     /// The lease key of each ID, in ID order.
     ids: Vec<String>,
     windows: Vec<Window>,
-    /// One server: each window's `EVALSHA`, built for `built_for`.
-    cmds: Vec<Cmd>,
+    /// One server: each window's `EVALSHA` for `built_for`, built when the
+    /// window is first called (a claim calls one or two of up to 32).
+    cmds: Vec<Option<Cmd>>,
     built_for: Option<(String, Duration)>,
-    /// Cluster: each ID's guard, and each window's keys to read (its lease
-    /// keys, then the hint over 32 IDs), built at the first Cluster claim.
-    guards: Vec<String>,
-    reads: Vec<Vec<String>>,
+    /// Cluster: each window's keys to read (its lease keys, then the hint
+    /// over 32 IDs), built when the window is first read.
+    reads: Vec<Option<Vec<String>>>,
     /// The window of the last call whose reply never came, or of the ID
     /// last claimed or adopted: our key may be there, so the next claim
     /// looks there first (and adopts it while it holds our owner string).
@@ -46,8 +48,7 @@ impl Claimer {
             windows: windows(max_worker_id),
             cmds: Vec::new(),
             built_for: None,
-            guards: Vec::new(),
-            reads: Vec::new(),
+            reads: vec![None; windows(max_worker_id).len()],
             resume: None,
         }
     }
@@ -82,32 +83,31 @@ impl Claimer {
         }
     }
 
-    /// Builds each window's call for `owner` and `ttl` unless built.
-    fn build(&mut self, owner: &Owner, ttl: Duration) {
+    /// The call of `window` for `owner` and `ttl`, built at its first use
+    /// (every window's again when the owner or TTL changed).
+    fn cmd(&mut self, window: usize, owner: &Owner, ttl: Duration) -> &Cmd {
         let built = self.built_for.as_ref();
-        if built.is_some_and(|(o, t)| o == owner.as_str() && *t == ttl) {
-            return;
+        if !built.is_some_and(|(o, t)| o == owner.as_str() && *t == ttl) {
+            self.cmds = vec![None; self.windows.len()];
+            self.built_for = Some((owner.as_str().to_owned(), ttl));
         }
-        let (guard, hint) = (self.keys.guard(), self.keys.hint());
-        let windowed = self.windows.len() > 1;
-        self.cmds = self
-            .windows
-            .iter()
-            .map(|window| {
-                let mut keys: Vec<&str> = window
-                    .ids()
-                    .flat_map(|id| [self.ids[id].as_str(), guard.as_str()])
-                    .collect();
-                // One window: the seed's call, no hint.
-                let id = |n: usize| u16::try_from(n).expect("at most 1024 IDs");
-                let first = windowed.then(|| (id(window.first), id(window.step)));
-                if windowed {
-                    keys.push(&hint);
-                }
-                claim_cmd(&keys, owner, ttl, first)
-            })
-            .collect();
-        self.built_for = Some((owner.as_str().to_owned(), ttl));
+        let (keys, windows, ids) = (&self.keys, &self.windows, &self.ids);
+        self.cmds[window].get_or_insert_with(|| {
+            let (guard, hint) = (keys.guard(), keys.hint());
+            let this = &windows[window];
+            let mut pairs: Vec<&str> = this
+                .ids()
+                .flat_map(|id| [ids[id].as_str(), guard.as_str()])
+                .collect();
+            // One window: the seed's call, no hint.
+            let windowed = windows.len() > 1;
+            let id = |n: usize| u16::try_from(n).expect("at most 1024 IDs");
+            let first = windowed.then(|| (id(this.first), id(this.step)));
+            if windowed {
+                pairs.push(&hint);
+            }
+            claim_cmd(&pairs, owner, ttl, first)
+        })
     }
 
     /// One server: a call per window until one answers other than "all
@@ -119,12 +119,11 @@ impl Claimer {
         ttl: Duration,
         mut walk: Walk,
     ) -> redis::RedisResult<ClaimReply> {
-        self.build(owner, ttl);
         let (mut wrong_type, mut calls) = (Vec::new(), 0);
         loop {
             let window = walk.current();
             self.resume = Some(window);
-            let (reply, hint) = run_claim(conn, &self.cmds[window]).await?;
+            let (reply, hint) = run_claim(conn, self.cmd(window, owner, ttl)).await?;
             calls += 1;
             let ids = &self.windows[window];
             wrong_type.extend(reply.wrong_type.iter().map(|i| ids.id(*i)));
@@ -167,25 +166,10 @@ impl Claimer {
         ttl: Duration,
         mut walk: Walk,
     ) -> redis::RedisResult<ClaimReply> {
-        if self.guards.len() != self.ids.len() {
-            let max = u16::try_from(self.ids.len() - 1).expect("at most 1024 IDs");
-            self.guards = self.keys.guards(max, Keyspace::Slots);
-            let hint = (self.windows.len() > 1).then(|| self.keys.hint());
-            self.reads = self
-                .windows
-                .iter()
-                .map(|w| {
-                    w.ids()
-                        .map(|id| &self.ids[id])
-                        .chain(&hint)
-                        .cloned()
-                        .collect()
-                })
-                .collect();
-        }
         let mut found = Found::default();
         loop {
             self.resume = Some(walk.current());
+            self.build_read(walk.current());
             if let Some(reply) = self
                 .claim_slot_window(conn, owner, ttl, walk.current(), &mut found)
                 .await?
@@ -209,6 +193,20 @@ impl Claimer {
     /// still holds our owner string.
     pub(crate) fn resume_at(&mut self, worker_id: u16) {
         self.resume = self.window_of(worker_id);
+    }
+
+    /// Builds the keys Cluster reads of `window` unless built: its lease
+    /// keys, then over 32 IDs the hint.
+    fn build_read(&mut self, window: usize) {
+        let (ids, keys, this) = (&self.ids, &self.keys, &self.windows[window]);
+        let windowed = self.windows.len() > 1;
+        self.reads[window].get_or_insert_with(|| {
+            let mut read: Vec<String> = this.ids().map(|id| ids[id].clone()).collect();
+            if windowed {
+                read.push(keys.hint());
+            }
+            read
+        });
     }
 
     /// The window that holds a hint's `id`; None outside the range (a
@@ -240,7 +238,8 @@ impl Claimer {
         // One single-key MGET per ID (nil for a key of another type too), one
         // pipeline per node, all at once (a multi-slot MGET, split by redis-rs,
         // failed with a result-count mismatch during a failover).
-        let mut values = conn.read_each(&self.reads[index]).await?;
+        let read = self.reads[index].as_deref().expect("built by claim_slots");
+        let mut values = conn.read_each(read).await?;
         if values.len() > window.len {
             found.hint = values.pop().flatten().and_then(|v| v.parse().ok());
         }
@@ -254,7 +253,10 @@ impl Claimer {
             None => (0..values.len()).filter(|i| values[*i].is_none()).collect(),
         };
         for index in candidates.into_iter().map(|i| window.id(i)) {
-            let pair = [&self.ids[index], &self.guards[index]];
+            let guard = self
+                .keys
+                .id_guard(u16::try_from(index).expect("at most 1024 IDs"));
+            let pair = [&self.ids[index], &guard];
             let cmd = claim_cmd(&pair, owner, ttl, None);
             let (reply, _) = run_claim(conn, &cmd).await?;
             found.calls += 1;
