@@ -251,3 +251,33 @@ async fn a_missing_guard_pauses_a_windowed_claim() {
         Vec::<String>::new()
     );
 }
+
+/// One `Claimer` whose owner string changes (a new process's nonce, a test reusing it) sends
+/// the new one: its calls are rebuilt, not reused. Claimed by A, then by B in the same window
+/// with A's key still held: B takes another ID, and each key holds its own owner string (a
+/// call built for A would have adopted A's key for B).
+#[tokio::test(flavor = "current_thread")]
+async fn a_claimer_whose_owner_changes_sends_the_new_owner() {
+    let redis = RedisServer::start();
+    let mut c = conn(&redis.url());
+    let keys = LeaseKeys::new(PREFIX, "rebuilt");
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(format!("{PREFIX}rebuilt:guard"))
+            .arg(0),
+    );
+    let mut claimer = Claimer::new(&keys, MAX);
+    let (a, b) = (Owner::generate("a"), Owner::generate("b"));
+    let first = claimer.claim(&mut c, &a, secs(30)).await.unwrap();
+    let ClaimOutcome::Claimed(id_a) = first.outcome else {
+        panic!("{first:?}")
+    };
+    let second = claimer.claim(&mut c, &b, secs(30)).await.unwrap();
+    let ClaimOutcome::Claimed(id_b) = second.outcome else {
+        panic!("B must take an ID of its own: {second:?}")
+    };
+    assert_ne!(id_a, id_b);
+    let key = |id: usize| worker_key("rebuilt", id as u32);
+    assert_eq!(redis.get(&key(id_a)).as_deref(), Some(a.as_str()));
+    assert_eq!(redis.get(&key(id_b)).as_deref(), Some(b.as_str()));
+}
