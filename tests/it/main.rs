@@ -11,6 +11,9 @@ mod budget_http;
 mod budget_pool;
 /// Claims over more than 32 IDs broken on purpose: re-adoption across windows, mixed ranges.
 mod claim_break;
+/// Claims over 1024 IDs under real faults: exhaustion, other types, Cluster nodes stopped,
+/// Redis restarted empty, a slot migrated.
+mod claim_faults;
 /// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
 mod claim_script;
 /// Claims over 1024 IDs in windows of 64: lowest free of a window, the hint, 64 at once.
