@@ -554,3 +554,135 @@ fn a_standalone_redis_restarted_empty_during_windowed_claims() {
     println!("{}", claim_story(&all).join("\n"));
     assert_one_key_each(&mut all, &[&redis], app);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Cluster: a slot in migration under windowed claims.
+
+/// 3 primaries, 1024 IDs all held but two: `x` in the claim's start window and `y` in another.
+/// The slot of `x` (its lease key and per-ID guard) is put in migration (`SETSLOT
+/// IMPORTING/MIGRATING`; with `move_guard` its guard is `MIGRATE`d to the target): `claim.lua`
+/// on the pair (missing lease key, existing guard) then meets `TRYAGAIN` at either end until
+/// the move ends. The claim must still take `y` (the script never ran on `x`), not fail.
+/// Fails now: the claim ends with `TryAgain: Multiple keys request during rehashing of slot`
+/// after 1.3-2.6 s (redis-rs' own retries), without looking past `x`.
+async fn claim_past_a_migrating_slot(move_guard: bool) {
+    let topo = ClusterTopology::start_primaries_only();
+    let (url, app) = (topo.url(), "migr");
+    let owner = Owner::generate("migr");
+    let s = start_window(owner.as_str());
+    let (x, y) = (s + 64, (s + 5) % 32 + 128);
+    setup(&url, app, (0..=MAX).filter(|id| ![x, y].contains(id))).await;
+    let keys = LeaseKeys::new(PREFIX, app);
+    let slot = topo.keyslot(&keys.id(x));
+    let from = topo.owner_of_slot(slot).port;
+    let to = topo
+        .primaries()
+        .iter()
+        .find(|p| p.port != from)
+        .unwrap()
+        .port;
+    let mut migration = topo.begin_migration(slot, to);
+    if move_guard {
+        assert!(migration.move_keys(100) > 0, "the guard of {x} moved");
+    }
+    let mut c = conn(&url);
+    let started = std::time::Instant::now();
+    let mut claimer = Claimer::new(&keys, MAX);
+    let claim = claimer.claim(&mut c, &owner, secs(30));
+    let reply = tokio::time::timeout(secs(10), claim).await;
+    println!(
+        "claim over a migrating slot of {x} took {:?}: {reply:?}",
+        started.elapsed()
+    );
+    while migration.move_keys(100) > 0 {}
+    migration.finish();
+    let reply = reply.expect("the claim ends").expect("no error");
+    assert_eq!(
+        reply.outcome,
+        ClaimOutcome::Claimed(usize::from(y)),
+        "{reply:?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_goes_past_a_free_id_whose_slot_is_migrating() {
+    claim_past_a_migrating_slot(false).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_goes_past_a_free_id_whose_guard_was_migrated() {
+    claim_past_a_migrating_slot(true).await;
+}
+
+/// The same through the sidecar: 3 primaries, 1024 IDs all held but `x` = 100 (window 4) and
+/// `y` = 1000 (window 8); the claim hint names 100, so a claim that does not start in window 8
+/// looks at window 4 second. The slot of 100 is left in migration (a reshard stopped half
+/// way, until `redis-cli --cluster fix`). The sidecar (claim timeout 8 s) must publish 1000
+/// while the slot migrates (TTL 60 s, renew interval 20 s: call timeout 5 s). Fails now:
+/// every claim round stops at 100 with `TRYAGAIN` ("redis unavailable; retrying claim") and
+/// the sidecar exits 3 at the claim timeout, `no worker ID claimed within 8s: redis
+/// unavailable: TRYAGAIN ...`, with 1000 free all along.
+#[test]
+fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {
+    let topo = ClusterTopology::start_primaries_only();
+    let (url, app) = (topo.url(), "migw");
+    let (x, y) = (100u16, 1000u16);
+    block_on(async {
+        setup(&url, app, (0..=MAX).filter(|id| ![x, y].contains(id))).await;
+        let _: () = redis::cmd("SET")
+            .arg(format!("{PREFIX}{app}:hint"))
+            .arg(x)
+            .query_async(&mut conn(&url))
+            .await
+            .unwrap();
+    });
+    let keys = LeaseKeys::new(PREFIX, app);
+    let slot = topo.keyslot(&keys.id(x));
+    let from = topo.owner_of_slot(slot).port;
+    let to = topo
+        .primaries()
+        .iter()
+        .find(|p| p.port != from)
+        .unwrap()
+        .port;
+    let migration = topo.begin_migration(slot, to);
+    let mut sidecar = (0..5)
+        .find_map(|n| {
+            let s = Sidecar::worker_at(&url, app)
+                .name(format!("sidecar {n}"))
+                .flag("--max-worker-id", "1023")
+                .flag("--claim-timeout", "8s")
+                // Call timeout 5 s (renew interval / 4): room for redis-rs' own retries.
+                .flag("--ttl", "60s")
+                .flag("--renew-interval", "20s")
+                .spawn();
+            let owner = poll_some(secs(5), || {
+                s.events_with("\"owner\"")
+                    .iter()
+                    .find_map(|e| e["owner"].as_str().map(str::to_owned))
+            });
+            match owner {
+                // Started in window 8 itself (1 in 32): try another owner string.
+                Some(o) if start_window(&o) == y % 32 => None,
+                _ => Some(s),
+            }
+        })
+        .unwrap();
+    let started = std::time::Instant::now();
+    let published = poll_some(secs(10), || sidecar.id());
+    let exit = sidecar.wait_exit(ms(500)).map(|e| e.code());
+    let mut migration = migration;
+    while migration.move_keys(100) > 0 {}
+    migration.finish();
+    let said: Vec<String> = sidecar
+        .log_lines()
+        .into_iter()
+        .filter(|l| l.contains("retrying claim") || l.contains("exiting"))
+        .collect();
+    assert_eq!(
+        published.as_ref().map(|l| l.worker_id),
+        Some(u32::from(y)),
+        "after {:?} while slot {slot} of ID {x} migrates; exit {exit:?}; log: {said:#?}",
+        started.elapsed()
+    );
+}
