@@ -563,8 +563,8 @@ fn a_standalone_redis_restarted_empty_during_windowed_claims() {
 /// IMPORTING/MIGRATING`; with `move_guard` its guard is `MIGRATE`d to the target): `claim.lua`
 /// on the pair (missing lease key, existing guard) then meets `TRYAGAIN` at either end until
 /// the move ends. The claim must still take `y` (the script never ran on `x`), not fail.
-/// Fails now: the claim ends with `TryAgain: Multiple keys request during rehashing of slot`
-/// after 1.3-2.6 s (redis-rs' own retries), without looking past `x`.
+/// Before the fix the claim ended with `TryAgain: Multiple keys request during rehashing of
+/// slot` after 1.3-2.6 s (redis-rs' own retries), without looking past `x`.
 async fn claim_past_a_migrating_slot(move_guard: bool) {
     let topo = ClusterTopology::start_primaries_only();
     let (url, app) = (topo.url(), "migr");
@@ -618,9 +618,9 @@ async fn a_claim_goes_past_a_free_id_whose_guard_was_migrated() {
 /// `y` = 1000 (window 8); the claim hint names 100, so a claim that does not start in window 8
 /// looks at window 4 second. The slot of 100 is left in migration (a reshard stopped half
 /// way, until `redis-cli --cluster fix`). The sidecar (claim timeout 8 s) must publish 1000
-/// while the slot migrates (TTL 60 s, renew interval 20 s: call timeout 5 s). Fails now:
-/// every claim round stops at 100 with `TRYAGAIN` ("redis unavailable; retrying claim") and
-/// the sidecar exits 3 at the claim timeout, `no worker ID claimed within 8s: redis
+/// while the slot migrates (TTL 60 s, renew interval 20 s: call timeout 5 s). Before the fix
+/// every claim round stopped at 100 with `TRYAGAIN` ("redis unavailable; retrying claim") and
+/// the sidecar exited 3 at the claim timeout, `no worker ID claimed within 8s: redis
 /// unavailable: TRYAGAIN ...`, with 1000 free all along.
 #[test]
 fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {

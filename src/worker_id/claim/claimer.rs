@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use redis::Cmd;
+use redis::{Cmd, ErrorKind, ServerErrorKind};
 
 use super::windows::{Walk, Window, start_window, window_of, windows};
 use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_claim};
@@ -61,7 +61,8 @@ impl Claimer {
     /// Cluster: per window a single-key `MGET` of its lease keys (one
     /// pipeline per node, at once), then `claim.lua` on one (lease key,
     /// per-ID guard) pair per call, free IDs in ID order; a closed guard
-    /// (its shard lost data) skips only its ID.
+    /// (its shard lost data) skips only its ID, and so does `TRYAGAIN` (its
+    /// slot is being migrated), which is the error only when no ID is taken.
     ///
     /// A transient error may hide a claim that ran; the next claim starts in
     /// the window of that call, so it finds and adopts that key instead of
@@ -183,6 +184,9 @@ impl Claimer {
             let hinted = found.hint.and_then(|id| self.window_of(id));
             if walk.advance(hinted).is_none() {
                 self.resume = None;
+                if let Some(err) = found.unstable.take() {
+                    return Err(err);
+                }
                 return Ok(found.into_reply());
             }
         }
@@ -258,7 +262,17 @@ impl Claimer {
                 .id_guard(u16::try_from(index).expect("at most 1024 IDs"));
             let pair = [&self.ids[index], &guard];
             let cmd = claim_cmd(&pair, owner, ttl, None);
-            let (reply, _) = run_claim(conn, &cmd).await?;
+            let (reply, _) = match run_claim(conn, &cmd).await {
+                Ok(reply) => reply,
+                // The slot is being migrated and the pair is split between the two
+                // nodes: the script did not run. Skip the ID; the claim fails with this
+                // error only when it takes no other.
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {
+                    found.unstable.get_or_insert(err);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             found.calls += 1;
             found
                 .wrong_type
@@ -299,6 +313,8 @@ struct Found {
     guard_existed: bool,
     /// The ID the claim hint named at the last read.
     hint: Option<u16>,
+    /// A free ID skipped: its slot is being migrated (`TRYAGAIN`).
+    unstable: Option<redis::RedisError>,
 }
 
 impl Found {
