@@ -15,6 +15,7 @@ use super::route::Conn;
 use super::sentinel::{Node, Sentinels, in_failover, show};
 use super::slots::SlotView;
 use super::target::{RedisTarget, Topology};
+use crate::timing::ms;
 
 /// What every clone of a [`super::Redis`] shares: the target, the current
 /// connection and how it was opened.
@@ -181,10 +182,18 @@ impl Shared {
             .iter()
             .map(|(h, p)| target.node_info(h, *p))
             .collect::<RedisResult<Vec<_>>>()?;
+        // redis-rs retries `TRYAGAIN`, `CLUSTERDOWN` and the like on its own,
+        // waiting at least 1.28 s before each retry by default: longer than a
+        // short call timeout, so such an error never reached us and the call
+        // timed out instead (a claim stuck on a migrating slot it could skip).
+        // Its two retries now fit in a quarter of the call: 1/16 to 1/8 each.
+        let wait_ms = ms(self.timeout);
         let mut builder = ClusterClientBuilder::new(nodes)
             .connection_timeout(self.timeout)
             .response_timeout(self.timeout)
             .retries(2)
+            .min_retry_wait((wait_ms / 16).max(1))
+            .max_retry_wait((wait_ms / 8).max(2))
             .tcp_settings(RedisTarget::tcp_settings());
         if let Some(user) = &target.username {
             builder = builder.username(user);

@@ -617,11 +617,13 @@ async fn a_claim_goes_past_a_free_id_whose_guard_was_migrated() {
 /// The same through the sidecar: 3 primaries, 1024 IDs all held but `x` = 100 (window 4) and
 /// `y` = 1000 (window 8); the claim hint names 100, so a claim that does not start in window 8
 /// looks at window 4 second. The slot of 100 is left in migration (a reshard stopped half
-/// way, until `redis-cli --cluster fix`). The sidecar (claim timeout 8 s) must publish 1000
-/// while the slot migrates (TTL 60 s, renew interval 20 s: call timeout 5 s). Before the fix
-/// every claim round stopped at 100 with `TRYAGAIN` ("redis unavailable; retrying claim") and
-/// the sidecar exited 3 at the claim timeout, `no worker ID claimed within 8s: redis
-/// unavailable: TRYAGAIN ...`, with 1000 free all along.
+/// way, until `redis-cli --cluster fix`). The sidecar (claim timeout 8 s; the harness's call
+/// timeout, 125 ms) must publish 1000 while the slot migrates. Before the fix every claim
+/// round stopped at 100 with `TRYAGAIN` ("redis unavailable; retrying claim") and the sidecar
+/// exited 3 at the claim timeout, `no worker ID claimed within 8s: redis unavailable: TRYAGAIN
+/// ...`, with 1000 free all along. With a call timeout under 2.6 s it still did after that
+/// fix, as `redis call timed out after 125 ms`: redis-rs waited 1.28 s or more before each of
+/// its own retries of `TRYAGAIN`, so the error never came within the call.
 #[test]
 fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {
     let topo = ClusterTopology::start_primaries_only();
@@ -652,9 +654,6 @@ fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {
                 .name(format!("sidecar {n}"))
                 .flag("--max-worker-id", "1023")
                 .flag("--claim-timeout", "8s")
-                // Call timeout 5 s (renew interval / 4): room for redis-rs' own retries.
-                .flag("--ttl", "60s")
-                .flag("--renew-interval", "20s")
                 .spawn();
             let owner = poll_some(secs(5), || {
                 s.events_with("\"owner\"")
