@@ -34,8 +34,10 @@ const PREFIX: &str = "snowflake:worker:";
 const TTL: Duration = Duration::from_secs(120);
 const HELD: &str = "10.9.9.9#beef";
 const CLAIM_LUA: &str = include_str!("../src/worker_id/claim.lua");
-/// Most IDs per claim window (src/worker_id/claim/windows.rs, crate-private).
-const WINDOW: usize = 32;
+/// Most IDs of a range claimed in one window, and most IDs per window of a larger range
+/// (src/worker_id/claim/windows.rs, crate-private).
+const ONE_WINDOW_MAX: usize = 32;
+const WINDOW: usize = 16;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -197,13 +199,17 @@ fn script_call(
         }
         Keyspace::Whole => {
             // Window w of n holds IDs w, w + n, ... (docs/worker.md, "Claim windows").
-            let n = ids.div_ceil(WINDOW);
+            let n = if ids <= ONE_WINDOW_MAX {
+                1
+            } else {
+                ids.div_ceil(WINDOW)
+            };
             let first = free % n;
             for i in (first..ids).step_by(n) {
                 k.push(if i == free { fresh(key(i)) } else { key(i) });
                 k.push(guard.clone());
             }
-            if ids > WINDOW {
+            if ids > ONE_WINDOW_MAX {
                 k.push(format!("{PREFIX}bench{ids}:hint"));
                 extra.push(first.to_string());
                 extra.push(n.to_string());

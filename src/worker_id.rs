@@ -5,7 +5,7 @@
 //!
 //! # Layout
 //! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
-//! - [`claim`]: key names, `claim.lua` (re-adopt ours, else lowest free ID), the claimer (interleaved windows of at most 32 IDs).
+//! - [`claim`]: key names, `claim.lua` (re-adopt ours, else lowest free ID), the claimer (a range of at most 32 IDs in one window, a larger one in interleaved windows of at most 16).
 //! - `state`: `WorkerState`, the one value the keeper writes and every publisher reads.
 //! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop.
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.

@@ -1,4 +1,4 @@
-//! Claims over 1024 IDs (32 interleaved windows) under real faults, by an adversarial
+//! Claims over 1024 IDs (64 interleaved windows) under real faults, by an adversarial
 //! tester: concurrent claimers at exhaustion, lease keys of another type inside windows, a
 //! Cluster primary stopped or killed mid-claim, a standalone Redis restarted empty during
 //! windowed claims, a slot migrated under windowed claims. Safety first: never two live
@@ -73,8 +73,12 @@ fn ids_of(leases: &BTreeMap<u32, String>, owner: &str) -> Vec<u32> {
 // ---------------------------------------------------------------------------------------------
 // Exhaustion: 1020 of 1024 IDs held, 10 claimers at once.
 
-/// The 4 free IDs: two in window 5 (5, 37), one in window 12 (300), one in window 31 (1023).
+/// The 4 free IDs, in windows 5, 37, 44 and 63.
 const FREE: [u16; 4] = [5, 37, 300, 1023];
+
+/// Windows of 1024 IDs (src/worker_id/claim/windows.rs), and so the step between the IDs of
+/// one window.
+const WINDOWS: u16 = 64;
 
 /// One claim by each of `claimers`, all at once.
 async fn round(claimers: &mut [(Owner, Claimer, Redis)]) -> Vec<(String, ClaimReply)> {
@@ -87,7 +91,7 @@ async fn round(claimers: &mut [(Owner, Claimer, Redis)]) -> Vec<(String, ClaimRe
 
 /// 10 library claimers at once, each on its own connection with its own owner string, over
 /// 1024 IDs of which 1020 are held: exactly 4 take an ID (the 4 free ones, distinct), the 6
-/// others answer all held after looking at every window (32 calls on one server). Then 6 of
+/// others answer all held after looking at every window (64 calls on one server). Then 6 of
 /// the other owner's keys are deleted and the 6 claim again with the same claimers and owner
 /// strings: each takes one of those 6, distinct. Every key holds its claimant's string, and
 /// no owner string is in two keys.
@@ -112,7 +116,10 @@ async fn ten_claimers_on_four_free_ids(url: &str, app: &str, primaries: &[&Redis
     assert_eq!((won.len(), &got), (4, &free), "{replies:?}");
     for (owner, reply) in &lost {
         assert_eq!(reply.outcome, ClaimOutcome::AllHeld, "{owner}: {reply:?}");
-        assert!(reply.calls >= 32, "every window looked at: {reply:?}");
+        assert!(
+            reply.calls >= u32::from(WINDOWS),
+            "every window looked at: {reply:?}"
+        );
     }
     let leases = string_leases(primaries, app);
     for (owner, _) in &replies {
@@ -167,25 +174,25 @@ async fn ten_claimers_share_the_last_four_of_1024_ids_on_cluster() {
 // ---------------------------------------------------------------------------------------------
 // Lease keys of another type inside windows.
 
-/// The window a claim by `owner` starts in among 32 windows (FNV-1a, as
+/// The window a claim by `owner` starts in among the 64 windows (FNV-1a, as
 /// `src/worker_id/claim/windows.rs` picks it).
 fn start_window(owner: &str) -> u16 {
     let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    u16::try_from(hash % 32).unwrap()
+    u16::try_from(hash % u64::from(WINDOWS)).unwrap()
 }
 
 /// On 1024 IDs all held but for: in the claim's start window `s`, ID `s` is a hash and
-/// `s + 32` a list (MGET reads both as nil, like free keys), and `s + 64` is a set; in
-/// window `t = s + 7 (mod 32)`, ID `t + 96` is free. The claim takes `t + 96`, reports `s`,
-/// `s + 32`, `s + 64` as wrong type, and the three keys keep their type, content and no
-/// expiry. A second claimer then finds all held, reporting the same three.
+/// `s + 64` a list (MGET reads both as nil, like free keys), and `s + 128` is a set; in
+/// window `t = s + 7 (mod 64)`, ID `t + 192` is free. The claim takes `t + 192`, reports
+/// `s`, `s + 64`, `s + 128` as wrong type, and the three keys keep their type, content and
+/// no expiry. A second claimer then finds all held, reporting the same three.
 async fn wrong_types_in_the_start_window(url: &str, app: &str, primaries: &[&RedisServer]) {
     let owner = Owner::generate("types");
     let s = start_window(owner.as_str());
-    let t = (s + 7) % 32;
-    let (hash, list, set, free) = (s, s + 32, s + 64, t + 96);
+    let t = (s + 7) % WINDOWS;
+    let (hash, list, set, free) = (s, s + WINDOWS, s + 2 * WINDOWS, t + 3 * WINDOWS);
     let odd = [hash, list, set];
     setup(
         url,
@@ -570,7 +577,7 @@ async fn claim_past_a_migrating_slot(move_guard: bool) {
     let (url, app) = (topo.url(), "migr");
     let owner = Owner::generate("migr");
     let s = start_window(owner.as_str());
-    let (x, y) = (s + 64, (s + 5) % 32 + 128);
+    let (x, y) = (s + WINDOWS, (s + 5) % WINDOWS + 2 * WINDOWS);
     setup(&url, app, (0..=MAX).filter(|id| ![x, y].contains(id))).await;
     let keys = LeaseKeys::new(PREFIX, app);
     let slot = topo.keyslot(&keys.id(x));
@@ -614,9 +621,9 @@ async fn a_claim_goes_past_a_free_id_whose_guard_was_migrated() {
     claim_past_a_migrating_slot(true).await;
 }
 
-/// The same through the sidecar: 3 primaries, 1024 IDs all held but `x` = 100 (window 4) and
-/// `y` = 1000 (window 8); the claim hint names 100, so a claim that does not start in window 8
-/// looks at window 4 second. The slot of 100 is left in migration (a reshard stopped half
+/// The same through the sidecar: 3 primaries, 1024 IDs all held but `x` = 100 (window 36)
+/// and `y` = 1000 (window 40); the claim hint names 100, so a claim that does not start in
+/// window 40 looks at window 36 second. The slot of 100 is left in migration (a reshard stopped half
 /// way, until `redis-cli --cluster fix`). The sidecar (claim timeout 8 s; the harness's call
 /// timeout, 125 ms) must publish 1000 while the slot migrates. Before the fix every claim
 /// round stopped at 100 with `TRYAGAIN` ("redis unavailable; retrying claim") and the sidecar
@@ -661,8 +668,8 @@ fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {
                     .find_map(|e| e["owner"].as_str().map(str::to_owned))
             });
             match owner {
-                // Started in window 8 itself (1 in 32): try another owner string.
-                Some(o) if start_window(&o) == y % 32 => None,
+                // Started in window 40 itself (1 in 64): try another owner string.
+                Some(o) if start_window(&o) == y % WINDOWS => None,
                 _ => Some(s),
             }
         })

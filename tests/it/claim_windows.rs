@@ -1,5 +1,5 @@
-//! Claims over a full range of 1024 IDs (`--max-worker-id 1023`) in 32 interleaved windows
-//! of 32 IDs (window w: w, w + 32, ...): the lowest free ID of the window found, one call
+//! Claims over a full range of 1024 IDs (`--max-worker-id 1023`) in 64 interleaved windows
+//! of 16 IDs (window w: w, w + 64, ...): the lowest free ID of the window found, one call
 //! past a taken lower half, the exhaustion message, 64 concurrent claims on one server and
 //! on Cluster.
 
@@ -13,6 +13,8 @@ use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
 use crate::harness::*;
 
 const MAX: u16 = 1023;
+/// Windows of 1024 IDs, and so the step between the IDs of one window.
+const WINDOWS: usize = 64;
 
 fn conn(url: &str) -> Redis {
     RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap()
@@ -39,10 +41,10 @@ async fn claim(
     (owner, reply)
 }
 
-/// One server, 1024 IDs, only 650 and 682 free (one window: 10, 42, ..., 1002): wherever a
+/// One server, 1024 IDs, only 650 and 714 free (one window: 10, 74, ..., 970): wherever a
 /// claim starts, it walks the windows to that one and takes its lowest free ID, 650, then
-/// the next claim 682 (the hint names that window); a third finds all held after one call
-/// per window (32), none over 32 IDs.
+/// the next claim 714 (the hint names that window); a third finds all held after one call
+/// per window (64), none over 16 IDs.
 #[tokio::test(flavor = "current_thread")]
 async fn a_full_range_is_walked_window_by_window() {
     let redis = RedisServer::start();
@@ -52,7 +54,7 @@ async fn a_full_range_is_walked_window_by_window() {
     hold(
         &redis,
         "wide",
-        (0..=1023).filter(|id| ![650, 682].contains(id)),
+        (0..=1023).filter(|id| ![650, 714].contains(id)),
     );
 
     let (owner, first) = claim(&mut c, &keys).await;
@@ -66,7 +68,7 @@ async fn a_full_range_is_walked_window_by_window() {
         Some("650")
     );
     let (_, second) = claim(&mut c, &keys).await;
-    assert_eq!(second.outcome, ClaimOutcome::Claimed(682), "{second:?}");
+    assert_eq!(second.outcome, ClaimOutcome::Claimed(714), "{second:?}");
     assert!(second.calls <= 2, "the hint names window 10: {second:?}");
 
     // Every command into the slow log, to read each call's key count.
@@ -76,9 +78,19 @@ async fn a_full_range_is_walked_window_by_window() {
             .arg("slowlog-log-slower-than")
             .arg(0),
     );
+    // Commands the scripts run are logged too: room for all of them.
+    let _: () = redis.query(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-max-len")
+            .arg(10_000),
+    );
     let _: () = redis.query(redis::cmd("SLOWLOG").arg("RESET"));
     let (_, third) = claim(&mut c, &keys).await;
-    assert_eq!((third.outcome, third.calls), (ClaimOutcome::AllHeld, 32));
+    assert_eq!(
+        (third.outcome, third.calls),
+        (ClaimOutcome::AllHeld, WINDOWS as u32)
+    );
     let logged: Vec<(i64, i64, i64, Vec<String>)> = redis
         .query::<Vec<redis::Value>>(redis::cmd("SLOWLOG").arg("GET").arg(1000))
         .into_iter()
@@ -93,12 +105,16 @@ async fn a_full_range_is_walked_window_by_window() {
         .filter(|(.., args)| args[0].eq_ignore_ascii_case("evalsha"))
         .map(|(.., args)| args[2].parse().unwrap())
         .collect();
-    assert_eq!(key_counts, vec![65; 32], "32 pairs and the hint per call");
+    assert_eq!(
+        key_counts,
+        vec![33; WINDOWS],
+        "16 pairs and the hint per call"
+    );
 }
 
 /// The lower half of 1024 IDs is held (a rollout's old pods, or sidecars that claimed the
-/// lowest free ID): every window holds 16 free IDs of the upper half, so each newcomer takes
-/// one in one call, the lowest free of its window (IDs of one window differ by 32); the IDs
+/// lowest free ID): every window holds 8 free IDs of the upper half, so each newcomer takes
+/// one in one call, the lowest free of its window (IDs of one window differ by 64); the IDs
 /// are distinct.
 #[tokio::test(flavor = "current_thread")]
 async fn the_hint_leads_past_a_taken_lower_half() {
@@ -115,8 +131,8 @@ async fn the_hint_leads_past_a_taken_lower_half() {
         };
         assert!(id >= 512, "{reply:?}");
         assert!(
-            (512 + id % 32..id)
-                .step_by(32)
+            (512 + id % WINDOWS..id)
+                .step_by(WINDOWS)
                 .all(|lower| taken.contains(&lower)),
             "{id}: the lowest free of its window ({taken:?})"
         );
@@ -126,22 +142,22 @@ async fn the_hint_leads_past_a_taken_lower_half() {
 }
 
 /// On an empty range of 1024 IDs, 16 claims in turn each take the lowest free ID of the
-/// window they start in: the window's own number (0-31) in a window not used yet, then 32
-/// above the last ID taken there. So a fleet's IDs gather at the low end of the range.
+/// window they start in: the window's own number (0-63) in a window not used yet, then 64
+/// above the last ID taken there.
 #[tokio::test(flavor = "current_thread")]
 async fn claims_on_an_empty_range_take_the_low_end_of_their_windows() {
     let redis = RedisServer::start();
     let mut c = conn(&redis.url());
     let keys = LeaseKeys::new(PREFIX, "fleet");
     let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}fleet:guard")).arg(0));
-    let mut used = [0usize; 32];
+    let mut used = [0usize; WINDOWS];
     for n in 0..16 {
         let (_, reply) = claim(&mut c, &keys).await;
         let ClaimOutcome::Claimed(id) = reply.outcome else {
             panic!("{reply:?}")
         };
-        let window = id % 32;
-        assert_eq!(id, window + 32 * used[window], "claim {n}: {used:?}");
+        let window = id % WINDOWS;
+        assert_eq!(id, window + WINDOWS * used[window], "claim {n}: {used:?}");
         assert_eq!(reply.calls, 1, "claim {n}: {reply:?}");
         used[window] += 1;
     }

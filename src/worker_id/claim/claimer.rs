@@ -1,13 +1,14 @@
 //! [`Claimer`]: the claims of one keeper over its ID range (docs/worker.md,
 //! "Claim" and "Claim windows"). Key names and script calls are built once
 //! per keeper, not per claim, each window's when it is first used (a claim
-//! over 1024 IDs calls one or two of 32: building all 32 cost a sidecar's
-//! first claim 90-100 us on the 2-core VM). A range of at most 32 IDs is one
-//! window: the lowest free ID, as ever. A larger one goes a window of at
-//! most 32 interleaved IDs per call (window `w` of `n`: IDs `w, w + n,
-//! ...`), starting in the window of the ID last held (else one picked by
-//! the owner string), then where the claim hint points, then on in order,
-//! until an ID is taken or every window was looked at.
+//! over 1024 IDs calls one or two of 64: building all 32 windows of the
+//! earlier layout cost a sidecar's first claim 90-100 us on the 2-core VM).
+//! A range of at most 32 IDs is one window: the lowest free ID, as ever. A
+//! larger one goes a window of at most 16 interleaved IDs per call (window
+//! `w` of `n`: IDs `w, w + n, ...`), starting in the window of the ID last
+//! held (else one picked by the owner string), then where the claim hint
+//! points, then on in order, until an ID is taken or every window was
+//! looked at.
 
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ pub struct Claimer {
     ids: Vec<String>,
     windows: Vec<Window>,
     /// One server: each window's `EVALSHA` for `built_for`, built when the
-    /// window is first called (a claim calls one or two of up to 32).
+    /// window is first called (a claim calls one or two of up to 64).
     cmds: Vec<Option<Cmd>>,
     built_for: Option<(String, Duration)>,
     /// Cluster: each window's keys to read (its lease keys, then the hint

@@ -1,13 +1,21 @@
 //! Claim windows (docs/worker.md, "Claim windows"): a range of more than
-//! [`WINDOW`] IDs is claimed one window of at most 32 IDs per script call,
-//! so no call holds Redis longer than the default range's claim does; which IDs a window holds, where a
-//! claim starts and where it looks next. Pure functions; the calls are in
-//! `claimer.rs`.
+//! [`ONE_WINDOW_MAX`] IDs is claimed one window of at most [`WINDOW`] IDs
+//! per script call, so no call holds Redis longer than the default range's
+//! claim does; which IDs a window holds, where a claim starts and where it
+//! looks next. Pure functions; the calls are in `claimer.rs`.
 
-/// Most IDs per window, the default range's size: one `claim.lua` call
-/// over 32 pairs costs Redis about 40-70 us, over 64 pairs 70-120 us, over
-/// 1024 pairs 700 us (docs/worker.md, "Claim windows").
-pub(crate) const WINDOW: usize = 32;
+/// Most IDs of a range claimed in one window, the default range's size:
+/// the seed's rule (the lowest free ID) holds up to here.
+pub(crate) const ONE_WINDOW_MAX: usize = 32;
+
+/// Most IDs per window of a larger range. The windows of a large range
+/// differ from claim to claim, unlike the one window of a small range, and
+/// cost Redis more per key: measured with the claims bench (a new sidecar
+/// per claim, 1024 IDs, half taken), windows of 32 cost 84-87 us of Redis
+/// time per call and 69-74 of 300 calls went over 100 us, windows of 16
+/// 60 us and 11-19, against 40-60 us for the default 32-ID claim
+/// (docs/worker.md, "Claim windows").
+pub(crate) const WINDOW: usize = 16;
 
 /// The worker IDs of one window: `first`, `first + step`, ... (`len` IDs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,15 +39,19 @@ impl Window {
 
 /// The windows of IDs `0..=max_worker_id`: a range of at most 32 IDs is
 /// one window (`0, 1, 2, ...`); a larger one is split into `n = ceil(IDs /
-/// 32)` windows that interleave: window `w` holds the IDs `w, w + n, w +
-/// 2n, ...` (1024 IDs: 32 windows of 32, window 3 = 3, 35, 67, ...). Each
+/// 16)` windows that interleave: window `w` holds the IDs `w, w + n, w +
+/// 2n, ...` (1024 IDs: 64 windows of 16, window 3 = 3, 67, 131, ...). Each
 /// window samples the whole range, so a range filled from its low end (the
 /// lowest free ID first, as the seed's rule and older sidecars claim)
 /// leaves free IDs in every window until the whole range is nearly full,
 /// and claims in any window take low IDs first.
 pub(crate) fn windows(max_worker_id: u16) -> Vec<Window> {
     let count = usize::from(max_worker_id) + 1;
-    let n = count.div_ceil(WINDOW);
+    let n = if count <= ONE_WINDOW_MAX {
+        1
+    } else {
+        count.div_ceil(WINDOW)
+    };
     (0..n)
         .map(|first| Window {
             first,
@@ -117,22 +129,26 @@ mod tests {
     }
 
     #[test]
-    fn ranges_split_into_interleaved_windows_of_at_most_32() {
+    fn ranges_split_into_interleaved_windows_of_at_most_16() {
         let one = windows(31);
         assert_eq!(one.len(), 1);
         assert_eq!(ids(&one[0]), (0..32).collect::<Vec<_>>());
         assert_eq!(ids(&windows(0)[0]), vec![0]);
-        let two = windows(32);
-        assert_eq!(ids(&two[0]), (0..33).step_by(2).collect::<Vec<_>>());
-        assert_eq!(ids(&two[1]), (1..33).step_by(2).collect::<Vec<_>>());
+        let three = windows(32);
+        assert_eq!(three.len(), 3);
+        assert_eq!(ids(&three[0]), (0..33).step_by(3).collect::<Vec<_>>());
+        assert_eq!(ids(&three[2]), (2..33).step_by(3).collect::<Vec<_>>());
         let uneven = windows(99);
-        assert_eq!(uneven.len(), 4);
-        assert_eq!(uneven.iter().map(|w| w.len).collect::<Vec<_>>(), [25; 4]);
+        assert_eq!(uneven.len(), 7);
+        assert_eq!(
+            uneven.iter().map(|w| w.len).collect::<Vec<_>>(),
+            [15, 15, 14, 14, 14, 14, 14]
+        );
         let all = windows(1023);
-        assert_eq!(all.len(), 32);
+        assert_eq!(all.len(), 64);
         assert!(all.iter().all(|w| w.len == WINDOW));
-        assert_eq!(ids(&all[31])[..3], [31, 63, 95]);
-        assert_eq!(all[31].id(31), 1023);
+        assert_eq!(ids(&all[63])[..3], [63, 127, 191]);
+        assert_eq!(all[63].id(15), 1023);
         // Every ID in exactly one window, and window_of finds it.
         for max in [32u16, 63, 64, 99, 200, 1000, 1023] {
             let ws = windows(max);
