@@ -43,13 +43,14 @@ pub struct Claimer {
 impl Claimer {
     /// Claims over IDs `0..=max_worker_id` of the app `keys` name.
     pub fn new(keys: &LeaseKeys, max_worker_id: u16) -> Self {
+        let windows = windows(max_worker_id);
         Self {
             keys: keys.clone(),
             ids: keys.ids(max_worker_id),
-            windows: windows(max_worker_id),
+            reads: vec![None; windows.len()],
+            windows,
             cmds: Vec::new(),
             built_for: None,
-            reads: vec![None; windows(max_worker_id).len()],
             resume: None,
         }
     }
