@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use snowlease::connection::{Keyspace, Redis, RedisTarget};
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys, window_of, windows};
 
 #[path = "../tests/it"]
 #[allow(dead_code, unused_imports)]
@@ -34,10 +34,6 @@ const PREFIX: &str = "snowflake:worker:";
 const TTL: Duration = Duration::from_secs(120);
 const HELD: &str = "10.9.9.9#beef";
 const CLAIM_LUA: &str = include_str!("../src/worker_id/claim.lua");
-/// Most IDs of a range claimed in one window, and most IDs per window of a larger range
-/// (src/worker_id/claim/windows.rs, crate-private).
-const ONE_WINDOW_MAX: usize = 32;
-const WINDOW: usize = 16;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -198,21 +194,17 @@ fn script_call(
             tag
         }
         Keyspace::Whole => {
-            // Window w of n holds IDs w, w + n, ... (docs/worker.md, "Claim windows").
-            let n = if ids <= ONE_WINDOW_MAX {
-                1
-            } else {
-                ids.div_ceil(WINDOW)
-            };
-            let first = free % n;
-            for i in (first..ids).step_by(n) {
+            // The claimer's own layout (docs/worker.md, "Claim windows").
+            let all = windows(u16::try_from(ids - 1).unwrap());
+            let window = &all[window_of(free, all.len())];
+            for i in window.ids() {
                 k.push(if i == free { fresh(key(i)) } else { key(i) });
                 k.push(guard.clone());
             }
-            if ids > ONE_WINDOW_MAX {
+            if all.len() > 1 {
                 k.push(format!("{PREFIX}bench{ids}:hint"));
-                extra.push(first.to_string());
-                extra.push(n.to_string());
+                extra.push(window.first.to_string());
+                extra.push(window.step.to_string());
             }
             key(free)
         }

@@ -19,6 +19,7 @@ use crate::lease::step;
 use crate::timing::ttl_ms;
 
 pub use self::claimer::{Claimer, claim_lowest};
+pub use self::windows::{Window, start_window, window_of, windows};
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
 

@@ -2,34 +2,20 @@
 //! re-adoption of a key that still holds our owner string, sidecars of one app with
 //! different `--max-worker-id`, bad hints, keys of another type, lost replies.
 
-use snowlease::connection::{Keyspace, Redis, RedisTarget};
+use snowlease::connection::Keyspace;
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+use snowlease::worker_id::claim::{
+    ClaimOutcome, Claimer, LeaseKeys, start_window, window_of, windows,
+};
 
+use crate::claim_windows::{conn, hold};
 use crate::harness::*;
 
-fn conn(url: &str) -> Redis {
-    RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap()
-}
-
-/// Windows of 1024 IDs (src/worker_id/claim/windows.rs): ID 1000 is in window 40.
-const WINDOWS: u64 = 64;
-
-/// The window a claim by `owner` starts in among `count` windows: FNV-1a of the owner
-/// string modulo `count`, as `src/worker_id/claim/windows.rs` picks it.
-fn start_window(owner: &str, count: u64) -> u64 {
-    owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    }) % count
-}
-
-/// `MSET` of every lease key of `ids` to another owner's string, in one call.
-fn hold(redis: &RedisServer, app: &str, ids: impl Iterator<Item = u32>) {
-    let mut mset = redis::cmd("MSET");
-    for id in ids {
-        mset.arg(worker_key(app, id)).arg("10.9.9.9#beef");
-    }
-    let _: () = redis.query(&mut mset);
+/// Whether a claim by `owner` over 1024 IDs starts in another window than ID 1000's
+/// (window 40 of 64).
+fn starts_away_from_1000(owner: &str) -> bool {
+    let count = windows(1023).len();
+    start_window(owner, count) != window_of(1000, count)
 }
 
 fn open_guard(redis: &RedisServer, app: &str) {
@@ -72,7 +58,7 @@ async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window() {
     open_guard(&redis, "again");
     let owner = (0..)
         .map(|_| Owner::generate("test"))
-        .find(|o| start_window(o.as_str(), WINDOWS) != 1000 % WINDOWS)
+        .find(|o| starts_away_from_1000(o.as_str()))
         .unwrap();
     hold(&redis, "again", (0..1024).filter(|id| *id != 1000));
     let mut claimer = Claimer::new(&keys, 1023);
@@ -115,7 +101,7 @@ async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window_on_cl
     let _: () = setup.query_async(&mut c).await.unwrap();
     let owner = (0..)
         .map(|_| Owner::generate("test"))
-        .find(|o| start_window(o.as_str(), WINDOWS) != 1000 % WINDOWS)
+        .find(|o| starts_away_from_1000(o.as_str()))
         .unwrap();
     let mut claimer = Claimer::new(&keys, 1023);
     let first = claimer.claim(&mut c, &owner, secs(30)).await.unwrap();
@@ -166,7 +152,7 @@ fn an_evicting_redis_reclaim_readopts_its_key_over_1024_ids() {
                 .spawn();
             let lease = sidecar.wait_for_lease(secs(10));
             assert_eq!(lease.worker_id, 1000);
-            if start_window(&lease.owner, WINDOWS) != 1000 % WINDOWS {
+            if starts_away_from_1000(&lease.owner) {
                 return Some((sidecar, lease.owner));
             }
             // Started in window 40 itself (1 in 64): try another owner string.

@@ -7,18 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::future::join_all;
-use snowlease::connection::{Redis, RedisTarget};
+use snowlease::connection::Redis;
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, ClaimReply, Claimer, LeaseKeys};
+use snowlease::worker_id::claim::{ClaimOutcome, ClaimReply, Claimer, LeaseKeys, start_window};
 
+use crate::claim_windows::{MAX, conn};
 use crate::harness::*;
 
-const MAX: u16 = 1023;
 const OTHER: &str = "10.9.9.9#beef";
-
-fn conn(url: &str) -> Redis {
-    RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap()
-}
 
 /// Opens every guard of `app` (the app guard on one server, the per-ID guards on Cluster)
 /// and sets the lease key of each of `held` to [`OTHER`], through the library's connection
@@ -76,9 +72,8 @@ fn ids_of(leases: &BTreeMap<u32, String>, owner: &str) -> Vec<u32> {
 /// The 4 free IDs, in windows 5, 37, 44 and 63.
 const FREE: [u16; 4] = [5, 37, 300, 1023];
 
-/// Windows of 1024 IDs (src/worker_id/claim/windows.rs), and so the step between the IDs of
-/// one window.
-const WINDOWS: u16 = 64;
+/// Windows of 1024 IDs, and so the step between the IDs of one window.
+const WINDOWS: u16 = crate::claim_windows::WINDOWS as u16;
 
 /// One claim by each of `claimers`, all at once.
 async fn round(claimers: &mut [(Owner, Claimer, Redis)]) -> Vec<(String, ClaimReply)> {
@@ -174,13 +169,9 @@ async fn ten_claimers_share_the_last_four_of_1024_ids_on_cluster() {
 // ---------------------------------------------------------------------------------------------
 // Lease keys of another type inside windows.
 
-/// The window a claim by `owner` starts in among the 64 windows (FNV-1a, as
-/// `src/worker_id/claim/windows.rs` picks it).
-fn start_window(owner: &str) -> u16 {
-    let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    u16::try_from(hash % u64::from(WINDOWS)).unwrap()
+/// The window a claim by `owner` over 1024 IDs starts in (of 64).
+fn start_of(owner: &str) -> u16 {
+    u16::try_from(start_window(owner, usize::from(WINDOWS))).unwrap()
 }
 
 /// On 1024 IDs all held but for: in the claim's start window `s`, ID `s` is a hash and
@@ -190,7 +181,7 @@ fn start_window(owner: &str) -> u16 {
 /// no expiry. A second claimer then finds all held, reporting the same three.
 async fn wrong_types_in_the_start_window(url: &str, app: &str, primaries: &[&RedisServer]) {
     let owner = Owner::generate("types");
-    let s = start_window(owner.as_str());
+    let s = start_of(owner.as_str());
     let t = (s + 7) % WINDOWS;
     let (hash, list, set, free) = (s, s + WINDOWS, s + 2 * WINDOWS, t + 3 * WINDOWS);
     let odd = [hash, list, set];
@@ -576,7 +567,7 @@ async fn claim_past_a_migrating_slot(move_guard: bool) {
     let topo = ClusterTopology::start_primaries_only();
     let (url, app) = (topo.url(), "migr");
     let owner = Owner::generate("migr");
-    let s = start_window(owner.as_str());
+    let s = start_of(owner.as_str());
     let (x, y) = (s + WINDOWS, (s + 5) % WINDOWS + 2 * WINDOWS);
     setup(&url, app, (0..=MAX).filter(|id| ![x, y].contains(id))).await;
     let keys = LeaseKeys::new(PREFIX, app);
@@ -669,7 +660,7 @@ fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {
             });
             match owner {
                 // Started in window 40 itself (1 in 64): try another owner string.
-                Some(o) if start_window(&o) == y % WINDOWS => None,
+                Some(o) if start_of(&o) == y % WINDOWS => None,
                 _ => Some(s),
             }
         })

@@ -8,20 +8,27 @@ use std::collections::BTreeSet;
 use futures_util::future::join_all;
 use snowlease::connection::{Keyspace, Redis, RedisTarget};
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys, windows};
 
 use crate::harness::*;
 
-const MAX: u16 = 1023;
-/// Windows of 1024 IDs, and so the step between the IDs of one window.
-const WINDOWS: usize = 64;
+pub(crate) const MAX: u16 = 1023;
+/// Windows of 1024 IDs, and so the step between the IDs of one window (the claimer's
+/// layout: `the_layout_is_the_claimers`).
+pub(crate) const WINDOWS: usize = 64;
 
-fn conn(url: &str) -> Redis {
+#[test]
+fn the_layout_is_the_claimers() {
+    assert_eq!(windows(MAX).len(), WINDOWS);
+}
+
+/// The library's connection handle on `url`.
+pub(crate) fn conn(url: &str) -> Redis {
     RedisTarget::parse(url).unwrap().connect(secs(5)).unwrap()
 }
 
 /// `MSET` of every lease key of `ids` to another owner's string, in one call.
-fn hold(redis: &RedisServer, app: &str, ids: impl Iterator<Item = u32>) {
+pub(crate) fn hold(redis: &RedisServer, app: &str, ids: impl Iterator<Item = u32>) {
     let mut mset = redis::cmd("MSET");
     for id in ids {
         mset.arg(worker_key(app, id)).arg("10.9.9.9#beef");

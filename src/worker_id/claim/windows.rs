@@ -19,20 +19,23 @@ pub(crate) const WINDOW: usize = 16;
 
 /// The worker IDs of one window: `first`, `first + step`, ... (`len` IDs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Window {
-    pub(crate) first: usize,
-    pub(crate) step: usize,
-    pub(crate) len: usize,
+pub struct Window {
+    /// The window's lowest worker ID (0-1023), also its number.
+    pub first: usize,
+    /// The step between its IDs: the number of windows of the range.
+    pub step: usize,
+    /// How many IDs it holds (1-32).
+    pub len: usize,
 }
 
 impl Window {
     /// The worker ID of the window's `index`-th pair.
-    pub(crate) fn id(&self, index: usize) -> usize {
+    pub fn id(&self, index: usize) -> usize {
         self.first + index * self.step
     }
 
     /// The window's worker IDs, in ID order.
-    pub(crate) fn ids(&self) -> impl Iterator<Item = usize> + '_ {
+    pub fn ids(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.len).map(|index| self.id(index))
     }
 }
@@ -45,7 +48,7 @@ impl Window {
 /// lowest free ID first, as the seed's rule and older sidecars claim)
 /// leaves free IDs in every window until the whole range is nearly full,
 /// and claims in any window take low IDs first.
-pub(crate) fn windows(max_worker_id: u16) -> Vec<Window> {
+pub fn windows(max_worker_id: u16) -> Vec<Window> {
     let count = usize::from(max_worker_id) + 1;
     let n = if count <= ONE_WINDOW_MAX {
         1
@@ -62,7 +65,7 @@ pub(crate) fn windows(max_worker_id: u16) -> Vec<Window> {
 }
 
 /// The window that holds worker ID `id` among `count` windows.
-pub(crate) fn window_of(id: usize, count: usize) -> usize {
+pub fn window_of(id: usize, count: usize) -> usize {
     id % count.max(1)
 }
 
@@ -70,7 +73,7 @@ pub(crate) fn window_of(id: usize, count: usize) -> usize {
 /// hash of the owner string (its nonce is random), so sidecars started at
 /// once mostly claim in different windows, and a retry with the same owner
 /// string (a reply that was lost) starts where the first try did.
-pub(crate) fn start_window(owner: &str, count: usize) -> usize {
+pub fn start_window(owner: &str, count: usize) -> usize {
     // FNV-1a: stable across builds and processes, unlike std's hasher.
     let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
