@@ -327,6 +327,28 @@ fn busiest_primary(topo: &ClusterTopology, app: &str, ids: &[u32]) -> u16 {
     counts.into_iter().max_by_key(|(_, n)| *n).unwrap().0
 }
 
+/// The lower half of 1024 IDs held by another owner, and 3 sidecars holding IDs of the upper
+/// half: the sidecars, and the primary serving most of their keys.
+fn holders_on(topo: &ClusterTopology, url: &str, app: &str) -> (Vec<Sidecar>, u16) {
+    block_on(setup(url, app, 0..512));
+    let holders: Vec<Sidecar> = (0..3)
+        .map(|i| wide(url, app, format!("holder {i}")))
+        .collect();
+    let held: Vec<u32> = holders
+        .iter()
+        .map(|s| s.wait_for_lease(secs(20)).worker_id)
+        .collect();
+    let victim = busiest_primary(topo, app, &held);
+    (holders, victim)
+}
+
+/// `n` sidecars over 1024 IDs started at once, named `newcomer <i>`.
+fn newcomers_on(url: &str, app: &str, n: usize) -> Vec<Sidecar> {
+    (0..n)
+        .map(|i| wide(url, app, format!("newcomer {i}")))
+        .collect()
+}
+
 /// 3 primaries + 3 replicas, lower half of 1024 IDs held: 3 sidecars hold IDs; the primary
 /// serving most of them is SIGSTOPped just as 3 more sidecars start claiming, for past the
 /// TTL (its replica is promoted meanwhile), then SIGCONTed (it rejoins as a replica). No ID
@@ -336,22 +358,12 @@ fn busiest_primary(topo: &ClusterTopology, app: &str, ids: &[u32]) -> u16 {
 fn a_cluster_primary_stopped_during_windowed_claims() {
     let topo = ClusterTopology::start();
     let (url, app) = (topo.url(), "stopped");
-    block_on(setup(&url, app, 0..512));
-    let mut holders: Vec<Sidecar> = (0..3)
-        .map(|i| wide(&url, app, format!("holder {i}")))
-        .collect();
-    let held: Vec<u32> = holders
-        .iter()
-        .map(|s| s.wait_for_lease(secs(20)).worker_id)
-        .collect();
-    let victim = busiest_primary(&topo, app, &held);
+    let (mut holders, victim) = holders_on(&topo, &url, app);
     let mut addrs: Vec<_> = holders.iter().map(Sidecar::http_addr).collect();
     let mut newcomers = Vec::new();
     let started = std::time::Instant::now();
     let ((), gaps) = sample_through(&addrs.clone(), || {
-        newcomers = (0..3)
-            .map(|i| wide(&url, app, format!("newcomer {i}")))
-            .collect();
+        newcomers = newcomers_on(&url, app, 3);
         topo.server(victim).pause();
         let paused = std::time::Instant::now();
         // Past the TTL, and until a replica serves the victim's slots.
@@ -378,21 +390,11 @@ fn a_cluster_primary_stopped_during_windowed_claims() {
 fn a_cluster_primary_killed_during_windowed_claims() {
     let mut topo = ClusterTopology::start();
     let (url, app) = (topo.url(), "killed");
-    block_on(setup(&url, app, 0..512));
-    let mut holders: Vec<Sidecar> = (0..3)
-        .map(|i| wide(&url, app, format!("holder {i}")))
-        .collect();
-    let held: Vec<u32> = holders
-        .iter()
-        .map(|s| s.wait_for_lease(secs(20)).worker_id)
-        .collect();
-    let victim = busiest_primary(&topo, app, &held);
+    let (mut holders, victim) = holders_on(&topo, &url, app);
     let addrs: Vec<_> = holders.iter().map(Sidecar::http_addr).collect();
     let mut newcomers = Vec::new();
     let (promoted, gaps) = sample_through(&addrs, || {
-        newcomers = (0..3)
-            .map(|i| wide(&url, app, format!("newcomer {i}")))
-            .collect();
+        newcomers = newcomers_on(&url, app, 3);
         topo.kill_primary(victim)
     });
     println!(
@@ -434,21 +436,11 @@ fn claim_story(sidecars: &[Sidecar]) -> Vec<String> {
 fn a_cluster_primary_without_replicas_stopped_mid_claims() {
     let topo = ClusterTopology::start_primaries_only();
     let (url, app) = (topo.url(), "midstop");
-    block_on(setup(&url, app, 0..512));
-    let mut all: Vec<Sidecar> = (0..3)
-        .map(|i| wide(&url, app, format!("holder {i}")))
-        .collect();
-    let held: Vec<u32> = all
-        .iter()
-        .map(|s| s.wait_for_lease(secs(20)).worker_id)
-        .collect();
-    let victim = busiest_primary(&topo, app, &held);
+    let (mut all, victim) = holders_on(&topo, &url, app);
     let addrs: Vec<_> = all.iter().map(Sidecar::http_addr).collect();
     let mut newcomers: Vec<Sidecar> = Vec::new();
     let ((), gaps) = sample_through(&addrs, || {
-        newcomers = (0..8)
-            .map(|i| wide(&url, app, format!("newcomer {i}")))
-            .collect();
+        newcomers = newcomers_on(&url, app, 8);
         assert!(poll_until(secs(20), || newcomers
             .iter()
             .any(|s| s.id().is_some())));
