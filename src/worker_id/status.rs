@@ -349,44 +349,29 @@ fn short_reply() -> redis::RedisError {
 pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
     // The first connect, under its own bound (not the read's).
-    conn.keyspace().await.with_context(|| {
-        format!(
-            "cannot read the leases of {} from {}",
-            config.app, config.redis
-        )
-    })?;
-    let report = tokio::time::timeout(
-        CALL_TIMEOUT * 2,
+    let leases = format!("the leases of {} from {}", config.app, config.redis);
+    conn.keyspace()
+        .await
+        .with_context(|| format!("cannot read {leases}"))?;
+    let report = bounded_read(
         read(
             &mut conn,
             &config.app,
             &config.key_prefix,
             config.max_worker_id,
         ),
+        &leases,
     )
-    .await
-    .map_err(|_| anyhow::anyhow!("timed out"))
-    .and_then(|r| r.map_err(anyhow::Error::from))
-    .with_context(|| {
-        format!(
-            "cannot read the leases of {} from {}",
-            config.app, config.redis
-        )
-    })?;
+    .await?;
     let names = LeaseKeys::new(&config.key_prefix, &config.app);
-    let above = tokio::time::timeout(
-        CALL_TIMEOUT * 2,
+    let above = bounded_read(
         above_range(&mut conn, &names, config.max_worker_id),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("timed out"))
-    .and_then(|r| r.map_err(anyhow::Error::from))
-    .with_context(|| {
-        format!(
-            "cannot read the keys of {} above --max-worker-id {}",
+        &format!(
+            "the keys of {} above --max-worker-id {}",
             config.app, config.max_worker_id
-        )
-    })?;
+        ),
+    )
+    .await?;
     let eviction = Eviction::check(&mut conn).await;
     let text = if config.json {
         let mut json = serde_json::to_value(&report)?;
@@ -400,6 +385,18 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     };
     crate::cli::stdout_line(text.trim_end_matches('\n'))?;
     Ok(())
+}
+
+/// `read` under two call timeouts; the error says "cannot read `what`".
+async fn bounded_read<T>(
+    read: impl std::future::Future<Output = RedisResult<T>>,
+    what: &str,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(CALL_TIMEOUT * 2, read)
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot read {what}"))
 }
 
 /// The IDs above `max_worker_id` (up to 1023) whose lease key exists, of
