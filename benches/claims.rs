@@ -33,7 +33,16 @@ const WARM_UP: usize = 32;
 const PREFIX: &str = "snowflake:worker:";
 const TTL: Duration = Duration::from_secs(120);
 const HELD: &str = "10.9.9.9#beef";
-const CLAIM_LUA: &str = include_str!("../src/worker_id/claim.lua");
+/// `claim.lua` as the sidecar loads it: the node stamps' prelude first.
+const CLAIM_LUA: &str = concat!(
+    include_str!("../src/lease/node.lua"),
+    include_str!("../src/worker_id/claim.lua")
+);
+/// Sets KEYS[1] to an open claim guard stamped by the node that runs it.
+const OPEN_GUARD_LUA: &str = concat!(
+    include_str!("../src/lease/node.lua"),
+    "\nredis.call('SET', KEYS[1], stamped(0)) return 1"
+);
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -249,6 +258,14 @@ async fn set_all(conn: &mut Redis, keys: impl Iterator<Item = String>, value: &s
     }
 }
 
+/// Opens each guard in `keys` as this node's (one script call per key, to its node).
+async fn open_guards(conn: &mut Redis, keys: impl Iterator<Item = String>) {
+    let script = redis::Script::new(OPEN_GUARD_LUA);
+    for key in keys {
+        let _: i64 = script.key(key).invoke_async(conn).await.unwrap();
+    }
+}
+
 /// The first claim of a new keeper's `Claimer` over `0..=max` with a new owner string,
 /// timed, and the key it took deleted again: (latency, calls).
 async fn claim_and_free(conn: &mut Redis, keys: &LeaseKeys, max: u16) -> (Duration, u32) {
@@ -334,12 +351,14 @@ async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) ->
             }
             wipe.cmd("DEL").arg(format!("{PREFIX}{app}:hint")).ignore();
             let _: () = wipe.query_async(&mut conn).await.unwrap();
-            set_all(&mut conn, keys.guards(max, keyspace).into_iter(), "0").await;
+            let mut guards = keys.guards(max, keyspace);
+            guards.dedup();
+            open_guards(&mut conn, guards.into_iter()).await;
             set_all(&mut conn, held.clone().map(|id| keys.id(id as u16)), HELD).await;
             let first_free = held.end;
             let (call, routed_by) = script_call(&keys, ids, first_free, keyspace);
             if keyspace == Keyspace::Slots {
-                set_all(&mut conn, [call[4].clone()].into_iter(), "0").await;
+                open_guards(&mut conn, [call[4].clone()].into_iter()).await;
             }
             // Warm up, then rounds of redis-benchmark and claims in
             // turn: this VM's round trip drifts within seconds, so each round's claims are

@@ -20,6 +20,8 @@ use crate::connection::{Readable, Redis, is_auth_error, is_permission_error};
 use crate::identity::Owner;
 use crate::timing::{self, ttl_ms};
 
+pub(crate) mod node;
+
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/renew.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease/release.lua")));
 

@@ -28,7 +28,9 @@
 --               ours (an earlier claim whose reply was lost ran after all;
 --               TTL reset). With index -2, what the closed guards were: 1 =
 --               a guard was missing and is set now (first use, or its data
---               was lost); 2 = a guard was more than one TTL ahead and is
+--               was lost); 3 = a guard was written on another node (Redis
+--               restarted or failed over since: it may have rolled back) and
+--               is closed now; 2 = a guard was more than one TTL ahead and is
 --               pulled in; 0 = closed as set before. Else 0
 --   wrong       0-based pairs whose key has another type (never touched)
 --   wait_ms     with index -2: ms until the soonest closed guard opens
@@ -44,6 +46,12 @@
 -- their keys at their next renew. So the first claimant sets the guard to
 -- now + TTL and nobody claims an ID behind it before then. Time is Redis'
 -- TIME. A guard lives in the same failure domain as the keys it guards.
+--
+-- A guard holds "<open_at>.<node stamp>" (node.lua): a guard written on another node,
+-- or with no stamp, may be older than the lease keys written since (a restart from an
+-- older snapshot, a failover to a replica that missed writes: a rollback keeps the guard
+-- and loses the newest leases). So it is closed for one TTL as a missing one is, and
+-- stamped with this node (docs/rollback-design.md).
 local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR claim: ttl must be an integer >= 1 ms')
@@ -105,26 +113,34 @@ for i = 1, pairs_n do
 end
 
 -- When claims behind `key` open (Redis ms), and how this call found it.
--- Missing: set it. Unreadable, or further away than one TTL (written by
--- hand, or Redis' clock went back): no holder (one TTL for all sidecars of
--- an app, see docs/worker.md) needs more, so start one TTL from now instead.
+-- Missing: set it. Written on another node (or by a version without
+-- stamps): a rollback may have lost leases, so close it. Unreadable, or
+-- further away than one TTL (written by hand, or Redis' clock went back):
+-- no holder (one TTL for all sidecars of an app, see docs/worker.md) needs
+-- more, so start one TTL from now instead.
 local function read_guard(key)
   local guard = redis.pcall('GET', key)
   if type(guard) == 'table' and guard.err then
     return nil, 'ERR claim: ' .. key .. ' is not a string: ' .. guard.err
   end
-  local open_at = tonumber(guard)
-  if open_at ~= nil and open_at <= now + ttl then
+  local open_at, stamp = unstamp(guard)
+  local here = stamped_here(stamp)
+  if open_at ~= nil and here and open_at <= now + ttl then
     return {open_at = open_at, how = 0}
   end
-  open_at = now + ttl
-  redis.call('SET', key, open_at)
-  if guard == false then return {open_at = open_at, how = 1} end
-  return {open_at = open_at, how = 2}
+  redis.call('SET', key, stamped(now + ttl))
+  local how = 2
+  if guard == false then
+    how = 1
+  elseif open_at ~= nil and not here then
+    how = 3
+  end
+  return {open_at = now + ttl, how = how}
 end
 
--- Paused replies name the most telling guard: missing, then too far.
-local rank = {[0] = 0, [1] = 2, [2] = 1}
+-- Paused replies name the most telling guard: missing, then another node,
+-- then too far.
+local rank = {[0] = 0, [1] = 3, [2] = 1, [3] = 2}
 local guards = {}
 local wrong = {}
 local wait = nil

@@ -21,7 +21,8 @@ use crate::timing::ttl_ms;
 pub use self::claimer::{Claimer, claim_lowest};
 pub use self::windows::{Window, start_window, window_of, windows};
 
-static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
+static CLAIM: LazyLock<Script> =
+    LazyLock::new(|| crate::lease::node::script(include_str!("claim.lua")));
 
 /// Names of one app's keys, all under `<prefix><app>:` (snowlease never
 /// touches other keys): lease keys `<id>`, the claim guard `guard` (one
@@ -139,7 +140,7 @@ pub enum ClaimOutcome {
 }
 
 /// The claim guards as a paused claim found them (the most telling one:
-/// missing before too far before closed).
+/// missing before another node before too far before closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuardFound {
     /// Missing, and set now: first use, or Redis (on Cluster: the shard)
@@ -148,6 +149,11 @@ pub enum GuardFound {
     /// More than one TTL ahead (set by hand, or Redis' clock went back);
     /// pulled in to one TTL.
     TooFar,
+    /// Written on another node, or by a version without node stamps: Redis
+    /// restarted (from an older RDB or AOF, perhaps) or failed over (to a
+    /// replica that may have missed writes) since, so it may have rolled
+    /// back and lost leases; closed for one TTL now (docs/rollback-design.md).
+    OtherNode,
     /// Closed as an earlier claim set it.
     Closed,
 }
@@ -222,6 +228,7 @@ fn reply_of((index, how, wrong_type, wait_ms, expires_ms, _): RawReply) -> Claim
             guard: match how {
                 1 => GuardFound::Missing,
                 2 => GuardFound::TooFar,
+                3 => GuardFound::OtherNode,
                 _ => GuardFound::Closed,
             },
         },

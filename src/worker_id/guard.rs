@@ -18,7 +18,8 @@ use super::claim::LeaseKeys;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::{Keyspace, RedisTarget};
 
-static OPEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("guard_open.lua")));
+static OPEN: LazyLock<Script> =
+    LazyLock::new(|| crate::lease::node::script(include_str!("guard_open.lua")));
 
 /// Timeout of each Redis call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -119,6 +120,21 @@ pub(crate) enum GuardRefused {
         /// ms until the latest closed guard opens (Redis time).
         opens_in_ms: u64,
     },
+    /// A guard was written on another node or life of Redis (a restart, a
+    /// failover, or a version without node stamps): Redis may have rolled
+    /// back since and lost leases that holders still publish.
+    #[error(
+        "claim guard of app {app} not opened: it was written before Redis last restarted or \
+         failed over (or by a snapshot of an older version), so Redis may have come back \
+         without its newest lease keys while their holders still publish them; the next \
+         sidecar claim closes the guard for one TTL, after which claims open. Wait, or use \
+         --force only if no sidecar of this app held an ID on this Redis in the last TTL \
+         (docs/rollback-design.md)"
+    )]
+    OtherNode {
+        /// The app.
+        app: String,
+    },
 }
 
 /// What a pre-read or the script found: lease keys (strings), the ms
@@ -128,6 +144,7 @@ struct Found {
     held: i64,
     closed_ms: u64,
     all_open: bool,
+    other_node: bool,
 }
 
 impl Found {
@@ -137,6 +154,7 @@ impl Found {
         let app = config.app.clone();
         match (self.held, self.closed_ms) {
             _ if config.force || self.all_open => None,
+            _ if self.other_node => Some(GuardRefused::OtherNode { app }),
             (held, _) if held > 0 => Some(GuardRefused::LeaseKeys { app, held }),
             (_, opens_in_ms) if opens_in_ms > 0 => Some(GuardRefused::Closed { app, opens_in_ms }),
             _ => None,
@@ -202,8 +220,9 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         invocation
             .arg(if config.force { "1" } else { "0" })
             .arg(beyond);
-        let call = invocation.invoke_async::<(i64, u64, i64, u64)>(&mut conn);
-        let (opened, at, held, closed_ms) = bounded(config, call).await.with_context(context)?;
+        let call = invocation.invoke_async::<(i64, u64, i64, u64, i64)>(&mut conn);
+        let (opened, at, held, closed_ms, other_node) =
+            bounded(config, call).await.with_context(context)?;
         if held < 0 {
             anyhow::bail!(
                 "the claim guard {} has another type than string; remove it by hand",
@@ -214,6 +233,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         already_open &= opened == 2;
         total.held += held;
         total.closed_ms = total.closed_ms.max(closed_ms);
+        total.other_node |= other_node == 1;
         at_ms = at_ms.max(at);
     }
     if refused {
@@ -279,7 +299,7 @@ async fn pre_read(
             .first()
             .cloned()
             .flatten()
-            .and_then(|g| g.parse().ok());
+            .and_then(|g| crate::lease::node::integer_part(&g));
         found.all_open &= open_at.is_some_and(|at: u64| at <= now_ms);
         if let Some(open_at) = open_at.filter(|at: &u64| *at > now_ms) {
             found.closed_ms = found.closed_ms.max(open_at - now_ms);

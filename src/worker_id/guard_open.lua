@@ -11,15 +11,15 @@
 -- ARGV[2]     lease keys the caller found outside KEYS (one server: IDs
 --             beyond --max-worker-id), counted with `held`; "0" if none
 --
--- Returns {opened, at_ms, held, closed_ms}:
+-- Returns {opened, at_ms, held, closed_ms, other_node}:
 --   opened     1 = every guard named now holds Redis' TIME (ms): claims are
 --              open; 2 = every guard named is already open (holds a time
 --              not after now), with or without lease keys: nothing to do,
 --              nothing written (so a deploy hook may run this on every
 --              deploy);
 --              0 = refused, nothing written (lease keys exist and a guard
---              is missing, a guard is closed, or a guard key has another
---              type: held = -1)
+--              is missing, a guard is closed, a guard was written on
+--              another node, or a guard key has another type: held = -1)
 --   at_ms      Redis time in ms when the script ran; with opened = 2 the
 --              latest time a guard named opened
 --   held       how many of the lease keys exist as strings (a key of
@@ -29,6 +29,11 @@
 --              closed. A closed guard was set by a claim that found it
 --              missing: after a data loss, holders from before may still
 --              publish their IDs until it opens, so only --force opens it
+--   other_node 1 when a guard was written on another node or life of Redis
+--              (node.lua): it may have rolled back since, and holders from
+--              before may still publish IDs whose keys it lost; such a guard
+--              is not open, and only --force opens it. Else 0
+-- A guard opened here holds "<now>.<node stamp>".
 if #KEYS == 0 or #KEYS % 2 ~= 0 then
   return redis.error_reply('ERR guard open: KEYS must be (lease key, guard) pairs')
 end
@@ -39,16 +44,20 @@ local held = tonumber(ARGV[2]) or 0
 local closed = 0
 local open_since = 0
 local all_open = true
+local other_node = 0
 for i = 1, #KEYS, 2 do
   if redis.call('TYPE', KEYS[i]).ok == 'string' then held = held + 1 end
   local guard = KEYS[i + 1]
   if not guards[guard] then
     local kind = redis.call('TYPE', guard).ok
     if kind ~= 'none' and kind ~= 'string' then
-      return {0, now, -1, 0}
+      return {0, now, -1, 0, 0}
     end
-    local open_at = tonumber(redis.call('GET', guard))
-    if open_at == nil or open_at > now then
+    local open_at, stamp = unstamp(redis.call('GET', guard))
+    if open_at ~= nil and not stamped_here(stamp) then
+      other_node = 1
+      all_open = false
+    elseif open_at == nil or open_at > now then
       all_open = false
     elseif open_at > open_since then
       open_since = open_at
@@ -60,12 +69,12 @@ for i = 1, #KEYS, 2 do
   end
 end
 if ARGV[1] ~= '1' and all_open then
-  return {2, open_since, held, 0}
+  return {2, open_since, held, 0, 0}
 end
-if (held > 0 or closed > 0) and ARGV[1] ~= '1' then
-  return {0, now, held, closed}
+if (held > 0 or closed > 0 or other_node == 1) and ARGV[1] ~= '1' then
+  return {0, now, held, closed, other_node}
 end
 for guard in pairs(guards) do
-  redis.call('SET', guard, now)
+  redis.call('SET', guard, stamped(now))
 end
-return {1, now, held, closed}
+return {1, now, held, closed, other_node}

@@ -328,13 +328,13 @@ fn claim_guard(guard: RedisResult<Value>, now_ms: u64) -> RedisResult<ClaimGuard
         Err(err) if err.code() == Some("WRONGTYPE") => return Ok(ClaimGuard::WrongType),
         Err(err) => return Err(err),
     };
-    Ok(match value.map(|v| v.trim().parse::<u64>()) {
+    Ok(match value.map(|v| crate::lease::node::integer_part(&v)) {
         None => ClaimGuard::Missing,
-        Some(Err(_)) => ClaimGuard::Unreadable,
-        Some(Ok(open_at)) if open_at > now_ms => ClaimGuard::Closed {
+        Some(None) => ClaimGuard::Unreadable,
+        Some(Some(open_at)) if open_at > now_ms => ClaimGuard::Closed {
             opens_in_ms: open_at - now_ms,
         },
-        Some(Ok(_)) => ClaimGuard::Open,
+        Some(Some(_)) => ClaimGuard::Open,
     })
 }
 

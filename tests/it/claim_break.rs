@@ -19,7 +19,7 @@ fn starts_away_from_1000(owner: &str) -> bool {
 }
 
 fn open_guard(redis: &RedisServer, app: &str) {
-    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}{app}:guard")).arg(0));
+    redis.set_stamped(&format!("{PREFIX}{app}:guard"), 0);
 }
 
 /// The lease keys of `app` whose value is `owner`.
@@ -89,7 +89,7 @@ async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window_on_cl
     let keys = LeaseKeys::new(PREFIX, "again");
     let mut setup = redis::pipe();
     for guard in keys.guards(1023, Keyspace::Slots) {
-        setup.cmd("SET").arg(guard).arg(0).ignore();
+        setup.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     for id in (0..1024).filter(|id| *id != 1000) {
         setup
@@ -261,7 +261,7 @@ async fn mixed_ranges_of_one_app_never_share_an_id_on_cluster() {
     let keys = LeaseKeys::new(PREFIX, "mixed");
     let mut open = redis::pipe();
     for guard in keys.guards(1023, Keyspace::Slots) {
-        open.cmd("SET").arg(guard).arg(0).ignore();
+        open.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     let _: () = open.query_async(&mut conn(&url)).await.unwrap();
     mixed_ranges(&url, "mixed").await;
@@ -399,7 +399,7 @@ async fn script_flush_between_windowed_claims_is_ridden_through() {
     let keys = LeaseKeys::new(PREFIX, "flush");
     let mut open = redis::pipe();
     for guard in keys.guards(1023, Keyspace::Slots) {
-        open.cmd("SET").arg(guard).arg(0).ignore();
+        open.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     let _: () = open.query_async(&mut conn(&topo.url())).await.unwrap();
     let flush = |servers: &[&RedisServer]| {

@@ -26,7 +26,7 @@ async fn setup(url: &str, app: &str, held: impl Iterator<Item = u16>) {
     let mut pipe = redis::pipe();
     let guards: BTreeSet<String> = keys.guards(MAX, keyspace).into_iter().collect();
     for guard in guards {
-        pipe.cmd("SET").arg(guard).arg(0).ignore();
+        pipe.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     for id in held {
         pipe.cmd("SET").arg(keys.id(id)).arg(OTHER).ignore();

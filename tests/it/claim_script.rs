@@ -30,6 +30,16 @@ fn redis_now_ms(redis: &RedisServer) -> u64 {
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// The integer part of a guard: "<ms>.<node stamp>" as the scripts write it.
+fn stamped_int(redis: &RedisServer, key: &str) -> u64 {
+    let value = redis.get(key).unwrap();
+    let (int, stamp) = value
+        .split_once('.')
+        .unwrap_or_else(|| panic!("{key} = {value}: no stamp"));
+    assert_eq!(stamp, redis.node_stamp(), "{key} stamped by this node");
+    int.parse().unwrap()
+}
+
 /// One guard shared by every pair (one server): missing -> set once to now + TTL, paused;
 /// open -> the lowest free key is taken, skipping a key of another type (reported).
 #[tokio::test(flavor = "current_thread")]
@@ -48,7 +58,7 @@ async fn shared_guard_is_set_once_and_gates_every_pair() {
     };
     assert_eq!(guard, GuardFound::Missing);
     assert!(wait <= TTL && wait > TTL - secs(1), "{wait:?}");
-    let open_at: u64 = redis.get("k:guard").unwrap().parse().unwrap();
+    let open_at = stamped_int(&redis, "k:guard");
     assert!(open_at >= before + 10_000 && open_at <= redis_now_ms(&redis) + 10_000);
     assert!(
         !redis.exists("k:2"),
@@ -65,7 +75,7 @@ async fn shared_guard_is_set_once_and_gates_every_pair() {
         }
     ));
 
-    let _: () = redis.query(redis::cmd("SET").arg("k:guard").arg(0));
+    redis.set_stamped("k:guard", 0);
     let reply = claim_pairs(&mut c, &p, &owner, TTL).await.unwrap();
     assert_eq!(reply.outcome, ClaimOutcome::Claimed(2));
     assert_eq!(reply.wrong_type, vec![1], "the hash at k:1 is reported");
@@ -78,7 +88,7 @@ async fn shared_guard_is_set_once_and_gates_every_pair() {
     let other = Owner::generate("other");
     let reply = claim_pairs(&mut c, &p, &other, TTL).await.unwrap();
     assert_eq!(reply.outcome, ClaimOutcome::AllHeld);
-    assert_eq!(redis.get("k:guard").as_deref(), Some("0"));
+    assert_eq!(stamped_int(&redis, "k:guard"), 0);
 }
 
 /// Our own key is adopted (TTL reset) before any guard is looked at, even a closed one.
@@ -88,7 +98,7 @@ async fn own_key_is_adopted_whatever_the_guard() {
     let mut c = conn(&redis);
     let owner = Owner::generate("test");
     let far = redis_now_ms(&redis) + 5_000;
-    let _: () = redis.query(redis::cmd("SET").arg("k:guard").arg(far));
+    redis.set_stamped("k:guard", far);
     let _: () = redis.query(
         redis::cmd("SET")
             .arg("k:1")
@@ -113,8 +123,8 @@ async fn per_id_guards_gate_only_their_own_id() {
     let mut c = conn(&redis);
     let owner = Owner::generate("test");
     let now = redis_now_ms(&redis);
-    let _: () = redis.query(redis::cmd("SET").arg("g:0").arg(now + 3_000));
-    let _: () = redis.query(redis::cmd("SET").arg("g:1").arg(0));
+    redis.set_stamped("g:0", now + 3_000);
+    redis.set_stamped("g:1", 0);
     let p = pairs(&[("k:0", "g:0"), ("k:1", "g:1")]);
     let reply = claim_pairs(&mut c, &p, &owner, TTL).await.unwrap();
     assert_eq!(
@@ -125,7 +135,7 @@ async fn per_id_guards_gate_only_their_own_id() {
     assert!(!redis.exists("k:0"));
 
     let p = pairs(&[("k:0", "g:0"), ("k:2", "g:2"), ("k:3", "g:3")]);
-    let _: () = redis.query(redis::cmd("SET").arg("g:3").arg(now + 60_000));
+    redis.set_stamped("g:3", now + 60_000);
     let other = Owner::generate("other");
     let reply = claim_pairs(&mut c, &p, &other, TTL).await.unwrap();
     let ClaimOutcome::Paused { wait, guard } = reply.outcome else {
@@ -138,7 +148,7 @@ async fn per_id_guards_gate_only_their_own_id() {
     );
     assert!(wait <= ms(3_000), "soonest opening is g:0's: {wait:?}");
     assert!(redis.exists("g:2"));
-    let g3: u64 = redis.get("g:3").unwrap().parse().unwrap();
+    let g3 = stamped_int(&redis, "g:3");
     assert!(
         g3 <= redis_now_ms(&redis) + 10_000,
         "g:3 pulled in to one TTL"
@@ -146,7 +156,7 @@ async fn per_id_guards_gate_only_their_own_id() {
     assert!(!redis.exists("k:0") && !redis.exists("k:2") && !redis.exists("k:3"));
 
     // Alone, a guard too far ahead is named as such (the sidecar logs why it waits).
-    let _: () = redis.query(redis::cmd("SET").arg("g:5").arg(now + 60_000));
+    redis.set_stamped("g:5", now + 60_000);
     let reply = claim_pairs(&mut c, &pairs(&[("k:5", "g:5")]), &other, TTL)
         .await
         .unwrap();
@@ -160,6 +170,64 @@ async fn per_id_guards_gate_only_their_own_id() {
         ),
         "{reply:?}"
     );
+}
+
+/// A guard written on another node, or before Redis restarted (from its RDB, as a crash
+/// restarts it), or a plain number (a version without stamps), is closed for one TTL as a
+/// missing one is, and named so; a guard this node wrote stays open. A restart from an older
+/// snapshot keeps the guard but may lose the newest lease keys (docs/rollback-design.md).
+#[tokio::test(flavor = "current_thread")]
+async fn guard_of_another_node_is_closed_for_one_ttl() {
+    let mut redis = RedisServer::start();
+    let owner = Owner::generate("test");
+    let p = pairs(&[("k:0", "k:guard"), ("k:1", "k:guard")]);
+    redis.set_stamped("k:guard", 0);
+    let _: () = redis.query(&mut redis::cmd("SAVE"));
+    // After the snapshot: a claim of ID 0, which the restart loses.
+    let mut c = conn(&redis);
+    let reply = claim_pairs(&mut c, &p, &owner, TTL).await.unwrap();
+    assert_eq!(reply.outcome, ClaimOutcome::Claimed(0));
+    let stamp = redis.node_stamp();
+    redis.restart();
+    assert!(
+        !redis.exists("k:0"),
+        "the restart loaded the older snapshot"
+    );
+    assert_ne!(
+        redis.node_stamp(),
+        stamp,
+        "a restart changes the node stamp"
+    );
+
+    let other = Owner::generate("other");
+    let mut c = conn(&redis);
+    let before = redis_now_ms(&redis);
+    let reply = claim_pairs(&mut c, &p, &other, TTL).await.unwrap();
+    let ClaimOutcome::Paused { wait, guard } = reply.outcome else {
+        panic!("a newcomer must not take ID 0 after the rollback: {reply:?}")
+    };
+    assert_eq!(guard, GuardFound::OtherNode);
+    assert!(wait > TTL - secs(1) && wait <= TTL, "{wait:?}");
+    assert!(stamped_int(&redis, "k:guard") >= before + 10_000);
+    assert!(!redis.exists("k:0") && !redis.exists("k:1"));
+
+    // A plain number (written by hand, or by a version without stamps) is no proof either.
+    let _: () = redis.query(redis::cmd("SET").arg("k:guard").arg(0));
+    let reply = claim_pairs(&mut c, &p, &other, TTL).await.unwrap();
+    assert!(
+        matches!(
+            reply.outcome,
+            ClaimOutcome::Paused {
+                guard: GuardFound::OtherNode,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    // Written here in this life: open.
+    redis.set_stamped("k:guard", 0);
+    let reply = claim_pairs(&mut c, &p, &other, TTL).await.unwrap();
+    assert_eq!(reply.outcome, ClaimOutcome::Claimed(0));
 }
 
 /// Bad input is refused by name: no pairs, a guard of another type (nothing written).

@@ -57,7 +57,7 @@ async fn a_full_range_is_walked_window_by_window() {
     let redis = RedisServer::start();
     let mut c = conn(&redis.url());
     let keys = LeaseKeys::new(PREFIX, "wide");
-    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}wide:guard")).arg(0));
+    redis.set_stamped(&format!("{PREFIX}wide:guard"), 0);
     hold(
         &redis,
         "wide",
@@ -128,7 +128,7 @@ async fn the_hint_leads_past_a_taken_lower_half() {
     let redis = RedisServer::start();
     let mut c = conn(&redis.url());
     let keys = LeaseKeys::new(PREFIX, "roll");
-    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}roll:guard")).arg(0));
+    redis.set_stamped(&format!("{PREFIX}roll:guard"), 0);
     hold(&redis, "roll", 0..512);
     let mut taken = BTreeSet::new();
     for n in 0..24 {
@@ -156,7 +156,7 @@ async fn claims_on_an_empty_range_take_the_low_end_of_their_windows() {
     let redis = RedisServer::start();
     let mut c = conn(&redis.url());
     let keys = LeaseKeys::new(PREFIX, "fleet");
-    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}fleet:guard")).arg(0));
+    redis.set_stamped(&format!("{PREFIX}fleet:guard"), 0);
     let mut used = [0usize; WINDOWS];
     for n in 0..16 {
         let (_, reply) = claim(&mut c, &keys).await;
@@ -175,7 +175,7 @@ async fn claims_on_an_empty_range_take_the_low_end_of_their_windows() {
 #[test]
 fn every_one_of_1024_ids_held_is_said_at_the_claim_timeout() {
     let redis = RedisServer::start();
-    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}full:guard")).arg(0));
+    redis.set_stamped(&format!("{PREFIX}full:guard"), 0);
     hold(&redis, "full", 0..1024);
     let mut sidecar = Sidecar::worker(&redis, "full")
         .flag("--max-worker-id", "1023")
@@ -219,7 +219,7 @@ async fn burst(url: &str, app: &str) -> Vec<(Owner, usize)> {
 #[tokio::test(flavor = "current_thread")]
 async fn sixty_four_claims_at_once_get_distinct_ids_on_one_server() {
     let redis = RedisServer::start();
-    let _: () = redis.query(redis::cmd("SET").arg(format!("{PREFIX}burst:guard")).arg(0));
+    redis.set_stamped(&format!("{PREFIX}burst:guard"), 0);
     for (owner, id) in burst(&redis.url(), "burst").await {
         let key = worker_key("burst", id as u32);
         assert_eq!(redis.get(&key).as_deref(), Some(owner.as_str()), "{key}");
@@ -234,7 +234,7 @@ async fn sixty_four_claims_at_once_get_distinct_ids_on_cluster() {
     let keys = LeaseKeys::new(PREFIX, "burst");
     let mut open = redis::pipe();
     for guard in keys.guards(MAX, Keyspace::Slots) {
-        open.cmd("SET").arg(guard).arg(0).ignore();
+        open.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     let _: () = open.query_async(&mut c).await.unwrap();
     for (owner, id) in burst(&url, "burst").await {
@@ -284,11 +284,7 @@ async fn a_claimer_whose_owner_changes_sends_the_new_owner() {
     let redis = RedisServer::start();
     let mut c = conn(&redis.url());
     let keys = LeaseKeys::new(PREFIX, "rebuilt");
-    let _: () = redis.query(
-        redis::cmd("SET")
-            .arg(format!("{PREFIX}rebuilt:guard"))
-            .arg(0),
-    );
+    redis.set_stamped(&format!("{PREFIX}rebuilt:guard"), 0);
     let mut claimer = Claimer::new(&keys, MAX);
     let (a, b) = (Owner::generate("a"), Owner::generate("b"));
     let first = claimer.claim(&mut c, &a, secs(30)).await.unwrap();

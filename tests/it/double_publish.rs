@@ -450,7 +450,7 @@ fn restart_from_older_snapshot_never_publishes_one_id_twice() {
 fn guard_far_in_the_future_is_bounded() {
     let redis = RedisServer::start();
     let guard = format!("{PREFIX}orders:guard");
-    let _: () = redis.query(redis::cmd("SET").arg(&guard).arg(unix_ms() + 3_600_000));
+    redis.set_stamped(&guard, unix_ms() + 3_600_000);
     let mut sidecar = Sidecar::worker(&redis, "orders")
         .flag("--max-worker-id", "3")
         .flag("--claim-timeout", "8s")

@@ -136,6 +136,19 @@ pub fn unix_ms() -> u64 {
 }
 
 /// The Redis key of worker ID `id` of `app` under the default prefix.
+/// An `EVAL` that sets `key` to `value` stamped by the node that runs it
+/// (`src/lease/node.lua`), as the scripts write claim guards: routed by its key on Cluster,
+/// so a pipeline of them opens every per-ID guard on its own node.
+pub fn stamp_cmd(key: &str, value: u64) -> redis::Cmd {
+    let script = format!(
+        "{}\nredis.call('SET', KEYS[1], stamped(tonumber(ARGV[1]))) return 1",
+        include_str!("../../src/lease/node.lua")
+    );
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(1).arg(key).arg(value);
+    cmd
+}
+
 pub fn worker_key(app: &str, id: u32) -> String {
     format!("{PREFIX}{app}:{id}")
 }

@@ -260,7 +260,7 @@ fn worker_on_cluster_through_a_migration_and_an_empty_shard() {
     let guard = |id: u32| format!("{PREFIX}{fresh}:guard:{{{}}}", worker_key(fresh, id));
     let node = topo.server(topo.owner_of_key(&guard(2)).port);
     let (secs_now, _): (u64, u64) = node.query(&mut redis::cmd("TIME"));
-    let _: () = node.query(redis::cmd("SET").arg(guard(2)).arg((secs_now + 60) * 1000));
+    node.set_stamped(&guard(2), (secs_now + 60) * 1000);
     let refused = guard_open(&url, fresh, &["--max-worker-id", "3"]);
     assert_eq!(refused.code, Some(5), "{refused:?}");
     assert!(refused.stderr.contains("closed"), "{refused:?}");
@@ -309,7 +309,7 @@ async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
     let (ttl, owner) = (secs(30), Owner::generate("test"));
     let keys = LeaseKeys::new(PREFIX, "spread");
     for guard in keys.guards(31, Keyspace::Slots) {
-        set(&mut conn, &guard, "0").await;
+        let _: i64 = stamp_cmd(&guard, 0).query_async(&mut conn).await.unwrap();
     }
     let node: Vec<u16> = (0..32)
         .map(|id| topo.owner_of_key(&keys.id(id)).port)

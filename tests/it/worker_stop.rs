@@ -110,11 +110,7 @@ fn closed_claim_guard_is_not_reported_missing() {
     let redis = RedisServer::start();
     let (s, us): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
     let open_at = s * 1000 + us / 1000 + 1500;
-    let _: () = redis.query(
-        redis::cmd("SET")
-            .arg(format!("{PREFIX}orders:guard"))
-            .arg(open_at),
-    );
+    redis.set_stamped(&format!("{PREFIX}orders:guard"), open_at);
     let sidecar = Sidecar::worker(&redis, "orders").spawn();
     assert!(sidecar.wait_for_log("claim guard closed", secs(5)));
     sidecar.wait_for_lease(secs(5));

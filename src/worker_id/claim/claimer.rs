@@ -354,7 +354,8 @@ impl Found {
 /// The more telling of two guard findings (as `claim.lua` ranks them).
 fn telling(a: GuardFound, b: GuardFound) -> GuardFound {
     let rank = |g| match g {
-        GuardFound::Missing => 2,
+        GuardFound::Missing => 3,
+        GuardFound::OtherNode => 2,
         GuardFound::TooFar => 1,
         GuardFound::Closed => 0,
     };

@@ -293,6 +293,10 @@ pub(super) fn log_paused(
                 "no claim guard in Redis: {why}; waiting one TTL so that earlier holders can renew or give up. For a new app, `{open_cmd}` before its first sidecars start spares this wait; now that a sidecar has closed the guard, only `--force` opens it, which is safe only if no sidecar of this app held an ID on this Redis in the last TTL"
             );
         }
+        GuardFound::OtherNode => warn!(
+            wait_ms,
+            "claim guard was written on another Redis node or process: Redis restarted or failed over since, and may have come back without its last writes (an older snapshot, a replica that lagged); waiting one TTL so that holders from before can renew or give up (docs/rollback-design.md)"
+        ),
         GuardFound::TooFar => warn!(
             wait_ms,
             "claim guard was more than one TTL ahead (set by hand, or Redis' clock went back); pulled in to one TTL"

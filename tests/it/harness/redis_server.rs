@@ -173,7 +173,26 @@ impl RedisServer {
     /// Opens the claim guard of `app` (default prefix) as an established
     /// deployment has it, so a first claim does not wait one TTL.
     pub fn open_claim_guard(&self, app: &str) {
-        let _: () = self.query(redis::cmd("SET").arg(format!("{PREFIX}{app}:guard")).arg(0));
+        self.set_stamped(&format!("{PREFIX}{app}:guard"), 0);
+    }
+
+    /// Sets `key` to `value` stamped with this server's node stamp (`src/lease/node.lua`), as
+    /// the scripts write guards and marks: a value this node wrote in this life.
+    pub fn set_stamped(&self, key: &str, value: u64) {
+        let script = format!(
+            "{}\nredis.call('SET', KEYS[1], stamped(tonumber(ARGV[1]))) return 1",
+            include_str!("../../../src/lease/node.lua")
+        );
+        let _: i64 = self.query(redis::cmd("EVAL").arg(script).arg(1).arg(key).arg(value));
+    }
+
+    /// This server's node stamp (`src/lease/node.lua`): changes when it restarts or is promoted.
+    pub fn node_stamp(&self) -> String {
+        let script = format!(
+            "{}\nreturn node_stamp()",
+            include_str!("../../../src/lease/node.lua")
+        );
+        self.query(redis::cmd("EVAL").arg(script).arg(0))
     }
 
     pub fn exists(&self, key: &str) -> bool {
@@ -233,8 +252,10 @@ impl RedisServer {
         keys
     }
 
-    /// SIGKILL the server and start an empty one on the same port (10 s deadline), with the
+    /// SIGKILL the server and start it again on the same port (10 s deadline), with the
     /// same options and folder (a cluster node keeps its `nodes.conf`, a sentinel its state).
+    /// It comes back empty, or, when a `SAVE` left a `dump.rdb` in its folder, with that
+    /// snapshot (a crash-restart from the last snapshot: a rollback).
     pub fn restart(&mut self) {
         let args = self.args.clone();
         self.restart_with(args);
