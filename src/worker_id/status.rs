@@ -262,7 +262,10 @@ pub(crate) async fn read(
                 return Err(short_reply());
             };
             let entry = &mut entries[i].1;
-            entry.mark_unix_ms = mark.as_ref().ok().and_then(|m| m.as_deref()?.parse().ok());
+            entry.mark_unix_ms = mark
+                .as_ref()
+                .ok()
+                .and_then(|m| crate::lease::node::integer_part(m.as_deref()?));
             entry.mark_lead_ms = entry.mark_unix_ms.map(|m| m as i64 - now_ms as i64);
             match value.clone() {
                 Ok(owner) => entry.owner = owner,

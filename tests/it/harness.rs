@@ -149,6 +149,17 @@ pub fn stamp_cmd(key: &str, value: u64) -> redis::Cmd {
     cmd
 }
 
+/// The integer part of a value the scripts stamp (`"<integer>.<node stamp>"`, guards and
+/// mint marks) or of a plain integer.
+pub fn stamped_int(value: &str) -> u64 {
+    value
+        .split('.')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?}: {e}"))
+}
+
 pub fn worker_key(app: &str, id: u32) -> String {
     format!("{PREFIX}{app}:{id}")
 }

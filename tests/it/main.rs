@@ -88,6 +88,8 @@ mod refusals;
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.
 mod replica_ack;
+/// Redis rolls back (crash-restart from a snapshot, failover to a lagging replica): worker, mint.
+mod rollback;
 /// Credentials rotated during a run: CA bundle and certificates, a password file.
 mod rotation;
 /// Worker scenarios written once, run on standalone, Sentinel and Cluster (33 on 32 IDs, signals).

@@ -171,7 +171,7 @@ fn a_redis_outage_stops_minting_at_the_last_reservation() {
     let first_refusal = refused.first().map(String::as_str).unwrap_or_default();
     assert!(first_refusal.contains("reserving"), "{refused:?}");
     let mark_key = format!("snowflake:worker:{APP}:mark:{{{}}}", worker_key(APP, 0));
-    let mark: u64 = redis.get(&mark_key).unwrap().parse().unwrap();
+    let mark = stamped_int(&redis.get(&mark_key).unwrap());
     let newest = crate::mint_worker::unix_ms_of(*ids.iter().max().unwrap());
     assert!(newest <= mark, "newest ID at {newest}, mark {mark}");
 }

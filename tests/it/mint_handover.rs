@@ -52,7 +52,9 @@ impl Holder {
             .query_async(c)
             .await
             .unwrap();
-        let read = read_mark(c, keys, lease, &self.owner).await.unwrap();
+        let read = read_mark(c, keys, lease, &self.owner, Duration::ZERO)
+            .await
+            .unwrap();
         assert!(read.ours);
         self.ticket = Some(self.minter.start(Grant {
             worker_id: 5,
@@ -70,7 +72,7 @@ impl Holder {
         let Some(target) = self.minter.reservation_due(self.boot_ms) else {
             return true;
         };
-        let r = reserve(c, keys, lease, &self.owner, target, LEAD)
+        let r = reserve(c, keys, lease, &self.owner, target, LEAD, Duration::ZERO)
             .await
             .unwrap();
         r.ours
@@ -103,14 +105,23 @@ async fn handover(settled: bool) {
     let keys = MintKeys::new(PREFIX, APP);
     let lease = worker_key(APP, 5);
 
+    // A worker ID that minted on this node before (a missing mark is raised: mint_script).
+    redis.set_stamped(&keys.mark(&lease), 0);
     let mut old = Holder::new("old");
     old.claim(&mut c, &keys, &lease, 0).await;
     let minted_old = old.mint(&mut c, &keys, &lease, 20_000).await;
     if settled {
         let ended = old.minter.stop(Standby::Draining).unwrap();
-        let s = settle(&mut c, &keys, &lease, &old.owner, ended.settled_unix_ms)
-            .await
-            .unwrap();
+        let s = settle(
+            &mut c,
+            &keys,
+            &lease,
+            &old.owner,
+            ended.settled_unix_ms,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
         assert!(s.ours);
     }
 
@@ -133,9 +144,17 @@ async fn handover(settled: bool) {
     // on only up to the ceiling it had.
     let mut late = Vec::new();
     if !settled {
-        let r = reserve(&mut c, &keys, &lease, &old.owner, unix_ms() + 5_000, LEAD)
-            .await
-            .unwrap();
+        let r = reserve(
+            &mut c,
+            &keys,
+            &lease,
+            &old.owner,
+            unix_ms() + 5_000,
+            LEAD,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
         assert!(!r.ours, "the old holder's reservation is refused");
         let lead = old.minter.mark_lead_ms(old.boot_ms).unwrap();
         old.boot_ms += u64::try_from(lead - 3).unwrap();

@@ -398,7 +398,7 @@ fn an_idle_sidecar_does_not_reserve() {
     let sidecar = minter(&redis).flag("--max-worker-id", "0").spawn();
     let first = first_batch(&sidecar, 10);
     let mark_key = format!("snowflake:worker:{APP}:mark:{{{}}}", worker_key(APP, 0));
-    let mark = || -> u64 { redis.get(&mark_key).expect("a mark").parse().unwrap() };
+    let mark = || -> u64 { stamped_int(&redis.get(&mark_key).expect("a mark")) };
     // The window is 500 ms: reserving on the clock alone would keep the mark 250-500 ms
     // ahead. Idle, the clock passes it (a negative lead) and it stays.
     let lead = || sidecar.metric("snowlease_mint_mark_lead_seconds").unwrap();

@@ -38,6 +38,15 @@ use crate::worker_id::state::{HeldLease, WorkerState};
 /// burst can make a reservation due sooner than the last look said.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
+impl Reserver {
+    /// How far above Redis' TIME a mark this node cannot vouch for is raised: past every
+    /// reservation an earlier holder can have made (its lead) on a Redis clock up to
+    /// `--max-clock-skew` ahead of this one.
+    fn rollback_lead(&self) -> Duration {
+        self.config.max_lead() + self.max_clock_skew
+    }
+}
+
 /// First wait after a failed mark read or reservation; doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 
@@ -177,7 +186,14 @@ impl Reserver {
                     continue;
                 }
             }
-            let read = script::read_mark(&mut self.conn, &self.mint_keys, &lease_key, &held.owner);
+            let rollback_lead = self.rollback_lead();
+            let read = script::read_mark(
+                &mut self.conn,
+                &self.mint_keys,
+                &lease_key,
+                &held.owner,
+                rollback_lead,
+            );
             let failed = match bounded(self.call_timeout, read).await {
                 Ok(read) if read.ours => {
                     let anchor = Anchor {
@@ -193,6 +209,14 @@ impl Reserver {
                         valid_until_boot_ms: held.valid_until.as_millis(),
                     };
                     let ticket = self.desk.update(|m| m.start(grant));
+                    if read.raised {
+                        info!(
+                            worker_id = held.worker_id,
+                            floor_unix_ms = read.floor_unix_ms,
+                            wait_ms = read.floor_unix_ms.saturating_sub(read.redis_ms),
+                            "the high-water mark was not written by this Redis node in its current life (a restart or failover since, which may have rolled it back, or a first mint of this worker ID): raised to Redis' TIME + --mint-window + --max-clock-skew, so minting starts once that has passed (docs/rollback-design.md)"
+                        );
+                    }
                     info!(
                         worker_id = held.worker_id,
                         floor_unix_ms = read.floor_unix_ms,
@@ -319,6 +343,7 @@ impl Reserver {
     /// at once (it re-creates a key Redis lost, or finds the loss).
     async fn reserve(&mut self, s: &mut Session, target: u64) {
         let (sent_wall, sent) = (wall_now_ms(), BootInstant::now());
+        let rollback_lead = self.rollback_lead();
         let call = script::reserve(
             &mut self.conn,
             &self.mint_keys,
@@ -326,6 +351,7 @@ impl Reserver {
             &s.held.owner,
             target,
             self.config.max_lead(),
+            rollback_lead,
         );
         let failure = match bounded(self.call_timeout, call).await {
             Ok(r) if r.ours => {
@@ -393,12 +419,14 @@ impl Reserver {
         let (Some(s), Some(ended)) = (session, ended) else {
             return;
         };
+        let rollback_lead = self.rollback_lead();
         let call = script::settle(
             &mut self.conn,
             &self.mint_keys,
             &s.lease_key,
             &s.held.owner,
             ended.settled_unix_ms,
+            rollback_lead,
         );
         match bounded(self.call_timeout.min(SETTLE_LIMIT), call).await {
             Ok(settled) if settled.ours => info!(

@@ -12,10 +12,16 @@ use redis::aio::ConnectionLike;
 use crate::identity::Owner;
 use crate::timing::ms;
 
-static MARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("mark.lua")));
-static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reserve.lua")));
-static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
+static MARK: LazyLock<Script> = LazyLock::new(|| vouched(include_str!("mark.lua")));
+static RESERVE: LazyLock<Script> = LazyLock::new(|| vouched(include_str!("reserve.lua")));
+static SETTLE: LazyLock<Script> = LazyLock::new(|| vouched(include_str!("settle.lua")));
 static FORMAT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("format.lua")));
+
+/// A mark script with `node.lua` and `vouch.lua` in front: every script that reads the
+/// mark first checks that this node can vouch for it (docs/rollback-design.md).
+fn vouched(body: &str) -> Script {
+    crate::lease::node::script(&format!("{}{body}", include_str!("vouch.lua")))
+}
 
 /// Names of the mint keys of one app, beside its lease keys under `<prefix><app>:`: per
 /// worker ID the mark `mark:{<lease key>}` and the settled record `settled:{<lease key>}`.
@@ -62,6 +68,10 @@ pub struct MarkRead {
     pub mark_unix_ms: u64,
     /// Redis' TIME (ms).
     pub redis_ms: u64,
+    /// The mark was raised to Redis' TIME + the rollback lead: this node could not vouch
+    /// for it (Redis restarted or failed over since it was written, so it may have rolled
+    /// back; or the worker ID never minted).
+    pub raised: bool,
 }
 
 /// What `reserve.lua` did.
@@ -89,17 +99,21 @@ pub struct Settled {
 
 /// Runs `mark.lua` after a claim of `lease_key`: the floor to mint above. Run it only once
 /// the claim is confirmed; before, a holder's reservation could still follow.
+/// `rollback_lead` (--mint-window + --max-clock-skew, ms precision): a mark this node
+/// cannot vouch for is raised to Redis' TIME + this first (`vouch.lua`).
 pub async fn read_mark<C: ConnectionLike>(
     conn: &mut C,
     keys: &MintKeys,
     lease_key: &str,
     owner: &Owner,
+    rollback_lead: Duration,
 ) -> redis::RedisResult<MarkRead> {
-    let (ours, floor_unix_ms, mark_unix_ms, redis_ms): (u8, u64, u64, u64) = MARK
+    let (ours, floor_unix_ms, mark_unix_ms, redis_ms, raised): (u8, u64, u64, u64, u8) = MARK
         .key(lease_key)
         .key(keys.mark(lease_key))
         .key(keys.settled(lease_key))
         .arg(owner.as_str())
+        .arg(ms(rollback_lead))
         .invoke_async(conn)
         .await?;
     Ok(MarkRead {
@@ -107,11 +121,13 @@ pub async fn read_mark<C: ConnectionLike>(
         floor_unix_ms,
         mark_unix_ms,
         redis_ms,
+        raised: raised == 1,
     })
 }
 
 /// Runs `reserve.lua`: raises the mark of `lease_key` to `target_unix_ms`, capped at Redis'
-/// TIME + `max_lead` (ms precision), if the lease key holds `owner`.
+/// TIME + `max_lead` (ms precision), if the lease key holds `owner`; a mark this node
+/// cannot vouch for is first raised to TIME + `rollback_lead` (see [`read_mark`]).
 pub async fn reserve<C: ConnectionLike>(
     conn: &mut C,
     keys: &MintKeys,
@@ -119,6 +135,7 @@ pub async fn reserve<C: ConnectionLike>(
     owner: &Owner,
     target_unix_ms: u64,
     max_lead: Duration,
+    rollback_lead: Duration,
 ) -> redis::RedisResult<Reserved> {
     let (ours, mark_unix_ms, redis_ms): (u8, u64, u64) = RESERVE
         .key(lease_key)
@@ -127,6 +144,7 @@ pub async fn reserve<C: ConnectionLike>(
         .arg(owner.as_str())
         .arg(target_unix_ms)
         .arg(ms(max_lead))
+        .arg(ms(rollback_lead))
         .invoke_async(conn)
         .await?;
     Ok(Reserved {
@@ -138,13 +156,15 @@ pub async fn reserve<C: ConnectionLike>(
 
 /// Runs `settle.lua`: records `last_unix_ms` (the last minted timestamp, or the floor when
 /// none was minted) for `lease_key` if it holds `owner`. Only once minting stopped for
-/// good, and before `release.lua`.
+/// good, and before `release.lua`. A mark this node cannot vouch for is raised to Redis'
+/// TIME + `rollback_lead` instead, and no record written (see [`read_mark`]).
 pub async fn settle<C: ConnectionLike>(
     conn: &mut C,
     keys: &MintKeys,
     lease_key: &str,
     owner: &Owner,
     last_unix_ms: u64,
+    rollback_lead: Duration,
 ) -> redis::RedisResult<Settled> {
     let (ours, settled_unix_ms, mark_unix_ms): (u8, u64, u64) = SETTLE
         .key(lease_key)
@@ -152,6 +172,7 @@ pub async fn settle<C: ConnectionLike>(
         .key(keys.settled(lease_key))
         .arg(owner.as_str())
         .arg(last_unix_ms)
+        .arg(ms(rollback_lead))
         .invoke_async(conn)
         .await?;
     Ok(Settled {
@@ -206,6 +227,7 @@ mod tests {
             include_str!("mark.lua"),
             include_str!("reserve.lua"),
             include_str!("settle.lua"),
+            include_str!("vouch.lua"),
         ] {
             for part in ["-- KEYS[1]", "-- KEYS[3]", "-- ARGV[1]", "-- Returns"] {
                 assert!(script.contains(part), "{part}");

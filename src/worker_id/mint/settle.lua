@@ -9,12 +9,15 @@
 -- ARGV[1]  owner string "<identity>#<nonce>"
 -- ARGV[2]  the last minted timestamp, Unix ms (the floor this holder read, when it minted
 --          nothing), integer >= 0
+-- ARGV[3]  rollback lead, ms (integer >= 0): --mint-window + --max-clock-skew (vouch.lua)
 --
 -- Returns {code, settled, mark}:
---   code     1  ours: the record is max(record, ARGV[2]) (a record still there means
---               nothing was reserved, so nothing minted, since it was written) and the mark
---               max(mark, ARGV[2]); 0  not ours: nothing written, settled 0
---   settled  the record after the call
+--   code     1  ours: the mark is max(vouched mark, ARGV[2]) and, when this node could vouch
+--               for the mark, the record max(record, ARGV[2]) (a record still there means
+--               nothing was reserved, so nothing minted, since it was written); after a
+--               rollback no record is written (the next floor is the raised mark);
+--               0  not ours: nothing written, settled 0
+--   settled  the record after the call (0: none)
 --   mark     the mark after the call
 --
 -- Errors: a mark that is not an integer (written by hand): nothing written, no floor
@@ -22,17 +25,26 @@ local last = tonumber(ARGV[2])
 if last == nil or last < 0 or last ~= math.floor(last) then
   return redis.error_reply('ERR settle: last must be an integer >= 0 (Unix ms)')
 end
-local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
-if mark == nil then
+local rollback_lead, err = lead_arg(3, 'settle')
+if err then return err end
+local raw = redis.call('GET', KEYS[2])
+local stored = unstamp(raw)
+if raw and stored == nil then
   return redis.error_reply('ERR settle: the mark ' .. KEYS[2] .. ' is not Unix ms (set by hand?); nothing written')
 end
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
-  return {0, 0, mark}
+  return {0, 0, stored or 0}
 end
-local settled = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') or 0, last)
-redis.call('SET', KEYS[3], string.format('%d', settled))
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local mark, raised = vouched_mark(now, rollback_lead, 'settle')
+local settled = 0
+if not raised then
+  settled = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') or 0, last)
+  redis.call('SET', KEYS[3], string.format('%d', settled))
+end
 if last > mark then
   mark = last
-  redis.call('SET', KEYS[2], string.format('%d', mark))
+  redis.call('SET', KEYS[2], stamped(mark))
 end
 return {1, settled, mark}
