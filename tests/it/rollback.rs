@@ -210,3 +210,35 @@ fn worker_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
     assert_never_published_together(&samples);
     assert_eq!(a.id().map(|r| r.worker_id), Some(0), "A kept its ID");
 }
+
+/// The same on a Cluster shard: the replica of the shard holding ID 0 misses A's claim and is
+/// promoted when its primary dies. B must not publish ID 0 while A does.
+#[test]
+fn worker_cluster_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
+    let mut topo = ClusterTopology::start();
+    let url = topo.url();
+    let open = guard_open(&url, APP, &["--max-worker-id", "0"]);
+    assert_eq!(open.code, Some(0), "{open:?}");
+    let key = worker_key(APP, 0);
+    let port = topo.owner_of_key(&key).port;
+    let (a, new) = topo.fail_over_to_lagging_replica(port, || {
+        let a = slow_renewing(&url, APP, "a")
+            .flag("--ttl", "20s")
+            .flag("--renew-interval", "8s")
+            .spawn();
+        a.wait_for_lease(secs(10));
+        a
+    });
+    // A renews 8 s after its claim, after the promotion: the key is still missing.
+    assert!(
+        !topo.server(new.port).exists(&key),
+        "the promoted replica missed A's claim"
+    );
+    let b = slow_renewing(&url, APP, "b")
+        .flag("--ttl", "20s")
+        .flag("--renew-interval", "8s")
+        .spawn();
+    let samples = sample_both(&a, &b, secs(10));
+    assert_never_published_together(&samples);
+    assert_eq!(a.id().map(|r| r.worker_id), Some(0), "A kept its ID");
+}

@@ -736,6 +736,47 @@ impl ClusterTopology {
         new
     }
 
+    /// "A failover to a replica that missed writes" (asynchronous replication): once the
+    /// replicas of the primary on `port` are in sync, they are SIGSTOPped and their links
+    /// cut (a paused replica would otherwise read what was already sent once resumed),
+    /// `during` runs (its writes reach the primary only), then the primary is SIGKILLed, the
+    /// replicas resumed, and one of them promoted without those writes. Returns what
+    /// `during` returned and the new primary.
+    pub fn fail_over_to_lagging_replica<T>(
+        &mut self,
+        port: u16,
+        during: impl FnOnce() -> T,
+    ) -> (T, ClusterNode) {
+        let old = self.node_on(port);
+        let replicas = self.replicas_of(&old.id);
+        assert!(!replicas.is_empty(), ":{port} has no replica");
+        let offset = |p: u16| info_field(p, "replication", "master_repl_offset");
+        wait_for("replicas in sync before they lag", || {
+            replicas.iter().all(|r| offset(r.port) == offset(port))
+        });
+        for r in &replicas {
+            self.server(r.port).pause();
+        }
+        let _: i64 = try_query(
+            port,
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+        )
+        .expect("CLIENT KILL TYPE replica");
+        let out = during();
+        self.server_mut(port).stop();
+        for r in &replicas {
+            self.server(r.port).resume();
+        }
+        let new = poll_some(TOPOLOGY_TIMEOUT, || {
+            self.primaries()
+                .into_iter()
+                .find(|n| n.port != port && n.owns(old.slots[0].0))
+        })
+        .unwrap_or_else(|| panic!("no lagging replica of :{port} was promoted"));
+        self.wait_cluster_ok();
+        (out, new)
+    }
+
     /// Restarts the stopped node on `port` (empty, same `nodes.conf`): it rejoins as a
     /// replica of whoever took its slots. Waits until its link is up and the cluster is ok.
     pub fn restart_node(&mut self, port: u16) {
