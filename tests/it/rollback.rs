@@ -242,3 +242,32 @@ fn worker_cluster_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
     assert_never_published_together(&samples);
     assert_eq!(a.id().map(|r| r.worker_id), Some(0), "A kept its ID");
 }
+
+/// `guard open` after a restart from a snapshot: the open guard in the snapshot was written
+/// before the restart, so it is not taken as open (a rollback may have lost leases that
+/// holders still publish): refused, exit 5, nothing written; `--force` opens it, stamped by
+/// the node that runs now.
+#[test]
+fn guard_open_refuses_a_guard_from_before_a_restart() {
+    let mut redis = RedisServer::start();
+    let guard = format!("{PREFIX}{APP}:guard");
+    let first = guard_open(&redis.url(), APP, &[]);
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let _: () = redis.query(&mut redis::cmd("SAVE"));
+    redis.restart();
+    let before = redis.get(&guard).expect("the snapshot's guard");
+    let refused = guard_open(&redis.url(), APP, &[]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(
+        refused.stderr.contains("restarted or failed over"),
+        "{refused:?}"
+    );
+    assert_eq!(redis.get(&guard), Some(before), "nothing written");
+    let forced = guard_open(&redis.url(), APP, &["--force"]);
+    assert_eq!(forced.code, Some(0), "{forced:?}");
+    let after = redis.get(&guard).unwrap();
+    assert!(
+        after.ends_with(&format!(".{}", redis.node_stamp())),
+        "{after}"
+    );
+}
