@@ -52,6 +52,8 @@ mod http_flood;
 mod lock;
 /// Mint mode under adversarial use: a handover to another `--epoch` (ignored finding), an unreadable mark.
 mod mint_break;
+/// Mint mode's edges: a clock ahead within the skew never stalls minting.
+mod mint_edges;
 /// Mint mode through Redis restarted empty, a Cluster shard emptied, a Sentinel failover with
 /// `--min-replicas-ack`: the guard covers a lost mark; no ID twice.
 mod mint_faults;

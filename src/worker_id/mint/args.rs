@@ -60,7 +60,9 @@ pub struct MintConfig {
 }
 
 impl MintConfig {
-    /// The longest a reservation may run ahead of Redis' TIME (`reserve.lua`'s cap).
+    /// The window: how far ahead of the minting clock a reservation asks for. The cap
+    /// `reserve.lua` applies is this plus `--max-clock-skew` past Redis' TIME
+    /// (`reserver::Reserver::reservation_cap`).
     pub fn max_lead(&self) -> Duration {
         Duration::from_millis(self.window.ahead_ms)
     }
@@ -70,8 +72,9 @@ impl MintArgs {
     /// `None` without `--mint`. Checks the layout against `--max-worker-id` and the next 10
     /// years, and the window against the TTL: after Redis loses its data, the claim guard
     /// holds claims back one TTL, which must outlast every reservation granted before the
-    /// loss (at most the window past Redis' TIME) plus the clock skew a newcomer may have
-    /// (docs/mint-design.md, "Data loss").
+    /// loss plus the clock skew a newcomer may have (docs/mint-design.md, "Data loss").
+    /// (Since marks carry node stamps a lost mark is raised on its own, `vouch.lua`; the
+    /// check stays so that the guard alone still covers a loss, as before.)
     ///
     /// Errors: [`ConfigError`] naming `--id-layout`, `--epoch` or `--mint-window`.
     pub fn validate(

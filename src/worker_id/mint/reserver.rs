@@ -39,11 +39,19 @@ use crate::worker_id::state::{HeldLease, WorkerState};
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
 impl Reserver {
+    /// How far past Redis' TIME a reservation may reach (`reserve.lua`'s cap): the window,
+    /// plus `--max-clock-skew`, since the minting clock is trusted that far ahead of Redis
+    /// (a forward re-anchor); with the window alone a clock ahead within the skew could
+    /// find every reservation behind it and never mint again.
+    fn reservation_cap(&self) -> Duration {
+        self.config.max_lead() + self.max_clock_skew
+    }
+
     /// How far above Redis' TIME a mark this node cannot vouch for is raised: past every
-    /// reservation an earlier holder can have made (its lead) on a Redis clock up to
+    /// reservation an earlier holder can have made (the cap) on a Redis clock up to
     /// `--max-clock-skew` ahead of this one.
     fn rollback_lead(&self) -> Duration {
-        self.config.max_lead() + self.max_clock_skew
+        self.reservation_cap() + self.max_clock_skew
     }
 }
 
@@ -200,7 +208,7 @@ impl Reserver {
                         boot_ms: now_ms(),
                         unix_ms: wall_now_ms(),
                     };
-                    let expected = self.config.window.ahead_ms + ms(self.max_clock_skew);
+                    let expected = ms(self.rollback_lead());
                     log_if_behind(held.worker_id, read.floor_unix_ms, anchor.unix_ms, expected);
                     let grant = Grant {
                         worker_id: held.worker_id,
@@ -343,14 +351,14 @@ impl Reserver {
     /// at once (it re-creates a key Redis lost, or finds the loss).
     async fn reserve(&mut self, s: &mut Session, target: u64) {
         let (sent_wall, sent) = (wall_now_ms(), BootInstant::now());
-        let rollback_lead = self.rollback_lead();
+        let (cap, rollback_lead) = (self.reservation_cap(), self.rollback_lead());
         let call = script::reserve(
             &mut self.conn,
             &self.mint_keys,
             &s.lease_key,
             &s.held.owner,
             target,
-            self.config.max_lead(),
+            cap,
             rollback_lead,
         );
         let failure = match bounded(self.call_timeout, call).await {
@@ -486,7 +494,7 @@ fn standby_of(state: &WorkerState) -> Standby {
 }
 
 /// Logs when the clock is behind the floor: minting waits (`503 clock_behind`) until it passes
-/// it, never mints below. Within `expected_ms` (the window plus the skew bound) that is the
+/// it, never mints below. Within `expected_ms` (the rollback lead: window + 2 x skew) that is the
 /// previous holder's reservation ahead of its clock, after a crash or a re-adoption: info;
 /// beyond, this clock is behind Redis' view of time: a warning.
 fn log_if_behind(worker_id: u16, floor_unix_ms: u64, clock_unix_ms: u64, expected_ms: u64) {

@@ -227,7 +227,6 @@ mod tests {
             include_str!("mark.lua"),
             include_str!("reserve.lua"),
             include_str!("settle.lua"),
-            include_str!("vouch.lua"),
         ] {
             for part in ["-- KEYS[1]", "-- KEYS[3]", "-- ARGV[1]", "-- Returns"] {
                 assert!(script.contains(part), "{part}");
