@@ -33,13 +33,45 @@ pub(crate) fn liveness_routes() -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
 }
 
-/// Whether a request asks for plain text (`Accept` names `text/plain`, not JSON): `/id` and
-/// `/next` then answer bare decimals, one a line.
+/// Whether a request asks for plain text: `/id` and `/next` then answer bare decimals, one a
+/// line. Content negotiation as RFC 9110 (12.5.1) has it: media ranges compared without
+/// regard to case, each type weighed by the `q` of the most specific range that matches it
+/// (`text/plain` before `text/*` before `*/*`), `q=0` meaning "not acceptable". Text only when
+/// `text/plain` weighs more than `application/json` (so no `Accept`, `*/*` or a tie keep JSON).
 pub(crate) fn wants_text(headers: &axum::http::HeaderMap) -> bool {
-    headers
+    let Some(accept) = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/plain") && !accept.contains("application/json"))
+    else {
+        return false;
+    };
+    let ranges: Vec<mime::Mime> = accept
+        .split(',')
+        .filter_map(|range| range.trim().parse().ok())
+        .collect();
+    let text = weight(&ranges, &mime::TEXT_PLAIN);
+    text > 0.0 && text > weight(&ranges, &mime::APPLICATION_JSON)
+}
+
+/// The `q` (0-1) that `ranges` give `wanted`: that of the most specific matching range, 0
+/// when none matches.
+fn weight(ranges: &[mime::Mime], wanted: &mime::Mime) -> f32 {
+    let specificity = |range: &mime::Mime| match (range.type_(), range.subtype()) {
+        (t, s) if t == wanted.type_() && s == wanted.subtype() => Some(2),
+        (t, mime::STAR) if t == wanted.type_() => Some(1),
+        (mime::STAR, mime::STAR) => Some(0),
+        _ => None,
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let q = range
+                .get_param("q")
+                .map_or(Some(1.0), |q| q.as_str().parse::<f32>().ok())?;
+            Some((specificity(range)?, q.clamp(0.0, 1.0)))
+        })
+        .max_by_key(|(specificity, _)| *specificity)
+        .map_or(0.0, |(_, q)| q)
 }
 
 /// Encodes a registry in the Prometheus/OpenMetrics text format.
@@ -108,4 +140,42 @@ pub(crate) fn assert_base_units(text: &str) -> Vec<String> {
         );
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_for(accept: &str) -> bool {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(header::ACCEPT, accept.parse().unwrap());
+        wants_text(&headers)
+    }
+
+    /// `Accept` is read as RFC 9110 has it: case-insensitive types, `q` weights (0: not
+    /// acceptable), the most specific range deciding; JSON unless text weighs more.
+    #[test]
+    fn accept_is_negotiated_by_type_and_weight() {
+        for (accept, text) in [
+            ("text/plain", true),
+            ("Text/Plain", true),
+            ("TEXT/PLAIN; charset=utf-8", true),
+            ("text/plain;q=0", false),
+            ("text/plain; q=0, */*", false),
+            ("text/plain, application/json;q=0.5", true),
+            ("application/json, text/plain", false),
+            ("text/*", true),
+            ("text/*;q=0.3, application/json;q=0.2", true),
+            ("*/*", false),
+            ("application/json", false),
+            ("garbage", false),
+            ("", false),
+        ] {
+            assert_eq!(text_for(accept), text, "{accept:?}");
+        }
+        assert!(
+            !wants_text(&axum::http::HeaderMap::new()),
+            "no Accept: JSON"
+        );
+    }
 }

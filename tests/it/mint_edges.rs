@@ -36,3 +36,44 @@ fn a_clock_ahead_within_the_skew_never_stalls_minting() {
     let last = next(&sidecar, 1);
     assert!(last.is_ok(), "{last:?}");
 }
+
+/// One raw HTTP/1.1 request to the sidecar's `--listen` port: the status line's code.
+fn raw_status(sidecar: &Sidecar, method: &str, target: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(sidecar.http_addr()).unwrap();
+    let head = format!("{method} {target} HTTP/1.1\r\nHost: mint\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"))
+}
+
+/// `HEAD /next` mints nothing (axum would run the GET handler and drop its IDs: counted as
+/// answered, never delivered): 405. `Accept` is matched without regard to case and honours
+/// `q=0`: `Text/Plain` gets text, `text/plain;q=0` JSON.
+#[test]
+fn head_mints_nothing_and_accept_is_negotiated() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let sidecar = crate::mint_worker::minter_at(&redis.url())
+        .flag("--max-worker-id", "0")
+        .spawn();
+    first_batch(&sidecar, 1);
+    let minted = || sidecar.metric("snowlease_ids_minted_total").unwrap();
+    let before = minted();
+    for _ in 0..3 {
+        assert_eq!(raw_status(&sidecar, "HEAD", "/next?count=4096"), 405);
+    }
+    assert_eq!(minted(), before, "HEAD minted IDs");
+
+    let (status, body) = sidecar.http_get("/next", Some("Text/Plain"));
+    assert_eq!(status, 200);
+    assert!(body.trim().parse::<u64>().is_ok(), "text: {body:?}");
+    let (status, body) = sidecar.http_get("/next", Some("text/plain;q=0, application/json"));
+    assert_eq!(status, 200);
+    assert!(body.starts_with("{\"id\":"), "JSON: {body:?}");
+}

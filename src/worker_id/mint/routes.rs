@@ -30,7 +30,16 @@ pub(crate) struct MintHttp {
 /// The mint routes. Pure: tests drive it with `oneshot`; the worker's `--listen` server and
 /// the unix socket ([`super::socket`]) serve it.
 pub(crate) fn router(http: MintHttp) -> Router {
-    Router::new().route("/next", get(next)).with_state(http)
+    // axum answers HEAD with the GET handler minus the body: here that would mint IDs and
+    // drop them, so HEAD is refused.
+    Router::new()
+        .route("/next", get(next).head(head_refused))
+        .with_state(http)
+}
+
+/// `HEAD /next`: 405 with `Allow: GET`; nothing is minted.
+async fn head_refused() -> Response {
+    (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET")]).into_response()
 }
 
 /// `GET /next[?count=N]`.
