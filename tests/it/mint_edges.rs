@@ -77,3 +77,31 @@ fn head_mints_nothing_and_accept_is_negotiated() {
     assert_eq!(status, 200);
     assert!(body.starts_with("{\"id\":"), "JSON: {body:?}");
 }
+
+/// A `--mint-socket` path of 100 bytes (107 is the most a socket address holds): bound and
+/// served. Before, the temporary name `<path>.<pid>.tmp` it was bound under overflowed the
+/// address and start-up failed ("path must be shorter than SUN_LEN"). Nothing but the socket
+/// is left in its folder.
+#[test]
+fn a_mint_socket_path_of_100_bytes_is_served() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let pod = PodDir::new();
+    let base = pod.path().to_string_lossy().len() + 1;
+    let socket = pod.path().join("s".repeat(100 - base));
+    assert_eq!(socket.as_os_str().len(), 100);
+    let sidecar = crate::mint_worker::minter_at(&redis.url())
+        .pod(&pod)
+        .flag("--max-worker-id", "0")
+        .flag("--mint-socket", socket.to_string_lossy())
+        .spawn();
+    first_batch(&sidecar, 1);
+    let answer = crate::mint_worker::socket_get(&socket, "/next", "text/plain");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let leftovers: Vec<String> = std::fs::read_dir(pod.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

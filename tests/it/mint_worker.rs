@@ -98,7 +98,7 @@ pub(crate) fn first_batch(sidecar: &Sidecar, count: usize) -> Vec<u64> {
 }
 
 /// One HTTP/1.1 request over a unix socket, as an app in the pod sends it.
-fn socket_get(path: &Path, target: &str, accept: &str) -> String {
+pub(crate) fn socket_get(path: &Path, target: &str, accept: &str) -> String {
     let mut stream = UnixStream::connect(path).unwrap();
     let head = format!(
         "GET {target} HTTP/1.1\r\nHost: mint\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"

@@ -106,6 +106,9 @@ impl MintArgs {
                 ),
             ));
         }
+        if let Some(socket) = &self.mint_socket {
+            check_socket_path(socket)?;
+        }
         let ahead_ms = crate::timing::ms(self.mint_window);
         Ok(Some(MintConfig {
             layout,
@@ -117,6 +120,25 @@ impl MintArgs {
             },
         }))
     }
+}
+
+/// The longest path a unix socket can be connected at: `sun_path` holds 108 bytes with the
+/// closing NUL (unix(7)).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// `--mint-socket` fits a socket address, so the app can connect to it.
+fn check_socket_path(path: &std::path::Path) -> Result<(), ConfigError> {
+    let len = path.as_os_str().len();
+    if len == 0 || len > MAX_SOCKET_PATH {
+        return Err(ConfigError::new(
+            "--mint-socket",
+            format!(
+                "{} is {len} bytes; a unix socket path is 1-{MAX_SOCKET_PATH} bytes (sun_path, unix(7))",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -158,6 +180,17 @@ mod tests {
         let args = Cli::try_parse_from(["snowlease"]).unwrap().mint;
         let config = args.validate(31, Duration::from_secs(120), Duration::from_millis(500));
         assert!(config.unwrap().is_none());
+    }
+
+    /// A socket path fits `sun_path`: up to 107 bytes.
+    #[test]
+    fn the_socket_path_fits_a_socket_address() {
+        let ok = format!("/{}", "s".repeat(106));
+        validate(&["--mint-socket", &ok], 31).unwrap();
+        let long = format!("/{}", "s".repeat(107));
+        let err = validate(&["--mint-socket", &long], 31).unwrap_err();
+        assert_eq!(err.flag, "--mint-socket");
+        assert!(err.reason.contains("1-107 bytes"), "{}", err.reason);
     }
 
     #[test]

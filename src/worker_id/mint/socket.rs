@@ -4,6 +4,7 @@
 //! file refused, and removed again at shutdown.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -32,13 +33,25 @@ impl MintSocket {
     /// Binds `path`: refused (`AlreadyExists`) while another process listens there or when
     /// it is not a socket; a stale socket file (nobody listening) is replaced. The socket is
     /// bound under a temporary name beside it, given mode 0660, then renamed into place, so
-    /// it is never reachable with a wider mode.
+    /// it is never reachable with a wider mode. The temporary name is random (two containers
+    /// that both run as PID 1 share no name) and reached through `/proc/self/fd/<the
+    /// folder>/`, so it fits the 108 bytes of a socket address (`sun_path`, unix(7)) whatever
+    /// the folder's path; only `path` itself must (clients connect to it).
     pub(crate) fn bind(path: &Path) -> io::Result<Self> {
         check_replaceable(path)?;
-        let mut temporary = path.as_os_str().to_owned();
-        temporary.push(format!(".{}.tmp", std::process::id()));
-        let temporary = PathBuf::from(temporary);
-        let _ = std::fs::remove_file(&temporary);
+        let folder = match path.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder,
+            _ => Path::new("."),
+        };
+        let name = format!(".snowlease-{:016x}.tmp", rand::random::<u64>());
+        // Held open until the rename: the /proc path names this folder through it.
+        let handle = std::fs::File::open(folder)?;
+        let through_proc = PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()));
+        let temporary = if through_proc.is_dir() {
+            through_proc.join(&name)
+        } else {
+            folder.join(&name)
+        };
         let listener = UnixListener::bind(&temporary)?;
         let placed = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(MODE))
             .and_then(|()| std::fs::rename(&temporary, path));
