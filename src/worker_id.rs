@@ -182,6 +182,10 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         min_replicas_ack: config.min_replicas_ack,
         max_clock_skew: config.max_clock_skew,
         handover_delay: config.handover_delay,
+        mode: match config.mint {
+            Some(_) => state::Mode::Mint,
+            None => state::Mode::Publish,
+        },
     };
     if config.allow_evicting_redis {
         warn!(

@@ -208,6 +208,7 @@ pub(crate) fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease>
         owner: state.owner,
         valid_until_ms: state.valid_until_ms,
         release_unconfirmed: state.release_unconfirmed,
+        mint: state.mint,
     })
 }
 

@@ -34,7 +34,7 @@ use self::setup::Setup;
 use super::args::{LeaseSettings, OnLoss};
 use super::claim::{Claimer, LeaseKeys};
 use super::metrics::WorkerMetrics;
-use super::state::{HeldLease, RecordedLease, WorkerState};
+use super::state::{HeldLease, Mode, RecordedLease, WorkerState};
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, Redis};
 use crate::identity::Owner;
@@ -89,6 +89,9 @@ pub(crate) struct WorkerParams {
     /// Expiry of the tombstone each released key becomes, 100 ms-60 s
     /// (`--handover-delay`).
     pub handover_delay: Duration,
+    /// Publish the worker ID to the app, or mint with it: a claimed ID last
+    /// used the other way passes the gate only once that use has ended.
+    pub mode: Mode,
 }
 
 /// How a keeper ended, after it unpublished and released.
@@ -289,6 +292,7 @@ impl Worker {
             valid_until: sent + valid_for,
             valid_until_unix_ms: lease::unix_ms(sent_wall + valid_for),
             redis_expires_ms,
+            app_until: None,
         }
     }
 }
@@ -329,6 +333,7 @@ mod tests {
             valid_until: BootInstant::now(),
             valid_until_unix_ms: 0,
             redis_expires_ms: 0,
+            app_until: None,
         }
     }
 

@@ -26,7 +26,7 @@ pub(crate) const RENEW_OUTCOMES: [&str; 6] = [
     "unacknowledged",
 ];
 /// Every `outcome` of `snowlease_claim_attempts_total`.
-pub(crate) const CLAIM_OUTCOMES: [&str; 8] = [
+pub(crate) const CLAIM_OUTCOMES: [&str; 9] = [
     "claimed",
     "adopted",
     "full",
@@ -35,6 +35,7 @@ pub(crate) const CLAIM_OUTCOMES: [&str; 8] = [
     "error",
     "unacknowledged",
     "clock_skew",
+    "handover",
 ];
 
 /// Counters and gauges of one worker sidecar.

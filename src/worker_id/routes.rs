@@ -87,6 +87,10 @@ fn unpublished(state: &WorkerState) -> serde_json::Value {
             "state": state_name(state),
             "clock_skew_ms": skew_ms,
         }),
+        WorkerState::Handover(until) => json!({
+            "state": state_name(state),
+            "handover_in_ms": crate::timing::ms(until.remaining()),
+        }),
         WorkerState::Evicting(evicting) => json!({
             "state": state_name(state),
             "maxmemory_policy": evicting.policy,
@@ -102,6 +106,7 @@ fn state_name(state: &WorkerState) -> &'static str {
         WorkerState::Claiming => "claiming",
         WorkerState::GuardClosed(_) => "guard_closed",
         WorkerState::ClockSkewed(_) => "clock_skew",
+        WorkerState::Handover(_) => "handover",
         WorkerState::Evicting(_) => "evicting",
         WorkerState::Readopting(_) => "readopting",
         WorkerState::Held(_) => "expired",
@@ -161,6 +166,7 @@ mod tests {
             valid_until: crate::boot_clock::BootInstant::now() + valid_for,
             valid_until_unix_ms: 0,
             redis_expires_ms: 0,
+            app_until: None,
         })
     }
 

@@ -28,6 +28,12 @@ pub(crate) enum WorkerState {
     /// node's wall clock differs from Redis' TIME by this many ms (local -
     /// Redis), beyond `--max-clock-skew`. Claims go on until it is back.
     ClockSkewed(i64),
+    /// An ID was claimed (the key is ours) but its last use in the other
+    /// mode may go on until about this instant: an app under `exec` that
+    /// an earlier process in this pod handed it to (before minting with
+    /// it), or IDs minted up to its high-water mark (before handing it to
+    /// an app). Not published, not minted with; claims go on until then.
+    Handover(BootInstant),
     /// No ID claimed or published: Redis may evict lease keys
     /// ([`crate::eviction`]); claims go on (and are refused) until it is
     /// set to `noeviction`.
@@ -69,6 +75,19 @@ pub(crate) struct HeldLease {
     /// claim or renew: a renew re-creates a missing key only before it,
     /// less the margin ([`crate::lease::recreate_before`]).
     pub redis_expires_ms: u64,
+    /// Re-adopted from a record of an earlier process in this pod that
+    /// published the ID to the app ([`RecordedLease::app_deadline`]): the
+    /// app may run on it until then, so it is not minted with before.
+    pub app_until: Option<BootInstant>,
+}
+
+/// What the sidecar does with the worker ID it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Publishes it to the app (ID file, `GET /id`).
+    Publish,
+    /// Mints the Snowflake IDs itself (`--mint`).
+    Mint,
 }
 
 impl HeldLease {
@@ -98,9 +117,30 @@ pub(crate) struct RecordedLease {
     /// The earlier process stopped publishing it without a confirmed
     /// release (`StateFile::release_unconfirmed`): no ID file of it stands.
     pub release_unconfirmed: bool,
+    /// The earlier process minted with it (`--mint`) instead of publishing it.
+    pub mint: bool,
 }
 
 impl RecordedLease {
+    /// Until when an app under `exec` may still run on the ID, when the
+    /// earlier process published it (not in mint mode): its recorded
+    /// deadline, which `exec` stops the app before, also when it had
+    /// stopped publishing since (`release_unconfirmed`: `exec` notices only
+    /// at its next poll). `None` when minted with, or once passed; a
+    /// deadline more than one validity span away was never written by a
+    /// sidecar and counts as one span from now.
+    pub(crate) fn app_deadline(&self, ttl: Duration) -> Option<BootInstant> {
+        if self.mint {
+            return None;
+        }
+        let now = BootInstant::now();
+        let until = match self.valid_until_boot {
+            Some(until) => until,
+            None => now + lease::until_unix_ms(self.valid_until_ms)?,
+        };
+        (until > now).then(|| until.min(now + lease::validity(ttl)))
+    }
+
     /// The recorded deadline on the boot clock (from the wall-clock record
     /// when the file has none for this boot). `None` once passed, when the
     /// earlier process had already unpublished it, and when it lies more
@@ -129,6 +169,7 @@ mod tests {
 
     fn recorded(valid_until_ms: u64, valid_until_boot: Option<BootInstant>) -> RecordedLease {
         RecordedLease {
+            mint: false,
             worker_id: 3,
             owner: "10.0.0.1#00".into(),
             valid_until_ms,

@@ -105,3 +105,102 @@ fn a_mint_socket_path_of_100_bytes_is_served() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// The app's script: writes the worker ID it got and its PID, then sleeps.
+const APP_SCRIPT: &str = r#"echo "$WORKER_ID" > "$SAW.tmp" && mv "$SAW.tmp" "$SAW"; echo $$ > "$SAW.pid"; exec sleep 600"#;
+
+/// Switching a pod's sidecar to `--mint` under a running app: the plain sidecar is killed
+/// (its release never reaches Redis) and comes back with `--mint` on the same volume while
+/// the app under `exec` still runs with `WORKER_ID=0`. The new sidecar re-adopts ID 0 but
+/// mints nothing while the app lives (it waits for the app's recorded deadline, which `exec`
+/// stops the app before). Before, it minted at once, 0.4-0.95 s before the app stopped.
+#[test]
+fn switching_to_mint_under_a_running_app_mints_only_once_the_app_is_gone() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let pod = PodDir::new();
+    let lease = |b: SidecarBuilder| {
+        b.pod(&pod)
+            .flag("--max-worker-id", "0")
+            .flag("--ttl", "4s")
+            .flag("--renew-interval", "1s")
+    };
+    let mut plain = lease(Sidecar::worker(&redis, APP).name("plain")).spawn();
+    plain.wait_for_lease(secs(10));
+    let _app = crate::exec::exec_app(&pod, "app", &[], APP_SCRIPT).spawn();
+    assert_eq!(crate::exec::wait_app_saw(&pod, "app", secs(10)), Some(0));
+    let app_pid = crate::exec::app_pid(&pod, "app");
+    plain.signal(Signal::SIGKILL);
+    let _ = plain.wait_exit(secs(5));
+    // ID 0 minted on this node before (a missing mark would be raised and hold minting
+    // back on its own: rollback.rs).
+    let mark =
+        snowlease::worker_id::mint::script::MintKeys::new(PREFIX, APP).mark(&worker_key(APP, 0));
+    redis.set_stamped(&mark, 0);
+
+    let minter = lease(crate::mint_worker::minter_at(&redis.url()).name("minter")).spawn();
+    let alive = || std::path::Path::new(&format!("/proc/{app_pid}")).exists();
+    let end = std::time::Instant::now() + secs(15);
+    let mut minted = false;
+    while std::time::Instant::now() < end && !minted {
+        if next(&minter, 1).is_ok() {
+            assert!(
+                !alive(),
+                "minted with worker ID 0 while the app still runs on it"
+            );
+            minted = true;
+        }
+        std::thread::sleep(ms(10));
+    }
+    assert!(minted, "the minter never minted");
+    assert!(
+        minter.wait_for_log("last published to an app", secs(1)),
+        "the wait is explained"
+    );
+}
+
+/// The reverse: a mint-mode sidecar whose clock runs 400 ms ahead (within
+/// `--max-clock-skew`) mints, is killed, and comes back without `--mint` on the same volume.
+/// It re-adopts the ID but publishes it only once Redis' TIME has passed the ID's high-water
+/// mark by the skew, so the app's own generator starts above every minted timestamp. Before,
+/// it published at once, below the minted timestamps.
+#[test]
+fn switching_from_mint_publishes_only_past_the_minted_ids() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = dir.path().join("offset");
+    set_offset(&stamp, "+0.4");
+    let pod = PodDir::new();
+    let mut ahead = faked_at(&redis.url(), &stamp)
+        .name("ahead")
+        .pod(&pod)
+        .flag("--ttl", "4s")
+        .flag("--renew-interval", "1s")
+        .spawn();
+    let mut ids = first_batch(&ahead, 64);
+    let end = std::time::Instant::now() + ms(500);
+    while std::time::Instant::now() < end {
+        ids.extend(next(&ahead, 256).unwrap_or_default());
+    }
+    ahead.signal(Signal::SIGKILL);
+    let _ = ahead.wait_exit(secs(5));
+    let newest = ids
+        .iter()
+        .map(|id| crate::mint_worker::unix_ms_of(*id))
+        .max()
+        .unwrap();
+
+    let plain = Sidecar::worker(&redis, APP)
+        .name("plain")
+        .pod(&pod)
+        .flag("--max-worker-id", "0")
+        .flag("--ttl", "4s")
+        .flag("--renew-interval", "1s")
+        .spawn();
+    let published = poll_some(secs(15), || plain.id().map(|_| unix_ms())).expect("published");
+    assert!(
+        published > newest,
+        "published at {published}, below the newest minted timestamp {newest}"
+    );
+}

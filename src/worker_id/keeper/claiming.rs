@@ -20,7 +20,7 @@ use crate::lease::{self, RenewOutcome};
 use crate::timing::{bounded, ms, spread};
 use crate::worker_id::claim::{ClaimOutcome, GuardFound};
 use crate::worker_id::metrics::WorkerMetrics;
-use crate::worker_id::state::{HeldLease, RecordedLease, WorkerState};
+use crate::worker_id::state::{HeldLease, Mode, RecordedLease, WorkerState};
 use crate::worker_id::timing::{self, ClaimBackoff};
 
 /// Longest pause behind a closed claim guard before the next claim round
@@ -142,6 +142,22 @@ impl Worker {
                 phase.detail =
                     format!("clock skew {skew_ms} ms to Redis' TIME is beyond --max-clock-skew");
                 self.set_state(WorkerState::ClockSkewed(skew_ms));
+            }
+            Refusal::Handover(wait) => {
+                WorkerMetrics::count(&self.metrics.claim_attempts, "handover");
+                let (was, now) = match self.params.mode {
+                    Mode::Mint => ("published to an app", "minting"),
+                    Mode::Publish => ("minted with", "publishing"),
+                };
+                phase.detail = format!("worker ID {} was last {was}", held.worker_id);
+                if !matches!(*self.state.borrow(), WorkerState::Handover(_)) {
+                    info!(
+                        worker_id = held.worker_id,
+                        wait_ms = ms(wait),
+                        "the worker ID was last {was} (the other mode); {now} waits until that use has ended"
+                    );
+                }
+                self.set_state(WorkerState::Handover(BootInstant::now() + wait));
             }
             Refusal::Unacknowledged => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "unacknowledged");
@@ -308,7 +324,11 @@ impl Worker {
                 "re-adopted the lease recorded in the state file"
             );
             self.ours.owner = owner;
-            return Ok(Some(self.held(rec.worker_id, sent, sent, reply.expires_ms)));
+            let held = self.held(rec.worker_id, sent, sent, reply.expires_ms);
+            return Ok(Some(HeldLease {
+                app_until: rec.app_deadline(ttl),
+                ..held
+            }));
         }
         info!(
             worker_id = rec.worker_id,

@@ -1,12 +1,18 @@
 //! The one gate a confirmed write passes before it may be published (a
 //! claim) or keep the ID published (a renew): the primary the Sentinels
-//! name took it, the clock agrees with Redis (claims only), and enough
-//! replicas acknowledged it. Claim and renew report a refusal their own
-//! way; the checks and their order live only here.
+//! name took it, the clock agrees with Redis (claims only), the ID's last
+//! use in the other mode has ended (claims only), and enough replicas
+//! acknowledged it. Claim and renew report a refusal their own way; the
+//! checks and their order live only here.
+
+use std::time::Duration;
 
 use super::Worker;
+use crate::boot_clock::BootInstant;
 use crate::lease;
-use crate::worker_id::state::HeldLease;
+use crate::timing::bounded;
+use crate::worker_id::mint::script::MintKeys;
+use crate::worker_id::state::{HeldLease, Mode};
 
 /// Which write the gate judges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +37,12 @@ pub(super) enum Refusal {
     /// Fewer than `--min-replicas-ack` replicas acknowledged it in time:
     /// a failover may lose the write.
     Unacknowledged,
+    /// The ID was last used in the other mode and that use may go on for
+    /// this long: an app an earlier process in this pod published it to
+    /// (mint mode waits for its recorded deadline), or IDs minted up to
+    /// its high-water mark (publishing waits until Redis' TIME is past the
+    /// mark by `--max-clock-skew`, so the app's clock is past it too).
+    Handover(Duration),
 }
 
 impl Refusal {
@@ -46,6 +58,7 @@ impl Refusal {
 enum Check {
     Primary,
     Skew,
+    Handover,
     Replicas,
 }
 
@@ -54,7 +67,12 @@ enum Check {
 /// skew bound holds only for a new ID: a held ID stays published.
 fn checks(write: Write) -> &'static [Check] {
     match write {
-        Write::Claim => &[Check::Primary, Check::Skew, Check::Replicas],
+        Write::Claim => &[
+            Check::Primary,
+            Check::Skew,
+            Check::Handover,
+            Check::Replicas,
+        ],
         Write::Renew => &[Check::Primary, Check::Replicas],
     }
 }
@@ -71,20 +89,61 @@ impl Worker {
         write: Write,
     ) -> Result<(), Refusal> {
         for check in checks(write) {
+            let mut handover = Duration::ZERO;
             let passed = match check {
                 Check::Primary => self.conn.confirm_primary().await,
                 Check::Skew => !self.skew.exceeded(),
+                Check::Handover => {
+                    handover = self.handover(lease).await;
+                    handover.is_zero()
+                }
                 Check::Replicas => self.acknowledged(lease).await,
             };
             if !passed {
                 return Err(match check {
                     Check::Primary => Refusal::NotPrimary,
                     Check::Skew => Refusal::ClockSkewed(self.skew.ms()),
+                    Check::Handover => Refusal::Handover(handover),
                     Check::Replicas => Refusal::Unacknowledged,
                 });
             }
         }
         Ok(())
+    }
+
+    /// How long the ID's last use in the other mode may still go on
+    /// (zero: ended, or none). Mint mode: until the deadline of the app a
+    /// re-adopted record says it was published to. Publishing: until Redis'
+    /// TIME is `--max-clock-skew` past the ID's high-water mark, read now
+    /// (one `GET`; an app that never minted has none); a mark that cannot
+    /// be read counts as one whole mint window (`--mint-window`'s largest
+    /// value is not known here: the read is retried with the claim).
+    async fn handover(&mut self, lease: &HeldLease) -> Duration {
+        match self.params.mode {
+            Mode::Mint => lease.app_until.map_or(Duration::ZERO, |until| {
+                until.saturating_duration_since(BootInstant::now())
+            }),
+            Mode::Publish => {
+                let keys = MintKeys::new(&self.params.settings.key_prefix, &self.params.app);
+                let mark_key = keys.mark(&self.keys().id(lease.worker_id));
+                let call_timeout = self.params.settings.call_timeout();
+                let mut get = redis::cmd("GET");
+                get.arg(&mark_key);
+                let read = get.query_async::<Option<String>>(&mut self.conn);
+                let mark = match bounded(call_timeout, read).await {
+                    Ok(mark) => mark
+                        .and_then(|m| lease::node::integer_part(&m))
+                        .unwrap_or(0),
+                    // Unknown: not published this round (a claim retries).
+                    Err(_) => return Duration::from_secs(1),
+                };
+                let redis_now = lease
+                    .redis_expires_ms
+                    .saturating_sub(crate::timing::ms(self.params.settings.ttl));
+                let skew = crate::timing::ms(self.params.max_clock_skew);
+                Duration::from_millis((mark + skew).saturating_sub(redis_now))
+            }
+        }
     }
 
     /// Whether `--min-replicas-ack` replicas acknowledged the last write
@@ -114,7 +173,12 @@ mod tests {
     fn only_a_claim_is_held_to_the_skew_bound() {
         assert_eq!(
             checks(Write::Claim),
-            [Check::Primary, Check::Skew, Check::Replicas]
+            [
+                Check::Primary,
+                Check::Skew,
+                Check::Handover,
+                Check::Replicas
+            ]
         );
         assert_eq!(checks(Write::Renew), [Check::Primary, Check::Replicas]);
     }
@@ -134,5 +198,6 @@ mod tests {
         assert!(!Refusal::NotPrimary.claim_backs_off());
         assert!(Refusal::ClockSkewed(900).claim_backs_off());
         assert!(Refusal::Unacknowledged.claim_backs_off());
+        assert!(Refusal::Handover(Duration::from_secs(1)).claim_backs_off());
     }
 }

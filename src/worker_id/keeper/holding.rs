@@ -313,7 +313,7 @@ impl Worker {
             }
             // Never extend validity from a write a failover may lose.
             // (The gate does not hold a renewal to the skew bound.)
-            Refusal::Unacknowledged | Refusal::ClockSkewed(_) => {
+            Refusal::Unacknowledged | Refusal::ClockSkewed(_) | Refusal::Handover(_) => {
                 WorkerMetrics::count(&self.metrics.renewals, "unacknowledged");
                 warn!(
                     worker_id,

@@ -17,10 +17,11 @@ pub(crate) struct StateLabel {
 
 /// Every state a `/next` 503 names ([`super::minter::Refusal::state`]), exported at 0 from
 /// the start so an alert's `increase()` sees the first one.
-pub(crate) const UNAVAILABLE_STATES: [&str; 11] = [
+pub(crate) const UNAVAILABLE_STATES: [&str; 12] = [
     "claiming",
     "guard_closed",
     "clock_skew",
+    "handover",
     "evicting",
     "readopting",
     "lost",
@@ -120,6 +121,7 @@ mod tests {
             Standby::Claiming,
             Standby::GuardClosed,
             Standby::ClockSkew,
+            Standby::Handover,
             Standby::Evicting,
             Standby::Readopting,
             Standby::Lost,

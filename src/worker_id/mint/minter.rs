@@ -17,6 +17,8 @@ pub enum Standby {
     ClockSkew,
     /// Redis may evict keys; nothing claimed.
     Evicting,
+    /// The worker ID was last published to an app that may still run on it.
+    Handover,
     /// Re-adopting a lease recorded by an earlier process.
     Readopting,
     /// The lease was lost; reclaiming.
@@ -86,6 +88,7 @@ impl Refusal {
             Self::NoLease(Standby::Claiming) => "claiming",
             Self::NoLease(Standby::GuardClosed) => "guard_closed",
             Self::NoLease(Standby::ClockSkew) => "clock_skew",
+            Self::NoLease(Standby::Handover) => "handover",
             Self::NoLease(Standby::Evicting) => "evicting",
             Self::NoLease(Standby::Readopting) => "readopting",
             Self::NoLease(Standby::Lost) => "lost",

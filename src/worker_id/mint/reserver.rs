@@ -487,6 +487,7 @@ fn standby_of(state: &WorkerState) -> Standby {
         WorkerState::Readopting(_) => Standby::Readopting,
         WorkerState::GuardClosed(_) => Standby::GuardClosed,
         WorkerState::ClockSkewed(_) => Standby::ClockSkew,
+        WorkerState::Handover(_) => Standby::Handover,
         WorkerState::Evicting(_) => Standby::Evicting,
         WorkerState::Lost | WorkerState::Held(_) => Standby::Lost,
         WorkerState::Stopping => Standby::Draining,
