@@ -37,7 +37,11 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
     if let Some(crate::budget::BudgetError::BadInput { .. }) = err.downcast_ref() {
         return BAD_INPUT;
     }
-    if err.downcast_ref::<GuardRefused>().is_some() {
+    if err.downcast_ref::<GuardRefused>().is_some()
+        || err
+            .downcast_ref::<crate::worker_id::mint::carry::CarryRefused>()
+            .is_some()
+    {
         return REFUSED;
     }
     if let Some(err) = err.downcast_ref::<ExecError>() {

@@ -78,6 +78,12 @@ impl IdLayout {
         Ok(layout)
     }
 
+    /// The bits below the timestamp (worker and sequence) set: the largest ID of a
+    /// millisecond is its smallest one with these.
+    pub fn low_bits(self) -> u64 {
+        (1u64 << (self.worker_bits + self.sequence_bits)) - 1
+    }
+
     /// IDs per ms per worker ID: 2^sequence bits.
     pub fn sequences(self) -> u32 {
         1 << self.sequence_bits.min(31)
