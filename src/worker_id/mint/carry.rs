@@ -17,6 +17,7 @@ use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, 
 use super::script::{MintKeys, record_format};
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::RedisTarget;
+use crate::timing::bounded;
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
 
@@ -183,7 +184,6 @@ pub(crate) fn floor_after(
 pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
-    let bounded = |what| move |_| anyhow::anyhow!("redis {what} did not answer within 5s");
     let ids: Vec<u16> = (0..=ALL_IDS).collect();
     let mut pipe = redis::pipe();
     for id in &ids {
@@ -194,11 +194,9 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
             .arg(config.from_mint.mark(&config.from.id(*id)));
     }
     pipe.cmd("GET").arg(config.from_mint.format());
-    let replies: Vec<Option<String>> =
-        tokio::time::timeout(CALL_TIMEOUT, pipe.query_async(&mut conn))
-            .await
-            .map_err(bounded("GET"))?
-            .with_context(context)?;
+    let replies: Vec<Option<String>> = bounded(CALL_TIMEOUT, pipe.query_async(&mut conn))
+        .await
+        .with_context(context)?;
     let (leases, rest) = replies.split_at(ids.len());
     let (marks, format) = rest.split_at(ids.len());
     let held = leases.iter().filter(|v| v.is_some()).count();
@@ -228,12 +226,11 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
             floor_after(old, old_epoch, old_mark, config.layout, config.epoch)
         }
     };
-    let recorded = tokio::time::timeout(
+    let recorded = bounded(
         CALL_TIMEOUT,
         record_format(&mut conn, &config.to_mint, &ours),
     )
     .await
-    .map_err(bounded("EVALSHA"))?
     .with_context(context)?;
     if recorded != ours {
         return Err(CarryRefused::OtherFormat {
@@ -248,10 +245,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         let mut invocation = CARRY.key(mark);
         invocation.arg(floor);
         let call = invocation.invoke_async::<u64>(&mut conn);
-        tokio::time::timeout(CALL_TIMEOUT, call)
-            .await
-            .map_err(bounded("EVALSHA"))?
-            .with_context(context)?;
+        bounded(CALL_TIMEOUT, call).await.with_context(context)?;
     }
     let line = serde_json::json!({
         "from_app": config.from_app,
