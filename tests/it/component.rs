@@ -85,7 +85,10 @@ fn python_for_the_app() -> Option<PathBuf> {
 #[test]
 fn mint_socket_reaches_the_app_through_the_pods_fs_group() {
     let skip = |why: &str| {
-        eprintln!("!!! SKIPPED mint_socket_reaches_the_app_through_the_pods_fs_group: {why} !!!")
+        skip(
+            "component::mint_socket_reaches_the_app_through_the_pods_fs_group",
+            why,
+        )
     };
     // The effective UID owns /proc/self.
     if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {

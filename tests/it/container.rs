@@ -41,7 +41,6 @@
 //! container is stopped before the pod, as Kubernetes stops native sidecars last.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -59,11 +58,6 @@ static STAGING: Mutex<()> = Mutex::new(());
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Says on the test's stderr, past cargo's capture, why the test did not run.
-fn skip(test: &str, why: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 /// Rootful podman with its own storage and settings, and the image built once.

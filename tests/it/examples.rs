@@ -93,22 +93,29 @@ fn parse(run: &Run) -> (u32, String, u64) {
 
 /// The examples whose interpreter is here: (example, interpreter, working folder); the Java
 /// classes live in `classes`.
-fn present(classes: &Option<tempfile::TempDir>) -> Vec<(&'static Example, PathBuf, PathBuf)> {
+fn present(
+    classes: &Option<tempfile::TempDir>,
+    test: &str,
+) -> Vec<(&'static Example, PathBuf, PathBuf)> {
     EXAMPLES
         .iter()
         .filter_map(|e| match (find(e.program), e.name) {
             (Some(_), "java") if classes.is_none() => {
-                eprintln!(
-                    "!!! SKIPPED example java: `javac` not on PATH (.ci/run installs it) !!!"
+                skip(
+                    &format!("examples::{test} (java)"),
+                    "`javac` not on PATH (scripts/test.sh installs it as root)",
                 );
                 None
             }
             (Some(path), "java") => Some((e, path, classes.as_ref().unwrap().path().into())),
             (Some(path), _) => Some((e, path, repo().to_path_buf())),
             (None, _) => {
-                eprintln!(
-                    "!!! SKIPPED example {}: `{}` not on PATH (install it; .ci/run does) !!!",
-                    e.name, e.program
+                skip(
+                    &format!("examples::{test} ({})", e.name),
+                    &format!(
+                        "`{}` not on PATH (scripts/test.sh installs it as root)",
+                        e.program
+                    ),
                 );
                 None
             }
@@ -121,8 +128,9 @@ fn present(classes: &Option<tempfile::TempDir>) -> Vec<(&'static Example, PathBu
 /// mint (exit 3, empty stdout) once the sidecar released the ID and stopped.
 #[test]
 fn examples_read_the_published_id_and_refuse_without_one() {
+    let test = "examples_read_the_published_id_and_refuse_without_one";
     let classes = java_classes();
-    let present = present(&classes);
+    let present = present(&classes, test);
     let redis = RedisServer::start();
     // Skip ID 0, so a reader that ignored the ID would not pass by accident.
     let _: () = redis.query(
@@ -178,9 +186,10 @@ fn examples_read_the_published_id_and_refuse_without_one() {
 /// state file without the boot deadline, or one from another boot, is not.
 #[test]
 fn examples_judge_the_boot_clock_deadline() {
+    let test = "examples_judge_the_boot_clock_deadline";
     use snowlease::boot_clock::{BootInstant, boot_id};
     let classes = java_classes();
-    let present = present(&classes);
+    let present = present(&classes, test);
     let pod = PodDir::new();
     let file = pod.worker_id_file();
     std::fs::write(&file, "5\n").unwrap();
@@ -235,7 +244,12 @@ struct MintExample {
 /// into `build` first (once: `go build`, `javac`). The others are skipped loudly.
 fn mint_examples(build: &Path) -> Vec<MintExample> {
     let skip = |name: &str, tool: &str| {
-        eprintln!("!!! SKIPPED mint example {name}: `{tool}` not on PATH (.ci/run installs it) !!!")
+        skip(
+            &format!(
+                "examples::mint_examples_print_increasing_ids_of_the_sidecars_worker_id ({name})"
+            ),
+            &format!("`{tool}` not on PATH (scripts/test.sh installs it as root)"),
+        )
     };
     let mut found = Vec::new();
     for (name, program, script) in [
