@@ -20,6 +20,7 @@
 //! - [`failure`]: how a failed command ends: the error-to-code map and the last line.
 //! - [`connection`]: the Redis connection, URL redaction, error classification.
 //! - `eviction`: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
+//! - `persistence`: whether Redis' RDB/AOF settings can bring it back older (`CONFIG GET`), for advice.
 //! - [`identity`]: the owner identity and the per-process owner string.
 //! - `http`: serving a router, liveness routes, metrics encoding.
 //! - [`atomic_file`]: files written whole or not at all.
@@ -52,6 +53,7 @@ pub mod lock;
 pub mod logging;
 pub(crate) mod names;
 pub mod open_files;
+pub(crate) mod persistence;
 pub mod pool;
 pub mod shutdown;
 pub(crate) mod supervise;

@@ -208,6 +208,33 @@ impl Redis {
             })
     }
 
+    /// A command without keys on every primary (settings such as `CONFIG
+    /// GET`): `(node, reply)` per primary, `node` its address on a Cluster
+    /// and `None` on one server. A node's error reply stays a value.
+    ///
+    /// Errors: as any call; on a Cluster a reply that is not one per node.
+    pub(crate) async fn on_every_primary(
+        &mut self,
+        cmd: &Cmd,
+    ) -> RedisResult<Vec<(Option<String>, Value)>> {
+        let value = self
+            .call(|mut conn| async move { conn.on_primaries(cmd).await })
+            .await?;
+        if self.keyspace().await? == Keyspace::Whole {
+            return Ok(vec![(None, value)]);
+        }
+        let Value::Map(nodes) = value else {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "a command sent to every primary did not answer node by node",
+            )));
+        };
+        nodes
+            .into_iter()
+            .map(|(node, reply)| Ok((Some(redis::from_redis_value(node)?), reply)))
+            .collect()
+    }
+
     /// The value of each of `keys` as a string, in key order: `None` for a
     /// missing key and for a key of another type (a single-key `MGET` each).
     /// One pipeline on one server; on a Cluster one pipeline per node that

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
 use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
 
 use super::slots::{self, SlotView};
@@ -52,6 +54,19 @@ impl Conn {
             Conn::Cluster(c, _) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                c.route_command(cmd.clone(), routing).await
+            }
+        }
+    }
+
+    /// A command without keys on every primary: one reply on one node; on a
+    /// Cluster a map of each primary's address to its reply (an error reply
+    /// as a value), as redis-rs gathers a command it cannot combine.
+    pub(super) async fn on_primaries(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd).await,
+            Conn::Cluster(c, _) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 c.route_command(cmd.clone(), routing).await
             }
         }

@@ -1,9 +1,11 @@
 //! `snowlease status`: which worker IDs of an app are held, by which owner
 //! string, for how much longer; keys of the wrong type marked; the free
 //! count; a warning when Redis may evict lease keys, and one when keys of
-//! the app exist above `--max-worker-id`. Read-only: TYPE, PTTL and GET, in
-//! two pipelined round trips, a pipeline of TYPE above the range, then
-//! `INFO memory`.
+//! the app exist above `--max-worker-id`; a note when Redis' persistence can
+//! bring it back older (snapshots, AOF without `appendfsync always`).
+//! Read-only: TYPE, PTTL and GET, in two pipelined round trips, a pipeline
+//! of TYPE above the range, then `INFO memory` and `CONFIG GET` (of every
+//! primary).
 
 use std::time::Duration;
 
@@ -22,6 +24,7 @@ use super::mint::script::MintKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::{Keyspace, Redis, RedisTarget};
 use crate::lease::TOMBSTONE_PREFIX;
+use crate::persistence::{self, Persistence};
 use crate::worker_id::limits::WORKER_ID_LIMIT;
 
 /// Timeout of each Redis round trip of `status`.
@@ -376,14 +379,20 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
     )
     .await?;
     let eviction = Eviction::check(&mut conn).await;
+    let persistence = PersistenceReport::read(&mut conn).await;
     let text = if config.json {
         let mut json = serde_json::to_value(&report)?;
         json["above_range"] = serde_json::to_value(&above)?;
         json["eviction"] = serde_json::to_value(&eviction)?;
+        json["persistence"] = serde_json::to_value(&persistence)?;
         serde_json::to_string_pretty(&json)? + "\n"
     } else {
         eviction.warning().unwrap_or_default()
             + &above_range_warning(&above, config.max_worker_id)
+            + &persistence
+                .as_ref()
+                .and_then(PersistenceReport::note)
+                .unwrap_or_default()
             + &render(&report)
     };
     crate::cli::stdout_line(text.trim_end_matches('\n'))?;
@@ -488,6 +497,45 @@ impl Eviction {
                 reason: "INFO memory timed out".to_owned(),
             },
         }
+    }
+}
+
+/// Redis' persistence as `status` reports it (`"persistence"` in `--json`;
+/// `null` there when `CONFIG GET` is refused or unknown, as on many managed
+/// services: then nothing is said).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct PersistenceReport {
+    /// A restart can load data older than the last acknowledged write
+    /// ([`Persistence::rolls_back`]); on a Cluster, some primary's can.
+    pub rolls_back: bool,
+    /// The settings of that primary (else of the first one).
+    #[serde(flatten)]
+    pub settings: Persistence,
+    /// Cluster: that primary's address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+impl PersistenceReport {
+    /// Reads every primary's settings under [`CALL_TIMEOUT`]; `None`
+    /// when they cannot be read (never an error of `status`).
+    async fn read(conn: &mut Redis) -> Option<Self> {
+        let read = tokio::time::timeout(CALL_TIMEOUT, persistence::read(conn)).await;
+        let nodes = match read {
+            Ok(Ok(nodes)) => nodes,
+            Ok(Err(err)) => {
+                tracing::debug!(error = %crate::connection::Readable(&err), "CONFIG GET failed; persistence not reported");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        // The telling primary comes first.
+        let first = nodes.into_iter().next()?;
+        Some(Self {
+            rolls_back: first.settings.rolls_back(),
+            settings: first.settings,
+            node: first.node,
+        })
     }
 }
 

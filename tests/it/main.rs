@@ -68,6 +68,9 @@ mod mint_worker;
 /// A node that stops being the primary (REPLICAOF, a DNS-name failover): every mode leaves
 /// it; a `maxclients` refusal named.
 mod node_role;
+/// A Redis whose persistence can roll back: named by `status` and the sidecar's start log;
+/// `CONFIG` refused says nothing.
+mod persistence;
 /// Pool mode scripts and API: leases, cooldowns, fences, bad input, concurrency.
 mod pool;
 /// `snowlease pool ...` as a process: JSON output, exit codes 0/2/3/4, id files.

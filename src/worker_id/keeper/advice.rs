@@ -1,7 +1,8 @@
 //! What the keeper tells operators besides the lease itself: why a claim
 //! guard is missing (`SCAN` on one server), who holds the IDs when all are
-//! taken, whether `--min-replicas-ack` matches the replicas, and how far
-//! the wall clock is from Redis' TIME. Advice only: none of it decides.
+//! taken, whether `--min-replicas-ack` matches the replicas, whether Redis'
+//! persistence can bring it back older, and how far the wall clock is from
+//! Redis' TIME. Advice only: none of it decides.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -14,6 +15,7 @@ use crate::boot_clock::BootInstant;
 use crate::connection::{Keyspace, Readable};
 use crate::identity::identity_of;
 use crate::lease;
+use crate::persistence;
 use crate::timing::{bounded, ms, ttl_ms};
 use crate::worker_id::claim::{GuardFound, glob_escape};
 use crate::worker_id::limits::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID};
@@ -212,6 +214,35 @@ impl Worker {
         };
         let owners = report.leases.iter().filter_map(|e| e.owner.as_deref());
         holders_summary(owners, report.wrong_type)
+    }
+
+    /// Warns once at start when a primary's persistence can bring Redis back
+    /// older than it was (`save` points, or AOF without `appendfsync always`,
+    /// [`persistence::Persistence::rolls_back`]): what it loses, and that
+    /// claims close for one TTL after each restart or failover (node
+    /// stamps). `CONFIG GET` refused or unknown (an ACL without
+    /// `+config|get`, a managed service): a debug line, nothing else.
+    pub(super) async fn advise_persistence(&mut self) {
+        let call = persistence::read(&mut self.conn);
+        let nodes = match bounded(self.params.settings.call_timeout(), call).await {
+            Ok(nodes) => nodes,
+            Err(err) => {
+                return debug!(error = %Readable(&err), "CONFIG GET save/appendonly/appendfsync failed; persistence not judged");
+            }
+        };
+        // The primary that rolls back comes first.
+        let Some(first) = nodes.first().filter(|n| n.settings.rolls_back()) else {
+            return;
+        };
+        let s = &first.settings;
+        warn!(
+            save = %s.save,
+            appendonly = %s.appendonly,
+            appendfsync = %s.appendfsync,
+            node = first.node.as_deref(),
+            "redis persistence can roll back: {}; a crash-restart or a failover can bring Redis back without leases it acknowledged. snowlease sees it (node stamps on the claim guard) and holds new claims for one TTL after every restart or failover, so holders from before renew or give up first; that TTL without new claims is what it costs (docs/rollback-design.md)",
+            s.loses().unwrap_or_default()
+        );
     }
 
     /// Warns at start when `--min-replicas-ack` (N >= 1) does not match the

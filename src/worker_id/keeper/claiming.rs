@@ -247,6 +247,7 @@ impl Worker {
         if !self.setup.probed {
             self.probe().await?;
             self.advise_replica_count().await;
+            self.advise_persistence().await;
             self.setup.probed = true;
         }
         self.claim_round(warned).await

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{ClaimGuard, Eviction, GuardSummary, Report};
+use super::{ClaimGuard, Eviction, GuardSummary, PersistenceReport, Report};
 use crate::lease::TOMBSTONE_PREFIX;
 
 impl Eviction {
@@ -18,6 +18,21 @@ impl Eviction {
                 "WARNING: cannot tell whether redis may evict lease keys: {reason}\n"
             )),
         }
+    }
+}
+
+impl PersistenceReport {
+    /// One line when Redis can come back older: what it loses, and what
+    /// snowlease does about it; nothing otherwise.
+    pub(super) fn note(&self) -> Option<String> {
+        let loses = self.settings.loses()?;
+        let node = self
+            .node
+            .as_deref()
+            .map_or(String::new(), |n| format!(" (primary {n})"));
+        Some(format!(
+            "note: redis persistence can roll back{node}: {loses}; leases written since are lost then, so after every restart or failover new claims wait one TTL (docs/rollback-design.md)\n"
+        ))
     }
 }
 
@@ -191,5 +206,30 @@ mod tests {
             text.contains("wrong-type") && text.contains("(hash key, not touched)"),
             "{text}"
         );
+    }
+
+    /// The note names the settings and the primary; a Redis that cannot roll back gets none.
+    #[test]
+    fn persistence_note_only_when_redis_can_roll_back() {
+        let report = |save: &str, node: Option<&str>| {
+            let settings = crate::persistence::Persistence {
+                save: save.into(),
+                appendonly: "no".into(),
+                appendfsync: "everysec".into(),
+            };
+            PersistenceReport {
+                rolls_back: settings.rolls_back(),
+                settings,
+                node: node.map(String::from),
+            }
+        };
+        let note = report("3600 1", Some("127.0.0.1:7001")).note().unwrap();
+        assert!(
+            note.starts_with("note: redis persistence can roll back (primary 127.0.0.1:7001): ")
+                && note.contains("save \"3600 1\"")
+                && note.contains("one TTL"),
+            "{note}"
+        );
+        assert_eq!(report("", None).note(), None);
     }
 }
