@@ -39,7 +39,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
     }
     if err.downcast_ref::<GuardRefused>().is_some()
         || err
-            .downcast_ref::<crate::worker_id::mint::carry::CarryRefused>()
+            .downcast_ref::<crate::worker_id::carry::CarryRefused>()
             .is_some()
     {
         return REFUSED;

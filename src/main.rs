@@ -47,7 +47,7 @@ enum Command {
     Guard(worker_id::guard::GuardArgs),
     /// Mint mode's one-off steps: `mint carry-over` for a change of the ID format.
     #[command(after_help = exit::HELP)]
-    Mint(worker_id::mint::carry::MintCommandArgs),
+    Mint(worker_id::carry::MintCommandArgs),
     /// Copy this binary into DIR (an init container sharing it with the app).
     Install(exec::InstallArgs),
     /// Lease resource ids from a Redis pool: init, acquire, release, ..., serve (HTTP).
@@ -214,9 +214,9 @@ fn run(command: Command, log: &mut Option<LogGuard>) -> anyhow::Result<u8> {
             block_on(async move { worker_id::guard::open(&config).await })?;
         }
         Command::Mint(args) => {
-            let worker_id::mint::carry::MintCommand::CarryOver(carry) = args.command;
+            let worker_id::carry::MintCommand::CarryOver(carry) = args.command;
             let config = carry.validate()?;
-            block_on(async move { worker_id::mint::carry::carry_over(&config).await })?;
+            block_on(async move { worker_id::carry::carry_over(&config).await })?;
         }
         Command::Install(args) => {
             stdout_line(&exec::install(&args.dir)?.display().to_string())?;

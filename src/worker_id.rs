@@ -11,6 +11,7 @@
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
 //! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
+//! - [`carry`]: `snowlease mint carry-over`, a change of the ID format under a new app.
 //! - `files`: the ID file, the state file format (read by `exec` too), the lock file.
 //! - `publisher`: keeps the files in step with the state.
 //! - `routes`: `/id`, `/readyz`, `/metrics`.
@@ -19,6 +20,7 @@
 //! - [`status`]: `snowlease status`, a read-only view of an app's leases.
 
 pub mod args;
+pub mod carry;
 pub mod claim;
 pub(crate) mod files;
 pub mod guard;

@@ -16,7 +16,6 @@
 //! - `metrics`: IDs minted, 503s by state, the mark's lead, waits for the next ms.
 
 pub mod args;
-pub mod carry;
 pub(crate) mod desk;
 pub mod layout;
 pub(crate) mod metrics;

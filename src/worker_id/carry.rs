@@ -13,8 +13,10 @@ use anyhow::Context;
 use clap::Args;
 use redis::Script;
 
-use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, wall_now_ms};
-use super::script::{MintKeys, record_format};
+use super::mint::layout::{
+    DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, wall_now_ms,
+};
+use super::mint::script::{MintKeys, record_format};
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::RedisTarget;
 use crate::timing::bounded;
@@ -179,7 +181,7 @@ pub(crate) fn floor_after(
 
 /// Runs `mint carry-over` and prints one JSON line.
 ///
-/// Errors: [`CarryRefused`] (exit 5, nothing written); a format record of the old app that
+/// Errors: `CarryRefused` (exit 5, nothing written); a format record of the old app that
 /// cannot be read; a Redis error.
 pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(CALL_TIMEOUT)?;
