@@ -51,3 +51,54 @@ end
 local function stamped_here(stamp)
   return stamp ~= nil and stamp == node_stamp()
 end
+
+-- Node gates: the record a store that hands out leases and fences keeps (pool acquire,
+-- lock acquire), "<bound_ms>:<open_at_ms>.<stamp>": the longest lease any caller said its
+-- holders may have (ms), and when hand-outs open (Redis ms), stamped by the node that
+-- wrote it.
+--
+-- node_gate(record, bound, now, active) -> open_at, new_record, rolled_back
+--   record   the stored record, or false (missing)
+--   bound    this caller's longest lease, ms (pool: max_lease_ms, lock: the TTL)
+--   now      Redis TIME, ms
+--   active   whether the store shows it ever handed something out (a fence, leases)
+-- A record of this node opens at its open_at. A record of another node (or life), an
+-- unreadable one, or a missing one in a store that shows activity may predate leases that
+-- a rollback lost and whose holders still run: each of those was last granted or renewed
+-- before now, for at most the longest bound any caller used, so it ends by now + that
+-- bound. Until then nothing may be handed out (open_at = now + bound) and the caller must
+-- lift its fence (lift_fence). A missing record in a store that never handed anything out
+-- is a new store: stamped, open at once. new_record is nil when nothing changes.
+local function node_gate(record, bound, now, active)
+  local known, rest = nil, nil
+  if type(record) == 'string' then
+    known, rest = string.match(record, '^(%d+):(.+)$')
+  end
+  known = tonumber(known) or 0
+  local widest = math.max(bound, known)
+  local open_at, stamp = unstamp(rest)
+  if open_at ~= nil and stamped_here(stamp) then
+    if bound > known then
+      return open_at, string.format('%d:%s', widest, stamped(open_at)), false
+    end
+    return open_at, nil, false
+  end
+  if record == false and not active then
+    return now, string.format('%d:%s', widest, stamped(now)), false
+  end
+  open_at = now + widest
+  return open_at, string.format('%d:%s', widest, stamped(open_at)), true
+end
+
+-- Raises the fence counter at `key` to at least Redis TIME in microseconds (now_ms * 1000)
+-- after a rollback: a fence handed out before it came from a counter that never outran
+-- Redis time in us (fewer than 1000 fences per ms on average since the counter was last
+-- lifted, and a new node's clock not behind the old one's), so every later fence is
+-- greater than every fence handed out before, also those the rollback lost.
+local function lift_fence(key, now)
+  local floor = now * 1000
+  local fence = tonumber(redis.call('GET', key) or '0') or 0
+  if fence < floor then
+    redis.call('SET', key, string.format('%.0f', floor))
+  end
+end

@@ -4,8 +4,9 @@
 
 use redis::Script;
 
-/// `node.lua`: `node_stamp()`, `unstamp()`, `stamped()`, `stamped_here()`.
-const PRELUDE: &str = include_str!("node.lua");
+/// `node.lua`: `node_stamp()`, `unstamp()`, `stamped()`, `stamped_here()`,
+/// `node_gate()`, `lift_fence()`; for scripts built from several parts.
+pub(crate) const PRELUDE: &str = include_str!("node.lua");
 
 /// A script with `node.lua` put in front of `body`.
 pub(crate) fn script(body: &str) -> Script {

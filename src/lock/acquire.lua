@@ -4,6 +4,8 @@
 -- KEYS[1]  lock key, <prefix>{<name>}
 -- KEYS[2]  fence counter, <prefix>{<name>}:fence: an integer string without
 --          expiry (same hash tag {<name>}, so the same Cluster slot)
+-- KEYS[3]  node record, <prefix>{<name>}:node: "<ttl_ms>:<open_at_ms>.<stamp>"
+--          without expiry (node.lua's node_gate), same hash tag
 -- ARGV[1]  owner string "<identity>#<nonce>"
 -- ARGV[2]  TTL in milliseconds (integer >= 1)
 --
@@ -14,8 +16,20 @@
 --               (counted up only when it is missing)
 --   {0, pttl}   held by another owner; pttl = ms until that key expires
 --               (-1: the key has no expiry)
+--   {3, wait}   closed after Redis restarted or failed over (see below):
+--               nothing acquired for wait ms
 -- Errors (nothing written): a key of another type, a fence that is not an
--- integer, a bad TTL.
+-- integer, a bad TTL, INFO refused (node.lua).
+--
+-- Rollback gate (docs/lock.md, "After a Redis rollback"): Redis restarted
+-- from an older snapshot or failed over to a lagging replica may have lost
+-- the lock key of a holder that still runs, and fences handed out since. It
+-- shows as a node record of another node (or none beside a fence counter:
+-- written by a version without records). That holder last acquired or
+-- renewed before now, for at most its TTL, so nobody acquires (not even an
+-- owner whose key survived: it may have expired and been taken since) until
+-- now + the largest TTL seen, and the fence is lifted above every fence
+-- handed out before (lift_fence).
 local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR lock: ttl must be an integer >= 1 ms')
@@ -34,6 +48,19 @@ if fence_type == 'string' then
   end
 elseif fence_type ~= 'none' then
   return redis.error_reply('ERR lock: ' .. KEYS[2] .. ' has type ' .. fence_type .. ', expected string')
+end
+local record_type = redis.call('TYPE', KEYS[3]).ok
+if record_type ~= 'none' and record_type ~= 'string' then
+  return redis.error_reply('ERR lock: ' .. KEYS[3] .. ' has type ' .. record_type .. ', expected string')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local active = fence_type ~= 'none' or lock_type ~= 'none'
+local open_at, record, rolled_back = node_gate(redis.call('GET', KEYS[3]), ttl, now, active)
+if record then redis.call('SET', KEYS[3], record) end
+if rolled_back then lift_fence(KEYS[2], now) end
+if open_at > now then
+  return {3, open_at - now}
 end
 if lock_type == 'string' then
   if redis.call('GET', KEYS[1]) == ARGV[1] then

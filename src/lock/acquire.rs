@@ -11,7 +11,8 @@ use super::LockKeys;
 use crate::identity::Owner;
 use crate::timing::ttl_ms;
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| crate::lease::node::script(include_str!("acquire.lua")));
 
 /// What one run of `acquire.lua` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,10 @@ pub(crate) enum Acquired {
     /// Another owner holds it; its key expires in this long (`None`: the
     /// key has no expiry, set by hand).
     Held(Option<Duration>),
+    /// Closed for this long: Redis restarted or failed over since the lock
+    /// was last acquired there, and may have lost the key of a holder that
+    /// still runs (docs/lock.md, "After a Redis rollback").
+    Closed(Duration),
 }
 
 /// Runs `acquire.lua` once (see its header for the contract).
@@ -37,6 +42,7 @@ pub(crate) async fn acquire<C: ConnectionLike>(
     let (status, value): (i64, i64) = ACQUIRE
         .key(keys.lock())
         .key(keys.fence())
+        .key(keys.node())
         .arg(owner.as_str())
         .arg(ttl_ms(ttl))
         .invoke_async(conn)
@@ -45,6 +51,7 @@ pub(crate) async fn acquire<C: ConnectionLike>(
         1 | 2 => Acquired::Ours {
             fence: value.unsigned_abs(),
         },
+        3 => Acquired::Closed(Duration::from_millis(value.unsigned_abs())),
         _ => Acquired::Held(u64::try_from(value).ok().map(Duration::from_millis)),
     })
 }

@@ -174,6 +174,13 @@ impl LockKeys {
         format!("{}:fence", self.lock)
     }
 
+    /// The node record: which Redis node (and life) last saw the lock, the
+    /// largest TTL seen (ms), and when acquires open after a rollback
+    /// (`acquire.lua`).
+    pub(crate) fn node(&self) -> String {
+        format!("{}:node", self.lock)
+    }
+
     /// The start-up probe key of one process (see `lease::probe`).
     pub(crate) fn probe(&self, nonce: &str) -> String {
         format!("{}:probe:{nonce}", self.lock)

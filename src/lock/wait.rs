@@ -48,6 +48,7 @@ pub(crate) async fn wait(
     let mut maybe_held = false;
     let mut probed = false;
     let mut logged = false;
+    let mut logged_closed = false;
     let mut attempt = 0u32;
     loop {
         // The validity counts from the acquire's send, after any probe.
@@ -64,7 +65,7 @@ pub(crate) async fn wait(
                 Err(err) => Err(err),
             }
         };
-        let held = matches!(reply, Ok(Acquired::Held(_)));
+        let held = matches!(reply, Ok(Acquired::Held(_) | Acquired::Closed(_)));
         let (reason, hint) = match reply {
             Ok(Acquired::Ours { fence }) => return (Ok(Waited::Acquired { fence, sent }), true),
             Ok(Acquired::Held(expires_in)) => (
@@ -77,6 +78,21 @@ pub(crate) async fn wait(
                 },
                 expires_in,
             ),
+            Ok(Acquired::Closed(wait)) => {
+                let reason = format!(
+                    "closed for {} ms: Redis restarted or failed over and may have come back without its last writes (an older snapshot, a replica that lagged), so a holder from before may still run; the lock opens once any such holder's TTL has run out (docs/lock.md, \"After a Redis rollback\")",
+                    timing::ms(wait)
+                );
+                if !logged_closed {
+                    warn!(
+                        lock = session.keys().name(),
+                        wait_ms = timing::ms(wait),
+                        "lock acquires closed after a Redis restart or failover (it may have rolled back); waiting as for a holder"
+                    );
+                    logged_closed = true;
+                }
+                (reason, Some(wait))
+            }
             Err(err) => {
                 // Our script may have run: all of it with the reply lost, or
                 // up to a refused command (scripts are not rolled back).

@@ -66,6 +66,11 @@ fn fence_key(name: &str) -> String {
     format!("{}:fence", lock_key(name))
 }
 
+/// The node record of `name` under the default prefix (`acquire.lua`'s rollback gate).
+fn node_key(name: &str) -> String {
+    format!("{}:node", lock_key(name))
+}
+
 /// The shared folder of the jobs of one test.
 struct Jobs(TempDir);
 
@@ -728,7 +733,11 @@ fn lock_without_incr_fails_before_the_command_and_releases() {
         "{run:?}"
     );
     assert!(!marker.exists(), "the command must never start");
-    assert_eq!(redis.keys("*"), Vec::<String>::new(), "nothing left behind");
+    assert_eq!(
+        redis.keys("*"),
+        vec![node_key("report")],
+        "nothing left behind but the node record, which stays as the fence counter does"
+    );
 }
 
 /// SIGTERM while waiting for the lock: `lock` exits 143 (128 + 15) at once, the command
@@ -762,4 +771,92 @@ fn renewed_within(redis: &RedisServer, timeout: Duration) -> bool {
         last = now;
         renewed
     })
+}
+
+/// Redis crash-restarted from a snapshot older than the holder's acquire (a rollback: the lock
+/// key and the last fence are gone while the holder still runs): a newcomer is refused as if
+/// the lock were held (exit 69, the log names the restart) until one TTL has passed, and its
+/// fence is then greater than every fence handed out before the restart. Before the node
+/// record, the newcomer took the lock at once with the holder's fence again.
+#[test]
+fn a_restart_from_an_older_snapshot_closes_the_lock_for_one_ttl() {
+    let mut redis = RedisServer::start();
+    let jobs = Jobs::new();
+    let url = redis.url();
+    // Every run of this lock uses --ttl 3s: the node record keeps the largest TTL seen.
+    let first = run_snowlease(
+        &[
+            "lock",
+            "--name",
+            "report",
+            "--redis-url",
+            &url,
+            "--ttl",
+            "3s",
+            "--",
+            "true",
+        ],
+        &[],
+        secs(10),
+    );
+    assert_eq!(first.code, Some(0), "{first:?}");
+    let _: () = redis.query(&mut redis::cmd("SAVE"));
+    // After the snapshot: holder a (fence 2), which the restart loses.
+    let _holder = jobs.lock(&url, "report", "a", &[], JOB).spawn();
+    let fence_a: u64 = jobs.wait("a", "fence").expect("a runs");
+    assert_eq!(fence_a, 2);
+    redis.restart();
+    assert!(
+        !redis.exists(&lock_key("report")),
+        "the restart loaded the older snapshot"
+    );
+    assert_eq!(redis.get(&fence_key("report")).as_deref(), Some("1"));
+
+    let before_ms = redis_time_ms(&redis);
+    let marker = jobs.path("b", "marker");
+    let args = [
+        "lock",
+        "--name",
+        "report",
+        "--redis-url",
+        &url,
+        "--ttl",
+        "3s",
+        "--",
+        "sh",
+        "-c",
+        "touch \"$MARK\"",
+    ];
+    let run = run_snowlease(&args, &[("MARK", marker.to_str().unwrap())], secs(10));
+    assert_eq!(
+        run.code,
+        Some(NOT_ACQUIRED),
+        "a newcomer must not take the lock of a holder the rollback lost: {run:?}"
+    );
+    assert!(run.stderr.contains("Redis restart or failover"), "{run:?}");
+    assert!(!marker.exists(), "the command must never start");
+
+    let started = Instant::now();
+    let b = jobs
+        .lock(&url, "report", "b", &[("--wait", "10s")], JOB)
+        .spawn();
+    let fence_b: u64 = jobs.wait("b", "fence").expect("b runs once the lock opens");
+    assert!(
+        started.elapsed() >= TTL - secs(1),
+        "b waited for the TTL a lost holder may still run: {:?}",
+        started.elapsed()
+    );
+    assert!(fence_b > fence_a, "{fence_b} > {fence_a}");
+    assert!(
+        fence_b > before_ms * 1000,
+        "the fence lifted to Redis time in us: {fence_b} vs {before_ms}"
+    );
+    jobs.go("b");
+    drop(b);
+}
+
+/// Redis time in ms.
+fn redis_time_ms(redis: &RedisServer) -> u64 {
+    let (s, us): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
+    s * 1000 + us / 1000
 }
