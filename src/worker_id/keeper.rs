@@ -123,8 +123,10 @@ enum Phase {
     Draining(Result<Option<u16>, WorkerError>),
 }
 
-/// Which keys may hold our owner string: the lease keys of the app once a
-/// claim round started (a claim whose reply was lost may hold any of them).
+/// Which keys may hold our owner string: those a claim call of ours was
+/// sent for (a claim whose reply was lost may hold any key of its window),
+/// the re-adopted one, and, when the owner string is a re-adopted one, every
+/// lease key of the app (the earlier process's lost replies are not known).
 #[derive(Debug)]
 struct Ours {
     /// Owner string of this process (replaced by a re-adopted one).
@@ -132,16 +134,25 @@ struct Ours {
     /// A claim round started (a claim, or a re-adopted lease's renewals,
     /// may have written keys holding our owner string).
     claim_started: bool,
+    /// The owner string is an earlier process's, taken over with its lease
+    /// from the state file.
+    readopted: Option<u16>,
 }
 
 impl Ours {
     /// Every key that may hold our owner string; none before the first
     /// claim round (Redis never answered, or the URL named the wrong
-    /// topology).
-    fn keys(&self, keys: &LeaseKeys, max_worker_id: u16) -> Vec<String> {
-        match self.claim_started {
-            true => keys.ids(max_worker_id),
-            false => Vec::new(),
+    /// topology). `sent`: the IDs a claim call of ours was sent for.
+    fn keys(
+        &self,
+        keys: &LeaseKeys,
+        max_worker_id: u16,
+        sent: impl Iterator<Item = u16>,
+    ) -> Vec<String> {
+        match (self.claim_started, self.readopted) {
+            (false, _) => Vec::new(),
+            (true, Some(_)) => keys.ids(max_worker_id),
+            (true, None) => sent.map(|id| keys.id(id)).collect(),
         }
     }
 }
@@ -199,6 +210,7 @@ impl Worker {
             ours: Ours {
                 owner,
                 claim_started: false,
+                readopted: None,
             },
             recorded,
             metrics,
@@ -372,17 +384,25 @@ mod tests {
     }
 
     /// Before the first claim round no key can hold our owner string, so
-    /// the stop sends nothing; after it, every key of the app is released.
+    /// the stop sends nothing; after it, the keys claim calls were sent for
+    /// (O(window), not the range); with a re-adopted owner string, every key
+    /// of the app (the earlier process's lost replies are not known).
     #[test]
     fn keys_are_released_only_after_a_claim_round_started() {
         let keys = LeaseKeys::new("p:", "a");
         let mut ours = Ours {
             owner: Owner::from_recorded("pod-a#00ff".into()),
             claim_started: false,
+            readopted: None,
         };
-        assert!(ours.keys(&keys, 31).is_empty());
+        assert!(ours.keys(&keys, 1023, [3, 67].into_iter()).is_empty());
         ours.claim_started = true;
-        let all = ours.keys(&keys, 31);
+        assert_eq!(
+            ours.keys(&keys, 1023, [3, 67].into_iter()),
+            ["p:a:3", "p:a:67"]
+        );
+        ours.readopted = Some(5);
+        let all = ours.keys(&keys, 31, std::iter::empty());
         assert_eq!(
             (all.len(), all[0].as_str(), all[31].as_str()),
             (32, "p:a:0", "p:a:31")

@@ -38,6 +38,10 @@ pub struct Claimer {
     /// last claimed or adopted: our key may be there, so the next claim
     /// looks there first (and adopts it while it holds our owner string).
     resume: Option<usize>,
+    /// Per ID: a claim call that may write its key was sent (its reply may
+    /// have been lost), so the key may hold our owner string: the stop
+    /// releases these keys only, O(window) instead of O(range).
+    sent: Vec<bool>,
 }
 
 impl Claimer {
@@ -52,7 +56,19 @@ impl Claimer {
             cmds: Vec::new(),
             built_for: None,
             resume: None,
+            sent: vec![false; usize::from(max_worker_id) + 1],
         }
+    }
+
+    /// The IDs whose keys a claim call of this claimer was sent for (any of
+    /// them may hold the owner string it sent, also when its reply was
+    /// lost), in ID order.
+    pub(crate) fn sent_ids(&self) -> impl Iterator<Item = u16> + '_ {
+        self.sent
+            .iter()
+            .enumerate()
+            .filter(|(_, sent)| **sent)
+            .map(|(id, _)| u16::try_from(id).expect("at most 1024 IDs"))
     }
 
     /// Adopts a key of the range that holds our owner string, else claims a
@@ -126,6 +142,9 @@ impl Claimer {
         loop {
             let window = walk.current();
             self.resume = Some(window);
+            for id in self.windows[window].ids() {
+                self.sent[id] = true;
+            }
             let (reply, hint) = run_claim(conn, self.cmd(window, owner, ttl)).await?;
             calls += 1;
             let ids = &self.windows[window];
@@ -173,10 +192,13 @@ impl Claimer {
         loop {
             self.resume = Some(walk.current());
             self.build_read(walk.current());
-            if let Some(reply) = self
+            let claimed = self
                 .claim_slot_window(conn, owner, ttl, walk.current(), &mut found)
-                .await?
-            {
+                .await;
+            for id in found.sent.drain(..) {
+                self.sent[id] = true;
+            }
+            if let Some(reply) = claimed? {
                 if let (ClaimOutcome::Claimed(id), true) = (&reply.outcome, self.windows.len() > 1)
                 {
                     self.set_hint(conn, *id, ttl);
@@ -264,6 +286,7 @@ impl Claimer {
                 .id_guard(u16::try_from(index).expect("at most 1024 IDs"));
             let pair = [&self.ids[index], &guard];
             let cmd = claim_cmd(&pair, owner, ttl, None);
+            found.sent.push(index);
             let (reply, _) = match run_claim(conn, &cmd).await {
                 Ok(reply) => reply,
                 // The slot is being migrated and the pair is split between the two
@@ -317,6 +340,8 @@ struct Found {
     hint: Option<u16>,
     /// A free ID skipped: its slot is being migrated (`TRYAGAIN`).
     unstable: Option<redis::RedisError>,
+    /// IDs a claim call was sent for in the window at hand.
+    sent: Vec<usize>,
 }
 
 impl Found {

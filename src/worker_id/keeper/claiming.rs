@@ -325,6 +325,7 @@ impl Worker {
                 "re-adopted the lease recorded in the state file"
             );
             self.ours.owner = owner;
+            self.ours.readopted = Some(rec.worker_id);
             let held = self.held(rec.worker_id, sent, sent, reply.expires_ms);
             return Ok(Some(HeldLease {
                 app_until: rec.app_deadline(ttl),

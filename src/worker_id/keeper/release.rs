@@ -32,9 +32,11 @@ impl Worker {
         unpublished: impl Future<Output = ()>,
     ) -> Stopped {
         self.set_state(WorkerState::Stopping);
-        let keys = self
-            .ours
-            .keys(&self.keys(), self.params.settings.max_worker_id);
+        let keys = self.ours.keys(
+            &self.keys(),
+            self.params.settings.max_worker_id,
+            self.claimer.sent_ids(),
+        );
         let Self {
             state,
             mut release_conn,
