@@ -1,7 +1,7 @@
 -- acquire_charged: the pool's acquire with a charge to a rate budget, in one
 -- script: an id is leased only together with the charge, and charged only
--- with a lease. Built as: this prelude, the pool's common.lua, the budget's
--- common.lua, acquire.lua as the function acquire_pool(), then charge.lua.
+-- with a lease. Built as: this prelude, node.lua, the pool's common.lua, the
+-- budget's common.lua, acquire.lua as the function acquire_pool(), then charge.lua.
 -- KEYS: the 10 keys of acquire.lua, then 1..n budget keys
 --       {P}:budget:<name>:<key> (the pool's hash tag, one budget name)
 -- ARGV: 1 n (the budget keys), 2 cost, then for each budget key rate_count,

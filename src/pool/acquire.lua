@@ -11,13 +11,27 @@
 --          with that call's token and its current deadline, answered for as
 --          long as that lease is valid);
 --          {0, next_due_in_ms, now_ms} when no id is due, where
---          next_due_in_ms = -1 means no id will become due by itself.
+--          next_due_in_ms = -1 means no id will become due by itself;
+--          {0, open_in_ms, now_ms, 1} when acquires are closed after Redis
+--          restarted or failed over (it may have rolled back; see below):
+--          nothing is leased or replayed for open_in_ms.
 -- First it reclaims expired leases and ends quarantines whose time has
 -- come (LIMITS.reclaim_per_acquire of each). A due id is leased only when
 -- it is not disabled, not quarantined and nobody holds it (not in leases);
 -- such entries of ready are dropped (release, expiry, the quarantine's end
 -- or enable bring the id back).
--- Errors: BADARG, KEYTYPE as in common.lua.
+-- Errors: BADARG, KEYTYPE as in common.lua; INFO refused (node.lua).
+--
+-- Rollback gate (node.lua's node_gate, docs/pool.md "After a Redis rollback"):
+-- meta['~node'] (no id has a '~') holds "<max_lease_ms>:<open_at_ms>.<stamp>".
+-- Redis restarted from an older snapshot or failed over to a lagging replica
+-- may have lost leases (and fences) granted since, whose holders still use
+-- their ids; it shows as a record of another node. Such a lease was granted
+-- or extended before now and ends by its cap, at most max_lease after: so
+-- nothing is leased (nor a lease replayed: it may have been released and
+-- leased again since) until now + the largest max_lease_ms seen, and the
+-- fence is lifted above every fence handed out before. A pool that never
+-- leased (fence 0, no leases) is stamped without closing; init stamps it.
 
 local K, err = pool_keys({
   'ready', 'leases', 'owners', 'fence', 'meta', 'disabled', 'requests', 'parked', 'quarantine', 'reasons',
@@ -47,6 +61,15 @@ err = key_types({
 if err then return err end
 
 local now = now_ms()
+
+local active = tonumber(redis.call('GET', K.fence) or '0') > 0
+    or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
+local open_at, record, rolled_back = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, active)
+if record then redis.call('HSET', K.meta, '~node', record) end
+if rolled_back then lift_fence(K.fence, now) end
+if open_at > now then
+  return { 0, open_at - now, now, 1 }
+end
 
 -- A retry of a call that leased: answer its lease while that is still valid.
 if request_id then

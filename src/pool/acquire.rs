@@ -66,6 +66,12 @@ pub enum Acquired<C = Redis> {
         next_due_in: Option<Duration>,
         /// Redis time of the attempt, ms (+ `next_due_in` = when).
         at_ms: u64,
+        /// True when acquires are closed because Redis restarted or failed
+        /// over since the pool was last stamped (it may have rolled back and
+        /// lost leases whose holders still run): `next_due_in` is when they
+        /// open, at most the largest max lease seen (docs/pool.md, "After a
+        /// Redis rollback").
+        after_rollback: bool,
     },
 }
 
@@ -73,10 +79,15 @@ impl<C> fmt::Debug for Acquired<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Leased(lease) => f.debug_tuple("Leased").field(lease).finish(),
-            Self::Empty { next_due_in, at_ms } => f
+            Self::Empty {
+                next_due_in,
+                at_ms,
+                after_rollback,
+            } => f
                 .debug_struct("Empty")
                 .field("next_due_in", next_due_in)
                 .field("at_ms", at_ms)
+                .field("after_rollback", after_rollback)
                 .finish(),
         }
     }
@@ -161,9 +172,12 @@ where
                 let hint = reply.int()?;
                 let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
                 let at_ms = reply.uint()?;
+                // A fourth item only when closed after a rollback.
+                let after_rollback = reply.int().is_ok_and(|closed| closed == 1);
                 Ok(AcquireReply::Acquired(Acquired::Empty {
                     next_due_in,
                     at_ms,
+                    after_rollback,
                 }))
             }
             1 => {

@@ -15,13 +15,14 @@ use tokio_util::sync::CancellationToken;
 use super::{AcquireReply, AcquireRequest, Acquired, Pool, PoolError};
 use crate::budget::{BudgetError, Charge, Taken};
 
-/// The script: the generated tables, `charge_prelude.lua`, both
+/// The script: the generated tables, `charge_prelude.lua`, `node.lua`, both
 /// `common.lua` files, acquire.lua as `acquire_pool()`, `charge.lua`.
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
     [
         super::limits::lua_table().as_str(),
         &crate::budget::limits::lua_table(),
         include_str!("../budget/charge_prelude.lua"),
+        crate::lease::node::PRELUDE,
         include_str!("common.lua"),
         include_str!("../budget/common.lua"),
         "local function acquire_pool()\n",

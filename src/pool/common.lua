@@ -148,10 +148,12 @@ local function key_types(spec)
   end
 end
 
--- The fence counter must be absent or a decimal integer INCR can raise.
+-- The fence counter must be absent or a decimal integer INCR can raise
+-- that Lua still holds exactly (below 2^53; a fence lifted after a rollback
+-- is Redis time in us, 16 digits).
 local function fence_value(key)
   local v = redis.call('GET', key)
-  if v and (not string.match(v, '^%d+$') or #v > 15) then
+  if v and (not string.match(v, '^%d+$') or #v > 16 or tonumber(v) >= 9007199254740992) then
     return fail('KEYTYPE', key .. ' string integer')
   end
 end
@@ -203,14 +205,15 @@ local function lease_meta(meta, id, token)
   return tonumber(first), tonumber(cap), tonumber(fence), rid
 end
 
+-- Numbers as '%.0f': Lua's own tostring gives 16-digit fences as 1.7e+15.
 local function meta_value(first, cap, fence, rid, token)
-  return first .. ' ' .. cap .. ' ' .. fence .. ' ' .. rid .. ' ' .. token
+  return string.format('%.0f %.0f %.0f ', first, cap, fence) .. rid .. ' ' .. token
 end
 
 -- requests[rid] = '<fence> <id> <token>': the lease an acquire with request
 -- id rid got, kept while that lease lasts.
 local function request_value(fence, id, token)
-  return fence .. ' ' .. id .. ' ' .. token
+  return string.format('%.0f ', fence) .. id .. ' ' .. token
 end
 
 -- Drops meta[id] and the request entry that points at that lease.

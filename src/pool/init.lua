@@ -32,5 +32,7 @@ for i = 3, #ARGV do
 end
 -- The counter marks the pool as initialised even while every id is leased.
 redis.call('SET', K.fence, 0)
+local _, record = node_gate(false, 0, now_ms(), false)
+redis.call('HSET', K.meta, '~node', record)
 set_strikes(K, max, window)
 return #ARGV - 2

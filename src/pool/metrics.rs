@@ -55,8 +55,16 @@ pub(crate) struct PoolMetrics {
     reaped: Family<PoolLabel, Counter>,
 }
 
-/// Outcomes of acquire: an id leased, none due in time, an error.
-pub(crate) const ACQUIRE_OUTCOMES: [&str; 4] = ["leased", "empty", "budget_denied", "error"];
+/// Outcomes of acquire: an id leased, none due in time, acquires closed
+/// after a Redis restart or failover (a possible rollback), a budget's
+/// denial, an error.
+pub(crate) const ACQUIRE_OUTCOMES: [&str; 5] = [
+    "leased",
+    "empty",
+    "closed_after_rollback",
+    "budget_denied",
+    "error",
+];
 /// Outcomes of release and extend besides their success.
 pub(crate) const LOST_OUTCOMES: [&str; 3] = ["other_owner", "expired", "error"];
 

@@ -8,9 +8,10 @@ use redis::{Script, Value};
 use super::{PoolError, limits};
 
 /// Every script's full source, in the order of [`PoolScript::ALL`]: the
-/// generated `LIMITS` table, `common.lua`, then the operation.
+/// generated `LIMITS` table, `node.lua` (node stamps: acquire and init
+/// stamp the pool, see acquire.lua), `common.lua`, then the operation.
 static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
-    let head = limits::lua_table() + include_str!("common.lua");
+    let head = limits::lua_table() + crate::lease::node::PRELUDE + include_str!("common.lua");
     PoolScript::ALL
         .iter()
         .map(|s| head.clone() + s.own_source())
@@ -70,7 +71,8 @@ impl PoolScript {
     }
 
     /// The Lua source as sent: the `LIMITS` table generated from
-    /// [`super::limits`], the helpers of `common.lua`, then the operation.
+    /// [`super::limits`], `node.lua`, the helpers of `common.lua`, then the
+    /// operation.
     pub fn source(self) -> &'static str {
         &SOURCES[self as usize]
     }

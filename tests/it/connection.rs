@@ -24,6 +24,8 @@ pub(crate) fn pool_serve(url: &str) -> Sidecar {
         .flag("--redis-timeout", "500ms")
         .flag("--reap-interval", "200ms")
         .flag("--pool", "proxies")
+        // Short: after a failover acquires are closed for the max lease (the rollback gate).
+        .flag("--max-lease", "2s")
         .name("pool serve")
         .spawn()
 }

@@ -83,6 +83,9 @@ mod pool_http;
 mod pool_limits;
 /// Pool quarantine and strikes: the end to the ms, strikes, the state table, bad input.
 mod pool_quarantine;
+/// Pool acquires after Redis rolled back (CLI, router, replay, charged): closed for the max
+/// lease, fence lifted.
+mod pool_rollback;
 /// Pool lease rules broken once: replay after extend, cap, next-due hint, cooldowns.
 mod pool_rules;
 /// The published deadline: the margin before the key's expiry; `exec`/`id` under wall-clock steps.

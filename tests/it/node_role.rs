@@ -245,7 +245,21 @@ fn pool_cli_refuses_a_replica_and_runs_once_promoted() {
         );
     }
     pair.fail_back_to_a();
-    let run = pool(&["acquire", "--pool", "proxies", "--ttl", "10s"]);
+    // The promotion changed the node: acquires are closed for the max lease (the rollback
+    // gate, docs/pool.md "After a Redis rollback"), then it leases.
+    let acquire = [
+        "acquire",
+        "--pool",
+        "proxies",
+        "--ttl",
+        "1s",
+        "--max-lease",
+        "1s",
+    ];
+    let run = pool(&acquire);
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(run.stderr.contains("acquires are closed"), "{run:?}");
+    let run = pool(&[&acquire[..], &["--wait", "10s"]].concat());
     assert_eq!(run.code, Some(0), "{run:?}");
 }
 

@@ -89,7 +89,9 @@ async fn quarantine_holds_to_the_redis_ms_then_the_id_returns() {
     let mut empties = 0;
     let next = loop {
         match pool.acquire(&AcquireRequest::new(secs(1))).await.unwrap() {
-            Acquired::Empty { next_due_in, at_ms } => {
+            Acquired::Empty {
+                next_due_in, at_ms, ..
+            } => {
                 assert!(at_ms < until, "empty at {at_ms}, quarantined until {until}");
                 assert_eq!(
                     next_due_in,

@@ -175,11 +175,15 @@ async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
                     }
                     return Ok(None);
                 }
-                Acquired::Empty { next_due_in, .. } => {
+                Acquired::Empty {
+                    next_due_in,
+                    after_rollback,
+                    ..
+                } => {
                     return Err(PoolCliError::NothingDue {
                         pool,
                         wait: human(wait).to_string(),
-                        hint: hint_words(next_due_in),
+                        hint: hint_words(next_due_in, after_rollback),
                     }
                     .into());
                 }

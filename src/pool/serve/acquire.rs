@@ -92,15 +92,27 @@ pub(super) async fn acquire(
             let budget = charge.as_ref().map_or("", |c| c.budget.as_str());
             Ok(crate::budget::serve::denied_response(budget, &taken))
         }
-        Ok(ChargedAcquire::Acquired(Acquired::Empty { next_due_in, at_ms })) => {
-            metrics.acquired(&served.label, "empty", started.elapsed());
+        Ok(ChargedAcquire::Acquired(Acquired::Empty {
+            next_due_in,
+            at_ms,
+            after_rollback,
+        })) => {
+            let outcome = if after_rollback {
+                "closed_after_rollback"
+            } else {
+                "empty"
+            };
+            metrics.acquired(&served.label, outcome, started.elapsed());
             let next_due_in_ms = next_due_in.map(crate::timing::ms);
-            let body = json!({
+            let mut body = json!({
                 "error": "no id due",
                 "next_due_in_ms": next_due_in_ms,
                 "at_ms": at_ms,
-                "detail": super::super::hint::hint_words(next_due_in),
+                "detail": super::super::hint::hint_words(next_due_in, after_rollback),
             });
+            if after_rollback {
+                body["reason"] = json!("redis_rollback");
+            }
             let retry_after = retry_after_secs(next_due_in).to_string();
             Ok((
                 StatusCode::SERVICE_UNAVAILABLE,
