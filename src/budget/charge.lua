@@ -22,19 +22,11 @@ local tats
 tats, err = budget_tats(CHARGE_KEYS, 1, now)
 if err then return err end
 
--- True when acquire.lua will answer an earlier lease for this request id
--- (the same test it makes): that lease was charged when it was granted.
-local function replay(request_id)
-  local v = request_id and redis.call('HGET', K.requests, request_id)
-  local _, id, token = string.match(v or '', '^(%d+) ([%w_%-]+) (.*)$')
-  if not id then return false end
-  local deadline = tonumber(redis.call('ZSCORE', K.leases, id) or '0')
-  return redis.call('HGET', K.owners, id) == token and deadline > now_ms()
-end
-
 local allowed, retry = budget_verdict(limits, tats, cost, now)
 if not allowed then
-  if replay(ARGV[5]) then
+  -- A replay was charged when first granted: acquire.lua answers it, on the same test
+  -- (replay_of) at the same time (now_ms() is read once per script).
+  if replay_of(K, ARGV[5], now_ms()) then
     return acquire_pool()
   end
   local r = budget_apply(CHARGE_KEYS, 1, limits, tats, cost, now, false, retry)

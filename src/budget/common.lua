@@ -20,10 +20,15 @@ local function budget_badarg(field, expected)
   return budget_fail('BADARG', field .. ' ' .. expected)
 end
 
--- Redis TIME in microseconds (exact in a double until the year 2255).
+-- Redis TIME in microseconds (exact in a double until the year 2255), read once per script
+-- (TIME moves on inside a script; one decision, one clock).
+local BUDGET_NOW_US = nil
 local function budget_now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if BUDGET_NOW_US == nil then
+    local t = redis.call('TIME')
+    BUDGET_NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return BUDGET_NOW_US
 end
 
 -- A decimal integer string within BUDGET_LIMITS[field] = {min, max}.

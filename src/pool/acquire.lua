@@ -72,17 +72,9 @@ if open_at > now then
 end
 
 -- A retry of a call that leased: answer its lease while that is still valid.
-if request_id then
-  local v = redis.call('HGET', K.requests, request_id)
-  if v then
-    local fence, id, old = string.match(v, '^(%d+) ([%w_%-]+) (.*)$')
-    local deadline = id and tonumber(redis.call('ZSCORE', K.leases, id) or '0') or 0
-    if id and redis.call('HGET', K.owners, id) == old and deadline > now then
-      return { 1, id, old, deadline, tonumber(fence), now, 1 }
-    end
-    redis.call('HDEL', K.requests, request_id)
-  end
-end
+local replayed, stale = replay_of(K, request_id, now)
+if replayed then return replayed end
+if stale then redis.call('HDEL', K.requests, request_id) end
 
 reclaim(K, now, cooldown, LIMITS.reclaim_per_acquire)
 end_quarantines(K, now, LIMITS.reclaim_per_acquire)

@@ -31,10 +31,31 @@ local function badarg(field, expected)
   return fail('BADARG', field .. ' ' .. expected)
 end
 
--- The one clock: Redis TIME, in whole ms.
+-- The one clock: Redis TIME, in whole ms, read once per script. TIME moves on inside a
+-- script, so two reads can disagree: a charged acquire judged a replay valid on one and the
+-- acquire found it expired on the next, and leased a fresh id uncharged.
+local NOW_MS = nil
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if NOW_MS == nil then
+    local t = redis.call('TIME')
+    NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW_MS
+end
+
+-- The answer to a retry of an acquire with `request_id` (K: pool_keys, now: now_ms()):
+-- its lease while still valid, {1, id, token, deadline_ms, fence, now_ms, 1}; else nil, and
+-- whether a stale entry is left to remove. The one test every path that answers a replay
+-- makes (acquire.lua, and the charge of acquire_charged, which must not charge it again).
+local function replay_of(K, request_id, now)
+  local v = request_id and redis.call('HGET', K.requests, request_id)
+  if not v then return nil, false end
+  local fence, id, old = string.match(v, '^(%d+) ([%w_%-]+) (.*)$')
+  local deadline = id and tonumber(redis.call('ZSCORE', K.leases, id) or '0') or 0
+  if id and redis.call('HGET', K.owners, id) == old and deadline > now then
+    return { 1, id, old, deadline, tonumber(fence), now, 1 }, false
+  end
+  return nil, true
 end
 
 -- A decimal integer string (no sign, fraction or exponent) within

@@ -265,3 +265,45 @@ async fn penalize_in_the_pool_holds_acquires_back() {
         "{leased:?}"
     );
 }
+
+/// Retries of a charged acquire (one request id) sent back to back while its 2 ms lease
+/// expires: each is answered the lease (a replay, charged when first granted) or denied by
+/// the spent budget (burst 1, 1/h), never a fresh lease. Before, the charge judged the
+/// replay on one read of Redis' TIME and the acquire on a later one: a lease that expired
+/// in between was replaced by a fresh one, uncharged (65 of 320 pipelined cycles).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_expires_during_the_call_never_leases_uncharged() {
+    let redis = RedisServer::start();
+    let p = pool(&redis, "px").await;
+    let ids: Vec<String> = (0..64).map(|i| format!("p{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    p.init(&ids).await.unwrap();
+    let mut uncharged = 0;
+    for cycle in 0..100 {
+        let c = Charge {
+            budget: "domains".into(),
+            keys: vec![BudgetKey::new(
+                format!("d{cycle}.example"),
+                "1/h".parse().unwrap(),
+                1,
+            )],
+            cost: 1,
+        };
+        let req = AcquireRequest::new(ms(2)).request_id(format!("r{cycle}"));
+        let first = acquire_charged(&p, &req, &c).await.unwrap();
+        assert!(
+            matches!(first, ChargedAcquire::Acquired(Acquired::Leased(_))),
+            "{first:?}"
+        );
+        // Queued back to back on one connection: they run across the lease's expiry.
+        let retries = (0..150).map(|_| acquire_charged(&p, &req, &c));
+        for answer in futures_util::future::join_all(retries).await {
+            if let ChargedAcquire::Acquired(Acquired::Leased(lease)) = answer.unwrap()
+                && !lease.replayed()
+            {
+                uncharged += 1;
+            }
+        }
+    }
+    assert_eq!(uncharged, 0, "fresh leases without a charge");
+}
