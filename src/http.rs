@@ -8,6 +8,7 @@
 mod accept;
 mod bind;
 mod connections;
+pub(crate) mod json;
 mod limits;
 mod serve;
 

@@ -307,3 +307,38 @@ async fn a_replay_that_expires_during_the_call_never_leases_uncharged() {
     }
     assert_eq!(uncharged, 0, "fresh leases without a charge");
 }
+
+/// A body that gives a field twice is refused naming it (400), at any depth, and nothing is
+/// leased or charged. Before, `pool serve` read the body into a map where the last duplicate
+/// won: `{"ttl_ms": 30000, "budget": {...}, "budget": null}` leased without a charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_given_twice_is_refused_never_leased_uncharged() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &["p1", "p2"]).await;
+    let charge = r#"{"name": "domains", "key": "example.com", "rate": "1/m", "burst": 1}"#;
+    for (body, field) in [
+        (format!(r#"{{"ttl_ms": 30000, "budget": {charge}, "budget": null}}"#), "budget"),
+        (format!(r#"{{"budget": null, "ttl_ms": 30000, "budget": {charge}}}"#), "budget"),
+        (r#"{"ttl_ms": 30000, "ttl_ms": 1000}"#.to_owned(), "ttl_ms"),
+        (
+            r#"{"ttl_ms": 30000, "budget": {"name": "domains", "key": "a.com", "key": "b.com", "rate": "1/m"}}"#
+                .to_owned(),
+            "key",
+        ),
+    ] {
+        let (status, answer, _) =
+            crate::pool_http::call_raw(&router, "POST", "/pools/proxies/leases", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["field"], field, "{body}: {answer}");
+    }
+    let keys = PoolKeys::new("proxies");
+    assert_eq!(
+        redis.query::<u64>(redis::cmd("ZCARD").arg(&keys.leases)),
+        0,
+        "nothing leased"
+    );
+    assert!(
+        redis.keys("{proxies}:budget:*").is_empty(),
+        "nothing charged"
+    );
+}

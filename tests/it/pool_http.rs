@@ -55,10 +55,21 @@ pub(crate) async fn call(
     body: Value,
 ) -> (StatusCode, Value, Option<String>) {
     let body = if body.is_null() {
-        Body::empty()
+        String::new()
     } else {
-        Body::from(body.to_string())
+        body.to_string()
     };
+    call_raw(router, method, path, &body).await
+}
+
+/// [`call`] with the body's bytes as given (a `Value` cannot hold a key twice).
+pub(crate) async fn call_raw(
+    router: &Router,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (StatusCode, Value, Option<String>) {
+    let body = Body::from(body.to_owned());
     let request = Request::builder()
         .method(method)
         .uri(path)

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
+use crate::http::json::{StrictValue, duplicate_field};
 use crate::pool::limits::{self, COOLDOWN_MS, QUARANTINE_MS, Range, TTL_MS, WAIT_MS};
 use crate::pool::{LostReason, PoolError, Quarantine};
 
@@ -274,8 +275,8 @@ fn required_token() -> Kind {
     Kind::RequiredToken
 }
 
-/// Reads a JSON object (an empty body is `{}`; null is an absent field)
-/// into `T`. A missing `required` field is named first, before a field `T`
+/// Reads a JSON object (an empty body is `{}`; null is an absent field;
+/// a key given twice, at any depth, is refused naming it) into `T`. A missing `required` field is named first, before a field `T`
 /// does not have (`{"ttl": 5}` answers that `ttl_ms` is required, the
 /// field the typo meant); then the first field of the wrong type or
 /// unknown to `T`, in the body's order. `kinds` lists `T`'s fields.
@@ -288,8 +289,12 @@ fn fields<T: DeserializeOwned>(
         Map::new()
     } else {
         match serde_json::from_slice(bytes) {
-            Ok(Value::Object(map)) => map,
-            _ => return Err(ApiError::bad("body", "a JSON object")),
+            Ok(StrictValue(Value::Object(map))) => map,
+            Err(err) => match duplicate_field(&err.to_string()) {
+                Some(field) => return Err(ApiError::bad(field, "the field given once")),
+                None => return Err(ApiError::bad("body", "a JSON object")),
+            },
+            Ok(_) => return Err(ApiError::bad("body", "a JSON object")),
         }
     };
     if let Some(kind) = required
