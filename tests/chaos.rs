@@ -71,7 +71,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const APP: &str = "chaos";
-/// `--ttl 2s` of every sidecar (the harness default), in ms.
+/// `--ttl 2s` of the sidecars (the harness default), in ms; the Sentinel rollback runs use
+/// [`Setup::ttl_ms`].
 const TTL_MS: u64 = 2000;
 /// How long one `/id` sample may take before it counts as no answer.
 const SAMPLE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -290,6 +291,17 @@ impl Setup {
         }
     }
 
+    /// `--ttl` of the sidecars, ms. The Sentinel rollback runs use 10 s: a failover after a
+    /// killed primary takes 2-4 s here, so with 2 s every holder gives up before the new
+    /// primary answers and a lost write could never show; 10 s (still far below the default
+    /// TTL) keeps holders publishing across the failover, as in production.
+    fn ttl_ms(self) -> u64 {
+        match self {
+            Setup::Sentinel { rollback: true, .. } => 10_000,
+            _ => TTL_MS,
+        }
+    }
+
     /// `--max-worker-id`: IDs 0..=max.
     fn max_id(self) -> u32 {
         match self {
@@ -374,7 +386,8 @@ enum Kind {
     /// replica (Sentinel's "restart Redis empty").
     KillPrimary,
     /// Sentinel: a failover to replicas that missed writes: every replica SIGSTOPped and its
-    /// replication link killed on the primary, 0.3-6 s of writes they never get, the primary
+    /// replication link killed on the primary, 0.3 s to 1.5 TTLs of writes they never get
+    /// (renewals too: on the new primary keys expire earlier than their holders think), the primary
     /// SIGKILLed, the replicas resumed; the Sentinels promote one (checked: it lacks a key
     /// written on the old primary after the link went), the old primary comes back as a
     /// replica.
@@ -496,6 +509,8 @@ struct Slot {
     url: String,
     min_acks: u32,
     max_id: u32,
+    /// `--ttl`, ms ([`Setup::ttl_ms`]).
+    ttl_ms: u64,
     sidecar: Option<Sidecar>,
     view: Arc<Mutex<SlotView>>,
     managed: Option<ManagedSlot>,
@@ -551,6 +566,7 @@ impl Slot {
             .pod(&self.pod)
             .name(format!("sidecar {index}"))
             .flag("--max-worker-id", self.max_id.to_string())
+            .flag("--ttl", format!("{}ms", self.ttl_ms))
             // A spare may wait long for an ID; it must not give up (exit 3) mid-run.
             .flag("--claim-timeout", "24h");
         if let Some(m) = &self.managed {
@@ -690,7 +706,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     let (sidecars, max_id) = (setup.sidecars(), setup.max_id());
     let minting = matches!(setup, Setup::Mint);
     let mut slots: Vec<Slot> = (0..sidecars)
-        .map(|_| new_slot(&redis, min_acks, max_id, minting))
+        .map(|_| new_slot(&redis, min_acks, max_id, minting, setup.ttl_ms()))
         .collect();
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.spawn(i);
@@ -793,7 +809,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
         thread::sleep(ms(rng.random_range(200..1200)));
     }
     // Let the last fault settle, so its gap can end.
-    thread::sleep(ms(3 * TTL_MS));
+    thread::sleep(ms(3 * setup.ttl_ms()));
     stop.store(true, Ordering::SeqCst);
     let samples: Vec<Sample> = recorders
         .into_iter()
@@ -818,8 +834,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     let verdict = report(
         seed,
         max_id as usize + 1,
-        min_acks,
-        setup.exempts_failovers(),
+        setup,
         &samples,
         &faults,
         elapsed_us(start),
@@ -837,7 +852,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
 
 /// A slot of `redis`: its own proxy on standalone Redis, the managed setup's files and
 /// wrapper there.
-fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool) -> Slot {
+fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: u64) -> Slot {
     let pod = PodDir::new();
     let mint_clock = minting.then(|| pod.path().join("sidecar.faketime"));
     if let Some(clock) = &mint_clock {
@@ -858,6 +873,7 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool) -> Slot 
         url,
         min_acks,
         max_id,
+        ttl_ms,
         sidecar: None,
         view: Arc::new(Mutex::new(SlotView {
             generation: 0,
@@ -946,7 +962,7 @@ fn apply(
     match kind {
         Kind::Pause => {
             slot.sidecar().pause();
-            thread::sleep(ms(TTL_MS + rng.random_range(100..1500)));
+            thread::sleep(ms(slot.ttl_ms + rng.random_range(100..1500)));
             slot.sidecar().resume();
         }
         Kind::Kill | Kind::Term => {
@@ -980,8 +996,9 @@ fn apply(
         }
         Kind::SnapshotRestart => unreachable!("the run loop takes and restores snapshots"),
         Kind::LaggingFailover => {
+            let missed = ms(rng.random_range(300..slot.ttl_ms * 3 / 2));
             let topo = redis.topology();
-            lagging_failover(topo, ms(rng.random_range(300..6000)));
+            lagging_failover(topo, missed);
             settle(topo);
             return None;
         }
@@ -1041,7 +1058,7 @@ fn apply(
                     .arg(worker_key(APP, id))
                     .arg("intruder#chaos")
                     .arg("PX")
-                    .arg(TTL_MS),
+                    .arg(slot.ttl_ms),
             );
             return None;
         }
@@ -1106,8 +1123,9 @@ fn elapsed_marker() -> String {
 /// links killed on the primary (what a stopped replica had buffered it still applies, nothing
 /// later reaches it), then the primary SIGKILLed and the replicas resumed, so the Sentinels
 /// promote one that lacks the last writes. Panics unless the new primary lacks a key set on
-/// the old one after the links went. `missed` stays well below 10 down-after periods (10 s),
-/// beyond which the Sentinels would promote no replica.
+/// the old one after the links went. A replica counts its link down only from its resume
+/// (stopped, it noticed nothing), so Sentinel's limit (10 down-after periods) does not bound
+/// `missed`.
 fn lagging_failover(topo: &mut SentinelTopology, missed: Duration) {
     let old = topo.primary_index();
     let replicas: Vec<usize> = (0..topo.nodes().len())
@@ -1276,12 +1294,16 @@ fn print_faults(seed: u64, faults: &[Fault], end_us: u64) {
 fn report(
     seed: u64,
     ids: usize,
-    min_acks: u32,
-    exempt: bool,
+    setup: Setup,
     samples: &[Sample],
     faults: &[Fault],
     end_us: u64,
 ) -> Result<(), String> {
+    let (exempt, ttl_ms) = (setup.exempts_failovers(), setup.ttl_ms());
+    let min_acks = match setup {
+        Setup::Sentinel { min_acks, .. } => min_acks,
+        _ => 0,
+    };
     let intervals = checker::intervals(samples);
     let all_overlaps = checker::overlaps(&intervals);
     let failovers: Vec<(u64, u64)> = faults
@@ -1294,7 +1316,7 @@ fn report(
     // failover, so the rollback runs count every overlap.
     let (explained, overlaps): (Vec<_>, Vec<_>) = all_overlaps
         .into_iter()
-        .partition(|o| exempt && checker::follows_failover(o, &failovers, 3 * TTL_MS * 1000));
+        .partition(|o| exempt && checker::follows_failover(o, &failovers, 3 * ttl_ms * 1000));
     let stale = checker::stale_files(samples);
     // ID-seconds published by sidecars (apps' intervals counted apart).
     let published_s: f64 = intervals
@@ -1315,7 +1337,7 @@ fn report(
         // A gap is this fault's when it begins before the next fault (or 2 TTLs after this one).
         let until = faults
             .get(n + 1)
-            .map_or(f.end_us + 2 * TTL_MS * 1000, |next| next.start_us);
+            .map_or(f.end_us + 2 * ttl_ms * 1000, |next| next.start_us);
         let hit: Vec<usize> = f.target.map_or((0..sidecars).collect(), |t| vec![t]);
         let entry = by_kind.entry(f.kind).or_default();
         entry.0 += 1;
@@ -1353,7 +1375,7 @@ fn report(
     if !exempt && !failovers.is_empty() {
         let after = overlaps
             .iter()
-            .filter(|o| checker::follows_failover(o, &failovers, 3 * TTL_MS * 1000))
+            .filter(|o| checker::follows_failover(o, &failovers, 3 * ttl_ms * 1000))
             .count();
         eprintln!(
             "chaos: of the overlaps, {after} began within 3 TTLs after a failover (they count)"
