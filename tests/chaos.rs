@@ -5,6 +5,8 @@
 //!
 //! - `cargo test --test chaos` runs the short run (`SNOWLEASE_CHAOS_SECS`, default 40 s).
 //! - `cargo test --test chaos -- --ignored --nocapture` runs the long run (default 1200 s).
+//! - Standalone and mint runs restart Redis empty and from a snapshot taken 0.3-8 s before
+//!   (`SnapshotRestart`: Redis comes back older, its claim guard intact).
 //! - The Sentinel variant (1 primary, 2 replicas, 3 sentinels; sidecars use the Sentinel URL)
 //!   adds planned failovers (`SENTINEL FAILOVER`) and killed primaries (brought back empty as
 //!   a replica) and drops the per-connection proxy faults. With `--min-replicas-ack` every
@@ -16,6 +18,10 @@
 //!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` the `--min-replicas-ack` of
 //!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default: every
 //!   replica). Each overlap is printed with the last fault and the last failover before it.
+//!   The rollback runs (`chaos_sentinel_rollback_*`) add failovers to replicas that missed
+//!   0.3-6 s of writes (`LaggingFailover`) and fail on every overlap, acks or not: node stamps
+//!   close claims for one TTL after any failover. `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` brings
+//!   back the old rule (overlaps within 3 TTLs after a failover counted apart) for comparison.
 //! - The managed-Redis variant ([`managed`]): a primary and a replica behind one
 //!   host name that the sidecars resolve through a private `/etc/hosts`, TLS with a CA bundle
 //!   file, an ACL user whose password comes from `--redis-password-file`; 8 sidecars over 6
@@ -65,7 +71,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const APP: &str = "chaos";
-/// `--ttl 2s` of every sidecar (the harness default), in ms.
+/// `--ttl 2s` of the sidecars (the harness default), in ms; the Sentinel rollback runs use
+/// [`Setup::ttl_ms`].
 const TTL_MS: u64 = 2000;
 /// How long one `/id` sample may take before it counts as no answer.
 const SAMPLE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -94,8 +101,15 @@ fn chaos_long_run_never_publishes_one_id_twice() {
 #[test]
 fn chaos_sentinel_short_run_never_publishes_one_id_twice_outside_failovers() {
     let secs = env_u64("SNOWLEASE_CHAOS_SENTINEL_SECS").unwrap_or(30);
-    let (min_acks, replicas) = (0, 2);
-    run(Setup::Sentinel { min_acks, replicas }, secs);
+    let (min_acks, replicas, rollback) = (0, 2, false);
+    run(
+        Setup::Sentinel {
+            min_acks,
+            replicas,
+            rollback,
+        },
+        secs,
+    );
 }
 
 /// The long Sentinel run with `--min-replicas-ack` from `SNOWLEASE_CHAOS_MIN_ACKS` (default:
@@ -108,7 +122,15 @@ fn chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice() {
     let replicas = replicas();
     let min_acks = env_u64("SNOWLEASE_CHAOS_MIN_ACKS").unwrap_or(replicas as u64);
     let min_acks = u32::try_from(min_acks).expect("SNOWLEASE_CHAOS_MIN_ACKS fits in a u32");
-    run(Setup::Sentinel { min_acks, replicas }, secs);
+    let rollback = false;
+    run(
+        Setup::Sentinel {
+            min_acks,
+            replicas,
+            rollback,
+        },
+        secs,
+    );
 }
 
 /// Replicas of the Sentinel runs: `SNOWLEASE_CHAOS_REPLICAS`, default 2 (1 to 4).
@@ -131,6 +153,42 @@ fn chaos_sentinel_long_run_without_replica_acks() {
         Setup::Sentinel {
             min_acks: 0,
             replicas,
+            rollback: false,
+        },
+        secs,
+    );
+}
+
+/// The short Sentinel rollback run: the Sentinel kinds plus failovers to replicas that missed
+/// writes, without `--min-replicas-ack`; every overlap fails (node stamps).
+#[test]
+fn chaos_sentinel_rollback_short_run_never_publishes_one_id_twice() {
+    let secs = env_u64("SNOWLEASE_CHAOS_SENTINEL_SECS").unwrap_or(30);
+    let (min_acks, replicas, rollback) = (0, 2, true);
+    run(
+        Setup::Sentinel {
+            min_acks,
+            replicas,
+            rollback,
+        },
+        secs,
+    );
+}
+
+/// The long Sentinel rollback run (>= 500 faults at its default length) over
+/// `SNOWLEASE_CHAOS_REPLICAS` replicas, `--min-replicas-ack` from `SNOWLEASE_CHAOS_MIN_ACKS`
+/// (default 0: the failovers lose writes); every overlap fails.
+#[test]
+#[ignore]
+fn chaos_sentinel_rollback_long_run_never_publishes_one_id_twice() {
+    let (secs, replicas) = (env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200), replicas());
+    let min_acks = env_u64("SNOWLEASE_CHAOS_MIN_ACKS").unwrap_or(0);
+    let min_acks = u32::try_from(min_acks).expect("SNOWLEASE_CHAOS_MIN_ACKS fits in a u32");
+    run(
+        Setup::Sentinel {
+            min_acks,
+            replicas,
+            rollback: true,
         },
         secs,
     );
@@ -177,8 +235,15 @@ enum Setup {
     /// One server; each sidecar behind its own [`FaultProxy`].
     Standalone,
     /// [`SentinelTopology`] with `replicas` replicas and 3 sentinels; sidecars with
-    /// `--min-replicas-ack min_acks`.
-    Sentinel { min_acks: u32, replicas: usize },
+    /// `--min-replicas-ack min_acks`. `rollback`: failovers to lagging replicas among the
+    /// faults ([`SENTINEL_ROLLBACK_KINDS`]), and every overlap fails the run, acks or not
+    /// (node stamps close claims for one TTL after any failover); else overlaps within 3 TTLs
+    /// after a failover are counted apart when `min_acks` is 0.
+    Sentinel {
+        min_acks: u32,
+        replicas: usize,
+        rollback: bool,
+    },
     /// [`Managed`]: primary and replica behind one host name, TLS, a rotated password; an
     /// app under `snowlease exec` beside each sidecar.
     Managed,
@@ -193,7 +258,10 @@ impl Setup {
         match self {
             Setup::Standalone => KINDS.to_vec(),
             Setup::Mint => [&KINDS[..], &[Kind::SidecarClockStep]].concat(),
-            Setup::Sentinel { .. } => SENTINEL_KINDS.to_vec(),
+            Setup::Sentinel {
+                rollback: false, ..
+            } => SENTINEL_KINDS.to_vec(),
+            Setup::Sentinel { rollback: true, .. } => SENTINEL_ROLLBACK_KINDS.to_vec(),
             Setup::Managed => MANAGED_KINDS
                 .into_iter()
                 .filter(|k| password_file || *k != Kind::PasswordRotation)
@@ -207,6 +275,30 @@ impl Setup {
         match self {
             Setup::Managed => 8,
             _ => 12,
+        }
+    }
+
+    /// Whether overlaps within 3 TTLs after a failover are counted apart instead of failing
+    /// the run: only in the Sentinel runs without acks and without `rollback`, or when
+    /// `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` asks for it (to compare with the old rule).
+    fn exempts_failovers(self) -> bool {
+        let asked = env_u64("SNOWLEASE_CHAOS_EXEMPT_FAILOVERS") == Some(1);
+        match self {
+            Setup::Sentinel {
+                min_acks, rollback, ..
+            } => asked || (min_acks == 0 && !rollback),
+            _ => false,
+        }
+    }
+
+    /// `--ttl` of the sidecars, ms. The Sentinel rollback runs use 10 s: a failover after a
+    /// killed primary takes 2-4 s here, so with 2 s every holder gives up before the new
+    /// primary answers and a lost write could never show; 10 s (still far below the default
+    /// TTL) keeps holders publishing across the failover, as in production.
+    fn ttl_ms(self) -> u64 {
+        match self {
+            Setup::Sentinel { rollback: true, .. } => 10_000,
+            _ => TTL_MS,
         }
     }
 
@@ -268,8 +360,15 @@ enum Kind {
     Kill,
     /// SIGTERM a sidecar (it releases its ID) and restart it.
     Term,
-    /// Restart Redis empty (same port).
+    /// Restart Redis empty (same port; a snapshot left by [`Kind::SnapshotRestart`] removed
+    /// first).
     RedisRestart,
+    /// Standalone and mint: `SAVE`, then 0.3-8 s (up to 4 TTLs) of sidecar writes and other
+    /// faults (no other restart), then SIGKILL and a restart that loads the snapshot: Redis
+    /// comes back that much older, its guard intact and the leases written since lost (checked
+    /// with a key set after `SAVE`). Whether other faults fit in the wait depends on timing,
+    /// so a seed replays these less exactly than the rest.
+    SnapshotRestart,
     /// SCRIPT FLUSH.
     ScriptFlush,
     /// Hold every byte of one sidecar's connections, then deliver them.
@@ -286,6 +385,13 @@ enum Kind {
     /// Sentinel: SIGKILL the primary; once a replica is promoted, bring it back empty as a
     /// replica (Sentinel's "restart Redis empty").
     KillPrimary,
+    /// Sentinel: a failover to replicas that missed writes: every replica SIGSTOPped and its
+    /// replication link killed on the primary, 0.3 s to 1.5 TTLs of writes they never get
+    /// (renewals too: on the new primary keys expire earlier than their holders think), the primary
+    /// SIGKILLed, the replicas resumed; the Sentinels promote one (checked: it lacks a key
+    /// written on the old primary after the link went), the old primary comes back as a
+    /// replica.
+    LaggingFailover,
     /// Managed: promote the replica, demote the old primary (`REPLICAOF`), move the name.
     DnsFailover,
     /// Managed: `REPLICAOF` on the node the name points at for 0.5-4 s, then back.
@@ -304,11 +410,12 @@ enum Kind {
     ExecClockStep,
 }
 
-const KINDS: [Kind; 9] = [
+const KINDS: [Kind; 10] = [
     Kind::Pause,
     Kind::Kill,
     Kind::Term,
     Kind::RedisRestart,
+    Kind::SnapshotRestart,
     Kind::ScriptFlush,
     Kind::Blackhole,
     Kind::Delay,
@@ -328,6 +435,18 @@ const SENTINEL_KINDS: [Kind; 7] = [
     Kind::KillPrimary,
 ];
 
+/// The Sentinel rollback run: the Sentinel kinds and failovers to replicas that lagged.
+const SENTINEL_ROLLBACK_KINDS: [Kind; 8] = [
+    Kind::Pause,
+    Kind::Kill,
+    Kind::Term,
+    Kind::ScriptFlush,
+    Kind::Overwrite,
+    Kind::Failover,
+    Kind::KillPrimary,
+    Kind::LaggingFailover,
+];
+
 /// The managed-Redis run: no proxy (the name resolves to the nodes themselves), no restart
 /// empty (a managed service keeps its data).
 const MANAGED_KINDS: [Kind; 11] = [
@@ -345,9 +464,17 @@ const MANAGED_KINDS: [Kind; 11] = [
 ];
 
 impl Kind {
+    /// Restarts the standalone Redis (which would end a snapshot's wait early).
+    fn restarts_redis(self) -> bool {
+        matches!(self, Kind::RedisRestart | Kind::SnapshotRestart)
+    }
+
     /// A failover that may lose writes (the managed ones are lossless, see [`managed`]).
     fn is_failover(self) -> bool {
-        matches!(self, Kind::Failover | Kind::KillPrimary)
+        matches!(
+            self,
+            Kind::Failover | Kind::KillPrimary | Kind::LaggingFailover
+        )
     }
 }
 
@@ -382,6 +509,8 @@ struct Slot {
     url: String,
     min_acks: u32,
     max_id: u32,
+    /// `--ttl`, ms ([`Setup::ttl_ms`]).
+    ttl_ms: u64,
     sidecar: Option<Sidecar>,
     view: Arc<Mutex<SlotView>>,
     managed: Option<ManagedSlot>,
@@ -437,6 +566,7 @@ impl Slot {
             .pod(&self.pod)
             .name(format!("sidecar {index}"))
             .flag("--max-worker-id", self.max_id.to_string())
+            .flag("--ttl", format!("{}ms", self.ttl_ms))
             // A spare may wait long for an ID; it must not give up (exit 3) mid-run.
             .flag("--claim-timeout", "24h");
         if let Some(m) = &self.managed {
@@ -561,7 +691,9 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     }
     let (mut redis, min_acks) = match setup {
         Setup::Standalone | Setup::Mint => (Backend::Standalone(RedisServer::start()), 0),
-        Setup::Sentinel { min_acks, replicas } => (
+        Setup::Sentinel {
+            min_acks, replicas, ..
+        } => (
             Backend::Sentinel(SentinelTopology::start_with(SentinelOptions {
                 replicas,
                 ..SentinelOptions::default()
@@ -574,7 +706,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     let (sidecars, max_id) = (setup.sidecars(), setup.max_id());
     let minting = matches!(setup, Setup::Mint);
     let mut slots: Vec<Slot> = (0..sidecars)
-        .map(|_| new_slot(&redis, min_acks, max_id, minting))
+        .map(|_| new_slot(&redis, min_acks, max_id, minting, setup.ttl_ms()))
         .collect();
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.spawn(i);
@@ -608,8 +740,22 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     let mut exits = Exits::default();
     let deadline = start + secs(run_secs);
     let mut harness_failure = None;
+    // Kinds drawn while a snapshot waits for its restart: no other restart meanwhile.
+    let others: Vec<Kind> = kinds
+        .iter()
+        .copied()
+        .filter(|k| !k.restarts_redis())
+        .collect();
+    let mut snapshot: Option<Snapshot> = None;
     while Instant::now() < deadline {
-        let kind = kinds[rng.random_range(0..kinds.len())];
+        let kind = match &snapshot {
+            Some(s) if Instant::now() >= s.restart_at || others.is_empty() => {
+                thread::sleep(s.restart_at.saturating_duration_since(Instant::now()));
+                Kind::SnapshotRestart
+            }
+            Some(_) => others[rng.random_range(0..others.len())],
+            None => kinds[rng.random_range(0..kinds.len())],
+        };
         let target = rng.random_range(0..sidecars);
         // A harness wait that times out (e.g. Sentinels that never agree, a restarted sidecar
         // that never listens) ends the faults but not the run: the history so far is still
@@ -617,13 +763,33 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
         let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             exits.revive(&mut slots, elapsed_us(start));
             let start_us = elapsed_us(start);
-            (
-                start_us,
-                apply(kind, target, &mut slots, &mut redis, &mut rng),
-            )
+            if kind != Kind::SnapshotRestart {
+                let target = apply(kind, target, &mut slots, &mut redis, &mut rng);
+                return Some((start_us, target));
+            }
+            let Backend::Standalone(server) = &mut redis else {
+                unreachable!("only standalone runs restart Redis from a snapshot")
+            };
+            // The fault spans both steps: it counts from the SAVE to the restart.
+            match snapshot.take() {
+                None => {
+                    let older = ms(rng.random_range(300..4 * TTL_MS));
+                    snapshot = Some(Snapshot::take(server, older, start_us));
+                    None
+                }
+                Some(taken) => {
+                    let began_us = taken.start_us;
+                    taken.restart(server);
+                    Some((began_us, None))
+                }
+            }
         }));
         let (start_us, target) = match applied {
-            Ok(applied) => applied,
+            Ok(Some(applied)) => applied,
+            Ok(None) => {
+                thread::sleep(ms(rng.random_range(200..1200)));
+                continue;
+            }
             Err(panic) => {
                 let why = panic
                     .downcast_ref::<String>()
@@ -643,7 +809,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
         thread::sleep(ms(rng.random_range(200..1200)));
     }
     // Let the last fault settle, so its gap can end.
-    thread::sleep(ms(3 * TTL_MS));
+    thread::sleep(ms(3 * setup.ttl_ms()));
     stop.store(true, Ordering::SeqCst);
     let samples: Vec<Sample> = recorders
         .into_iter()
@@ -668,7 +834,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     let verdict = report(
         seed,
         max_id as usize + 1,
-        min_acks,
+        setup,
         &samples,
         &faults,
         elapsed_us(start),
@@ -686,7 +852,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
 
 /// A slot of `redis`: its own proxy on standalone Redis, the managed setup's files and
 /// wrapper there.
-fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool) -> Slot {
+fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: u64) -> Slot {
     let pod = PodDir::new();
     let mint_clock = minting.then(|| pod.path().join("sidecar.faketime"));
     if let Some(clock) = &mint_clock {
@@ -707,6 +873,7 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool) -> Slot 
         url,
         min_acks,
         max_id,
+        ttl_ms,
         sidecar: None,
         view: Arc::new(Mutex::new(SlotView {
             generation: 0,
@@ -795,7 +962,7 @@ fn apply(
     match kind {
         Kind::Pause => {
             slot.sidecar().pause();
-            thread::sleep(ms(TTL_MS + rng.random_range(100..1500)));
+            thread::sleep(ms(slot.ttl_ms + rng.random_range(100..1500)));
             slot.sidecar().resume();
         }
         Kind::Kill | Kind::Term => {
@@ -815,10 +982,24 @@ fn apply(
             slot.spawn(target);
         }
         Kind::RedisRestart => {
-            match redis {
-                Backend::Standalone(server) => server.restart(),
-                _ => unreachable!("only standalone runs restart Redis empty"),
-            }
+            let Backend::Standalone(server) = redis else {
+                unreachable!("only standalone runs restart Redis empty")
+            };
+            // Empty: a snapshot an earlier fault left would be loaded.
+            let _ = std::fs::remove_file(server.dir().join("dump.rdb"));
+            server.restart();
+            assert!(
+                !server.exists(SNAPSHOT_TAKEN),
+                "Redis came back with a snapshot, not empty"
+            );
+            return None;
+        }
+        Kind::SnapshotRestart => unreachable!("the run loop takes and restores snapshots"),
+        Kind::LaggingFailover => {
+            let missed = ms(rng.random_range(300..slot.ttl_ms * 3 / 2));
+            let topo = redis.topology();
+            lagging_failover(topo, missed);
+            settle(topo);
             return None;
         }
         Kind::ScriptFlush => {
@@ -877,12 +1058,97 @@ fn apply(
                     .arg(worker_key(APP, id))
                     .arg("intruder#chaos")
                     .arg("PX")
-                    .arg(TTL_MS),
+                    .arg(slot.ttl_ms),
             );
             return None;
         }
     }
     Some(target)
+}
+
+/// A key outside the app's keys, set just before a snapshot: found after a restart from it,
+/// gone after a restart empty.
+const SNAPSHOT_TAKEN: &str = "chaos:snapshot:taken";
+/// A key set on the primary after the snapshot (or after the replicas' link went): a Redis
+/// that came back older lacks it.
+const WRITTEN_AFTER: &str = "chaos:written-after";
+
+/// A snapshot whose crash-restart is still to come ([`Kind::SnapshotRestart`]): other faults
+/// run meanwhile, so Redis loses their writes too.
+struct Snapshot {
+    /// The value of [`SNAPSHOT_TAKEN`] in it.
+    taken: String,
+    restart_at: Instant,
+    /// When the fault began (the `SAVE`), µs into the run.
+    start_us: u64,
+}
+
+impl Snapshot {
+    /// `SAVE` now, to be restarted on `older` later.
+    fn take(server: &RedisServer, older: Duration, start_us: u64) -> Snapshot {
+        let taken = elapsed_marker();
+        let _: () = server.query(redis::cmd("SET").arg(SNAPSHOT_TAKEN).arg(&taken));
+        let _: () = server.query(&mut redis::cmd("SAVE"));
+        let _: () = server.query(redis::cmd("SET").arg(WRITTEN_AFTER).arg(&taken));
+        Snapshot {
+            taken,
+            restart_at: Instant::now() + older,
+            start_us,
+        }
+    }
+
+    /// SIGKILL and a restart that loads the snapshot; panics unless Redis came back with it
+    /// and without a key written after it.
+    fn restart(self, server: &mut RedisServer) {
+        server.restart();
+        assert_eq!(
+            server.get(SNAPSHOT_TAKEN).as_deref(),
+            Some(self.taken.as_str()),
+            "Redis did not come back from the snapshot"
+        );
+        assert!(
+            !server.exists(WRITTEN_AFTER),
+            "Redis came back with a write made after the snapshot"
+        );
+    }
+}
+
+/// A value unique to this fault (ns since the Unix epoch).
+fn elapsed_marker() -> String {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_nanos()).to_string()
+}
+
+/// A failover to replicas that missed `missed` of writes: the replicas SIGSTOPped and their
+/// links killed on the primary (what a stopped replica had buffered it still applies, nothing
+/// later reaches it), then the primary SIGKILLed and the replicas resumed, so the Sentinels
+/// promote one that lacks the last writes. Panics unless the new primary lacks a key set on
+/// the old one after the links went. A replica counts its link down only from its resume
+/// (stopped, it noticed nothing), so Sentinel's limit (10 down-after periods) does not bound
+/// `missed`.
+fn lagging_failover(topo: &mut SentinelTopology, missed: Duration) {
+    let old = topo.primary_index();
+    let replicas: Vec<usize> = (0..topo.nodes().len())
+        .filter(|&i| i != old && topo.nodes()[i].is_running())
+        .collect();
+    for &r in &replicas {
+        topo.nodes()[r].pause();
+    }
+    let primary = &topo.nodes()[old];
+    let _: i64 = primary.query(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
+    let _: () = primary.query(redis::cmd("SET").arg(WRITTEN_AFTER).arg(elapsed_marker()));
+    thread::sleep(missed);
+    topo.nodes_mut()[old].stop();
+    for &r in &replicas {
+        topo.nodes()[r].resume();
+    }
+    let new = topo.wait_new_primary(old);
+    assert!(
+        !topo.nodes()[new].exists(WRITTEN_AFTER),
+        "the promoted replica has a write made after its link went: it did not lag"
+    );
+    thread::sleep(ms(500));
+    topo.restart_as_replica(old);
 }
 
 /// After a failover: every Sentinel sees the nodes again, and the Sentinels' own pause
@@ -1028,11 +1294,16 @@ fn print_faults(seed: u64, faults: &[Fault], end_us: u64) {
 fn report(
     seed: u64,
     ids: usize,
-    min_acks: u32,
+    setup: Setup,
     samples: &[Sample],
     faults: &[Fault],
     end_us: u64,
 ) -> Result<(), String> {
+    let (exempt, ttl_ms) = (setup.exempts_failovers(), setup.ttl_ms());
+    let min_acks = match setup {
+        Setup::Sentinel { min_acks, .. } => min_acks,
+        _ => 0,
+    };
     let intervals = checker::intervals(samples);
     let all_overlaps = checker::overlaps(&intervals);
     let failovers: Vec<(u64, u64)> = faults
@@ -1040,10 +1311,12 @@ fn report(
         .filter(|f| f.kind.is_failover())
         .map(|f| (f.start_us, f.end_us))
         .collect();
-    // Without replica acks a failover may lose a claim or renew: such overlaps are explained.
-    let (explained, overlaps): (Vec<_>, Vec<_>) = all_overlaps.into_iter().partition(|o| {
-        min_acks == 0 && checker::follows_failover(o, &failovers, 3 * TTL_MS * 1000)
-    });
+    // The old rule (`exempt`): without replica acks a failover may lose a claim or renew, so
+    // overlaps after one were explained. Node stamps close claims for one TTL after any
+    // failover, so the rollback runs count every overlap.
+    let (explained, overlaps): (Vec<_>, Vec<_>) = all_overlaps
+        .into_iter()
+        .partition(|o| exempt && checker::follows_failover(o, &failovers, 3 * ttl_ms * 1000));
     let stale = checker::stale_files(samples);
     // ID-seconds published by sidecars (apps' intervals counted apart).
     let published_s: f64 = intervals
@@ -1064,7 +1337,7 @@ fn report(
         // A gap is this fault's when it begins before the next fault (or 2 TTLs after this one).
         let until = faults
             .get(n + 1)
-            .map_or(f.end_us + 2 * TTL_MS * 1000, |next| next.start_us);
+            .map_or(f.end_us + 2 * ttl_ms * 1000, |next| next.start_us);
         let hit: Vec<usize> = f.target.map_or((0..sidecars).collect(), |t| vec![t]);
         let entry = by_kind.entry(f.kind).or_default();
         entry.0 += 1;
@@ -1099,17 +1372,17 @@ fn report(
         );
     }
     eprintln!("chaos: --min-replicas-ack {min_acks}");
-    if min_acks > 0 && !failovers.is_empty() {
+    if !exempt && !failovers.is_empty() {
         let after = overlaps
             .iter()
-            .filter(|o| checker::follows_failover(o, &failovers, 3 * TTL_MS * 1000))
+            .filter(|o| checker::follows_failover(o, &failovers, 3 * ttl_ms * 1000))
             .count();
         eprintln!(
             "chaos: of the overlaps, {after} began within 3 TTLs after a failover (they count)"
         );
     }
     eprintln!("chaos: overlaps {} (must be 0)", overlaps.len());
-    if min_acks == 0 && !failovers.is_empty() {
+    if exempt && !failovers.is_empty() {
         eprintln!(
             "chaos: overlaps within 3 TTLs after a failover, without --min-replicas-ack: {} (async replication: the new primary may lack the last claim or renew; not failing the run)",
             explained.len()
