@@ -77,6 +77,18 @@ pub enum ExecError {
         /// How the stopped command ended, in words ("SIGTERM killed it").
         exit: String,
     },
+    /// The sidecar stopped in order (SIGTERM) and released the ID while the
+    /// command ran; the command was stopped (exit 75 as for a loss: the ID is
+    /// no longer published, but nothing went wrong).
+    #[error(
+        "worker ID {worker_id} was released by the sidecar (it stopped) while the command ran; the command was stopped ({exit})"
+    )]
+    Released {
+        /// The ID the command ran with.
+        worker_id: u16,
+        /// How the stopped command ended, in words.
+        exit: String,
+    },
     /// A stop signal came before any ID was published; the command was
     /// not started (exit 128 + the signal's number).
     #[error("{} before any worker ID was published; the command was not started", crate::shutdown::signal_name(*signal))]
@@ -126,28 +138,47 @@ pub async fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
         error,
     })?;
     info!(worker_id, pid = child.pid(), env = %config.env, "worker ID published; command started");
-    let (exit, lost) = supervise(config, &mut signals, &mut child, published).await;
+    let (exit, gone) = supervise(config, &mut signals, &mut child, published).await;
     // Whatever the command left behind carries the ID too.
     child.kill_all().await;
-    if lost {
-        error!(worker_id, exit = ?exit, "command stopped after the worker ID was lost; exiting 75");
-        return Err(ExecError::Lost {
-            worker_id,
-            exit: exit.to_string(),
-        });
+    match gone {
+        Some(Gone::Lost) => {
+            error!(worker_id, exit = ?exit, "command stopped after the worker ID was lost; exiting 75");
+            return Err(ExecError::Lost {
+                worker_id,
+                exit: exit.to_string(),
+            });
+        }
+        Some(Gone::Released) => {
+            info!(worker_id, exit = ?exit, "command stopped after the sidecar released the worker ID; exiting 75");
+            return Err(ExecError::Released {
+                worker_id,
+                exit: exit.to_string(),
+            });
+        }
+        None => {}
     }
     info!(worker_id, exit = ?exit, "command exited");
     Ok(exit.code())
 }
 
-/// Watches the ID while the child runs; returns its exit and whether it
-/// was stopped because the ID was lost. When to stop: `deadline.rs`.
+/// Why the command was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    /// The ID was lost: gone, changed, stale (ERROR).
+    Lost,
+    /// The sidecar stopped in order and released it (INFO).
+    Released,
+}
+
+/// Watches the ID while the child runs; returns its exit and why it was
+/// stopped, when the ID went. When to stop: `deadline.rs`.
 async fn supervise(
     config: &ExecConfig,
     signals: &mut Signals,
     child: &mut Child,
     mut current: Published,
-) -> (Exit, bool) {
+) -> (Exit, Option<Gone>) {
     let worker_id = current.worker_id;
     // The published deadline is on the boot clock; timers run on the
     // monotonic one, so it is mapped anew at each use (closer after a suspend).
@@ -159,6 +190,7 @@ async fn supervise(
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut unreachable_logged = false;
+    let mut gone = None;
     loop {
         if warned_cap {
             warn!(
@@ -173,7 +205,7 @@ async fn supervise(
             warned_cap = false;
         }
         if let Some(exit) = child.reap() {
-            return (exit, kill_at.is_some());
+            return (exit, gone);
         }
         let now = Instant::now();
         match kill_at {
@@ -193,6 +225,7 @@ async fn supervise(
                 next_read = now + config.poll;
                 let read = config.source.read(http_timeout(config.poll));
                 let now = Instant::now();
+                let mut why = Gone::Lost;
                 let lost = match read {
                     Reading::Published(p) if p.worker_id == worker_id => {
                         warned_cap |= rules.observe(until(&p, now), now);
@@ -212,6 +245,10 @@ async fn supervise(
                         p.worker_id
                     )),
                     Reading::Absent(reason) => Some(reason),
+                    Reading::Released(reason) => {
+                        why = Gone::Released;
+                        Some(reason)
+                    }
                     Reading::Minting => Some(
                         "the sidecar now runs in mint mode (--mint) and offers no worker ID"
                             .to_owned(),
@@ -234,12 +271,22 @@ async fn supervise(
                     // The lease may be someone else's already: SIGKILL after
                     // the grace, never after the last fresh reading's deadline.
                     let at = rules.kill_at(now, until(&current, now));
-                    error!(
-                        worker_id,
-                        reason = %reason,
-                        kill_in_ms = timing::ms(at.saturating_duration_since(now)),
-                        "worker ID no longer published; stopping the command (SIGTERM)"
-                    );
+                    let kill_in_ms = timing::ms(at.saturating_duration_since(now));
+                    match why {
+                        Gone::Lost => error!(
+                            worker_id,
+                            reason = %reason,
+                            kill_in_ms,
+                            "worker ID no longer published; stopping the command (SIGTERM)"
+                        ),
+                        Gone::Released => info!(
+                            worker_id,
+                            reason = %reason,
+                            kill_in_ms,
+                            "the sidecar released the worker ID; stopping the command (SIGTERM)"
+                        ),
+                    }
+                    gone = Some(why);
                     child.signal_all(Signal::SIGTERM);
                     kill_at = Some(at);
                 }
@@ -286,7 +333,9 @@ async fn wait_for_id(
                 return Ok(Waited::Id(published));
             }
             Reading::Published(_) => "stale".to_owned(),
-            Reading::Absent(reason) | Reading::Unreachable(reason) => reason,
+            Reading::Absent(reason) | Reading::Released(reason) | Reading::Unreachable(reason) => {
+                reason
+            }
             Reading::Minting => {
                 return Err(ExecError::MintMode {
                     at: source.to_string(),

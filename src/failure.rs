@@ -51,7 +51,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
                 NOT_FOUND
             }
             ExecError::Spawn { .. } => CANNOT_EXECUTE,
-            ExecError::Lost { .. } => LEASE_LOST,
+            ExecError::Lost { .. } | ExecError::Released { .. } => LEASE_LOST,
             ExecError::Signalled { signal } => signalled(*signal),
             ExecError::MintMode { .. } => REFUSED,
             ExecError::Other(_) => FAILURE,

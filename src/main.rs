@@ -131,8 +131,16 @@ fn main() -> ExitCode {
             }
             // JSON logs get the error as an event too, for log platforms; in
             // text the plain line below says it once.
+            // A sidecar that stopped in order is no error: INFO.
+            let released = matches!(
+                err.downcast_ref::<exec::ExecError>(),
+                Some(exec::ExecError::Released { .. })
+            );
             if log.as_ref().is_some_and(|l| l.format() == LogFormat::Json) {
-                tracing::error!(error = %text, "exiting");
+                match released {
+                    true => tracing::info!(error = %text, "exiting"),
+                    false => tracing::error!(error = %text, "exiting"),
+                }
             }
             // Flush the queued log lines first: the plain line is the last.
             drop(log.take());

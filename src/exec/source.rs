@@ -58,6 +58,9 @@ pub(crate) enum Reading {
     Published(Published),
     /// No ID is published; the reason is for logs.
     Absent(String),
+    /// No ID is published because the sidecar stopped in order (SIGTERM) and
+    /// gave it up: not a loss. The reason is for logs.
+    Released(String),
     /// The source could not be read (sidecar HTTP down, timeout); the last
     /// fresh reading still holds until its deadline.
     Unreachable(String),
@@ -152,12 +155,7 @@ fn read_file(path: &std::path::Path) -> Reading {
     let text = match read_small(path).map(String::from_utf8) {
         Ok(Ok(text)) => text,
         Ok(Err(_)) => return Reading::Absent("ID file is not UTF-8 text".into()),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return match minting(path) {
-                true => Reading::Minting,
-                false => Reading::Absent("no ID file".into()),
-            };
-        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return without_id_file(path),
         Err(err) => return Reading::Absent(format!("cannot read the ID file: {err}")),
     };
     let Some(worker_id) = parse_id(&text) else {
@@ -207,13 +205,28 @@ fn read_file(path: &std::path::Path) -> Reading {
     })
 }
 
-/// True when the state file beside the ID file `path` says the sidecar
-/// mints the IDs itself (it writes no ID file then).
-fn minting(path: &std::path::Path) -> bool {
-    read_small(&state_path(path))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<StateFile>(&bytes).ok())
-        .is_some_and(|state| state.mint)
+/// No ID file at `path`: the state file beside it tells why. None: the
+/// sidecar released the ID and confirmed it (or never published one);
+/// `stopped`: it is stopping and gave the ID up; `mint`: it mints the IDs
+/// itself and writes no ID file; else nothing is published.
+fn without_id_file(path: &std::path::Path) -> Reading {
+    let state = match read_small(&state_path(path)) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Reading::Released(
+                "no ID file and no state file: the sidecar released the ID".into(),
+            );
+        }
+        other => other
+            .ok()
+            .and_then(|b| serde_json::from_slice::<StateFile>(&b).ok()),
+    };
+    match state {
+        Some(state) if state.mint => Reading::Minting,
+        Some(state) if state.stopped => {
+            Reading::Released("the sidecar is stopping and gave the ID up".into())
+        }
+        _ => Reading::Absent("no ID file".into()),
+    }
 }
 
 /// `<base>/id`, keeping a path prefix of the base URL; a URL that already
@@ -264,6 +277,9 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
         // yet, so the last reading holds until its own deadline.
         503 if state_of(&body) == Some("readopting") => {
             Reading::Unreachable("sidecar is re-adopting its recorded lease".into())
+        }
+        503 if state_of(&body) == Some("stopping") => {
+            Reading::Released("the sidecar is stopping and gave the ID up".into())
         }
         503 => Reading::Absent("sidecar answers 503: no valid lease".into()),
         409 if state_of(&body) == Some("minting") => Reading::Minting,
@@ -321,6 +337,7 @@ mod tests {
             boot_id: boot_id().map(str::to_owned),
             release_unconfirmed: false,
             mint: false,
+            stopped: false,
         })
         .unwrap()
     }

@@ -52,6 +52,11 @@ pub(crate) struct StateFile {
     /// `exec` and `id` refuse to run on the worker ID (two minters would share it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mint: bool,
+    /// `true` (with `release_unconfirmed`) when the sidecar stopped publishing
+    /// because it is stopping (SIGTERM, SIGINT): `exec` then says the ID was
+    /// released, not lost.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }
 
 impl StateFile {
@@ -67,6 +72,7 @@ impl StateFile {
             boot_id: boot_clock::boot_id().map(str::to_owned),
             release_unconfirmed: false,
             mint,
+            stopped: false,
         }
     }
 
@@ -296,6 +302,7 @@ mod tests {
             valid_until_boot_ms: ms,
             boot_id: boot_id.map(str::to_owned),
             mint: false,
+            stopped: false,
         }
     }
 

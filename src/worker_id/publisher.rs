@@ -44,6 +44,7 @@ pub(crate) async fn run_publisher(
         published: None,
         record: None,
         mint,
+        stopped: false,
     };
     loop {
         let current = state.borrow_and_update().clone();
@@ -74,6 +75,8 @@ pub(crate) async fn run_publisher(
             break;
         }
     }
+    // The keeper says Stopping just before it ends the channel: an orderly stop.
+    files.stopped = matches!(*state.borrow(), WorkerState::Stopping);
     files.unpublish();
 }
 
@@ -87,6 +90,8 @@ struct Files {
     record: Option<StateFile>,
     /// Mint mode: the state file only, never an ID file.
     mint: bool,
+    /// The sidecar is stopping: the record it leaves is marked `stopped`.
+    stopped: bool,
 }
 
 /// The ID file as written last: which ID, and the stamp that tells whether
@@ -141,6 +146,7 @@ impl Files {
         if let Some(record) = self.record.clone().filter(|r| !r.release_unconfirmed) {
             let _ = self.write_state(StateFile {
                 release_unconfirmed: true,
+                stopped: self.stopped,
                 ..record
             });
         }

@@ -605,3 +605,46 @@ fn closed_stdout_is_an_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("stdout"), "{stderr}");
 }
+
+/// An orderly stop of the sidecar (SIGTERM: it releases the ID) stops the app with exit 75
+/// and says "released", with no ERROR line; a loss (the key taken over) still logs ERROR
+/// "lost". Before, both said ERROR "lost". Over the ID file (the default); over HTTP a
+/// sidecar that is gone cannot say it stopped in order (only a `503 stopping` seen in time).
+#[test]
+fn exec_says_released_for_an_orderly_sidecar_stop_and_lost_for_a_loss() {
+    let redis = RedisServer::start();
+    {
+        let pod = PodDir::new();
+        let mut sidecar = pod_sidecar(&redis, &pod);
+        let lease = sidecar.wait_for_lease(secs(10));
+        let mut app = exec_app(&pod, "released", &[], APP).spawn();
+        assert_eq!(
+            wait_app_saw(&pod, "released", secs(10)),
+            Some(lease.worker_id)
+        );
+        sidecar.signal(Signal::SIGTERM);
+        assert_eq!(sidecar.wait_exit(secs(5)).and_then(|s| s.code()), Some(0));
+        let status = app.wait_exit(secs(10)).expect("exec exits");
+        assert_eq!(status.code(), Some(75));
+        let lines = app.log_lines().join("\n");
+        assert!(lines.contains("released"), "{lines}");
+        assert!(!lines.contains("\"level\":\"ERROR\""), "{lines}");
+    }
+
+    // A loss: the key is taken over by hand.
+    let pod = PodDir::new();
+    let sidecar = pod_sidecar(&redis, &pod);
+    let lease = sidecar.wait_for_lease(secs(10));
+    let mut app = exec_app(&pod, "lost", &[], APP).spawn();
+    assert_eq!(wait_app_saw(&pod, "lost", secs(10)), Some(lease.worker_id));
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(worker_key("orders", lease.worker_id))
+            .arg("thief#1"),
+    );
+    let status = app.wait_exit(secs(10)).expect("exec exits");
+    assert_eq!(status.code(), Some(75));
+    let lines = app.log_lines().join("\n");
+    assert!(lines.contains("\"level\":\"ERROR\""), "{lines}");
+    assert!(lines.contains("lost"), "{lines}");
+}

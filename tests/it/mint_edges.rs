@@ -106,9 +106,6 @@ fn a_mint_socket_path_of_100_bytes_is_served() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-/// The app's script: writes the worker ID it got and its PID, then sleeps.
-const APP_SCRIPT: &str = r#"echo "$WORKER_ID" > "$SAW.tmp" && mv "$SAW.tmp" "$SAW"; echo $$ > "$SAW.pid"; exec sleep 600"#;
-
 /// Switching a pod's sidecar to `--mint` under a running app: the plain sidecar is killed
 /// (its release never reaches Redis) and comes back with `--mint` on the same volume while
 /// the app under `exec` still runs with `WORKER_ID=0`. The new sidecar re-adopts ID 0 but
@@ -127,7 +124,7 @@ fn switching_to_mint_under_a_running_app_mints_only_once_the_app_is_gone() {
     };
     let mut plain = lease(Sidecar::worker(&redis, APP).name("plain")).spawn();
     plain.wait_for_lease(secs(10));
-    let _app = crate::exec::exec_app(&pod, "app", &[], APP_SCRIPT).spawn();
+    let _app = crate::exec::exec_app(&pod, "app", &[], crate::exec::APP).spawn();
     assert_eq!(crate::exec::wait_app_saw(&pod, "app", secs(10)), Some(0));
     let app_pid = crate::exec::app_pid(&pod, "app");
     plain.signal(Signal::SIGKILL);
