@@ -26,6 +26,14 @@ fn slow_renewing(url: &str, app: &str, name: &str) -> SidecarBuilder {
         .flag("--renew-interval", "3s")
 }
 
+/// [`slow_renewing`] with TTL 20 s and a renew every 8 s: for failovers, where the holder's
+/// next renew must come after the promotion and the newcomer's claim.
+fn slower_renewing(url: &str, app: &str, name: &str) -> SidecarBuilder {
+    slow_renewing(url, app, name)
+        .flag("--ttl", "20s")
+        .flag("--renew-interval", "8s")
+}
+
 /// Samples `/id` of both sidecars for `how_long`: every sample, both sidecars'.
 fn sample_both(a: &Sidecar, b: &Sidecar, how_long: std::time::Duration) -> Vec<Sample> {
     let stop = AtomicBool::new(false);
@@ -190,10 +198,7 @@ fn worker_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
         .primary()
         .query(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
     // Renewing every 8 s: A's next renew comes after B's claim (the window of the fault).
-    let a = slow_renewing(&url, APP, "a")
-        .flag("--ttl", "20s")
-        .flag("--renew-interval", "8s")
-        .spawn();
+    let a = slower_renewing(&url, APP, "a").spawn();
     a.wait_for_lease(secs(10));
     topo.nodes_mut()[primary].stop();
     topo.nodes()[replica].resume();
@@ -202,10 +207,7 @@ fn worker_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
         "the replica missed A's claim"
     );
     assert_eq!(topo.wait_new_primary(primary), replica);
-    let b = slow_renewing(&url, APP, "b")
-        .flag("--ttl", "20s")
-        .flag("--renew-interval", "8s")
-        .spawn();
+    let b = slower_renewing(&url, APP, "b").spawn();
     let samples = sample_both(&a, &b, secs(10));
     assert_never_published_together(&samples);
     assert_eq!(a.id().map(|r| r.worker_id), Some(0), "A kept its ID");
@@ -222,10 +224,7 @@ fn worker_cluster_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
     let key = worker_key(APP, 0);
     let port = topo.owner_of_key(&key).port;
     let (a, new) = topo.fail_over_to_lagging_replica(port, || {
-        let a = slow_renewing(&url, APP, "a")
-            .flag("--ttl", "20s")
-            .flag("--renew-interval", "8s")
-            .spawn();
+        let a = slower_renewing(&url, APP, "a").spawn();
         a.wait_for_lease(secs(10));
         a
     });
@@ -234,10 +233,7 @@ fn worker_cluster_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
         !topo.server(new.port).exists(&key),
         "the promoted replica missed A's claim"
     );
-    let b = slow_renewing(&url, APP, "b")
-        .flag("--ttl", "20s")
-        .flag("--renew-interval", "8s")
-        .spawn();
+    let b = slower_renewing(&url, APP, "b").spawn();
     let samples = sample_both(&a, &b, secs(10));
     assert_never_published_together(&samples);
     assert_eq!(a.id().map(|r| r.worker_id), Some(0), "A kept its ID");
