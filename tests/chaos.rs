@@ -18,10 +18,11 @@
 //!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` the `--min-replicas-ack` of
 //!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default: every
 //!   replica). Each overlap is printed with the last fault and the last failover before it.
-//!   The rollback runs (`chaos_sentinel_rollback_*`) add failovers to replicas that missed
-//!   0.3-6 s of writes (`LaggingFailover`) and fail on every overlap, acks or not: node stamps
-//!   close claims for one TTL after any failover. `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` brings
-//!   back the old rule (overlaps within 3 TTLs after a failover counted apart) for comparison.
+//!   The rollback runs (`chaos_sentinel_rollback_*`, `--ttl 10s`) add failovers to replicas
+//!   that missed 0.3 s to 1.5 TTLs of writes (`LaggingFailover`) and fail on every overlap,
+//!   acks or not: node stamps close claims for one TTL after any failover.
+//!   `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` brings back the old rule (overlaps within 3 TTLs
+//!   after a failover counted apart) for comparison.
 //! - The managed-Redis variant ([`managed`]): a primary and a replica behind one
 //!   host name that the sidecars resolve through a private `/etc/hosts`, TLS with a CA bundle
 //!   file, an ACL user whose password comes from `--redis-password-file`; 8 sidecars over 6
