@@ -18,10 +18,12 @@
 //!   `SNOWLEASE_CHAOS_MIN_ACKS=<n>` the `--min-replicas-ack` of
 //!   `chaos_sentinel_long_run_with_replica_acks_never_publishes_one_id_twice` (default: every
 //!   replica). Each overlap is printed with the last fault and the last failover before it.
-//!   The rollback runs (`chaos_sentinel_rollback_*`) add failovers to replicas that missed
-//!   0.3-6 s of writes (`LaggingFailover`) and fail on every overlap, acks or not: node stamps
-//!   close claims for one TTL after any failover. `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` brings
-//!   back the old rule (overlaps within 3 TTLs after a failover counted apart) for comparison.
+//!   The rollback runs (`chaos_sentinel_rollback_*`, `--ttl 10s`) add failovers to replicas
+//!   that missed 0.3 s to 1.5 TTLs of writes (`LaggingFailover`) and fail on every overlap,
+//!   acks or not: node stamps close claims for one TTL after any failover.
+//!   `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` brings back the old rule (overlaps within 3 TTLs
+//!   after a failover counted apart) for comparison; `=0` makes every overlap fail in the
+//!   older Sentinel runs too.
 //! - The managed-Redis variant ([`managed`]): a primary and a replica behind one
 //!   host name that the sidecars resolve through a private `/etc/hosts`, TLS with a CA bundle
 //!   file, an ACL user whose password comes from `--redis-password-file`; 8 sidecars over 6
@@ -279,14 +281,15 @@ impl Setup {
     }
 
     /// Whether overlaps within 3 TTLs after a failover are counted apart instead of failing
-    /// the run: only in the Sentinel runs without acks and without `rollback`, or when
-    /// `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` asks for it (to compare with the old rule).
+    /// the run: by default only in the Sentinel runs without acks and without `rollback`;
+    /// `SNOWLEASE_CHAOS_EXEMPT_FAILOVERS=1` asks for it in every Sentinel run (to compare
+    /// with the old rule), `=0` for none (every overlap fails).
     fn exempts_failovers(self) -> bool {
-        let asked = env_u64("SNOWLEASE_CHAOS_EXEMPT_FAILOVERS") == Some(1);
+        let asked = env_u64("SNOWLEASE_CHAOS_EXEMPT_FAILOVERS");
         match self {
             Setup::Sentinel {
                 min_acks, rollback, ..
-            } => asked || (min_acks == 0 && !rollback),
+            } => asked.map_or(min_acks == 0 && !rollback, |a| a == 1),
             _ => false,
         }
     }
