@@ -98,6 +98,8 @@ mod renewal_faults;
 mod replica_ack;
 /// Redis rolls back (crash-restart from a snapshot, failover to a lagging replica): worker, mint.
 mod rollback;
+/// The rollback promise broken on purpose: known limits, ignored (docs/rollback-design.md).
+mod rollback_break;
 /// Credentials rotated during a run: CA bundle and certificates, a password file.
 mod rotation;
 /// Worker scenarios written once, run on standalone, Sentinel and Cluster (33 on 32 IDs, signals).
