@@ -18,6 +18,11 @@ const RETRY_BASE_MAX: Duration = Duration::from_secs(1);
 const HINT_JITTER: Duration = Duration::from_millis(10);
 /// The shortest pause between two acquire attempts of a waiter (no hot loop).
 pub(crate) const MIN_WAIT_PAUSE: Duration = Duration::from_millis(5);
+
+/// The bound of each Redis call of a one-off command that holds no lease (`status`,
+/// `guard open`, `mint carry-over`): 5 s, long enough for a loaded Redis, short enough for
+/// a deploy hook to fail rather than hang.
+pub(crate) const COMMAND_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The waiters' backoff (`pool acquire --wait`, HTTP acquire, `lock --wait`):
 /// 10 ms doubling per empty attempt up to 500 ms.
 pub(crate) const WAIT_BACKOFF: Backoff =

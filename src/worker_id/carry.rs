@@ -27,7 +27,7 @@ static CARRY: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry.lua")));
 
 /// Timeout of each Redis call.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
 
 /// The highest worker ID any app can have (10 bits): the old app's marks are read for all.
 const ALL_IDS: u16 = 1023;

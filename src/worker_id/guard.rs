@@ -22,7 +22,7 @@ static OPEN: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("guard_open.lua")));
 
 /// Timeout of each Redis call.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
 
 /// `snowlease guard ...`.
 #[derive(Debug, Clone, Args)]

@@ -28,7 +28,7 @@ use crate::persistence::{self, Persistence};
 use crate::worker_id::limits::WORKER_ID_LIMIT;
 
 /// Timeout of each Redis round trip of `status`.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
 
 /// Flags of `snowlease status`.
 #[derive(Debug, Clone, Args)]
