@@ -1,5 +1,6 @@
 //! The rollback promise (docs/rollback-design.md) broken on purpose, on real processes: a
-//! Redis crash-restart from a snapshot taken *before* something was first written.
+//! Redis crash-restart from a snapshot taken *before* something was first written, and a
+//! Sentinel ping-pong failover.
 //!
 //! - Lock and pool: `node.lua`'s `node_gate` takes a store with no node record and no sign of
 //!   past activity for a new one and opens it at once; after such a rollback that is exactly
@@ -9,6 +10,9 @@
 //!   and no lease key and opens the guard, so a newcomer takes an ID a holder still publishes.
 //! - `mint carry-over`: reads the old app's marks without vouching for them, and its floor is
 //!   lost with a rollback after it; either way the new app mints IDs the old app minted.
+//! - Node stamps: a Sentinel failover back to the old primary before it was turned into a
+//!   replica keeps its `run_id` and `master_replid`, so the rollback (the writes made on the
+//!   other node) goes unseen.
 //!
 //! Every test here fails on the product as it is, each run (3 of 3 runs each): known limits
 //! (docs/rollback-design.md, "What is still not covered"), ignored until fixed; run them with
