@@ -6,7 +6,8 @@
 -- of SHA1(run_id .. ':' .. master_replid) (INFO server, INFO replication). run_id is new
 -- at every start of redis-server (so a restart from an older RDB or AOF changes it), and
 -- master_replid is new at every promotion of a replica (so a failover, also back to a
--- node that was primary before, changes it). A value written with the stamp of the node
+-- node that was primary before and demoted in between, changes it; a failover back to a
+-- primary never demoted keeps it: docs/rollback-design.md, "What is still not covered"). A value written with the stamp of the node
 -- that runs this script now was written on this node in this life: no rollback can have
 -- taken its later writes away without changing the stamp. Any other stamp, or none, means
 -- the value may be older than what was handed out: the caller treats it as after a loss.
