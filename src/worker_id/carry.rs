@@ -17,14 +17,19 @@ use super::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, wall_now_ms,
 };
 use super::mint::script::{MintKeys, record_format};
+use crate::cli::parse_duration;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::RedisTarget;
 use crate::timing::bounded;
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
+use crate::worker_id::limits::MAX_CLOCK_SKEW;
+use crate::worker_id::mint::args::MINT_WINDOW;
 
 static CARRY: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry.lua")));
+static READ: LazyLock<Script> =
+    LazyLock::new(|| crate::lease::node::script(include_str!("carry_read.lua")));
 
 /// Timeout of each Redis call.
 const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
@@ -67,6 +72,16 @@ pub struct CarryArgs {
     #[arg(long, env = "SNOWLEASE_EPOCH")]
     pub epoch: Option<String>,
 
+    /// The old app's --mint-window: a mark of the old app this Redis node did not write in
+    /// its current life (a restart or failover since) counts as Redis TIME + this + twice
+    /// --max-clock-skew, as its sidecars would raise it.
+    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
+    pub mint_window: Duration,
+
+    /// The old app's --max-clock-skew (see --mint-window).
+    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
+    pub max_clock_skew: Duration,
+
     /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisUrlArg,
@@ -85,6 +100,8 @@ pub struct CarryConfig {
     layout: IdLayout,
     epoch: Epoch,
     redis: RedisTarget,
+    /// --mint-window + 2 x --max-clock-skew of the old app.
+    rollback_lead: Duration,
 }
 
 impl CarryArgs {
@@ -108,6 +125,8 @@ impl CarryArgs {
         )?;
         layout.check_workers(keys.max_worker_id)?;
         layout.check_lasts(epoch, now)?;
+        MINT_WINDOW.check(self.mint_window)?;
+        MAX_CLOCK_SKEW.check(self.max_clock_skew)?;
         let prefix = &keys.key_prefix;
         Ok(CarryConfig {
             from: LeaseKeys::new(prefix, &self.from_app),
@@ -120,6 +139,7 @@ impl CarryArgs {
             layout,
             epoch,
             redis: self.redis.target()?,
+            rollback_lead: self.mint_window + 2 * self.max_clock_skew,
         })
     }
 }
@@ -209,11 +229,24 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         }
         .into());
     }
-    let old_mark = marks
-        .iter()
-        .filter_map(|m| crate::lease::node::integer_part(m.as_deref()?))
-        .max()
-        .unwrap_or(0);
+    // Each existing mark as this node can vouch for it: one it did not write in its
+    // current life may be below reservations a rollback lost, so it counts as Redis TIME +
+    // the old app's rollback lead (vouch.lua's rule).
+    let mut old_mark = 0;
+    for (id, mark) in ids.iter().zip(marks) {
+        if mark.is_none() {
+            continue;
+        }
+        let invocation = READ.key(config.from_mint.mark(&config.from.id(*id)));
+        let call = invocation.invoke_async::<(u64, u8, u64)>(&mut conn);
+        let (mark, here, now) = bounded(CALL_TIMEOUT, call).await.with_context(context)?;
+        let lead = crate::timing::ms(config.rollback_lead);
+        old_mark = old_mark.max(if here == 1 {
+            mark
+        } else {
+            mark.max(now + lead)
+        });
+    }
     let ours = config.layout.format(config.epoch);
     let floor = match &format[0] {
         None => 0,
