@@ -398,7 +398,8 @@ mod tests {
     fn fresh_state_gives_a_deadline_and_stale_or_other_id_gives_none() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("worker-id");
-        assert!(matches!(read_file(&file), Reading::Absent(_)));
+        // Neither file: nothing published (a confirmed release looks the same).
+        assert!(matches!(read_file(&file), Reading::Released(_)));
         write_atomic(&file, b"7\n").unwrap();
         let Reading::Published(p) = read_file(&file) else {
             panic!("an ID file alone is published")
@@ -428,12 +429,13 @@ mod tests {
 
     /// A mint-mode sidecar writes a state file with `mint` and no ID file:
     /// that reads as minting, not as an ID not yet published; any other
-    /// state file without an ID file is still "no ID file".
+    /// state file without an ID file is still "no ID file" (no state file
+    /// either: released).
     #[test]
     fn a_mint_mode_state_file_without_an_id_file_reads_as_minting() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("worker-id");
-        assert!(matches!(read_file(&file), Reading::Absent(r) if r == "no ID file"));
+        assert!(matches!(read_file(&file), Reading::Released(_)));
         let mut record: StateFile =
             serde_json::from_slice(&state(7, Duration::from_secs(5))).unwrap();
         write_atomic(&state_path(&file), &serde_json::to_vec(&record).unwrap()).unwrap();
@@ -441,6 +443,10 @@ mod tests {
         record.mint = true;
         write_atomic(&state_path(&file), &serde_json::to_vec(&record).unwrap()).unwrap();
         assert_eq!(read_file(&file), Reading::Minting);
+        // A sidecar that is stopping marks its record: released, not lost.
+        (record.mint, record.release_unconfirmed, record.stopped) = (false, true, true);
+        write_atomic(&state_path(&file), &serde_json::to_vec(&record).unwrap()).unwrap();
+        assert!(matches!(read_file(&file), Reading::Released(_)));
     }
 
     /// Only the boot-clock deadline counts: a wall-clock deadline in the
