@@ -154,8 +154,9 @@ fn exec_clock_stepped_ahead_keeps_a_healthy_app_running() {
     sidecar.wait_exit(secs(5)).expect("sidecar exits");
     let status = app.wait_exit(secs(5)).expect("exec stops the app");
     assert_eq!(status.code(), Some(75));
+    // The sidecar stopped in order: exec says it released the ID.
     let stop = app
-        .events_with("worker ID no longer published")
+        .events_with("the sidecar released the worker ID")
         .pop()
         .expect("stop logged");
     let ahead = logged_unix_ms(&stop).saturating_sub(unix_ms());
