@@ -133,12 +133,19 @@ impl RecordedLease {
         if self.mint {
             return None;
         }
+        let (now, until) = self.recorded_until()?;
+        (until > now).then(|| until.min(now + lease::validity(ttl)))
+    }
+
+    /// Now and the recorded deadline on the boot clock: `valid_until_boot`, else the
+    /// wall-clock record mapped onto it (`None` once that has passed).
+    fn recorded_until(&self) -> Option<(BootInstant, BootInstant)> {
         let now = BootInstant::now();
         let until = match self.valid_until_boot {
             Some(until) => until,
             None => now + lease::until_unix_ms(self.valid_until_ms)?,
         };
-        (until > now).then(|| until.min(now + lease::validity(ttl)))
+        Some((now, until))
     }
 
     /// The recorded deadline on the boot clock (from the wall-clock record
@@ -154,11 +161,7 @@ impl RecordedLease {
         if self.release_unconfirmed {
             return None;
         }
-        let now = BootInstant::now();
-        let until = match self.valid_until_boot {
-            Some(until) => until,
-            None => now + lease::until_unix_ms(self.valid_until_ms)?,
-        };
+        let (now, until) = self.recorded_until()?;
         (until > now && until <= now + lease::validity(ttl)).then_some(until)
     }
 }
