@@ -136,7 +136,14 @@ fn static_binary_runs_exec_and_id_without_libc() {
     let run = run_command(
         in_root(
             root.path(),
-            &["/snowlease", "id", "--file", "/run/worker-id"],
+            &[
+                "/snowlease",
+                "id",
+                "--file",
+                "/run/worker-id",
+                "--wait",
+                "10s",
+            ],
         ),
         secs(10),
     );
