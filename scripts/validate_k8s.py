@@ -39,6 +39,8 @@ Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
   without `command` fails the build. Likewise the mint component (components/snowlease-mint/):
   the sidecar alone, its group the pod's fsGroup, the socket's volume mounted read-only into
   the app, whose command is left alone; a pod without fsGroup fails the build.
+- A NetworkPolicy beside a workload with a snowlease sidecar selects its pods and admits the
+  sidecar's port only from chosen peers, never from everywhere; k8s/ itself ships one.
 - Self-test: broken copies (one per rule) must each be rejected for their reason.
 """
 import copy
@@ -391,6 +393,52 @@ def check_port(res, container, where):
     return errors
 
 
+def sidecar_ports(workload):
+    """Names and numbers of the ports the snowlease sidecar of `workload` declares."""
+    spec = workload["spec"]["template"]["spec"]
+    found = set()
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        if is_snowlease(c):
+            for p in c.get("ports") or []:
+                found |= {p.get("name"), p.get("containerPort")}
+    return found - {None}
+
+
+def check_networkpolicy(policy, workloads):
+    """A NetworkPolicy beside workloads with a snowlease sidecar: it selects their pods and
+    admits the sidecar's port only from selected peers (never from everywhere)."""
+    errors = []
+    spec = policy.get("spec") or {}
+    selector = (spec.get("podSelector") or {}).get("matchLabels") or {}
+    for w in workloads:
+        ports = sidecar_ports(w)
+        if not ports:
+            continue
+        labels = (w["spec"]["template"].get("metadata") or {}).get("labels") or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            errors.append(f"podSelector {selector} does not select the pods of "
+                          f"{w['kind']}/{w['metadata']['name']} (labels {labels})")
+        if "Ingress" not in (spec.get("policyTypes") or ["Ingress"]):
+            errors.append("policyTypes lacks Ingress: the sidecar's port stays open")
+        for i, rule in enumerate(spec.get("ingress") or []):
+            rule_ports = [p.get("port") for p in rule.get("ports") or []]
+            admits = not rule_ports or any(p in ports for p in rule_ports)
+            peers = rule.get("from") or []
+            wide = not peers or any("ipBlock" in p and p["ipBlock"].get("cidr") in
+                                    ("0.0.0.0/0", "::/0") for p in peers)
+            if admits and wide:
+                errors.append(f"ingress[{i}] admits the sidecar's port "
+                              f"{sorted(map(str, ports))} from everywhere")
+    return errors
+
+
+def check_policies(resources):
+    """Errors of every NetworkPolicy among one build's resources."""
+    workloads = [r for r in resources if r.get("kind") in ("Deployment", "StatefulSet")]
+    return [f"NetworkPolicy/{r['metadata']['name']}: {e}" for r in resources
+            if r.get("kind") == "NetworkPolicy" for e in check_networkpolicy(r, workloads)]
+
+
 def check_dockerfile():
     """The image's EXPOSE names the default port."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Dockerfile")
@@ -511,6 +559,11 @@ for folder, kustomization in sorted(roots.items()):
         failures.append(f"{folder}: kubectl kustomize failed: {error}")
         continue
     built[folder] = resources
+    policy_errors = [f"{folder} (built): {e}" for e in check_policies(resources)]
+    if folder == ROOT and not any(r.get("kind") == "NetworkPolicy" for r in resources):
+        policy_errors.append(f"{folder} (built): no NetworkPolicy: the sidecar's port is open "
+                             "to every pod")
+    failures += policy_errors
     versions = versions_for(os.path.join(folder, "kustomization.yaml"))
     for res in resources:
         errors = check_resource(res, f"{folder} (built)", versions)
@@ -637,6 +690,24 @@ cases = {
             expr="increase(snowlease_leases_lost_total[10m] > 0")),
         "does not parse"),
 }
+policy = first("", "NetworkPolicy")
+policy_cases = {
+    "NetworkPolicy admitting the sidecar's port from everywhere":
+        (broken(policy, lambda r: r["spec"]["ingress"][1].pop("from")), "from everywhere"),
+    "NetworkPolicy admitting every port from everywhere":
+        (broken(policy, lambda r: r["spec"]["ingress"][0].pop("ports")), "from everywhere"),
+    "NetworkPolicy selecting other pods":
+        (broken(policy, lambda r: r["spec"]["podSelector"]["matchLabels"].update(
+            {"app.kubernetes.io/name": "billing"})), "does not select"),
+}
+for what, (bad, expect) in policy_cases.items():
+    hits = [e for e in check_policies([deployment, bad]) if expect in e]
+    if hits:
+        print(f"ok   self-test rejects {what}: {hits[0]}")
+    else:
+        failures.append(f"self-test: {what} was not rejected for {expect!r}")
+        print(f"FAIL self-test: {what} was not rejected for {expect!r}")
+
 # Each broken copy must be rejected for the reason it was broken for.
 for what, (res, expect) in cases.items():
     errors = check_resource(res, f"self-test ({what})", VERSIONS + ["1.28.0"])
@@ -911,5 +982,5 @@ failures += report_cases(
 
 print(f"validate-k8s: {len(files)} files, {len(roots)} kustomizations built, {checked} "
       f"resources checked against Kubernetes "
-      f"{', '.join(VERSIONS)}; {len(cases)} broken copies; {len(failures)} failures")
+      f"{', '.join(VERSIONS)}; {len(cases) + len(policy_cases)} broken copies; {len(failures)} failures")
 sys.exit(1 if failures else 0)

@@ -206,7 +206,14 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     });
     let mut socket_task = None;
     if let Some(mint) = &mint {
-        router = router.merge(mint::routes::router(mint.http.clone()));
+        // With a socket, /next stays off the TCP port unless asked for: only what shares the
+        // socket's volume mints with this worker ID.
+        router = match mint.config.socket.as_deref() {
+            Some(path) if !mint.config.next_on_listen => {
+                router.merge(mint::routes::served_on_socket_only(path))
+            }
+            _ => router.merge(mint::routes::router(mint.http.clone())),
+        };
         if let Some(socket) = mint_socket {
             let routes = mint::routes::router(mint.http.clone()).merge(http::liveness_routes());
             let serving = socket.serve(routes, config.http, http_stop.clone());

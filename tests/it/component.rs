@@ -114,8 +114,12 @@ fn mint_socket_reaches_the_app_through_the_pods_fs_group() {
         .flag("--mint-window", "500ms")
         .flag("--mint-socket", socket.to_string_lossy())
         .spawn();
-    let answered = poll_until(secs(15), || sidecar.http_get("/next", None).0 == 200);
-    assert!(answered, "no /next: {:?}", sidecar.http_get("/next", None));
+    // /next is on the socket only (not on --listen): minting once it answers there.
+    let next = || crate::mint_worker::socket_get(&socket, "/next", "text/plain");
+    let answered = poll_until(secs(15), || {
+        sidecar.readyz() == 200 && next().starts_with("HTTP/1.1 200")
+    });
+    assert!(answered, "no /next: {:?} {}", sidecar.get_id(), next());
     let meta = std::fs::metadata(&socket).unwrap();
     assert_eq!(
         (meta.uid(), meta.gid(), meta.mode() & 0o7777),

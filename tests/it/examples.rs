@@ -325,6 +325,7 @@ fn minter(redis: &RedisServer, max_worker_id: u16) -> (Sidecar, PathBuf) {
         .switch("--mint")
         .flag("--mint-window", "500ms")
         .flag("--mint-socket", socket.to_string_lossy())
+        .switch("--next-on-listen")
         .spawn();
     (sidecar, socket)
 }

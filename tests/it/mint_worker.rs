@@ -127,6 +127,7 @@ fn mint_mode_answers_next_and_keeps_the_worker_id_from_the_app() {
     let sidecar = minter(&redis)
         .pod(&pod)
         .flag("--mint-socket", socket.to_string_lossy())
+        .switch("--next-on-listen")
         .spawn();
     let batch = first_batch(&sidecar, 100);
     assert_eq!(batch.len(), 100);
@@ -205,6 +206,38 @@ fn mint_mode_answers_next_and_keeps_the_worker_id_from_the_app() {
 
 /// SIGTERM records the last minted timestamp; the next holder of the worker ID (same pod
 /// volume gone: a new pod) mints at once, above every ID of the first.
+/// With `--mint-socket`, `/next` is served on the socket only: on `--listen` it answers 404
+/// naming the socket (any pod reaching the port would mint with this worker ID), while
+/// `/readyz`, `/livez` and `/metrics` stay on the port.
+#[test]
+fn with_a_mint_socket_next_is_not_served_on_the_port() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let pod = PodDir::new();
+    let socket = pod.path().join("mint.sock");
+    let sidecar = minter(&redis)
+        .pod(&pod)
+        .flag("--mint-socket", socket.to_string_lossy())
+        .spawn();
+    // The socket is bound before the claim: there once the lease is held.
+    assert!(poll_until(secs(10), || sidecar.readyz() == 200));
+    let minted = poll_until(secs(10), || {
+        socket_get(&socket, "/next", "text/plain").starts_with("HTTP/1.1 200")
+    });
+    assert!(minted, "{}", socket_get(&socket, "/next", "text/plain"));
+    for target in ["/next", "/next?count=5"] {
+        let (status, body) = sidecar.http_get(target, None);
+        assert_eq!(status, 404, "{target}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(&*socket.to_string_lossy()), "{detail}");
+        assert!(detail.contains("--next-on-listen"), "{detail}");
+    }
+    assert_eq!(sidecar.readyz(), 200);
+    assert_eq!(sidecar.http_get("/livez", None).0, 200);
+    assert!(sidecar.metric("snowlease_lease_held") == Some(1.0));
+}
+
 #[test]
 fn a_clean_handover_mints_above_the_previous_holder() {
     let redis = RedisServer::start();

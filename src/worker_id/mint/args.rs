@@ -28,9 +28,13 @@ pub struct MintArgs {
     #[arg(long, env = "SNOWLEASE_MINT")]
     pub mint: bool,
 
-    /// Also serve `GET /next` on this unix socket (mode 0660), e.g. on a volume the pod shares.
+    /// Serve `GET /next` on this unix socket (mode 0660), e.g. on a volume the pod shares; then only here, not on --listen.
     #[arg(long, env = "SNOWLEASE_MINT_SOCKET", requires = "mint")]
     pub mint_socket: Option<PathBuf>,
+
+    /// With --mint-socket, serve `GET /next` on --listen too (any client that reaches the port mints with this worker ID).
+    #[arg(long, env = "SNOWLEASE_NEXT_ON_LISTEN", requires = "mint_socket")]
+    pub next_on_listen: bool,
 
     /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE, each at least 1, together at most 63.
     #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT)]
@@ -54,6 +58,9 @@ pub struct MintConfig {
     pub epoch: Epoch,
     /// The unix socket to serve `/next` on, if any.
     pub socket: Option<PathBuf>,
+    /// `/next` on `--listen` too although a socket serves it (`--next-on-listen`); without a
+    /// socket `--listen` always serves it.
+    pub next_on_listen: bool,
     /// The reservation window: reserve the clock + `ahead_ms` once less than half of it is
     /// left; `reserve.lua` caps a reservation at Redis' TIME + `ahead_ms`.
     pub window: Window,
@@ -114,6 +121,7 @@ impl MintArgs {
             layout,
             epoch,
             socket: self.mint_socket.clone(),
+            next_on_listen: self.next_on_listen,
             window: Window {
                 ahead_ms,
                 low_water_ms: ahead_ms / 2,

@@ -37,6 +37,24 @@ pub(crate) fn router(http: MintHttp) -> Router {
         .with_state(http)
 }
 
+/// `/next` on `--listen` when `--mint-socket` serves it: 404 naming the socket, so any pod
+/// that reaches the port cannot mint with this sidecar's worker ID (docs/kubernetes.md,
+/// "Mint mode": least exposure). Nothing is minted.
+pub(crate) fn served_on_socket_only(socket: &std::path::Path) -> Router {
+    let body = json!({
+        "error": "not found",
+        "detail": format!(
+            "GET /next is served on the mint socket {} only (--mint-socket); --next-on-listen serves it on --listen too",
+            socket.display()
+        ),
+    });
+    let answer = move || {
+        let body = body.clone();
+        async move { (StatusCode::NOT_FOUND, axum::Json(body)).into_response() }
+    };
+    Router::new().route("/next", axum::routing::any(answer))
+}
+
 /// `HEAD /next`: 405 with `Allow: GET`; nothing is minted.
 async fn head_refused() -> Response {
     (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET")]).into_response()
