@@ -41,6 +41,8 @@ Usage: validate_k8s.py "<kubernetes versions>" <manifest root>
   the app, whose command is left alone; a pod without fsGroup fails the build.
 - A NetworkPolicy beside a workload with a snowlease sidecar selects its pods and admits the
   sidecar's port only from chosen peers, never from everywhere; k8s/ itself ships one.
+- The guard-open Job opens the guard of the app k8s/deployment.yaml runs (same SNOWLEASE_APP);
+  docs/kubernetes.md's deploy step 1 lists every kustomization that sets the image.
 - Self-test: broken copies (one per rule) must each be rejected for their reason.
 """
 import copy
@@ -581,6 +583,37 @@ for folder, kustomization in sorted(roots.items()):
                   f"{(res.get('metadata') or {}).get('name', '-')} "
                   f"(Kubernetes {', '.join(versions)})")
 failures += check_dockerfile()
+
+
+def app_names(resources):
+    """SNOWLEASE_APP of every snowlease container among `resources`."""
+    names = set()
+    for r in resources:
+        if r.get("kind") not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        spec = r["spec"]["template"]["spec"]
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            if is_snowlease(c):
+                names |= {e.get("value") for e in c.get("env") or []
+                          if e.get("name") == "SNOWLEASE_APP"}
+    return names - {None}
+
+
+# The guard-open Job opens the guard of the app k8s/deployment.yaml runs (a Job for another
+# name leaves the pods waiting one TTL, then refuses).
+guard_apps = app_names(built.get(os.path.join(ROOT, "guard-open"), []))
+deploy_apps = app_names(built.get(ROOT, []))
+if guard_apps != deploy_apps:
+    failures.append(f"{ROOT}/guard-open: SNOWLEASE_APP {sorted(guard_apps)} differs from "
+                    f"{ROOT}/deployment.yaml's {sorted(deploy_apps)}")
+# Deploy step 1 names every kustomization that sets the image's tag.
+with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), "docs", "kubernetes.md")) as f:
+    step_one = f.read().split("1. **Image.**", 1)[-1].split("2. **", 1)[0]
+for folder, kustomization in sorted(roots.items()):
+    rel = os.path.relpath(folder, os.path.dirname(os.path.abspath(ROOT)))
+    if folder != ROOT and kustomization.get("images") and f"`{rel}/`" not in step_one:
+        failures.append(f"docs/kubernetes.md, Deploy step 1: `{rel}/` sets the image "
+                        "but is not in the step's list")
 for e in failures:
     print(f"FAIL {e}")
 
