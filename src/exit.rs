@@ -29,7 +29,8 @@ Exit codes (the same meaning in every command):
   2   bad input; the message names the flag and its range; nothing written
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
-  5   refused as unsafe: guard open found lease keys without a guard, or a closed guard; nothing written
+  5   refused as unsafe, nothing written: guard open found lease keys without a guard, or a closed guard;
+      exec, id: the sidecar mints (mint mode) and offers no worker ID; mint carry-over: the old app holds IDs
   6   denied by a rate budget within --wait (budget take, pool acquire --budget); stdout says retry_after_ms
   69  lock: not acquired within --wait; the command never started
   75  exec, lock: the ID or lock was lost while the command ran; the command was stopped

@@ -40,7 +40,7 @@ pub(crate) enum PoolCommand {
     Release(ReleaseArgs),
     /// Move a lease's deadline to now + ttl, capped at its first acquire + --max-lease.
     Extend(ExtendArgs),
-    /// Return every expired lease to ready (what acquire and serve also do).
+    /// Return every expired lease, and every ended quarantine, to ready (what acquire and serve also do).
     Reap(ReapArgs),
     /// Count the pool's ids by state: a table, or --json. Never shows tokens.
     Status(StatusArgs),

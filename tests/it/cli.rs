@@ -49,6 +49,30 @@ fn every_command_help_lists_exit_codes() {
     }
 }
 
+/// Exit 5 in `--help` names every command that gives it: `exec` and `id` refuse a minting
+/// sidecar, `mint carry-over` an old app that still holds IDs (the line named `guard open`
+/// only); `pool reap --help` says it ends quarantines too.
+#[test]
+fn help_names_every_source_of_exit_5_and_what_reap_returns() {
+    for args in [&["id", "--help"][..], &["exec", "--help"]] {
+        let run = run_snowlease(args, &[], secs(5));
+        let line = run
+            .stdout
+            .split("\n  5 ")
+            .nth(1)
+            .and_then(|rest| rest.split("\n  6 ").next())
+            .unwrap_or_else(|| panic!("{args:?}: no exit 5: {}", run.stdout));
+        for needle in ["guard open", "mint mode", "mint carry-over"] {
+            assert!(
+                line.contains(needle),
+                "{args:?}: {needle:?} missing: {line}"
+            );
+        }
+    }
+    let run = run_snowlease(&["pool", "reap", "--help"], &[], secs(5));
+    assert!(run.stdout.contains("ended quarantine"), "{}", run.stdout);
+}
+
 /// `pool acquire --help` names the reclaim cooldown for what it is: the cooldown of expired
 /// leases the call reclaims, not one after the caller's lease (`--cooldown` read as that,
 /// once); the old name is still read but not shown.
