@@ -186,7 +186,7 @@ pub async fn run(config: &LockConfig) -> Result<u8, LockError> {
         }
     };
     let lock = config.keys.name();
-    info!(lock, fence, owner = %session.owner().redacted(), pid = child.pid(), "lock acquired; command started");
+    info!(lock, fence, owner = %session.owner().redacted(), pid = child.pid(), redis = %config.redis, "lock acquired; command started");
     let end = hold::hold(&mut session, config, &mut signals, &mut child, sent).await;
     // Whatever the command left behind acts under the lock too.
     child.kill_all().await;

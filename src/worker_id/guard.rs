@@ -245,6 +245,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         "already_open": already_open,
         "lease_keys": total.held,
         "guards": batches.len(),
+        "redis": config.redis.to_string(),
     });
     stdout_line(&line.to_string())
 }

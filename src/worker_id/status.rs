@@ -385,6 +385,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
         json["above_range"] = serde_json::to_value(&above)?;
         json["eviction"] = serde_json::to_value(&eviction)?;
         json["persistence"] = serde_json::to_value(&persistence)?;
+        json["redis"] = config.redis.to_string().into();
         serde_json::to_string_pretty(&json)? + "\n"
     } else {
         eviction.warning().unwrap_or_default()
@@ -393,7 +394,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
                 .as_ref()
                 .and_then(PersistenceReport::note)
                 .unwrap_or_default()
-            + &render(&report)
+            + &render(&report, &config.redis.to_string())
     };
     crate::cli::stdout_line(text.trim_end_matches('\n'))?;
     Ok(())

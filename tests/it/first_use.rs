@@ -83,3 +83,75 @@ fn sleep_waits_then_exits_zero() {
         assert!(started.elapsed() < secs(5), "{bad}: refused at once");
     }
 }
+
+/// README.md's short tour, pasted into bash as written (the block under "A short tour"): it
+/// starts its own redis-server on a free port, never touches 6379, and every step prints
+/// what the README says (the ID, `/id`, the command under `exec`, `status` naming the Redis,
+/// two minted IDs over the socket); the sidecars and the Redis are gone at the end.
+#[test]
+fn readme_tour_runs_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let tour = readme
+        .split("## A short tour")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("a sh block under 'A short tour'");
+    assert!(
+        !tour.contains("6379"),
+        "the tour must not use port 6379: {tour}"
+    );
+    if std::net::TcpListener::bind("0.0.0.0:7391").is_err() {
+        return skip(
+            "readme_tour_runs_as_written",
+            "port 7391 (the tour's /id) is taken here",
+        );
+    }
+    for tool in ["python3", "curl", "redis-cli", "redis-server"] {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return skip(
+                "readme_tour_runs_as_written",
+                &format!("{tool} is not installed"),
+            );
+        }
+    }
+    // The tour's own paths: nothing of an earlier run (a stale state file) is re-adopted.
+    let _ = std::fs::remove_dir_all("/tmp/snowlease");
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    // A failing step ends the script; the trap then stops what it started, so no sidecar
+    // keeps the output pipes open.
+    let script = format!(
+        "set -e\ncleanup() {{ kill $(jobs -p) 2>/dev/null || true; [ -n \"${{port:-}}\" ] && redis-cli -p \"$port\" shutdown nosave >/dev/null 2>&1 || true; }}\ntrap cleanup EXIT\n{tour}\n"
+    );
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args(["-c", &script])
+        .current_dir(cwd.path())
+        .env("PATH", path)
+        .env_remove("REDIS_URL")
+        .env("SNOWLEASE_LOG", "warn");
+    let run = run_command(cmd, secs(120));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
+    assert!(has(r#"{"already_open":false,"#), "{run:?}");
+    assert!(lines.contains(&"0"), "snowlease id prints 0: {run:?}");
+    assert!(
+        has(r#"{"app":"orders""#) && run.stdout.contains(r#""worker_id":0"#),
+        "{run:?}"
+    );
+    assert!(lines.contains(&"orders runs with WORKER_ID=0"), "{run:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("app orders: ") && l.contains(" in redis://127.0.0.1:")),
+        "{run:?}"
+    );
+    assert!(has(r#"{"ids":[""#), "{run:?}");
+}

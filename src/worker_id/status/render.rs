@@ -63,10 +63,12 @@ fn render_summary(out: &mut String, s: &GuardSummary) {
     out.push('\n');
 }
 
-/// The report as a table, one line per ID that is not free.
-pub(super) fn render(report: &Report) -> String {
+/// The report as a table, one line per ID that is not free; the first line names the Redis
+/// read (`redis`: scheme, hosts, ports, db; never the user name or password), so a report of
+/// another team's Redis is seen as such.
+pub(super) fn render(report: &Report, redis: &str) -> String {
     let mut out = format!(
-        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:0-{})\n",
+        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:0-{}) in {redis}\n",
         report.app,
         report.free,
         report.ids,
@@ -181,7 +183,14 @@ mod tests {
             ],
             claim_guard: ClaimGuard::Closed { opens_in_ms: 1500 },
         };
-        let text = render(&report);
+        let text = render(&report, "redis://10.0.0.9:6379/0");
+        assert!(
+            text.lines()
+                .next()
+                .unwrap()
+                .ends_with(" in redis://10.0.0.9:6379/0"),
+            "{text}"
+        );
         assert!(
             text.starts_with(
                 "app orders: 1 of 5 worker IDs free, 2 held, 1 released (handover delay running), 1 wrong type"
