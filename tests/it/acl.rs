@@ -13,6 +13,10 @@ pub(crate) const STATUS_RULES: &str =
 
 /// Pool mode for pool `proxies`, as documented: scripts by SHA, the commands the pool
 /// scripts call, only that pool's keys (braces are literal in ACL key patterns).
+/// The rule of `budget take` and `budget penalize` (docs/operations.md, "Redis ACL").
+const BUDGET_RULES: &str = "resetkeys ~snowlease:budget:* resetchannels -@all +evalsha +script|load \
+    +info +role +time +type +get +set";
+
 const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
     +info +role +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
     +scard +sismember +smembers +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
@@ -365,6 +369,86 @@ fn pool_cli_runs_with_the_minimal_acl() {
         "names the command: {run:?}"
     );
     assert!(!run.stderr.contains(":pw@"), "password hidden: {run:?}");
+}
+
+/// The rule docs/operations.md's ACL table gives in the row that starts with `| <row> |`:
+/// its first backticked `resetkeys ...`, with the table's `\|` unescaped.
+fn documented_rule(row: &str) -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with(&format!("| {row} |")))
+        .unwrap_or_else(|| panic!("no ACL row {row:?} in docs/operations.md"));
+    let rule = line
+        .split("`resetkeys")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .unwrap_or_else(|| panic!("no rule in {line}"));
+    format!("resetkeys{}", rule.replace("\\|", "|"))
+}
+
+/// The documented rules of pool, budgets and lock are the ones these tests run with.
+#[test]
+fn documented_rules_are_the_tested_ones() {
+    assert_eq!(documented_rule("pool `proxies`"), POOL_RULES);
+    assert_eq!(
+        documented_rule("`budget take`, `budget penalize`"),
+        BUDGET_RULES
+    );
+}
+
+/// The budget rule of docs/operations.md covers `budget take` and `budget penalize`; with the
+/// pool rule and the budget keys, `pool serve` answers a charged acquire and the `/budgets`
+/// routes: nothing denied (the rules had no row for budgets).
+#[test]
+fn budgets_and_pool_serve_run_with_the_documented_rules() {
+    let redis = RedisServer::start();
+    let url = acl_user(&redis, "budget", BUDGET_RULES);
+    let limit = ["--rate", "10/s", "--burst", "5"];
+    for command in ["take", "penalize"] {
+        let mut args = vec![command, "--name", "crawl", "--key", "example.com"];
+        args.extend_from_slice(&limit);
+        if command == "penalize" {
+            args.extend_from_slice(&["--penalty", "2s"]);
+        }
+        let run = crate::budget::budget_cmd(&url, &args);
+        assert_eq!(run.code, Some(0), "{command}: {run:?}");
+    }
+    assert_eq!(
+        acl_log(&redis),
+        Vec::<String>::new(),
+        "budget: nothing denied"
+    );
+
+    let serve_rules = format!("{POOL_RULES} ~snowlease:budget:*");
+    let url = acl_user(&redis, "serve", &serve_rules);
+    pool_cli(&url, "init", "proxies", &["--ids", "a,b"]);
+    let serve = crate::pool_http::Serve::start_at(&url, &["--pool", "proxies"]);
+    assert!(poll_until(secs(10), || serve
+        .call("GET", "/readyz", None)
+        .0
+        == 200));
+    let budget =
+        serde_json::json!({"name": "crawl", "key": "example.com", "rate": "10/s", "burst": 5});
+    let (status, body, _) = serve.call(
+        "POST",
+        "/pools/proxies/leases",
+        Some(serde_json::json!({"ttl_ms": 10000, "budget": budget})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let (status, body, _) = serve.call(
+        "POST",
+        "/budgets/crawl/take",
+        // Not example.com: the penalty above still holds it back.
+        Some(serde_json::json!({"key": "example.org", "rate": "10/s", "burst": 5})),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        acl_log(&redis),
+        Vec::<String>::new(),
+        "pool serve: nothing denied"
+    );
 }
 
 /// The rule of the deploy steps (docs/kubernetes.md, "Deploy, step by step", step 2), read

@@ -431,7 +431,7 @@ async fn router_metrics_have_gauges_and_no_tokens() {
 
 /// A running `snowlease pool serve`, its stderr captured; SIGKILLed on drop,
 /// its log printed if the test panics.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
     log: Arc<Mutex<Vec<String>>>,
     reader: Option<JoinHandle<()>>,
@@ -442,6 +442,11 @@ impl Serve {
     /// Starts `snowlease pool serve --listen 127.0.0.1:0 --log-format json`
     /// with `args`, debug logs, and waits (10 s) for its HTTP address.
     fn start(redis: &RedisServer, args: &[&str]) -> Serve {
+        Serve::start_at(&redis.url(), args)
+    }
+
+    /// As [`Serve::start`], with `REDIS_URL` set to `url` (e.g. one with an ACL user).
+    pub(crate) fn start_at(url: &str, args: &[&str]) -> Serve {
         let mut child = Command::new(BIN)
             .args([
                 "pool",
@@ -453,7 +458,7 @@ impl Serve {
             ])
             .args(args)
             .env_clear()
-            .env("REDIS_URL", redis.url())
+            .env("REDIS_URL", url)
             .env("SNOWLEASE_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -496,7 +501,12 @@ impl Serve {
     }
 
     /// `method path` with a JSON body: (status, JSON body, Retry-After).
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value, Option<String>) {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value, Option<String>) {
         let url = format!("http://{}{path}", self.addr);
         let request = ureq::request(method, &url).timeout(secs(10));
         let result = match body {
