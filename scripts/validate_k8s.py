@@ -109,6 +109,19 @@ def default_listen_port():
 DEFAULT_PORT = default_listen_port()
 
 
+def pool_serve_port():
+    """The port of `pool serve`'s default --listen, read from its flag in src/pool/cli.rs."""
+    with open(os.path.join(SRC, "pool", "cli.rs")) as f:
+        found = re.findall(r'env = "SNOWLEASE_POOL_LISTEN", default_value = "[^"]*:([0-9]+)"',
+                           f.read())
+    if len(found) != 1:
+        sys.exit(f"validate-k8s: expected one default of SNOWLEASE_POOL_LISTEN, found {found}")
+    return int(found[0])
+
+
+POOL_SERVE_PORT = pool_serve_port()
+
+
 def env_vars_read():
     """Environment variables snowlease reads: clap env twins, std::env::var, EnvFilter."""
     names = set()
@@ -340,14 +353,26 @@ def check_kept(built, base):
     return errors
 
 
+def serves(container):
+    """`worker` or `pool serve` when `container` runs one of them, else None."""
+    args = [str(a) for a in container.get("args") or []]
+    if container.get("command") or not args:
+        return None
+    if args[0] == "worker":
+        return "worker"
+    if args[:2] == ["pool", "serve"]:
+        return "pool serve"
+    return None
+
+
 def check_sidecar(res):
-    """The snowlease container (args: worker): probes on /readyz and /livez; as an init
-    container it must be a native sidecar whose startupProbe gates the app."""
+    """The snowlease server containers (args: worker, or pool serve): probes on /readyz and
+    /livez; as an init container a native sidecar whose startupProbe gates the app."""
     errors = []
     pod = res["spec"]["template"]["spec"]
     for field in ("initContainers", "containers"):
         for c in pod.get(field) or []:
-            if c.get("command") or (c.get("args") or [None])[0] != "worker":
+            if not serves(c):
                 continue
             where = f"{field}/{c.get('name')}"
             probes = {"readinessProbe": "/readyz", "livenessProbe": "/livez"}
@@ -366,7 +391,11 @@ def check_sidecar(res):
 
 
 def listen_port(container):
-    """The port the worker listens on: --listen or SNOWLEASE_LISTEN, else the code's default."""
+    """The port the worker (or pool serve) listens on: --listen or SNOWLEASE_LISTEN
+    (SNOWLEASE_POOL_LISTEN), else the code's default."""
+    if serves(container) == "pool serve":
+        listen = option(container, "--listen", "SNOWLEASE_POOL_LISTEN")
+        return int(listen.rsplit(":", 1)[1]) if listen else POOL_SERVE_PORT
     args = [str(a) for a in container.get("args") or []]
     for i, arg in enumerate(args):
         if arg.startswith("--listen="):
@@ -385,9 +414,11 @@ def check_port(res, container, where):
     errors = []
     port = listen_port(container)
     named = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
-    if named.get("snowlease") != port:
-        errors.append(f"{where}: port 'snowlease' is {named.get('snowlease')}, "
-                      f"the worker listens on {port} (src default {DEFAULT_PORT})")
+    name = "pool-serve" if serves(container) == "pool serve" else "snowlease"
+    if named.get(name) != port:
+        errors.append(f"{where}: port '{name}' is {named.get(name)}, "
+                      f"it listens on {port} (src default {DEFAULT_PORT}, pool serve "
+                      f"{POOL_SERVE_PORT})")
     annotations = (res["spec"]["template"].get("metadata") or {}).get("annotations") or {}
     if "prometheus.io/port" in annotations and str(annotations["prometheus.io/port"]) != str(port):
         errors.append(f"{where}: annotation prometheus.io/port is "
@@ -634,6 +665,7 @@ plain = first("plain-sidecar", "Deployment")
 overlay = first("existing-deployment", "Deployment")
 overlay_base = load(os.path.join(ROOT, "existing-deployment", "deployment.yaml"))[0]
 mint = first("existing-deployment-mint", "Deployment")
+crawler = first("pool-serve", "Deployment")
 
 
 def broken(res, mutate):
@@ -718,6 +750,13 @@ cases = {
         (broken(mint, lambda r: pod(r)["containers"][0].update(
             command=["/var/run/snowlease/bin/snowlease", "exec", "--", "/app/orders-server"])),
         "refuses a sidecar in mint mode"),
+    "pool serve's port off its --listen":
+        (broken(crawler, lambda r: pod(r)["initContainers"][0]["env"][1].update(
+            value="[::]:7393")),
+        "port 'pool-serve' is 7392, it listens on 7393"),
+    "pool serve without its readiness probe":
+        (broken(crawler, lambda r: pod(r)["initContainers"][0].pop("readinessProbe")),
+        "readinessProbe must GET /readyz"),
     "alert expression that does not parse":
         (broken(rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(
             expr="increase(snowlease_leases_lost_total[10m] > 0")),
@@ -733,8 +772,11 @@ policy_cases = {
         (broken(policy, lambda r: r["spec"]["podSelector"]["matchLabels"].update(
             {"app.kubernetes.io/name": "billing"})), "does not select"),
 }
+crawler_policy = first("pool-serve", "NetworkPolicy")
+policy_cases["pool serve's port open to every pod"] = (
+    broken(crawler_policy, lambda r: r["spec"]["ingress"][0].pop("from")), "from everywhere")
 for what, (bad, expect) in policy_cases.items():
-    hits = [e for e in check_policies([deployment, bad]) if expect in e]
+    hits = [e for e in check_policies([deployment, crawler, bad]) if expect in e]
     if hits:
         print(f"ok   self-test rejects {what}: {hits[0]}")
     else:
