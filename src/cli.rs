@@ -296,22 +296,44 @@ fn leaf_command<'a>(root: &'a clap::Command, argv: &[String]) -> &'a clap::Comma
     leaf
 }
 
-/// The environment variable a validation error's flag was read from, when
-/// it was not given on the command line (clap's `ValueSource`), so the
-/// message names what the user set.
-pub fn env_source(root: &clap::Command, matches: &clap::ArgMatches, flag: &str) -> Option<String> {
-    let (mut command, mut matches) = (root, matches);
-    while let Some((name, sub)) = matches.subcommand() {
-        command = command.find_subcommand(name)?;
-        matches = sub;
+/// The flags of the command line's leaf subcommand whose value came from the environment
+/// (clap's `ValueSource::EnvVariable`), with their variables: what a validation error names
+/// instead of the flag. Taken right after parsing so that clap's command tree and matches
+/// (tens of KiB of heap) are freed before the runtime starts, not kept for the whole run.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EnvSources(Vec<(String, String)>);
+
+impl EnvSources {
+    /// Reads them from the parsed `matches` of `root`.
+    pub fn of(root: &clap::Command, matches: &clap::ArgMatches) -> EnvSources {
+        let (mut command, mut matches) = (root, matches);
+        while let Some((name, sub)) = matches.subcommand() {
+            match command.find_subcommand(name) {
+                Some(found) => (command, matches) = (found, sub),
+                None => return EnvSources::default(),
+            }
+        }
+        let from_env =
+            |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable);
+        EnvSources(
+            command
+                .get_arguments()
+                .filter(|a| from_env(a.get_id().as_str()))
+                .filter_map(|a| {
+                    let env = a.get_env()?.to_string_lossy().into_owned();
+                    Some((format!("--{}", a.get_long()?), env))
+                })
+                .collect(),
+        )
     }
-    let arg = command
-        .get_arguments()
-        .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == flag))?;
-    let from_env = matches
-        .value_source(arg.get_id().as_str())
-        .is_some_and(|s| s == clap::parser::ValueSource::EnvVariable);
-    from_env.then(|| arg.get_env().map(|e| e.to_string_lossy().into_owned()))?
+
+    /// The environment variable `flag` (e.g. `--ttl`) was read from, if it was.
+    pub fn env_of(&self, flag: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(f, _)| f == flag)
+            .map(|(_, env)| env.as_str())
+    }
 }
 
 #[cfg(test)]

@@ -103,7 +103,7 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    let (cli, root, matches) = parse();
+    let (cli, env_sources) = parse();
     let command = cli.command;
     let prefix = command.prefix();
     let quiet = command.quiet();
@@ -121,7 +121,7 @@ fn main() -> ExitCode {
             let mut text = failure::describe(err.as_ref());
             // A bad value read from the environment names its variable.
             if let Some(flag) = err.downcast_ref::<ConfigError>().map(|e| e.flag)
-                && let Some(env) = snowlease::cli::env_source(&root, &matches, flag)
+                && let Some(env) = env_sources.env_of(flag)
             {
                 text = text.replacen(
                     flag,
@@ -151,9 +151,10 @@ fn main() -> ExitCode {
 }
 
 /// Parses the command line (clap errors rewritten by
-/// [`snowlease::cli::explain`]); returns the built command tree and the
-/// matches too, to tell later which values came from the environment.
-fn parse() -> (Cli, clap::Command, clap::ArgMatches) {
+/// [`snowlease::cli::explain`]); returns which flags came from the
+/// environment too. clap's command tree and matches are dropped here, before
+/// the runtime allocates: the sidecar's idle heap does not keep them.
+fn parse() -> (Cli, snowlease::cli::EnvSources) {
     let mut root = Cli::command();
     root.build();
     let argv: Vec<String> = std::env::args_os()
@@ -165,7 +166,7 @@ fn parse() -> (Cli, clap::Command, clap::ArgMatches) {
         .try_get_matches_from(std::env::args_os())
         .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
     match parsed {
-        Ok((cli, matches)) => (cli, root, matches),
+        Ok((cli, matches)) => (cli, snowlease::cli::EnvSources::of(&root, &matches)),
         Err(err) if err.use_stderr() => snowlease::cli::explain(err, &root, &argv).exit(),
         Err(err) => err.exit(),
     }

@@ -373,3 +373,30 @@ fn whole_number_flags_name_their_range_for_any_bad_number() {
         }
     }
 }
+
+/// A value that fails validation (a range decided after parsing) names the environment
+/// variable it came from, and the flag when it was given on the command line.
+#[test]
+fn a_bad_value_from_the_environment_names_its_variable() {
+    let run = run_snowlease(
+        &["worker", "--app", "a"],
+        &[("SNOWLEASE_RENEW_INTERVAL", "200s")],
+        secs(5),
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr
+            .contains("SNOWLEASE_RENEW_INTERVAL (the environment variable of --renew-interval)"),
+        "{run:?}"
+    );
+    let run = run_snowlease(
+        &["worker", "--app", "a", "--renew-interval", "200s"],
+        &[],
+        secs(5),
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("for --renew-interval:") && !run.stderr.contains("SNOWLEASE_"),
+        "{run:?}"
+    );
+}
