@@ -3,6 +3,8 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// The alerts of k8s/monitoring: promtool unit tests for each, fired and silent.
+mod alerts;
 /// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
 mod budget;
 /// The budget routes of `pool serve`: 200/429 + Retry-After, penalize, 400, 503, metrics.
