@@ -5,17 +5,16 @@ The PrometheusRule manifest is the only copy of the rules: scripts/test-alerts.s
 unit tests) and tests/it/alerts.rs (a real Prometheus server) both read them through this
 script, so what they test is what the manifest ships.
 
-Usage: alert-rules.py [--manifest PATH] [--alert NAME]... [--for DURATION] [--range DURATION]
+Usage: alert-rules.py [--manifest PATH] [--alert NAME]... [--range DURATION]
 
 Writes `groups:` (the manifest's spec.groups, unchanged) to stdout.
   --manifest  the PrometheusRule file (default: k8s/monitoring/prometheusrule.yaml beside
               this script's folder)
   --alert     keep only these alerts (repeatable); an unknown name is an error
-  --for       set every kept rule's `for:` to DURATION (rules without one stay without)
   --range     set every range selector's duration in the kept expressions (`[5m]`) to
               DURATION; the rest of each expression stays as written
---for and --range are for a test against a live server that cannot wait the manifest's
-minutes; the promtool unit tests use neither. Exit 2 with a message on bad input.
+--range is for a test against a live server that cannot wait the manifest's minutes; the
+promtool unit tests keep the manifest's ranges. Exit 2 with a message on bad input.
 """
 
 import argparse
@@ -44,8 +43,7 @@ def main():
         "--manifest", default=os.path.join(root, "k8s", "monitoring", "prometheusrule.yaml")
     )
     parser.add_argument("--alert", action="append", default=[])
-    parser.add_argument("--for", dest="for_", type=duration)
-    parser.add_argument("--range", type=duration)
+    parser.add_argument("--range", type=duration, metavar="DURATION")
     args = parser.parse_args()
 
     with open(args.manifest) as f:
@@ -64,8 +62,6 @@ def main():
     for group in groups:
         rules = [r for r in group.get("rules") or [] if not args.alert or r.get("alert") in args.alert]
         for rule in rules:
-            if args.for_ and "for" in rule:
-                rule["for"] = args.for_
             if args.range:
                 rule["expr"] = RANGE.sub(f"[{args.range}]", rule["expr"])
         if rules:
