@@ -3,6 +3,9 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// The alerts of k8s/monitoring: promtool unit tests for each; one fires and resolves on a
+/// real Prometheus scraping a real sidecar.
+mod alerts;
 /// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
 mod budget;
 /// The budget routes of `pool serve`: 200/429 + Retry-After, penalize, 400, 503, metrics.
