@@ -147,7 +147,12 @@ impl FromStr for Rate {
     fn from_str(text: &str) -> Result<Self, String> {
         let usage = || format!("{text:?} is not a rate like 10/s, 600/m, 5/2s or 1/250ms");
         let (count, period) = text.trim().split_once('/').ok_or_else(usage)?;
-        let count: u64 = count.trim().parse().map_err(|_| usage())?;
+        // Digits only: u64's parser also takes a sign ("+10/s").
+        let count = count.trim();
+        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(usage());
+        }
+        let count: u64 = count.parse().map_err(|_| usage())?;
         let period = match period.trim() {
             "ms" => Duration::from_millis(1),
             "s" => Duration::from_secs(1),

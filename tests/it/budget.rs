@@ -391,10 +391,14 @@ fn cli_take_exit_codes() {
     assert_eq!(waited.code, Some(0), "{waited:?}");
 
     let bad = RedisServer::start();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--rate", "0/s", "--burst", "1"],
             "--rate: keys[0].rate: expected an integer 1-1000000",
+        ),
+        (
+            &["--rate", "+10/s", "--burst", "1"],
+            "\"+10/s\" is not a rate like 10/s",
         ),
         (&["--rate", "1/2d", "--burst", "1"], "--rate"),
         (
@@ -643,4 +647,39 @@ async fn rust_and_lua_refuse_the_same_values() {
         assert_eq!(refused(&rust), refuse, "{args:?}: rust {rust:?}");
         assert_eq!(refused(&lua), refuse, "{args:?}: lua {lua:?}");
     }
+}
+
+/// What docs/pool.md says a changed rate does: a key holds only a time, so time charged at the
+/// old rate counts at the new one. Five takes at 1/m burst 5 used 5 minutes: at 1/h burst 5
+/// that is a twelfth of one take, so 4 more pass and the fifth is denied; a raised rate (back
+/// to 10/s burst 5) waits until the time already charged has passed.
+#[test]
+fn a_changed_rate_counts_the_time_already_charged() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let take = |rate: &str| {
+        let run = budget_cmd(
+            &url,
+            &[
+                "take", "--name", "api", "--key", "k", "--rate", rate, "--burst", "5",
+            ],
+        );
+        assert!(matches!(run.code, Some(0 | 6)), "{run:?}");
+        json(&run)
+    };
+    for _ in 0..5 {
+        assert_eq!(take("1/m")["allowed"], true);
+    }
+    assert_eq!(take("1/m")["allowed"], false);
+    for _ in 0..4 {
+        assert_eq!(take("1/h")["allowed"], true);
+    }
+    let denied = take("1/h");
+    assert_eq!(denied["allowed"], false, "{denied}");
+    let raised = take("10/s");
+    assert_eq!(raised["allowed"], false, "{raised}");
+    assert!(
+        raised["retry_after_ms"].as_u64().unwrap() > 3_600_000,
+        "waits for the hours charged at 1/h: {raised}"
+    );
 }
