@@ -287,6 +287,7 @@ where
         stop: &CancellationToken,
     ) -> Result<Taken, BudgetError> {
         let start = Instant::now();
+        let mut attempt: u32 = 0;
         loop {
             let taken = self.take(keys, cost).await?;
             let left = wait.saturating_sub(start.elapsed());
@@ -296,12 +297,14 @@ where
             {
                 return Ok(taken);
             }
-            // Others may take first: a retry at the hint may be denied again.
-            let sleep = taken.retry_after().min(left).max(Duration::from_millis(1));
+            // Others may take first: waiters spread past the hint.
+            let sleep =
+                crate::timing::denied_pause(taken.retry_after(), attempt, left, &mut rand::rng());
             tokio::select! {
                 () = tokio::time::sleep(sleep) => {}
                 () = stop.cancelled() => return Ok(taken),
             }
+            attempt = attempt.saturating_add(1);
         }
     }
 

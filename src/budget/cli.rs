@@ -72,7 +72,7 @@ pub struct TakeArgs {
         value_parser = whole::<u64>(COST.min, COST.max), allow_negative_numbers = true)]
     pub cost: u64,
 
-    /// Retry a denial for this long (0s-24h), sleeping by retry_after_ms; then exit 6.
+    /// Retry a denial for this long (0s-24h), sleeping retry_after_ms plus a spread; then exit 6.
     #[arg(long, env = "SNOWLEASE_BUDGET_WAIT", default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
 }

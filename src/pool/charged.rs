@@ -130,9 +130,12 @@ where
             ChargedAcquire::Denied(taken) if taken.retry_after() > remaining => {
                 return Ok(answer);
             }
-            ChargedAcquire::Denied(taken) => taken
-                .retry_after()
-                .clamp(Duration::from_millis(1), remaining),
+            ChargedAcquire::Denied(taken) => crate::timing::denied_pause(
+                taken.retry_after(),
+                attempt,
+                remaining,
+                &mut rand::rng(),
+            ),
             ChargedAcquire::Acquired(Acquired::Empty { next_due_in, .. }) => {
                 crate::timing::wait_pause(*next_due_in, attempt, remaining, &mut rand::rng())
             }
