@@ -19,8 +19,9 @@ cost, err = budget_cost(CHARGE_ARGV[2], limits)
 if err then return err end
 local now = budget_now_us()
 local tats
-tats, err = budget_tats(CHARGE_KEYS, 1, now)
-if err then return err end
+local untils
+tats, untils = budget_tats(CHARGE_KEYS, 1, now, limits)
+if not tats then return untils end
 
 local allowed, retry = budget_verdict(limits, tats, cost, now)
 if not allowed then

@@ -117,34 +117,60 @@ local function budget_limits(argv, first, n)
   return out
 end
 
--- A stored TAT as the scripts write it ('%.3f' of us), or nil: tonumber
--- alone takes nan, inf, 1e400, hex and negatives, and a nan or inf TAT would
--- pass the checks and fail a later SET halfway through the keys. A sane TAT
--- is at most a full window plus the longest penalty after now.
+-- A stored value as the scripts write it: '<tat>' or '<tat>:<until>' (us, '%.3f' and
+-- '%.0f'; until: a penalty, no take before it whatever the taker's limits), or nil:
+-- tonumber alone takes nan, inf, 1e400, hex and negatives, and a nan or inf TAT would pass
+-- the checks and fail a later SET halfway through the keys. A sane TAT is at most a full
+-- window plus the longest penalty after now, a sane until at most the longest penalty.
 local function budget_stored_tat(v, now)
-  if #v > 30 or not string.match(v, '^%d+%.?%d*$') then return nil end
-  local tat = tonumber(v)
+  if #v > 60 then return nil end
+  local tat_text, until_text = string.match(v, '^(%d+%.?%d*):(%d+)$')
+  if not tat_text then
+    tat_text = string.match(v, '^%d+%.?%d*$')
+  end
+  if not tat_text then return nil end
+  local tat = tonumber(tat_text)
   local latest = now + (BUDGET_LIMITS.window_ms[2] + BUDGET_LIMITS.penalty_ms[2]) * 1000
   if not tat or tat ~= tat or tat > latest then return nil end
-  return tat
+  local until_us = 0
+  if until_text then
+    until_us = tonumber(until_text)
+    if not until_us or until_us > now + BUDGET_LIMITS.penalty_ms[2] * 1000 then return nil end
+  end
+  return tat, until_us
 end
 
--- The TAT each key holds (now when absent or already passed), or nil and a
--- KEYTYPE error. Every key is checked before the caller writes any.
-local function budget_tats(keys, first, now)
-  local tats = {}
+-- The TAT each key holds for the caller's limits (now when absent or already passed; after a
+-- penalty not before until + tau - T, so the first unit is due at until and the budget then
+-- refills from empty at the caller's own rate), each key's penalty end (0: none) and its
+-- stored TAT (now when absent), or nil and a KEYTYPE error. Every key is checked before the
+-- caller writes any.
+local function budget_tats(keys, first, now, limits)
+  local tats, untils, raws = {}, {}, {}
   for i = first, #keys do
     local v = redis.pcall('GET', keys[i])
     if type(v) == 'table' then
       return nil, budget_fail('KEYTYPE', keys[i] .. ' ' .. redis.call('TYPE', keys[i]).ok)
     end
-    local tat = v and budget_stored_tat(v, now)
-    if v and not tat then
-      return nil, budget_fail('KEYTYPE', keys[i] .. ' string')
+    local tat, until_us
+    if v then
+      tat, until_us = budget_stored_tat(v, now)
+      if not tat then
+        return nil, budget_fail('KEYTYPE', keys[i] .. ' string')
+      end
     end
-    tats[#tats + 1] = math.max(tat or now, now)
+    local raw = math.max(tat or now, now)
+    local eff = raw
+    until_us = until_us or 0
+    if until_us > 0 then
+      local l = limits[i - first + 1]
+      eff = math.max(eff, until_us + l.tau - l.interval)
+    end
+    tats[#tats + 1] = eff
+    untils[#untils + 1] = until_us
+    raws[#raws + 1] = raw
   end
-  return tats
+  return tats, untils, raws
 end
 
 -- Half a microsecond of slack in time (T may be a fraction of a us), the
@@ -178,6 +204,7 @@ local function budget_apply(keys, first, limits, tats, cost, now, allowed, retry
   for i, l in ipairs(limits) do
     local tat = tats[i]
     if allowed then
+      -- Allowed means the penalty is served: a plain TAT from here on.
       tat = tat + cost * l.interval
       local ttl = math.max(budget_ms(tat - now), 1)
       redis.call('SET', keys[first + i - 1], string.format('%.3f', tat), 'PX', ttl)

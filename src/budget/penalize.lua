@@ -1,11 +1,14 @@
--- penalize: push keys of one budget back, after the target answered 429 or 503
--- with a Retry-After: no take is allowed before now + penalty_ms, and then the
--- budget refills at its rate from empty (a key already further back is kept).
+-- penalize: hold keys of one budget back, after the target answered 429 or 503 with a
+-- Retry-After: no take is allowed before now + penalty_ms, whatever limits the takers pass,
+-- and then the budget refills from empty at each taker's own rate (the key stores the
+-- penalty's end beside its TAT; a penalty already ending later is kept).
 -- KEYS: 1..n snowlease:budget:{<name>}:<key>, or {<pool>}:budget:<name>:<key> (the
 --       keys a pool's acquire charges): one budget, one hash tag
--- ARGV: 1 penalty_ms, then for each key: rate_count, rate_period_ms, burst
--- Returns: {retry_after_ms, reset_after_ms, now_ms}: when a take of 1 is
---          allowed again, and when every key is full (and gone) again.
+-- ARGV: 1 penalty_ms, then for each key: rate_count, rate_period_ms, burst (checked as a
+--       take's; they only set reset_after_ms)
+-- Returns: {retry_after_ms, reset_after_ms, now_ms}: when a take is allowed again (the
+--          penalty's end, the latest over the keys), and when every key is full (and gone)
+--          again for the limits given.
 -- Errors: BADARG, KEYTYPE as in common.lua; nothing is written then.
 
 local prefix = budget_prefix(KEYS[1])
@@ -21,15 +24,17 @@ local limits
 limits, err = budget_limits(ARGV, 2, #KEYS)
 if err then return err end
 local now = budget_now_us()
-local tats
-tats, err = budget_tats(KEYS, 1, now)
-if err then return err end
+local tats, untils, raws = budget_tats(KEYS, 1, now, limits)
+if not tats then return untils end
 local retry, reset = 0, 0
 for i, l in ipairs(limits) do
-  -- The TAT at which one unit is allowed at now + penalty, and no sooner.
-  local tat = math.max(tats[i], now + penalty * 1000 + l.tau - l.interval)
-  redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.max(budget_ms(tat - now), 1))
-  retry = math.max(retry, tat + l.interval - l.tau - now)
-  reset = math.max(reset, tat - now)
+  local until_us = math.max(untils[i], now + penalty * 1000)
+  -- The stored TAT stays the takers' own; the penalty's end rides beside it. The key lives
+  -- until the budget is full again after the penalty, for the limits given.
+  local full = math.max(raws[i], until_us + l.tau - l.interval)
+  local ttl = math.max(budget_ms(full - now), 1)
+  redis.call('SET', KEYS[i], string.format('%.3f:%.0f', raws[i], until_us), 'PX', ttl)
+  retry = math.max(retry, until_us - now)
+  reset = math.max(reset, full - now)
 end
 return { budget_ms(retry), budget_ms(reset), math.floor(now / 1000) }

@@ -23,8 +23,9 @@ cost, err = budget_cost(ARGV[1], limits)
 if err then return err end
 local now = budget_now_us()
 local tats
-tats, err = budget_tats(KEYS, 1, now)
-if err then return err end
+local untils
+tats, untils = budget_tats(KEYS, 1, now, limits)
+if not tats then return untils end
 local reply = budget_charge(KEYS, 1, limits, tats, cost, now)
 reply[5] = math.floor(now / 1000)
 return reply
