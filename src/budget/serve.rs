@@ -22,6 +22,7 @@ use super::limits::{PENALTY_MS, WAIT_MS};
 use super::metrics::BudgetMetrics;
 use super::{Budget, BudgetError, BudgetKey, Charge, Rate, Taken, limits};
 use crate::connection::Redis;
+use crate::http::HttpError;
 
 /// What the budget routes share.
 #[derive(Clone)]
@@ -296,34 +297,25 @@ fn missing_field(message: &str) -> Option<&str> {
     rest.split_once('`').map(|(name, _)| name)
 }
 
-/// A budget answer: 400 for bad input, 503 for Redis (fail closed), 500
-/// for a key of another type.
+/// A budget answer: 400 for bad input, 503 when Redis does not serve
+/// (fail closed), 500 naming a key of another type, 500 for the rest.
 fn error_response(err: BudgetError) -> Response {
-    let (status, body) = match err {
-        BudgetError::BadInput { field, expected } => (
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "bad input", "field": field, "expected": expected }),
-        ),
-        BudgetError::Redis(err) => {
+    match err {
+        BudgetError::BadInput { field, expected } => HttpError::bad_input(&field, &expected),
+        BudgetError::Redis(err) if crate::connection::is_unavailable(&err) => {
             warn!(error = %crate::connection::Readable(&err), "budget call failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({ "error": "redis unavailable" }),
-            )
+            HttpError::redis_unavailable()
         }
-        BudgetError::WrongKeyType { key, .. } => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({ "error": "budget key has the wrong type", "key": key }),
-        ),
+        BudgetError::WrongKeyType { key, .. } => {
+            warn!(key = %key, "budget key has the wrong type");
+            HttpError::bad_key(&key)
+        }
         other => {
             warn!(error = %other, "budget call failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                json!({ "error": "internal error" }),
-            )
+            HttpError::internal()
         }
-    };
-    (status, Json(body)).into_response()
+    }
+    .into_response()
 }
 
 /// `Retry-After` of a denial: whole seconds, rounded up, at least 1.

@@ -3,6 +3,8 @@
 
 /// ACL users with exactly the documented rules: start-up probe, refusals named.
 mod acl;
+/// A key of the wrong type: named on every surface (library, HTTP, CLI), never Redis down.
+mod bad_keys;
 /// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
 mod budget;
 /// The budget routes of `pool serve`: 200/429 + Retry-After, penalize, 400, 503, metrics.

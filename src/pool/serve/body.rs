@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
+use crate::http::HttpError;
 use crate::http::json::{StrictValue, duplicate_field};
 use crate::pool::limits::{self, COOLDOWN_MS, QUARANTINE_MS, Range, TTL_MS, WAIT_MS};
 use crate::pool::{LostReason, PoolError, Quarantine};
@@ -77,20 +78,12 @@ impl IntoResponse for ApiError {
             }
             Self::Pool(err) => {
                 warn!(error = %err, "pool call failed");
-                match err {
-                    PoolError::Redis(_) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        json!({ "error": "redis unavailable" }),
-                    ),
-                    PoolError::WrongKeyType { key, .. } => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({ "error": "pool key has the wrong type", "key": key }),
-                    ),
-                    _ => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({ "error": "internal error" }),
-                    ),
+                return match err {
+                    err if err.is_redis_unavailable() => HttpError::redis_unavailable(),
+                    PoolError::WrongKeyType { key, .. } => HttpError::bad_key(&key),
+                    _ => HttpError::internal(),
                 }
+                .into_response();
             }
         };
         (status, Json(body)).into_response()

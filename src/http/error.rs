@@ -1,0 +1,105 @@
+//! The one JSON error answer of every listener: a status and a body with an
+//! `error` field, one builder per kind of answer, so a kind reads the same
+//! on every route (pool serve, the budget routes, the worker's).
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// An error answer: `status` with the JSON `body` (an object with at least
+/// `error`, a short fixed phrase clients may match on).
+#[derive(Debug, Clone)]
+pub(crate) struct HttpError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl HttpError {
+    /// `status` with `{"error": error}`; add fields with [`HttpError::with`].
+    pub(crate) fn new(status: StatusCode, error: &str) -> Self {
+        Self {
+            status,
+            body: json!({ "error": error }),
+        }
+    }
+
+    /// The answer with `field` set to `value` in its body.
+    pub(crate) fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
+        self.body[field] = value.into();
+        self
+    }
+
+    /// 400 `{"error": "bad input", field, expected}`: the request's `field`
+    /// is outside what `expected` says; nothing was written.
+    pub(crate) fn bad_input(field: &str, expected: &str) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad input")
+            .with("field", field)
+            .with("expected", expected)
+    }
+
+    /// 500 `{"error": "bad key in redis", key}`: `key` holds another type
+    /// (or a value the scripts never write) than its layout says. A data
+    /// error for an operator to fix; Redis answered, so readiness is not
+    /// touched.
+    pub(crate) fn bad_key(key: &str) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "bad key in redis").with("key", key)
+    }
+
+    /// 503 `{"error": "redis unavailable"}`: Redis did not answer, or refused
+    /// this client; the call may or may not have run.
+    pub(crate) fn redis_unavailable() -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable")
+    }
+
+    /// 500 `{"error": "internal error"}`: anything else; the details go to
+    /// the log, not to the client.
+    pub(crate) fn internal() -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer(err: HttpError) -> (StatusCode, Value) {
+        let response = err.into_response();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn each_answer_is_its_status_and_json() {
+        assert_eq!(
+            answer(HttpError::bad_input("ttl_ms", "an integer 1-600000")).await,
+            (
+                StatusCode::BAD_REQUEST,
+                json!({"error": "bad input", "field": "ttl_ms", "expected": "an integer 1-600000"})
+            )
+        );
+        assert_eq!(
+            answer(HttpError::bad_key("{p}:requests")).await,
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": "bad key in redis", "key": "{p}:requests"})
+            )
+        );
+        assert_eq!(
+            answer(HttpError::redis_unavailable()).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "redis unavailable"})
+            )
+        );
+    }
+}
