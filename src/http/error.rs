@@ -2,9 +2,9 @@
 //! `error` field, one builder per kind of answer, so a kind reads the same
 //! on every route (pool serve, the budget routes, the worker's).
 
-use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
 use serde_json::{Value, json};
 
 /// An error answer: `status` with the JSON `body` (an object with at least
@@ -59,6 +59,26 @@ impl HttpError {
     }
 }
 
+/// `router` answering, like every other error, in JSON what it has no route
+/// for: 404 `{"error": "no such route"}` for an unknown path, 405 `{"error":
+/// "method not allowed", "method"}` for a known path's other methods
+/// (axum keeps its `Allow` header). Applied once the router holds every
+/// route: axum sets the 405 answer on the routes registered so far.
+pub(crate) fn with_json_fallbacks(router: Router) -> Router {
+    router
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn no_such_route() -> HttpError {
+    HttpError::new(StatusCode::NOT_FOUND, "no such route")
+}
+
+async fn method_not_allowed(method: Method) -> HttpError {
+    HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        .with("method", method.as_str())
+}
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body)).into_response()
@@ -76,6 +96,34 @@ mod tests {
             .await
             .unwrap();
         (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// Unknown paths and other methods answer JSON; the `Allow` header stays.
+    #[tokio::test]
+    async fn unknown_paths_and_methods_answer_json() {
+        use tower::ServiceExt;
+        let router =
+            with_json_fallbacks(Router::new().route("/id", axum::routing::get(|| async { "7" })));
+        let call = |method: &str, path: &str| {
+            let request = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            router.clone().oneshot(request)
+        };
+        let response = call("POST", "/id").await.unwrap();
+        let allow = response.headers().get("allow").cloned();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&bytes).unwrap(),
+            json!({"error": "method not allowed", "method": "POST"})
+        );
+        assert_eq!(allow.unwrap(), "GET,HEAD");
+        let response = call("GET", "/nope").await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

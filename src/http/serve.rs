@@ -56,6 +56,9 @@ pub(crate) async fn serve_on<L: Accept>(
     limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    // Every listener answers unknown paths and methods in JSON, like its
+    // other errors.
+    let router = super::with_json_fallbacks(router);
     let cap = effective_cap(limits.max_connections);
     info!(
         addr = %listener.describe(),
