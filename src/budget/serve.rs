@@ -9,12 +9,11 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -248,19 +247,13 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
 /// The 429 of a pool acquire that the budget denied: `Retry-After` and
 /// `{error, budget, retry_after_ms, remaining, reset_after_ms, at_ms}`.
 pub(crate) fn denied_response(budget: &str, taken: &Taken) -> Response {
-    let body = json!({
-        "error": "budget denied",
-        "budget": budget,
-        "retry_after_ms": taken.retry_after_ms,
-        "remaining": taken.remaining,
-        "reset_after_ms": taken.reset_after_ms,
-        "at_ms": taken.at_ms,
-    });
-    (
-        StatusCode::TOO_MANY_REQUESTS,
-        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
-        Json(body),
-    )
+    HttpError::new(StatusCode::TOO_MANY_REQUESTS, "budget denied")
+        .with("budget", budget)
+        .with("retry_after_ms", taken.retry_after_ms)
+        .with("remaining", taken.remaining)
+        .with("reset_after_ms", taken.reset_after_ms)
+        .with("at_ms", taken.at_ms)
+        .retry_after(taken.retry_after())
         .into_response()
 }
 
@@ -318,11 +311,6 @@ fn error_response(err: BudgetError) -> Response {
     .into_response()
 }
 
-/// `Retry-After` of a denial: whole seconds, rounded up, at least 1.
-pub(crate) fn retry_after_secs(ms: u64) -> String {
-    ms.div_ceil(1000).max(1).to_string()
-}
-
 /// 200 for an allowed take, 429 with `Retry-After` for a denied one.
 pub(crate) fn take_response(name: &str, taken: &Taken) -> Response {
     let body = Json(super::cli::take_json(name, taken));
@@ -331,7 +319,7 @@ pub(crate) fn take_response(name: &str, taken: &Taken) -> Response {
     }
     (
         StatusCode::TOO_MANY_REQUESTS,
-        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
+        crate::http::retry_after(taken.retry_after()),
         body,
     )
         .into_response()
@@ -442,11 +430,5 @@ mod tests {
                 .to_string()
                 .starts_with("invalid rate")
         );
-    }
-
-    #[test]
-    fn retry_after_rounds_up() {
-        assert_eq!(retry_after_secs(0), "1");
-        assert_eq!(retry_after_secs(1001), "2");
     }
 }

@@ -1,18 +1,31 @@
 //! The one JSON error answer of every listener: a status and a body with an
 //! `error` field, one builder per kind of answer, so a kind reads the same
-//! on every route (pool serve, the budget routes, the worker's).
+//! on every route (pool serve, the budget routes, the worker's and mint's),
+//! and the one `Retry-After` writer.
 
-use axum::http::{Method, StatusCode};
+use std::time::Duration;
+
+use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
 /// An error answer: `status` with the JSON `body` (an object with at least
-/// `error`, a short fixed phrase clients may match on).
+/// `error`, a short fixed phrase clients may match on), and `Retry-After`
+/// when it says when to come back.
 #[derive(Debug, Clone)]
 pub(crate) struct HttpError {
     status: StatusCode,
     body: Value,
+    retry_after: Option<Duration>,
+}
+
+/// The `Retry-After` header (RFC 9110, 10.2.3) for a client to wait `wait`:
+/// whole seconds rounded up, at least 1 (a 0 would have it retry at once).
+/// The one writer of the header on every route.
+pub(crate) fn retry_after(wait: Duration) -> [(HeaderName, String); 1] {
+    let secs = crate::timing::secs_ceil(wait).max(1);
+    [(header::RETRY_AFTER, secs.to_string())]
 }
 
 impl HttpError {
@@ -21,7 +34,14 @@ impl HttpError {
         Self {
             status,
             body: json!({ "error": error }),
+            retry_after: None,
         }
+    }
+
+    /// The answer with `Retry-After` for `wait` (see [`retry_after`]).
+    pub(crate) fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
     }
 
     /// The answer with `field` set to `value` in its body.
@@ -81,7 +101,10 @@ async fn method_not_allowed(method: Method) -> HttpError {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        match self.retry_after {
+            Some(wait) => (self.status, retry_after(wait), Json(self.body)).into_response(),
+            None => (self.status, Json(self.body)).into_response(),
+        }
     }
 }
 
@@ -96,6 +119,17 @@ mod tests {
             .await
             .unwrap();
         (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// Whole seconds, rounded up, at least 1: the rule of every route that
+    /// says when to come back (an empty pool, a budget's denial, mint).
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let secs = |ms: u64| retry_after(Duration::from_millis(ms))[0].1.clone();
+        assert_eq!(retry_after(Duration::ZERO)[0].0, header::RETRY_AFTER);
+        for (ms, want) in [(0, "1"), (1, "1"), (1000, "1"), (1001, "2"), (59_001, "60")] {
+            assert_eq!(secs(ms), want, "{ms} ms");
+        }
     }
 
     /// Unknown paths and other methods answer JSON; the `Allow` header stays.

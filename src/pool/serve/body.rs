@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tracing::warn;
 
 use crate::http::HttpError;
@@ -56,37 +55,31 @@ impl From<PoolError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let evicting = |detail: String| {
-            let body = json!({ "error": "redis may evict keys", "detail": detail });
-            (StatusCode::SERVICE_UNAVAILABLE, body)
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "redis may evict keys")
+                .with("detail", detail)
         };
-        let (status, body) = match self {
-            Self::UnknownPool(pool) => (
-                StatusCode::NOT_FOUND,
-                json!({ "error": "unknown pool", "pool": pool }),
-            ),
-            Self::BadInput { field, expected } => (
-                StatusCode::BAD_REQUEST,
-                json!({ "error": "bad input", "field": field, "expected": expected }),
-            ),
-            Self::Lost(reason) => (
-                StatusCode::CONFLICT,
-                json!({ "error": "lease lost", "reason": reason.as_str(), "detail": reason.describe() }),
-            ),
+        match self {
+            Self::UnknownPool(pool) => {
+                HttpError::new(StatusCode::NOT_FOUND, "unknown pool").with("pool", pool)
+            }
+            Self::BadInput { field, expected } => HttpError::bad_input(&field, &expected),
+            Self::Lost(reason) => HttpError::new(StatusCode::CONFLICT, "lease lost")
+                .with("reason", reason.as_str())
+                .with("detail", reason.describe()),
             Self::Evicting(err) => evicting(err.to_string()),
             Self::EvictingBudgets(err) => {
                 evicting(crate::eviction::EvictingBudgets(err).to_string())
             }
             Self::Pool(err) => {
                 warn!(error = %err, "pool call failed");
-                return match err {
+                match err {
                     err if err.is_redis_unavailable() => HttpError::redis_unavailable(),
                     PoolError::WrongKeyType { key, .. } => HttpError::bad_key(&key),
                     _ => HttpError::internal(),
                 }
-                .into_response();
             }
-        };
-        (status, Json(body)).into_response()
+        }
+        .into_response()
     }
 }
 
