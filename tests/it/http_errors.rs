@@ -1,6 +1,10 @@
-//! Every listener answers errors in JSON: an unknown path (404) and a method a path does not
-//! take (405, `Allow` kept) on the worker's `--listen` and on `pool serve`; `pool serve`'s
-//! `/readyz` says its `state` in JSON as the worker's does.
+//! Every listener answers errors in JSON: an unknown path (404), a method a path does not
+//! take (405, `Allow` kept), a body too large (413) or too slow (408), on the worker's
+//! `--listen` and on `pool serve`; `pool serve`'s `/readyz` says its `state` in JSON as the
+//! worker's does.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
@@ -43,6 +47,44 @@ fn the_worker_answers_unknown_paths_and_methods_in_json() {
         )
     );
     assert_eq!(allow.as_deref(), Some("GET,HEAD"));
+}
+
+/// A body over 16 KiB (413) and a body that trickles past `--http-header-timeout` (408, the
+/// connection closed) are answered in JSON too.
+#[test]
+fn bodies_refused_for_size_or_time_are_answered_in_json() {
+    let redis = RedisServer::start();
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--http-header-timeout", "200ms")
+        .spawn();
+    let addr = sidecar.http_addr();
+    let big = "x".repeat(17 * 1024);
+    let response = match ureq::post(&format!("http://{addr}/id"))
+        .timeout(secs(5))
+        .send_string(&big)
+    {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(err) => panic!("oversized body: {err}"),
+    };
+    assert_eq!(response.status(), 413);
+    let body: Value = serde_json::from_str(&response.into_string().unwrap()).unwrap();
+    assert_eq!(
+        body,
+        json!({"error": "body too large", "limit_bytes": 16384})
+    );
+
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(b"POST /id HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    slow.set_read_timeout(Some(secs(10))).unwrap();
+    let mut reply = Vec::new();
+    let _ = slow.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 408")
+            && reply.ends_with(r#"{"error":"body not received in time"}"#),
+        "{reply:?}"
+    );
 }
 
 /// `pool serve`: 404 and 405 in JSON, the budget routes too.

@@ -48,7 +48,7 @@ mod handover;
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
 mod harness_selftest;
-/// Every listener answers errors in JSON: unknown paths (404), methods (405), pool serve's /readyz.
+/// Every listener answers errors in JSON: unknown paths (404), methods (405), bodies (413, 408).
 mod http_errors;
 /// Idle HTTP connection floods under an open-file limit of 1024; header timeout; RLIMIT_NOFILE.
 mod http_flood;
