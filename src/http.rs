@@ -3,11 +3,13 @@
 //! serving a router until shutdown (`serve`) with a connection cap
 //! (`connections`) and a header timeout, set by `--max-connections` and
 //! `--http-header-timeout` (`limits`), on TCP or a unix socket (`accept`),
-//! and the one JSON error answer (`error`).
+//! the one reader of JSON request bodies (`body`), and the one JSON error
+//! answer with the one `Retry-After` writer (`error`).
 //! Each mode's own routes live in its subtree.
 
 mod accept;
 mod bind;
+pub(crate) mod body;
 mod connections;
 mod error;
 pub(crate) mod json;

@@ -22,6 +22,7 @@ use super::metrics::BudgetMetrics;
 use super::{Budget, BudgetError, BudgetKey, Charge, Rate, Taken, limits};
 use crate::connection::Redis;
 use crate::http::HttpError;
+use crate::http::body::{BadField, Rules};
 
 /// What the budget routes share.
 #[derive(Clone)]
@@ -223,7 +224,11 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
         },
         other => other,
     };
-    let body: ChargeBody = parse(value.to_string().as_bytes()).map_err(under)?;
+    if !value.is_object() {
+        return Err(BudgetError::bad("budget", "a JSON object"));
+    }
+    let body: ChargeBody = crate::http::body::parse_value("budget", value, Rules::PLAIN)
+        .map_err(|bad| under(bad_field(bad)))?;
     if !crate::names::is_name(&body.name) {
         return Err(under(BudgetError::bad("name", crate::names::name_rule())));
     }
@@ -261,33 +266,15 @@ fn one() -> u64 {
     1
 }
 
-/// Parses a JSON body: one JSON value and nothing after it. The error
-/// names the field serde stopped at, and a missing field by its name.
+/// Reads a JSON body by the one reader's rules ([`crate::http::body`]);
+/// the budget routes have no words of their own for their fields beyond
+/// those their types give (`OneOrMany`'s "or a list with one per key").
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BudgetError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let message = e.inner().to_string();
-        match missing_field(&message) {
-            Some(name) if path == "." => BudgetError::bad(name, "a value: the field is required"),
-            Some(name) => {
-                BudgetError::bad(format!("{path}.{name}"), "a value: the field is required")
-            }
-            None if path == "." => BudgetError::bad("body", message),
-            None => BudgetError::bad(path, message),
-        }
-    })?;
-    // A body is one JSON object: text after it is refused, not ignored.
-    de.end()
-        .map_err(|_| BudgetError::bad("body", "one JSON object and nothing after it"))?;
-    Ok(value)
+    crate::http::body::parse(bytes, Rules::PLAIN).map_err(bad_field)
 }
 
-/// The name in serde's "missing field `rate`" (serde_json gives no other
-/// way to get at it), for an error that names the field.
-fn missing_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("missing field `")?;
-    rest.split_once('`').map(|(name, _)| name)
+fn bad_field(bad: BadField) -> BudgetError {
+    BudgetError::bad(bad.field, bad.expected)
 }
 
 /// A budget answer: 400 for bad input, 503 when Redis does not serve
