@@ -3,14 +3,16 @@
 //! handle every mode uses over standalone, Sentinel and Cluster
 //! (`connection/handle.rs`; opening and topology detection in `open.rs`,
 //! Sentinel discovery in `sentinel.rs`, routing of calls in `route.rs`),
-//! and the one table that decides what a failed call means
-//! (`connection/classify.rs`).
+//! the one table that decides what a failed call means
+//! (`connection/classify.rs`), and the one decoder of the error replies
+//! of snowlease's own scripts (`connection/script_error.rs`).
 
 mod classify;
 mod handle;
 mod open;
 mod refusal;
 mod route;
+mod script_error;
 mod sentinel;
 mod slots;
 mod target;
@@ -20,9 +22,10 @@ use std::sync::Once;
 
 use redis::{ErrorKind, RedisError};
 
-pub(crate) use classify::{Failure, classify};
+pub(crate) use classify::{Failure, classify, is_unavailable};
 pub(crate) use classify::{is_auth_error, is_certificate_error, is_permission_error};
 pub use handle::{Keyspace, Redis};
+pub(crate) use script_error::ScriptError;
 pub use target::RedisTarget;
 
 /// Installs ring as rustls's process-wide crypto provider; without one the

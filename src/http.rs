@@ -2,12 +2,16 @@
 //! dual-stack on `[::]`), the liveness routes, the metrics encoding, and
 //! serving a router until shutdown (`serve`) with a connection cap
 //! (`connections`) and a header timeout, set by `--max-connections` and
-//! `--http-header-timeout` (`limits`), on TCP or a unix socket (`accept`).
+//! `--http-header-timeout` (`limits`), on TCP or a unix socket (`accept`),
+//! the one reader of JSON request bodies (`body`), and the one JSON error
+//! answer with the one `Retry-After` writer (`error`).
 //! Each mode's own routes live in its subtree.
 
 mod accept;
 mod bind;
+pub(crate) mod body;
 mod connections;
+mod error;
 pub(crate) mod json;
 mod limits;
 mod serve;
@@ -23,6 +27,7 @@ use prometheus_client::registry::Registry;
 
 pub(crate) use accept::PlacedUnixListener;
 pub(crate) use bind::bind;
+pub(crate) use error::{HttpError, retry_after, with_json_fallbacks};
 pub(crate) use limits::{ConnectionLimits, HttpArgs};
 pub(crate) use serve::{on_own_thread, serve, serve_on, serve_on_own_thread};
 

@@ -4,6 +4,8 @@ local K, err = pool_keys({
   'ready', 'leases', 'owners', 'fence', 'meta', 'disabled', 'requests', 'parked', 'quarantine', 'reasons',
 })
 if err then return err end
+err = acquire_key_types(K)
+if err then return err end
 local in_pool = '{' .. K.pool_name .. '}:budget:'
 local name = string.sub(CHARGE_KEYS[1], 1, #in_pool) == in_pool
     and string.match(string.sub(CHARGE_KEYS[1], #in_pool + 1), '^([%w_%-]+):') or nil

@@ -9,8 +9,9 @@
 -- <= now; the key then holds the new TAT and expires when it is reached, which
 -- is when the budget is full again (an idle key is gone).
 -- Checks return an error table ({err = 'CODE detail'}) before any write:
---   BADARG <field> <expected>   a bad argument or key name
---   KEYTYPE <key> <found>       a budget key that does not hold a sane TAT
+--   BADARG <field> <expected>       a bad argument or key name
+--   KEYTYPE <key> <found> number    a budget key that does not hold a sane TAT
+-- (the pool's forms too: one decoder reads both, src/connection/script_error.rs)
 
 local function budget_fail(code, detail)
   return { err = code .. ' ' .. detail }
@@ -150,13 +151,13 @@ local function budget_tats(keys, first, now, limits)
   for i = first, #keys do
     local v = redis.pcall('GET', keys[i])
     if type(v) == 'table' then
-      return nil, budget_fail('KEYTYPE', keys[i] .. ' ' .. redis.call('TYPE', keys[i]).ok)
+      return nil, budget_fail('KEYTYPE', keys[i] .. ' ' .. redis.call('TYPE', keys[i]).ok .. ' number')
     end
     local tat, until_us
     if v then
       tat, until_us = budget_stored_tat(v, now)
       if not tat then
-        return nil, budget_fail('KEYTYPE', keys[i] .. ' string')
+        return nil, budget_fail('KEYTYPE', keys[i] .. ' string number')
       end
     end
     local raw = math.max(tat or now, now)

@@ -3,6 +3,8 @@
 
 use redis::RedisError;
 
+use crate::connection::ScriptError;
+
 /// Why a budget call failed. Bad input and wrong key types are permanent;
 /// for [`BudgetError::Redis`] the charge may or may not have happened, and
 /// callers fail closed (deny).
@@ -21,7 +23,9 @@ pub enum BudgetError {
     },
     /// A budget key holds something other than a GCRA time; nothing was
     /// written.
-    #[error("budget key {key} holds {found}, expected a number (a budget's time)")]
+    #[error(
+        "bad key in redis: budget key {key} holds {found}, expected a number (a budget's time)"
+    )]
     WrongKeyType {
         /// The full key name.
         key: String,
@@ -55,21 +59,15 @@ impl BudgetError {
     }
 }
 
-/// Turns the scripts' error replies into their variants; everything else
-/// stays a Redis error.
+/// Turns the scripts' error replies into their variants (read by the one
+/// decoder, `connection::ScriptError`); everything else stays a Redis error.
 impl From<RedisError> for BudgetError {
     fn from(err: RedisError) -> Self {
-        let (Some(code), Some(detail)) = (err.code(), err.detail()) else {
-            return Self::Redis(err);
-        };
-        let words: Vec<&str> = detail.splitn(2, ' ').collect();
-        match (code, words.as_slice()) {
-            ("BADARG", [field, expected]) => Self::bad(field, *expected),
-            ("KEYTYPE", [key, found]) => Self::WrongKeyType {
-                key: (*key).to_owned(),
-                found: (*found).to_owned(),
-            },
-            _ => Self::Redis(err),
+        match ScriptError::of(&err) {
+            Some(ScriptError::BadArg { field, expected }) => Self::BadInput { field, expected },
+            Some(ScriptError::KeyType { key, found, .. }) => Self::WrongKeyType { key, found },
+            // The pool's codes: not answered by a budget script.
+            Some(_) | None => Self::Redis(err),
         }
     }
 }
@@ -90,7 +88,7 @@ mod tests {
             "invalid burst: expected an integer 1-1000000"
         );
         assert!(matches!(
-            BudgetError::from(server_error("KEYTYPE", "k hash")),
+            BudgetError::from(server_error("KEYTYPE", "k hash number")),
             BudgetError::WrongKeyType { key, found } if key == "k" && found == "hash"
         ));
         assert!(matches!(

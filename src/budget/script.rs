@@ -76,8 +76,11 @@ pub(crate) fn ints(script: BudgetScript, value: Value, n: usize) -> Result<Vec<u
         script: script.name(),
         detail,
     };
-    let Value::Array(items) = value else {
-        return Err(bad(format!("expected an array, got {value:?}")));
+    let items = match value {
+        Value::Array(items) => items,
+        // An error reply handed back as a value reads as one returned as an error.
+        Value::ServerError(err) => return Err(redis::RedisError::from(err).into()),
+        value => return Err(bad(format!("expected an array, got {value:?}"))),
     };
     if items.len() != n {
         return Err(bad(format!("expected {n} items, got {items:?}")));

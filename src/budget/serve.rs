@@ -9,12 +9,11 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -22,6 +21,8 @@ use super::limits::{PENALTY_MS, WAIT_MS};
 use super::metrics::BudgetMetrics;
 use super::{Budget, BudgetError, BudgetKey, Charge, Rate, Taken, limits};
 use crate::connection::Redis;
+use crate::http::HttpError;
+use crate::http::body::{BadField, Rules};
 
 /// What the budget routes share.
 #[derive(Clone)]
@@ -223,7 +224,11 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
         },
         other => other,
     };
-    let body: ChargeBody = parse(value.to_string().as_bytes()).map_err(under)?;
+    if !value.is_object() {
+        return Err(BudgetError::bad("budget", "a JSON object"));
+    }
+    let body: ChargeBody = crate::http::body::parse_value("budget", value, Rules::PLAIN)
+        .map_err(|bad| under(bad_field(bad)))?;
     if !crate::names::is_name(&body.name) {
         return Err(under(BudgetError::bad("name", crate::names::name_rule())));
     }
@@ -247,19 +252,13 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
 /// The 429 of a pool acquire that the budget denied: `Retry-After` and
 /// `{error, budget, retry_after_ms, remaining, reset_after_ms, at_ms}`.
 pub(crate) fn denied_response(budget: &str, taken: &Taken) -> Response {
-    let body = json!({
-        "error": "budget denied",
-        "budget": budget,
-        "retry_after_ms": taken.retry_after_ms,
-        "remaining": taken.remaining,
-        "reset_after_ms": taken.reset_after_ms,
-        "at_ms": taken.at_ms,
-    });
-    (
-        StatusCode::TOO_MANY_REQUESTS,
-        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
-        Json(body),
-    )
+    HttpError::new(StatusCode::TOO_MANY_REQUESTS, "budget denied")
+        .with("budget", budget)
+        .with("retry_after_ms", taken.retry_after_ms)
+        .with("remaining", taken.remaining)
+        .with("reset_after_ms", taken.reset_after_ms)
+        .with("at_ms", taken.at_ms)
+        .retry_after(taken.retry_after())
         .into_response()
 }
 
@@ -267,68 +266,36 @@ fn one() -> u64 {
     1
 }
 
-/// Parses a JSON body: one JSON value and nothing after it. The error
-/// names the field serde stopped at, and a missing field by its name.
+/// Reads a JSON body by the one reader's rules ([`crate::http::body`]);
+/// the budget routes have no words of their own for their fields beyond
+/// those their types give (`OneOrMany`'s "or a list with one per key").
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BudgetError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let message = e.inner().to_string();
-        match missing_field(&message) {
-            Some(name) if path == "." => BudgetError::bad(name, "a value: the field is required"),
-            Some(name) => {
-                BudgetError::bad(format!("{path}.{name}"), "a value: the field is required")
-            }
-            None if path == "." => BudgetError::bad("body", message),
-            None => BudgetError::bad(path, message),
-        }
-    })?;
-    // A body is one JSON object: text after it is refused, not ignored.
-    de.end()
-        .map_err(|_| BudgetError::bad("body", "one JSON object and nothing after it"))?;
-    Ok(value)
+    crate::http::body::parse(bytes, Rules::PLAIN).map_err(bad_field)
 }
 
-/// The name in serde's "missing field `rate`" (serde_json gives no other
-/// way to get at it), for an error that names the field.
-fn missing_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("missing field `")?;
-    rest.split_once('`').map(|(name, _)| name)
+fn bad_field(bad: BadField) -> BudgetError {
+    BudgetError::bad(bad.field, bad.expected)
 }
 
-/// A budget answer: 400 for bad input, 503 for Redis (fail closed), 500
-/// for a key of another type.
+/// A budget answer: 400 for bad input, 503 when Redis does not serve
+/// (fail closed), 500 naming a key of another type, 500 for the rest.
 fn error_response(err: BudgetError) -> Response {
-    let (status, body) = match err {
-        BudgetError::BadInput { field, expected } => (
-            StatusCode::BAD_REQUEST,
-            json!({ "error": "bad input", "field": field, "expected": expected }),
-        ),
-        BudgetError::Redis(err) => {
+    match err {
+        BudgetError::BadInput { field, expected } => HttpError::bad_input(&field, &expected),
+        BudgetError::Redis(err) if crate::connection::is_unavailable(&err) => {
             warn!(error = %crate::connection::Readable(&err), "budget call failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({ "error": "redis unavailable" }),
-            )
+            HttpError::redis_unavailable()
         }
-        BudgetError::WrongKeyType { key, .. } => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({ "error": "budget key has the wrong type", "key": key }),
-        ),
+        BudgetError::WrongKeyType { key, .. } => {
+            warn!(key = %key, "budget key has the wrong type");
+            HttpError::bad_key(&key)
+        }
         other => {
             warn!(error = %other, "budget call failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                json!({ "error": "internal error" }),
-            )
+            HttpError::internal()
         }
-    };
-    (status, Json(body)).into_response()
-}
-
-/// `Retry-After` of a denial: whole seconds, rounded up, at least 1.
-pub(crate) fn retry_after_secs(ms: u64) -> String {
-    ms.div_ceil(1000).max(1).to_string()
+    }
+    .into_response()
 }
 
 /// 200 for an allowed take, 429 with `Retry-After` for a denied one.
@@ -339,7 +306,7 @@ pub(crate) fn take_response(name: &str, taken: &Taken) -> Response {
     }
     (
         StatusCode::TOO_MANY_REQUESTS,
-        [(header::RETRY_AFTER, retry_after_secs(taken.retry_after_ms))],
+        crate::http::retry_after(taken.retry_after()),
         body,
     )
         .into_response()
@@ -450,11 +417,5 @@ mod tests {
                 .to_string()
                 .starts_with("invalid rate")
         );
-    }
-
-    #[test]
-    fn retry_after_rounds_up() {
-        assert_eq!(retry_after_secs(0), "1");
-        assert_eq!(retry_after_secs(1001), "2");
     }
 }

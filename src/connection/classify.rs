@@ -142,6 +142,16 @@ pub(crate) fn classify(err: &RedisError) -> Verdict {
     }
 }
 
+/// True when a failed call says Redis is not serving this client: no
+/// answer, not a usable primary, or a refusal of this client (the
+/// transient and refused rows of the table). False for an answer about the
+/// data or the call (`WRONGTYPE`, a syntax error, a script's refusal):
+/// Redis answered. Readiness and the HTTP 503 "redis unavailable" follow
+/// this, so a key of the wrong type never reads as Redis down.
+pub(crate) fn is_unavailable(err: &RedisError) -> bool {
+    classify(err).failure != Failure::Permanent
+}
+
 /// Whether a call's outcome leaves its connection (the next call opens a
 /// new one, resolving the host name again, or asking the Sentinels): an
 /// error, or a server error inside an `Ok` reply (redis-rs returns those as

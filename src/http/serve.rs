@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
-use super::ConnectionLimits;
 use super::accept::Accept;
 use super::connections::{Connections, InRequest, Slot};
 use super::limits::BODY_LIMIT;
+use super::{ConnectionLimits, HttpError};
 use crate::open_files;
 
 /// Serves `router` on an already bound listener until `shutdown` fires,
@@ -56,6 +56,9 @@ pub(crate) async fn serve_on<L: Accept>(
     limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    // Every listener answers unknown paths and methods in JSON, like its
+    // other errors.
+    let router = super::with_json_fallbacks(router);
     let cap = effective_cap(limits.max_connections);
     info!(
         addr = %listener.describe(),
@@ -213,8 +216,10 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 
 /// Reads the whole request body (at most [`BODY_LIMIT`] bytes) within
 /// `timeout`, so a client that sends a header and then trickles its body
-/// holds a connection no longer than one that trickles its header. Refused:
-/// 408 (and the connection closed) when it is late, 413 when too large, 400
+/// holds a connection no longer than one that trickles its header. Refused
+/// in JSON like every other error: 408 `{"error": "body not received in
+/// time"}` (and the connection closed) when it is late, 413 `{"error":
+/// "body too large", "limit_bytes"}`, 400 `{"error": "body broken off"}`
 /// when the client broke off.
 async fn read_body(
     request: hyper::Request<Incoming>,
@@ -227,13 +232,20 @@ async fn read_body(
             parts,
             body.to_bytes().into(),
         )),
-        Ok(Err(err)) if err.is::<LengthLimitError>() => {
-            Err(StatusCode::PAYLOAD_TOO_LARGE.into_response())
+        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(HttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body too large",
+        )
+        .with("limit_bytes", BODY_LIMIT)
+        .into_response()),
+        Ok(Err(_)) => {
+            Err(HttpError::new(StatusCode::BAD_REQUEST, "body broken off").into_response())
         }
-        Ok(Err(_)) => Err(StatusCode::BAD_REQUEST.into_response()),
-        Err(_) => {
-            Err((StatusCode::REQUEST_TIMEOUT, [(header::CONNECTION, "close")]).into_response())
-        }
+        Err(_) => Err((
+            [(header::CONNECTION, "close")],
+            HttpError::new(StatusCode::REQUEST_TIMEOUT, "body not received in time"),
+        )
+            .into_response()),
     }
 }
 

@@ -53,11 +53,7 @@ if err then return err end
 if ttl > max_lease then
   return badarg('ttl_ms', 'at most max_lease_ms')
 end
-err = key_types({
-  { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.fence, 'string' },
-  { K.meta, 'hash' }, { K.disabled, 'set' }, { K.requests, 'hash' }, { K.parked, 'hash' },
-  { K.quarantine, 'zset' }, { K.reasons, 'hash' },
-}) or fence_value(K.fence)
+err = acquire_key_types(K)
 if err then return err end
 
 local now = now_ms()

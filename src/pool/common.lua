@@ -179,6 +179,18 @@ local function fence_value(key)
   end
 end
 
+-- The types of acquire.lua's keys (K: its pool_keys), checked before any of
+-- them is read: also by charge.lua, whose replay test reads requests, leases
+-- and owners before acquire.lua runs (a read of a key of another type raises
+-- WRONGTYPE, which names no key).
+local function acquire_key_types(K)
+  return key_types({
+    { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.fence, 'string' },
+    { K.meta, 'hash' }, { K.disabled, 'set' }, { K.requests, 'hash' }, { K.parked, 'hash' },
+    { K.quarantine, 'zset' }, { K.reasons, 'hash' },
+  }) or fence_value(K.fence)
+end
+
 -- True when the pool knows `id`: in ready, leases, owners, disabled or
 -- quarantine (K needs those keys).
 local function known(K, id)

@@ -3,6 +3,8 @@
 
 use redis::RedisError;
 
+use crate::connection::ScriptError;
+
 /// Why a pool operation failed. Bad input, wrong key types, duplicate or
 /// unknown ids are permanent; for [`PoolError::Redis`] classify the inner
 /// error (timeouts and dropped connections are worth a retry).
@@ -19,16 +21,17 @@ pub enum PoolError {
         /// What would have been accepted, with units and range.
         expected: String,
     },
-    /// A pool key holds another Redis type than the layout says; nothing
-    /// was written.
-    #[error("pool key {key} has type {found}, expected {expected}")]
+    /// A key holds another Redis type than the layout says (a pool key, or
+    /// a budget key of an acquire with a charge); nothing was written. A
+    /// data error: Redis answered, an operator must fix or delete the key.
+    #[error("bad key in redis: {key} has type {found}, expected {expected}")]
     WrongKeyType {
         /// The full key name, e.g. `{proxies}:ready`.
         key: String,
         /// The type Redis reports (`string`, `list`, ...).
         found: String,
         /// The type the layout needs (`zset`, `hash`, `set`, `string`,
-        /// `integer` for the fence counter).
+        /// `integer` for the fence counter, `number` for a budget key).
         expected: String,
     },
     /// `init` on a pool that already has keys.
@@ -77,6 +80,14 @@ impl PoolError {
         }
     }
 
+    /// True when Redis is not serving this client (see
+    /// [`crate::connection::is_unavailable`]): what `pool serve`'s readiness
+    /// and its 503 follow. A key of the wrong type, or any other answer
+    /// Redis gave, is false.
+    pub(crate) fn is_redis_unavailable(&self) -> bool {
+        matches!(self, Self::Redis(err) if crate::connection::is_unavailable(err))
+    }
+
     /// True for a request the pool refuses as it stands (exit 2): a bad
     /// value, an unknown or duplicate id, no such pool, already set up.
     pub(crate) fn is_bad_input(&self) -> bool {
@@ -91,43 +102,34 @@ impl PoolError {
     }
 }
 
-/// Turns the scripts' error replies into their variants; everything else
-/// stays a Redis error.
+/// Turns the scripts' error replies into their variants (read by the one
+/// decoder, `connection::ScriptError`); everything else stays a Redis error.
 impl From<RedisError> for PoolError {
     fn from(err: RedisError) -> Self {
-        let (Some(code), Some(detail)) = (err.code(), err.detail()) else {
-            return Self::Redis(err);
-        };
-        let words = |n: usize| detail.splitn(n, ' ').map(str::to_owned).collect::<Vec<_>>();
-        match code {
-            "BADARG" => match words(2).as_slice() {
-                [field, expected] => Self::BadInput {
-                    field: field.clone(),
-                    expected: expected.clone(),
-                },
-                _ => Self::Redis(err),
+        match ScriptError::of(&err) {
+            Some(known) => known.into(),
+            None => Self::Redis(err),
+        }
+    }
+}
+
+impl From<ScriptError> for PoolError {
+    fn from(err: ScriptError) -> Self {
+        match err {
+            ScriptError::BadArg { field, expected } => Self::BadInput { field, expected },
+            ScriptError::KeyType {
+                key,
+                found,
+                expected,
+            } => Self::WrongKeyType {
+                key,
+                found,
+                expected,
             },
-            "KEYTYPE" => match words(3).as_slice() {
-                [key, found, expected] => Self::WrongKeyType {
-                    key: key.clone(),
-                    found: found.clone(),
-                    expected: expected.clone(),
-                },
-                _ => Self::Redis(err),
-            },
-            "POOLEXISTS" => Self::AlreadyInitialized {
-                pool: detail.to_owned(),
-            },
-            "DUPID" => Self::DuplicateId {
-                id: detail.to_owned(),
-            },
-            "NOID" => Self::UnknownId {
-                id: detail.to_owned(),
-            },
-            "NOPOOL" => Self::NoPool {
-                pool: detail.to_owned(),
-            },
-            _ => Self::Redis(err),
+            ScriptError::PoolExists(pool) => Self::AlreadyInitialized { pool },
+            ScriptError::DupId(id) => Self::DuplicateId { id },
+            ScriptError::NoId(id) => Self::UnknownId { id },
+            ScriptError::NoPool(pool) => Self::NoPool { pool },
         }
     }
 }

@@ -283,6 +283,8 @@ impl Reply {
                 script: script.name(),
                 items: items.into_iter(),
             }),
+            // An error reply handed back as a value reads as one returned as an error.
+            Value::ServerError(err) => Err(redis::RedisError::from(err).into()),
             other => Err(PoolError::Reply {
                 script: script.name(),
                 detail: format!("expected an array, got {other:?}"),

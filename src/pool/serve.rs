@@ -119,13 +119,15 @@ impl ServeState {
             .ok_or_else(|| ApiError::UnknownPool(name.to_owned()))
     }
 
-    /// Records whether Redis answered (any reply but a Redis error counts).
+    /// Records whether Redis answered: any reply counts, also an error about
+    /// the data (a key of the wrong type is the caller's answer, not Redis
+    /// down); only [`PoolError::is_redis_unavailable`] makes it unready.
     fn note<T>(&self, result: &Result<T, PoolError>) {
-        let up = !matches!(result, Err(PoolError::Redis(_)));
+        let up = !matches!(result, Err(err) if err.is_redis_unavailable());
         if self.inner.redis_up.swap(up, Ordering::Relaxed) != up {
             match result {
-                Err(err) => warn!(error = %err, "redis not answering; not ready"),
-                Ok(_) => info!("redis answers; ready"),
+                Err(err) if !up => warn!(error = %err, "redis not answering; not ready"),
+                _ => info!("redis answers; ready"),
             }
         }
     }

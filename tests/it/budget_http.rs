@@ -229,3 +229,46 @@ async fn text_after_the_json_body_is_refused() {
     }
     assert_eq!(redis.dbsize(), 0, "nothing charged");
 }
+
+/// The budget routes read bodies by the rules of `pool serve`'s (one reader): a null is an
+/// absent field (`cost: null` takes the default), an empty body names the first missing
+/// field, an unknown field is "no such field"; an acquire's `budget` that is no object is
+/// named itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_bodies_follow_the_rules_of_every_route() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &["p1"]).await;
+    let take = json!({"key": "a", "rate": "1/s", "burst": 2, "cost": null, "wait_ms": null});
+    let (status, answer, _) = call(&router, "POST", "/budgets/crawl/take", take).await;
+    assert_eq!(status, StatusCode::OK, "null is absent: {answer}");
+    let cases = [
+        (
+            "/budgets/crawl/take",
+            String::new(),
+            "rate",
+            "the field is required",
+        ),
+        (
+            "/budgets/crawl/take",
+            r#"{"key": "a", "rate": "1/s", "burst": 2, "costs": 1}"#.to_owned(),
+            "costs",
+            "no such field",
+        ),
+        (
+            "/pools/proxies/leases",
+            r#"{"ttl_ms": 1000, "budget": 7}"#.to_owned(),
+            "budget",
+            "a JSON object",
+        ),
+    ];
+    for (path, body, field, expected) in cases {
+        let (status, answer, _) = crate::pool_http::call_raw(&router, "POST", path, &body).await;
+        assert_eq!(
+            (status, answer["field"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(field)),
+            "{path} {body}: {answer}"
+        );
+        let got = answer["expected"].as_str().unwrap();
+        assert!(got.contains(expected), "{path} {body}: {answer}");
+    }
+}

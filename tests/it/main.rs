@@ -6,6 +6,8 @@ mod acl;
 /// The alerts of k8s/monitoring: promtool unit tests for each; one fires and resolves on a
 /// real Prometheus scraping a real sidecar.
 mod alerts;
+/// A key of the wrong type: named on every surface (library, HTTP, CLI), never Redis down.
+mod bad_keys;
 /// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
 mod budget;
 /// The budget routes of `pool serve`: 200/429 + Retry-After, penalize, 400, 503, metrics.
@@ -49,6 +51,8 @@ mod handover;
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
 mod harness_selftest;
+/// Every listener answers errors in JSON: unknown paths (404), methods (405), bodies (413, 408).
+mod http_errors;
 /// Idle HTTP connection floods under an open-file limit of 1024; header timeout; RLIMIT_NOFILE.
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.

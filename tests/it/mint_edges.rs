@@ -94,6 +94,7 @@ fn a_mint_socket_path_of_100_bytes_is_served() {
         .pod(&pod)
         .flag("--max-worker-id", "0")
         .flag("--mint-socket", socket.to_string_lossy())
+        .switch("--next-on-listen")
         .spawn();
     first_batch(&sidecar, 1);
     let answer = crate::mint_worker::socket_get(&socket, "/next", "text/plain");

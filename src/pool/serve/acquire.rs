@@ -1,14 +1,11 @@
 //! `POST /pools/{pool}/leases`: an acquire over HTTP, waiting up to
 //! `wait_ms`, charged to a rate budget when the body names one.
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -18,6 +15,7 @@ use super::super::{AcquireRequest, Acquired, PoolError};
 use super::ServeState;
 use super::body::{AcquireBody, ApiError};
 use crate::budget::BudgetError;
+use crate::http::HttpError;
 
 pub(super) async fn acquire(
     State(state): State<ServeState>,
@@ -103,23 +101,19 @@ pub(super) async fn acquire(
                 "empty"
             };
             metrics.acquired(&served.label, outcome, started.elapsed());
-            let next_due_in_ms = next_due_in.map(crate::timing::ms);
-            let mut body = json!({
-                "error": "no id due",
-                "next_due_in_ms": next_due_in_ms,
-                "at_ms": at_ms,
-                "detail": super::super::hint::hint_words(next_due_in, after_rollback),
-            });
+            let mut answer = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "no id due")
+                .with("next_due_in_ms", next_due_in.map(crate::timing::ms))
+                .with("at_ms", at_ms)
+                .with(
+                    "detail",
+                    super::super::hint::hint_words(next_due_in, after_rollback),
+                )
+                // Nothing due by itself: come back in a second.
+                .retry_after(next_due_in.unwrap_or_default());
             if after_rollback {
-                body["reason"] = json!("redis_rollback");
+                answer = answer.with("reason", "redis_rollback");
             }
-            let retry_after = retry_after_secs(next_due_in).to_string();
-            Ok((
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, retry_after)],
-                Json(body),
-            )
-                .into_response())
+            Ok(answer.into_response())
         }
         Err(err) => {
             metrics.acquired(&served.label, "error", started.elapsed());
@@ -130,26 +124,5 @@ pub(super) async fn acquire(
             });
             Err(err.into())
         }
-    }
-}
-
-/// `Retry-After` of an empty acquire: the hint in whole seconds, rounded
-/// up, at least 1 (also when nothing will come due by itself).
-fn retry_after_secs(next_due_in: Option<Duration>) -> u64 {
-    next_due_in.map_or(1, crate::timing::secs_ceil).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
-        let ms = Duration::from_millis;
-        assert_eq!(retry_after_secs(Some(ms(0))), 1);
-        assert_eq!(retry_after_secs(Some(ms(1))), 1);
-        assert_eq!(retry_after_secs(Some(ms(1000))), 1);
-        assert_eq!(retry_after_secs(Some(ms(1001))), 2);
-        assert_eq!(retry_after_secs(None), 1);
     }
 }

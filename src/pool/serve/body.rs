@@ -5,15 +5,15 @@
 
 use std::time::Duration;
 
-use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use tracing::warn;
 
-use crate::http::json::{StrictValue, duplicate_field};
+use crate::http::HttpError;
+use crate::http::body::{self, Rules};
 use crate::pool::limits::{self, COOLDOWN_MS, QUARANTINE_MS, Range, TTL_MS, WAIT_MS};
 use crate::pool::{LostReason, PoolError, Quarantine};
 
@@ -55,22 +55,17 @@ impl From<PoolError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let evicting = |detail: String| {
-            let body = json!({ "error": "redis may evict keys", "detail": detail });
-            (StatusCode::SERVICE_UNAVAILABLE, body)
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "redis may evict keys")
+                .with("detail", detail)
         };
-        let (status, body) = match self {
-            Self::UnknownPool(pool) => (
-                StatusCode::NOT_FOUND,
-                json!({ "error": "unknown pool", "pool": pool }),
-            ),
-            Self::BadInput { field, expected } => (
-                StatusCode::BAD_REQUEST,
-                json!({ "error": "bad input", "field": field, "expected": expected }),
-            ),
-            Self::Lost(reason) => (
-                StatusCode::CONFLICT,
-                json!({ "error": "lease lost", "reason": reason.as_str(), "detail": reason.describe() }),
-            ),
+        match self {
+            Self::UnknownPool(pool) => {
+                HttpError::new(StatusCode::NOT_FOUND, "unknown pool").with("pool", pool)
+            }
+            Self::BadInput { field, expected } => HttpError::bad_input(&field, &expected),
+            Self::Lost(reason) => HttpError::new(StatusCode::CONFLICT, "lease lost")
+                .with("reason", reason.as_str())
+                .with("detail", reason.describe()),
             Self::Evicting(err) => evicting(err.to_string()),
             Self::EvictingBudgets(err) => {
                 evicting(crate::eviction::EvictingBudgets(err).to_string())
@@ -78,22 +73,13 @@ impl IntoResponse for ApiError {
             Self::Pool(err) => {
                 warn!(error = %err, "pool call failed");
                 match err {
-                    PoolError::Redis(_) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        json!({ "error": "redis unavailable" }),
-                    ),
-                    PoolError::WrongKeyType { key, .. } => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({ "error": "pool key has the wrong type", "key": key }),
-                    ),
-                    _ => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({ "error": "internal error" }),
-                    ),
+                    err if err.is_redis_unavailable() => HttpError::redis_unavailable(),
+                    PoolError::WrongKeyType { key, .. } => HttpError::bad_key(&key),
+                    _ => HttpError::internal(),
                 }
             }
-        };
-        (status, Json(body)).into_response()
+        }
+        .into_response()
     }
 }
 
@@ -275,41 +261,32 @@ fn required_token() -> Kind {
     Kind::RequiredToken
 }
 
-/// Reads a JSON object (an empty body is `{}`; null is an absent field;
-/// a key given twice, at any depth, is refused naming it) into `T`. A missing `required` field is named first, before a field `T`
-/// does not have (`{"ttl": 5}` answers that `ttl_ms` is required, the
-/// field the typo meant); then the first field of the wrong type or
-/// unknown to `T`, in the body's order. `kinds` lists `T`'s fields.
+/// Reads the body by the one reader's rules ([`crate::http::body`]) into
+/// `T`, in this route's words: `kinds` lists `T`'s fields (what a value of
+/// the wrong type is told), `required` the fields that must be given.
 fn fields<T: DeserializeOwned>(
     bytes: &[u8],
     kinds: &[Kind],
     required: &[Kind],
 ) -> Result<T, ApiError> {
-    let map = if bytes.iter().all(u8::is_ascii_whitespace) {
-        Map::new()
-    } else {
-        match serde_json::from_slice(bytes) {
-            Ok(StrictValue(Value::Object(map))) => map,
-            Err(err) => match duplicate_field(&err.to_string()) {
-                Some(field) => return Err(ApiError::bad(field, "the field given once")),
-                None => return Err(ApiError::bad("body", "a JSON object")),
-            },
-            Ok(_) => return Err(ApiError::bad("body", "a JSON object")),
-        }
-    };
-    if let Some(kind) = required
-        .iter()
-        .find(|kind| map.get(kind.field()).is_none_or(Value::is_null))
-    {
-        return Err(ApiError::bad(kind.field(), kind.expected()));
+    // At most two required fields (token, ttl_ms): no allocation per request.
+    let mut names = [""; 2];
+    for (name, kind) in names.iter_mut().zip(required) {
+        *name = kind.field();
     }
-    serde_path_to_error::deserialize(Value::Object(map)).map_err(|err| {
-        // The path is the field whose key or value failed.
-        let field = err.path().to_string();
-        match kinds.iter().find(|kind| kind.field() == field) {
-            Some(kind) => ApiError::bad(&field, kind.expected()),
-            None => ApiError::bad(&field, "no such field"),
-        }
+    let expected = |field: &str, missing: bool| {
+        let list = if missing { required } else { kinds };
+        list.iter()
+            .find(|kind| kind.field() == field)
+            .map(|kind| kind.expected())
+    };
+    let rules = Rules {
+        required: &names[..required.len().min(names.len())],
+        expected: &expected,
+    };
+    body::parse(bytes, rules).map_err(|bad| ApiError::BadInput {
+        field: bad.field,
+        expected: bad.expected,
     })
 }
 

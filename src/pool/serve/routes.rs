@@ -35,12 +35,13 @@ use crate::http;
 ///   budgets ([`crate::budget::serve::routes`]).
 /// - 404 for a pool not served, 400 naming the bad field, 503 while Redis
 ///   does not answer; `/livez`, `/healthz`, `/readyz`, `/metrics`.
+/// - JSON for every error, also for an unknown path (404) or method (405).
 pub fn router(state: ServeState) -> Router {
     let budgets = state.inner.budgets.clone().map(|budgets| {
         let guard = axum::middleware::from_fn_with_state(state.clone(), refuse_budgets_if_evicting);
         crate::budget::serve::routes(budgets).route_layer(guard)
     });
-    Router::new()
+    let router = Router::new()
         .route("/pools/{pool}", get(status))
         .route("/pools/{pool}/leases", post(acquire))
         .route("/pools/{pool}/leases/{id}/extend", post(extend))
@@ -49,7 +50,8 @@ pub fn router(state: ServeState) -> Router {
         .route("/metrics", get(metrics))
         .with_state(state)
         .merge(http::liveness_routes())
-        .merge(budgets.unwrap_or_default())
+        .merge(budgets.unwrap_or_default());
+    http::with_json_fallbacks(router)
 }
 
 /// The budget routes answer 503 while Redis may evict keys (an evicted
@@ -166,35 +168,29 @@ async fn status(
     Ok(Json(body).into_response())
 }
 
-/// 200 once Redis answered; 503 while it does not, while it may evict
-/// keys, and from shutdown on.
+/// 200 `{"state": "ready"}` once Redis answered; 503 with the `state` that
+/// keeps it unready: `stopping` from shutdown on, `redis_not_answering`,
+/// `evicting` (with `maxmemory_policy`, `maxmemory` in bytes and `reason`,
+/// as the worker's `/readyz` says it), `eviction_unchecked` before the first
+/// eviction check answered.
 async fn readyz(State(state): State<ServeState>) -> Response {
+    let unready = |body: serde_json::Value| (StatusCode::SERVICE_UNAVAILABLE, Json(body));
     if state.inner.shutdown.is_cancelled() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: shutting down\n",
-        )
-            .into_response()
-    } else if !state.inner.redis_up.load(Ordering::Relaxed) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: redis not answering\n",
-        )
-            .into_response()
-    } else if let Eviction::Evicting(evicting) = state.eviction() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {evicting}\n"),
-        )
-            .into_response()
-    } else if state.eviction() == Eviction::Unchecked {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: maxmemory-policy not checked yet\n",
-        )
-            .into_response()
-    } else {
-        "ready\n".into_response()
+        return unready(json!({ "state": "stopping" })).into_response();
+    }
+    if !state.inner.redis_up.load(Ordering::Relaxed) {
+        return unready(json!({ "state": "redis_not_answering" })).into_response();
+    }
+    match state.eviction() {
+        Eviction::Evicting(evicting) => unready(json!({
+            "state": "evicting",
+            "maxmemory_policy": evicting.policy,
+            "maxmemory": evicting.maxmemory,
+            "reason": evicting.to_string(),
+        }))
+        .into_response(),
+        Eviction::Unchecked => unready(json!({ "state": "eviction_unchecked" })).into_response(),
+        Eviction::Safe => Json(json!({ "state": "ready" })).into_response(),
     }
 }
 

@@ -110,12 +110,8 @@ struct BadCount;
 
 impl IntoResponse for BadCount {
     fn into_response(self) -> Response {
-        let body = json!({
-            "error": "bad input",
-            "field": "count",
-            "expected": format!("one integer in 1-{MAX_COUNT}"),
-        });
-        (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+        let expected = format!("one integer in 1-{MAX_COUNT}");
+        crate::http::HttpError::bad_input("count", &expected).into_response()
     }
 }
 
@@ -171,10 +167,7 @@ fn unavailable(refusal: Refusal) -> Response {
     }
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        [(
-            header::RETRY_AFTER,
-            crate::budget::serve::retry_after_secs(retry_ms),
-        )],
+        crate::http::retry_after(std::time::Duration::from_millis(retry_ms)),
         axum::Json(body),
     )
         .into_response()
