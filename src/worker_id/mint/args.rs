@@ -1,6 +1,6 @@
 //! The flags of mint mode (`snowlease worker --mint`), validated into a [`MintConfig`]:
-//! the ID layout and epoch, the unix socket, and the reservation window. Issue 23,
-//! docs/worker.md "Mint mode".
+//! the ID layout and epoch, the unix socket, and the reservation window (docs/worker.md,
+//! "Mint mode").
 
 use std::path::PathBuf;
 use std::time::Duration;
