@@ -23,6 +23,17 @@ pub struct PoolCliConfig {
     pub(super) op: Op,
 }
 
+/// What `pool config` does with the strike policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StrikesChange {
+    /// Neither `--strikes` nor `--strikes-off`: read it.
+    Read,
+    /// `--strikes-off`.
+    Off,
+    /// `--strikes`.
+    Set(StrikePolicy),
+}
+
 /// A validated operation. No `Debug`: release and extend hold a token.
 pub(super) enum Op {
     Init(String, Vec<String>, Option<StrikePolicy>),
@@ -33,10 +44,10 @@ pub(super) enum Op {
         ids: Vec<String>,
         force: bool,
     },
-    /// `set`: `None` reads; `Some(None)` turns strikes off.
+    /// `pool config`: read the strike policy, or set it, or turn strikes off.
     Config {
         pool: String,
-        set: Option<Option<StrikePolicy>>,
+        set: StrikesChange,
     },
     Acquire {
         pool: String,
@@ -97,9 +108,9 @@ impl PoolArgs {
             },
             PoolCommand::Config(a) => {
                 let set = match (a.strikes_off, strikes(&a.strikes)?) {
-                    (true, _) => Some(None),
-                    (false, Some(policy)) => Some(Some(policy)),
-                    (false, None) => None,
+                    (true, _) => StrikesChange::Off,
+                    (false, Some(policy)) => StrikesChange::Set(policy),
+                    (false, None) => StrikesChange::Read,
                 };
                 Op::Config {
                     pool: pool_name(&a.target.pool)?,
