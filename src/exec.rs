@@ -17,6 +17,7 @@
 //! tokio's.
 
 mod args;
+mod limits;
 mod source;
 
 use std::ffi::OsString;

@@ -23,8 +23,7 @@ use crate::connection::RedisTarget;
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
-use crate::worker_id::limits::MAX_CLOCK_SKEW;
-use crate::worker_id::mint::args::MINT_WINDOW;
+use crate::worker_id::limits::{MAX_CLOCK_SKEW, MINT_WINDOW};
 
 static CARRY: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry.lua")));
@@ -69,13 +68,13 @@ pub struct CarryArgs {
     #[arg(long, env = "SNOWLEASE_EPOCH")]
     pub epoch: Option<String>,
 
-    /// The old app's --mint-window: a mark of the old app this Redis node did not write in
-    /// its current life (a restart or failover since) counts as Redis TIME + this + twice
-    /// --max-clock-skew, as its sidecars would raise it.
+    /// The old app's --mint-window (100ms-60s): a mark of the old app this Redis node did not
+    /// write in its current life (a restart or failover since) counts as Redis TIME + this +
+    /// twice --max-clock-skew, as its sidecars would raise it.
     #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
     pub mint_window: Duration,
 
-    /// The old app's --max-clock-skew (see --mint-window).
+    /// The old app's --max-clock-skew (10ms-60s; see --mint-window).
     #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
     pub max_clock_skew: Duration,
 

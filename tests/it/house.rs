@@ -1,6 +1,7 @@
 //! The house's rules that a reviewer would otherwise have to remember, read from the sources:
 //! Redis calls bounded through the timing kit (`src/timing.rs`), one call timeout for one-off
-//! commands, and comments that say why instead of citing a tracker.
+//! commands, flag limits in the limits tables, and comments that say why instead of citing a
+//! tracker.
 
 use std::path::{Path, PathBuf};
 
@@ -203,6 +204,41 @@ fn comments_cite_no_issue_numbers() {
     );
 }
 
+/// Whether `code` defines a flag limit (`DurationLimit { .. }`, `CountLimit { .. }`) or checks
+/// a flag's range with bounds written in place (`check_range("--flag", ..)`).
+fn limit_outside_a_table(code: &str) -> bool {
+    let defines = ["DurationLimit {", "CountLimit {"]
+        .iter()
+        .any(|literal| code.contains(literal));
+    let in_place = code
+        .split("check_range(")
+        .skip(1)
+        .any(|args| args.trim_start().starts_with("\"--"));
+    defines || in_place
+}
+
+/// Every range-checked flag has its limit in its mode's `limits.rs` table (where a unit test
+/// proves its `--help` names the range) or, for flags several commands share, in
+/// `src/cli/limit.rs`; a limit defined or checked in place elsewhere fails here.
+#[test]
+fn flag_limits_live_in_the_limits_tables() {
+    let mut found = Vec::new();
+    for path in files("src", &["rs"]) {
+        let name = relative(&path);
+        if name.ends_with("/limits.rs") || name == "src/cli/limit.rs" || name == "src/cli.rs" {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&path).unwrap());
+        if limit_outside_a_table(&code) {
+            found.push(name);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "flag limits outside the limits tables: {found:?}"
+    );
+}
+
 /// The checks above catch what they claim and pass what they should.
 #[test]
 fn the_house_checks_read_what_they_claim() {
@@ -243,4 +279,12 @@ fn the_house_checks_read_what_they_claim() {
         comment_of("KEYS[1] -- the lease key", true),
         Some(" the lease key")
     );
+    assert!(limit_outside_a_table(
+        "const W: DurationLimit = DurationLimit {"
+    ));
+    assert!(limit_outside_a_table(
+        "check_range(\n    \"--poll\",\n    poll, a, b)?;"
+    ));
+    assert!(!limit_outside_a_table("check_range(flag, d, lo, hi)"));
+    assert!(!limit_outside_a_table("WAIT.check(self.wait)?;"));
 }

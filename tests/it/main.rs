@@ -47,7 +47,7 @@ mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
 mod harness_selftest;
 /// The house's rules read from the sources: Redis calls bounded through the timing kit, one
-/// command call timeout, no issue numbers in comments.
+/// command call timeout, flag limits in their tables, no issue numbers in comments.
 mod house;
 /// Idle HTTP connection floods under an open-file limit of 1024; header timeout; RLIMIT_NOFILE.
 mod http_flood;

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs, StrikeArgs};
-use crate::cli::{ConfigError, check_range, show_duration};
+use crate::cli::{ConfigError, REDIS_TIMEOUT, check_range, show_duration};
 use crate::connection::RedisTarget;
 use crate::pool::limits::{
     self, CLI_WAIT_MS, COOLDOWN_MS, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_INTERVAL_MS,
-    REAP_LIMIT, REDIS_TIMEOUT_MS, Range, STRIKE_WINDOW_MS, TTL_MS,
+    REAP_LIMIT, Range, STRIKE_WINDOW_MS, TTL_MS,
 };
 use crate::pool::serve::ServeConfig;
 use crate::pool::{AcquireRequest, Quarantine, StrikePolicy};
@@ -90,7 +90,7 @@ impl PoolArgs {
         let redis = redis_args.redis.target()?;
         let redis_timeout = redis_args.redis_timeout;
         let allow_evicting_redis = redis_args.eviction.allow_evicting_redis;
-        range("--redis-timeout", redis_timeout, REDIS_TIMEOUT_MS)?;
+        REDIS_TIMEOUT.check(redis_timeout)?;
         let op = match &self.command {
             PoolCommand::Init(a) => Op::Init(
                 pool_name(&a.ids.target.pool)?,
