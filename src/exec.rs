@@ -33,6 +33,7 @@ use tracing::{debug, error, info, warn};
 use crate::shutdown::Signals;
 use crate::supervise::child::{self, Child, Exit};
 use crate::supervise::deadline::Deadlines;
+use crate::supervise::watch::{self, Phase, Step};
 use crate::timing;
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
 pub use source::Source;
@@ -173,7 +174,8 @@ enum Gone {
 }
 
 /// Watches the ID while the child runs; returns its exit and why it was
-/// stopped, when the ID went. When to stop: `deadline.rs`.
+/// stopped, when the ID went. When to stop: `deadline.rs`; the loop's
+/// phases and steps, shared with `lock`: `watch.rs`.
 async fn supervise(
     config: &ExecConfig,
     signals: &mut Signals,
@@ -187,9 +189,7 @@ async fn supervise(
     let mut rules = Deadlines::new(config.grace);
     let mut warned_cap = rules.observe(until(&current, Instant::now()), Instant::now());
     let mut next_read = Instant::now() + config.poll;
-    // Set once SIGTERM went out: when to send SIGKILL.
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
+    let mut phase = Phase::Watching;
     let mut unreachable_logged = false;
     let mut gone = None;
     loop {
@@ -209,20 +209,19 @@ async fn supervise(
             return (exit, gone);
         }
         let now = Instant::now();
-        match kill_at {
-            Some(at) if !killed && now >= at => {
+        match watch::next(phase, &rules, until(&current, now), next_read, now) {
+            Step::Kill => {
                 warn!(
                     worker_id,
                     grace_ms = timing::ms(rules.grace()),
                     "command still running after the grace (or at the lease's deadline); SIGKILL"
                 );
                 child.signal_all(Signal::SIGKILL);
-                killed = true;
+                phase = Phase::Killed;
             }
-            Some(_) => {}
             // Read on schedule, and again when the deadline comes within
             // the grace: the sidecar may have renewed meanwhile.
-            None if now >= next_read || rules.expiring(until(&current, now), now) => {
+            Step::Check | Step::Expiring { .. } => {
                 next_read = now + config.poll;
                 let read = config.source.read(http_timeout(config.poll));
                 let now = Instant::now();
@@ -271,8 +270,8 @@ async fn supervise(
                 if let Some(reason) = lost {
                     // The lease may be someone else's already: SIGKILL after
                     // the grace, never after the last fresh reading's deadline.
-                    let at = rules.kill_at(now, until(&current, now));
-                    let kill_in_ms = timing::ms(at.saturating_duration_since(now));
+                    phase = watch::stopping(&rules, now, until(&current, now));
+                    let kill_in_ms = timing::ms(phase.kill_in(now));
                     match why {
                         Gone::Lost => error!(
                             worker_id,
@@ -289,26 +288,16 @@ async fn supervise(
                     }
                     gone = Some(why);
                     child.signal_all(Signal::SIGTERM);
-                    kill_at = Some(at);
                 }
-                continue;
             }
-            None => {}
-        }
-        let wake = match kill_at {
-            Some(_) if killed => now + Duration::from_millis(100),
-            Some(at) => at,
-            None => rules
-                .term_at(until(&current, now))
-                .map_or(next_read, |t| t.min(next_read)),
-        };
-        tokio::select! {
-            () = sleep_until(wake.into()) => {}
-            Some(signal) = signals.recv() => {
-                debug!(signal, "forwarding signal to the command");
-                child.signal(signal);
-            }
-            () = child.changed() => {}
+            Step::Sleep(wake) => tokio::select! {
+                () = sleep_until(wake.into()) => {}
+                Some(signal) = signals.recv() => {
+                    debug!(signal, "forwarding signal to the command");
+                    child.signal(signal);
+                }
+                () = child.changed() => {}
+            },
         }
     }
 }
