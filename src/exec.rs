@@ -17,6 +17,7 @@
 //! tokio's.
 
 mod args;
+mod judge;
 mod limits;
 mod source;
 
@@ -30,6 +31,7 @@ use nix::sys::signal::Signal;
 use tokio::time::sleep_until;
 use tracing::{debug, error, info, warn};
 
+use self::judge::{Gone, Judged, judge};
 use crate::shutdown::Signals;
 use crate::supervise::child::{self, Child, Exit};
 use crate::supervise::deadline::Deadlines;
@@ -164,15 +166,6 @@ pub async fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
     Ok(exit.code())
 }
 
-/// Why the command was stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gone {
-    /// The ID was lost: gone, changed, stale (ERROR).
-    Lost,
-    /// The sidecar stopped in order and released it (INFO).
-    Released,
-}
-
 /// Watches the ID while the child runs; returns its exit and why it was
 /// stopped, when the ID went. When to stop: `deadline.rs`; the loop's
 /// phases and steps, shared with `lock`: `watch.rs`.
@@ -225,69 +218,38 @@ async fn supervise(
                 next_read = now + config.poll;
                 let read = config.source.read(http_timeout(config.poll));
                 let now = Instant::now();
-                let mut why = Gone::Lost;
-                let lost = match read {
-                    Reading::Published(p) if p.worker_id == worker_id => {
-                        warned_cap |= rules.observe(until(&p, now), now);
-                        current = p;
-                        unreachable_logged = false;
-                        rules.expiring(until(&p, now), now).then(|| {
-                            format!(
-                                "the published worker ID goes stale in {} ms, within the grace \
-                                 of {} ms, and was not renewed",
-                                p.valid_until.map_or(0, |t| timing::ms(t.remaining())),
-                                timing::ms(rules.grace())
-                            )
-                        })
-                    }
-                    Reading::Published(p) => Some(format!(
-                        "the published worker ID changed to {}",
-                        p.worker_id
-                    )),
-                    Reading::Absent(reason) => Some(reason),
-                    Reading::Released(reason) => {
-                        why = Gone::Released;
-                        Some(reason)
-                    }
-                    Reading::Minting => Some(
-                        "the sidecar now runs in mint mode (--mint) and offers no worker ID"
-                            .to_owned(),
-                    ),
-                    Reading::Unreachable(reason) if rules.expiring(until(&current, now), now) => {
-                        Some(format!(
-                            "{reason}; the last reading goes stale within the grace of {} ms",
-                            timing::ms(rules.grace())
-                        ))
-                    }
-                    Reading::Unreachable(reason) => {
+                let (judged, capped) = judge(read, &mut current, &mut rules, now);
+                warned_cap |= capped;
+                match judged {
+                    Judged::Ours => unreachable_logged = false,
+                    Judged::Unreachable(reason) => {
                         if !unreachable_logged {
                             warn!(worker_id, reason = %reason, "cannot read the worker ID; keeping it until the last reading nears its deadline");
                             unreachable_logged = true;
                         }
-                        None
                     }
-                };
-                if let Some(reason) = lost {
-                    // The lease may be someone else's already: SIGKILL after
-                    // the grace, never after the last fresh reading's deadline.
-                    phase = watch::stopping(&rules, now, until(&current, now));
-                    let kill_in_ms = timing::ms(phase.kill_in(now));
-                    match why {
-                        Gone::Lost => error!(
-                            worker_id,
-                            reason = %reason,
-                            kill_in_ms,
-                            "worker ID no longer published; stopping the command (SIGTERM)"
-                        ),
-                        Gone::Released => info!(
-                            worker_id,
-                            reason = %reason,
-                            kill_in_ms,
-                            "the sidecar released the worker ID; stopping the command (SIGTERM)"
-                        ),
+                    Judged::Gone(why, reason) => {
+                        // The lease may be someone else's already: SIGKILL after
+                        // the grace, never after the last fresh reading's deadline.
+                        phase = watch::stopping(&rules, now, until(&current, now));
+                        let kill_in_ms = timing::ms(phase.kill_in(now));
+                        match why {
+                            Gone::Lost => error!(
+                                worker_id,
+                                reason = %reason,
+                                kill_in_ms,
+                                "worker ID no longer published; stopping the command (SIGTERM)"
+                            ),
+                            Gone::Released => info!(
+                                worker_id,
+                                reason = %reason,
+                                kill_in_ms,
+                                "the sidecar released the worker ID; stopping the command (SIGTERM)"
+                            ),
+                        }
+                        gone = Some(why);
+                        child.signal_all(Signal::SIGTERM);
                     }
-                    gone = Some(why);
-                    child.signal_all(Signal::SIGTERM);
                 }
             }
             Step::Sleep(wake) => tokio::select! {
