@@ -222,18 +222,16 @@ async fn read_body(
 ) -> Result<axum::http::Request<axum::body::Body>, Response> {
     let (parts, body) = request.into_parts();
     let read = Limited::new(body, BODY_LIMIT).collect();
-    match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(body)) => Ok(axum::http::Request::from_parts(
+    match crate::timing::within(timeout, read).await {
+        Some(Ok(body)) => Ok(axum::http::Request::from_parts(
             parts,
             body.to_bytes().into(),
         )),
-        Ok(Err(err)) if err.is::<LengthLimitError>() => {
+        Some(Err(err)) if err.is::<LengthLimitError>() => {
             Err(StatusCode::PAYLOAD_TOO_LARGE.into_response())
         }
-        Ok(Err(_)) => Err(StatusCode::BAD_REQUEST.into_response()),
-        Err(_) => {
-            Err((StatusCode::REQUEST_TIMEOUT, [(header::CONNECTION, "close")]).into_response())
-        }
+        Some(Err(_)) => Err(StatusCode::BAD_REQUEST.into_response()),
+        None => Err((StatusCode::REQUEST_TIMEOUT, [(header::CONNECTION, "close")]).into_response()),
     }
 }
 

@@ -10,18 +10,9 @@ use std::path::{Path, PathBuf};
 const TIMEOUT_OWNERS: &[(&str, &str)] = &[
     ("src/timing.rs", "the timing kit itself: bounded and within"),
     (
-        "src/connection/open.rs",
-        "the connection bounds its own connect and topology reads",
-    ),
-    (
         "src/connection/handle.rs",
-        "the connection bounds its own reconnects and topology reads",
+        "the connection owns each call's deadline (timeout_at) and its primary check",
     ),
-    (
-        "src/connection/refusal.rs",
-        "a raw TCP probe of a refusing server, no Redis call",
-    ),
-    ("src/http/serve.rs", "the HTTP request body's read deadline"),
     (
         "src/worker_id/keeper/claiming.rs",
         "--claim-timeout over a whole claim pass (timeout_at), not one call",
