@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Import circles between sibling modules of src/ (issue 22: "no import circles").
+"""Import circles between sibling modules of src/ (house rule: no import circles).
 
 For every module, its child modules are the nodes; A -> B when any file of A's
 subtree names an item of B's subtree (`use crate::...`, `use super::...`, or an

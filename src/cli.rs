@@ -18,7 +18,7 @@ use crate::eviction::EvictionArgs;
 pub use crate::logging::LogFormat;
 
 pub(crate) mod limit;
-pub(crate) use limit::{CountLimit, DurationLimit};
+pub(crate) use limit::{CountLimit, DurationLimit, REDIS_TIMEOUT};
 
 /// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
 ///
@@ -180,7 +180,7 @@ pub(crate) struct RedisArgs {
     pub redis: RedisUrlArg,
 
     /// Timeout of one Redis call (10ms-60s).
-    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = REDIS_TIMEOUT.default, value_parser = parse_duration)]
     pub redis_timeout: Duration,
 
     /// `--allow-evicting-redis`.

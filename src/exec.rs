@@ -17,6 +17,8 @@
 //! tokio's.
 
 mod args;
+mod judge;
+mod limits;
 mod source;
 
 use std::ffi::OsString;
@@ -29,9 +31,11 @@ use nix::sys::signal::Signal;
 use tokio::time::sleep_until;
 use tracing::{debug, error, info, warn};
 
+use self::judge::{Gone, Judged, judge};
 use crate::shutdown::Signals;
 use crate::supervise::child::{self, Child, Exit};
 use crate::supervise::deadline::Deadlines;
+use crate::supervise::watch::{self, Phase, Step};
 use crate::timing;
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
 pub use source::Source;
@@ -162,17 +166,9 @@ pub async fn run_exec(config: &ExecConfig) -> Result<u8, ExecError> {
     Ok(exit.code())
 }
 
-/// Why the command was stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gone {
-    /// The ID was lost: gone, changed, stale (ERROR).
-    Lost,
-    /// The sidecar stopped in order and released it (INFO).
-    Released,
-}
-
 /// Watches the ID while the child runs; returns its exit and why it was
-/// stopped, when the ID went. When to stop: `deadline.rs`.
+/// stopped, when the ID went. When to stop: `deadline.rs`; the loop's
+/// phases and steps, shared with `lock`: `watch.rs`.
 async fn supervise(
     config: &ExecConfig,
     signals: &mut Signals,
@@ -186,9 +182,7 @@ async fn supervise(
     let mut rules = Deadlines::new(config.grace);
     let mut warned_cap = rules.observe(until(&current, Instant::now()), Instant::now());
     let mut next_read = Instant::now() + config.poll;
-    // Set once SIGTERM went out: when to send SIGKILL.
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
+    let mut phase = Phase::Watching;
     let mut unreachable_logged = false;
     let mut gone = None;
     loop {
@@ -208,106 +202,64 @@ async fn supervise(
             return (exit, gone);
         }
         let now = Instant::now();
-        match kill_at {
-            Some(at) if !killed && now >= at => {
+        match watch::next(phase, &rules, until(&current, now), next_read, now) {
+            Step::Kill => {
                 warn!(
                     worker_id,
                     grace_ms = timing::ms(rules.grace()),
                     "command still running after the grace (or at the lease's deadline); SIGKILL"
                 );
                 child.signal_all(Signal::SIGKILL);
-                killed = true;
+                phase = Phase::Killed;
             }
-            Some(_) => {}
             // Read on schedule, and again when the deadline comes within
             // the grace: the sidecar may have renewed meanwhile.
-            None if now >= next_read || rules.expiring(until(&current, now), now) => {
+            Step::Check | Step::Expiring { .. } => {
                 next_read = now + config.poll;
                 let read = config.source.read(http_timeout(config.poll));
                 let now = Instant::now();
-                let mut why = Gone::Lost;
-                let lost = match read {
-                    Reading::Published(p) if p.worker_id == worker_id => {
-                        warned_cap |= rules.observe(until(&p, now), now);
-                        current = p;
-                        unreachable_logged = false;
-                        rules.expiring(until(&p, now), now).then(|| {
-                            format!(
-                                "the published worker ID goes stale in {} ms, within the grace \
-                                 of {} ms, and was not renewed",
-                                p.valid_until.map_or(0, |t| timing::ms(t.remaining())),
-                                timing::ms(rules.grace())
-                            )
-                        })
-                    }
-                    Reading::Published(p) => Some(format!(
-                        "the published worker ID changed to {}",
-                        p.worker_id
-                    )),
-                    Reading::Absent(reason) => Some(reason),
-                    Reading::Released(reason) => {
-                        why = Gone::Released;
-                        Some(reason)
-                    }
-                    Reading::Minting => Some(
-                        "the sidecar now runs in mint mode (--mint) and offers no worker ID"
-                            .to_owned(),
-                    ),
-                    Reading::Unreachable(reason) if rules.expiring(until(&current, now), now) => {
-                        Some(format!(
-                            "{reason}; the last reading goes stale within the grace of {} ms",
-                            timing::ms(rules.grace())
-                        ))
-                    }
-                    Reading::Unreachable(reason) => {
+                let (judged, capped) = judge(read, &mut current, &mut rules, now);
+                warned_cap |= capped;
+                match judged {
+                    Judged::Ours => unreachable_logged = false,
+                    Judged::Unreachable(reason) => {
                         if !unreachable_logged {
                             warn!(worker_id, reason = %reason, "cannot read the worker ID; keeping it until the last reading nears its deadline");
                             unreachable_logged = true;
                         }
-                        None
                     }
-                };
-                if let Some(reason) = lost {
-                    // The lease may be someone else's already: SIGKILL after
-                    // the grace, never after the last fresh reading's deadline.
-                    let at = rules.kill_at(now, until(&current, now));
-                    let kill_in_ms = timing::ms(at.saturating_duration_since(now));
-                    match why {
-                        Gone::Lost => error!(
-                            worker_id,
-                            reason = %reason,
-                            kill_in_ms,
-                            "worker ID no longer published; stopping the command (SIGTERM)"
-                        ),
-                        Gone::Released => info!(
-                            worker_id,
-                            reason = %reason,
-                            kill_in_ms,
-                            "the sidecar released the worker ID; stopping the command (SIGTERM)"
-                        ),
+                    Judged::Gone(why, reason) => {
+                        // The lease may be someone else's already: SIGKILL after
+                        // the grace, never after the last fresh reading's deadline.
+                        phase = watch::stopping(&rules, now, until(&current, now));
+                        let kill_in_ms = timing::ms(phase.kill_in(now));
+                        match why {
+                            Gone::Lost => error!(
+                                worker_id,
+                                reason = %reason,
+                                kill_in_ms,
+                                "worker ID no longer published; stopping the command (SIGTERM)"
+                            ),
+                            Gone::Released => info!(
+                                worker_id,
+                                reason = %reason,
+                                kill_in_ms,
+                                "the sidecar released the worker ID; stopping the command (SIGTERM)"
+                            ),
+                        }
+                        gone = Some(why);
+                        child.signal_all(Signal::SIGTERM);
                     }
-                    gone = Some(why);
-                    child.signal_all(Signal::SIGTERM);
-                    kill_at = Some(at);
                 }
-                continue;
             }
-            None => {}
-        }
-        let wake = match kill_at {
-            Some(_) if killed => now + Duration::from_millis(100),
-            Some(at) => at,
-            None => rules
-                .term_at(until(&current, now))
-                .map_or(next_read, |t| t.min(next_read)),
-        };
-        tokio::select! {
-            () = sleep_until(wake.into()) => {}
-            Some(signal) = signals.recv() => {
-                debug!(signal, "forwarding signal to the command");
-                child.signal(signal);
-            }
-            () = child.changed() => {}
+            Step::Sleep(wake) => tokio::select! {
+                () = sleep_until(wake.into()) => {}
+                Some(signal) = signals.recv() => {
+                    debug!(signal, "forwarding signal to the command");
+                    child.signal(signal);
+                }
+                () = child.changed() => {}
+            },
         }
     }
 }

@@ -16,7 +16,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 use tracing::warn;
 
-use crate::connection::{Readable, Redis, is_auth_error, is_permission_error};
+use crate::connection::{Failure, Readable, Redis, is_auth_error, is_permission_error};
 use crate::identity::Owner;
 use crate::timing::{self, ttl_ms};
 
@@ -67,6 +67,30 @@ pub enum RenewOutcome {
     /// Another owner or another type holds the key, or it is missing after
     /// it may have expired: the lease is gone.
     Lost,
+}
+
+/// What a failed renew call means for a held lease: the one decision the
+/// worker's keeper and `lock`'s hold loop both follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnFailure {
+    /// A permanent refusal: the lease is lost now.
+    Ends,
+    /// Refused before any write of ours ran (`NOPERM`, `WRONGPASS`,
+    /// certificate): the key stays ours until Redis expires it, so only the
+    /// deadline ends the lease; the refusal is kept to name it then.
+    RetryRefused,
+    /// No answer, or a transient error: retry until the validity deadline.
+    Retry,
+}
+
+/// Judges a failed renew call by its [`Failure`] class
+/// ([`Failure::retried_while_held`]).
+pub(crate) fn on_failure(failure: Failure) -> OnFailure {
+    match failure {
+        _ if !failure.retried_while_held() => OnFailure::Ends,
+        Failure::Refused => OnFailure::RetryRefused,
+        _ => OnFailure::Retry,
+    }
 }
 
 /// A renew's answer: what happened, and Redis' own deadline for the key.
@@ -253,6 +277,15 @@ pub(crate) async fn acknowledged(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A permanent error ends the lease now; a refusal is retried and
+    /// kept; anything else is retried.
+    #[test]
+    fn a_failed_renew_is_judged_by_its_class() {
+        assert_eq!(on_failure(Failure::Permanent), OnFailure::Ends);
+        assert_eq!(on_failure(Failure::Refused), OnFailure::RetryRefused);
+        assert_eq!(on_failure(Failure::Transient), OnFailure::Retry);
+    }
 
     /// `WAIT` gets half the call timeout, cut by the validity deadline;
     /// under 1 ms left, the gate refuses without asking.

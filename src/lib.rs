@@ -29,8 +29,8 @@
 //! - `names`: the rules pool and budget share: names and ids, integer ranges of script arguments.
 //! - [`open_files`]: the open-file limit: raised at start, the HTTP connection cap kept below it.
 //! - [`shutdown`]: SIGTERM, SIGINT (and HUP, QUIT, USR1, USR2) into one cancellation token.
-//! - `supervise`: the command `exec` and `lock` run: its process group, signals, deadline rules.
-//! - `timing`: bounded Redis calls, ms conversions, the retry base, one backoff with one jitter.
+//! - `supervise`: the command `exec` and `lock` run: its process group, signals, deadline rules, and the watch loop's phases and steps.
+//! - `timing`: bounded Redis calls and other bounded waits (the owner of timeouts), ms conversions, the retry base, one backoff with one jitter.
 
 // `pub` only for what main, tests and benches reach; a `pub` item no path
 // exports is flagged, so visibility never hides dead code from the compiler.

@@ -5,6 +5,11 @@
 //!
 //! `Duration` inside, units only at the edges: these conversions are those
 //! edges. Each rule is a pure function, unit-tested below.
+//!
+//! The kit owns the timeouts: elsewhere a Redis call is bounded by
+//! [`bounded`] (with [`COMMAND_CALL_TIMEOUT`] for one-off commands) and any
+//! other wait by [`within`]; `tests/it/house.rs` fails on a raw
+//! `tokio::time::timeout` outside its short allowlist.
 
 use std::time::Duration;
 
@@ -66,6 +71,14 @@ pub(crate) async fn bounded<T>(
         Ok(result) => result,
         Err(_) => Err(timed_out(limit)),
     }
+}
+
+/// Waits for `work` up to `limit`: `None` when it did not finish in time
+/// (it is dropped). For waits that are no Redis call (a task's end, a
+/// notification); a Redis call goes through [`bounded`], whose timeout
+/// classifies as transient.
+pub(crate) async fn within<F: Future>(limit: Duration, work: F) -> Option<F::Output> {
+    tokio::time::timeout(limit, work).await.ok()
 }
 
 /// The error of a Redis call that got no reply within `limit`: an I/O
@@ -248,6 +261,12 @@ mod tests {
                 .contains("redis call timed out after 250 ms")
         );
         assert_eq!(bounded(MS, async { Ok(7) }).await.unwrap(), 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_within_a_limit_is_none_past_it() {
+        assert_eq!(within(MS, std::future::pending::<()>()).await, None);
+        assert_eq!(within(MS, async { 7 }).await, Some(7));
     }
 
     #[test]

@@ -274,16 +274,16 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         publisher::remove_state(&config.output_file);
     }
     http_stop.cancel();
-    if tokio::time::timeout(Duration::from_secs(1), http_task)
+    if crate::timing::within(Duration::from_secs(1), http_task)
         .await
-        .is_err()
+        .is_none()
     {
         warn!("http server did not stop within 1s");
     }
     if let Some(task) = socket_task
-        && tokio::time::timeout(Duration::from_secs(1), task)
+        && crate::timing::within(Duration::from_secs(1), task)
             .await
-            .is_err()
+            .is_none()
     {
         warn!("the mint socket did not stop within 1s");
     }

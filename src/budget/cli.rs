@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::{self, BURST, CLI_WAIT_MS, COST, PENALTY_MS, Range};
 use super::{Budget, BudgetError, BudgetKey, Rate, Taken, checked_cost, checked_keys};
-use crate::cli::{ConfigError, LogFormat, RedisArgs, check_range, parse_duration, whole};
+use crate::cli::{
+    ConfigError, LogFormat, REDIS_TIMEOUT, RedisArgs, check_range, parse_duration, whole,
+};
 use crate::connection::RedisTarget;
 
 /// Flags of `snowlease budget`.
@@ -134,12 +136,7 @@ impl BudgetArgs {
     pub fn validate(&self) -> Result<BudgetCliConfig, ConfigError> {
         let t = self.target();
         let redis_timeout = t.redis.redis_timeout;
-        check_range(
-            "--redis-timeout",
-            redis_timeout,
-            Duration::from_millis(10),
-            Duration::from_secs(60),
-        )?;
+        REDIS_TIMEOUT.check(redis_timeout)?;
         if !crate::names::is_name(&t.name) {
             return Err(ConfigError::new(
                 "--name",

@@ -36,6 +36,15 @@ impl DurationLimit {
     }
 }
 
+/// `--redis-timeout` of the one-shot commands that share [`RedisArgs`](super::RedisArgs)
+/// (`pool`, `budget`): one Redis call, 10 ms to 60 s.
+pub(crate) const REDIS_TIMEOUT: DurationLimit = DurationLimit {
+    flag: "--redis-timeout",
+    default: "5s",
+    min: Duration::from_millis(10),
+    max: Duration::from_secs(60),
+};
+
 /// A count flag: default and range inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CountLimit {
@@ -138,5 +147,19 @@ pub(crate) mod check {
         assert!(limit.check(limit.default).is_ok(), "{limit:?}");
         let default = default_of(command, limit.flag);
         assert_eq!(default, limit.default.to_string(), "{}", limit.flag);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command};
+
+    use super::*;
+
+    /// The shared flags' `--help` and clap default follow their limits.
+    #[test]
+    fn shared_flags_follow_their_limits() {
+        let command = super::super::RedisArgs::augment_args(Command::new("pool"));
+        check::duration(&command, &REDIS_TIMEOUT);
     }
 }

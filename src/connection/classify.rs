@@ -80,11 +80,6 @@ impl Verdict {
     pub(crate) fn retried_at_start(self) -> bool {
         self.failure.retried_at_start()
     }
-
-    /// See [`Failure::retried_while_held`].
-    pub(crate) fn retried_while_held(self) -> bool {
-        self.failure.retried_while_held()
-    }
 }
 
 impl PartialEq<Failure> for Verdict {
@@ -367,15 +362,15 @@ mod tests {
         }
         for err in &transient {
             let failure = classify(err);
-            assert!(failure.retried_at_start() && failure.retried_while_held());
+            assert!(failure.retried_at_start() && failure.failure.retried_while_held());
         }
         for err in &refused {
             let failure = classify(err);
-            assert!(!failure.retried_at_start() && failure.retried_while_held());
+            assert!(!failure.retried_at_start() && failure.failure.retried_while_held());
         }
         for err in &permanent {
             let failure = classify(err);
-            assert!(!failure.retried_at_start() && !failure.retried_while_held());
+            assert!(!failure.retried_at_start() && !failure.failure.retried_while_held());
         }
     }
 

@@ -9,13 +9,12 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, TlsMode, Value};
 use tokio::sync::watch;
-use tokio::time::timeout;
 
 use super::route::Conn;
 use super::sentinel::{Node, Sentinels, in_failover, show};
 use super::slots::SlotView;
 use super::target::{RedisTarget, Topology};
-use crate::timing::ms;
+use crate::timing::{ms, within};
 
 /// What every clone of a [`super::Redis`] shares: the target, the current
 /// connection and how it was opened.
@@ -210,7 +209,7 @@ impl Shared {
         let conn = builder.build()?.get_async_connection().await?;
         let view = Arc::new(SlotView::default());
         // Bounded: without a view reads only go key by key.
-        let _ = timeout(self.timeout, view.fetch(&conn)).await;
+        let _ = within(self.timeout, view.fetch(&conn)).await;
         Ok(Conn::Cluster(conn, view))
     }
 

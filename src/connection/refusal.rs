@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
+use crate::timing::within;
 use redis::RedisError;
 use tokio::net::TcpStream;
-use tokio::time::timeout;
 
 /// How long the probe waits for the server's first line: Redis writes its
 /// refusal as soon as it accepts.
@@ -20,9 +20,8 @@ const PROBE_READ: Duration = Duration::from_millis(500);
 /// connection before any request, if any; None when it writes nothing
 /// within [`PROBE_READ`] (connect bounded by `limit`).
 pub(super) async fn why_closed(host: &str, port: u16, limit: Duration) -> Option<String> {
-    let stream = timeout(limit, TcpStream::connect((host, port)))
-        .await
-        .ok()?
+    let stream = within(limit, TcpStream::connect((host, port)))
+        .await?
         .ok()?;
     let mut buf = [0u8; 256];
     let read = async {
@@ -34,7 +33,7 @@ pub(super) async fn why_closed(host: &str, port: u16, limit: Duration) -> Option
             }
         }
     };
-    let n = timeout(PROBE_READ.min(limit), read).await.ok()?.ok()?;
+    let n = within(PROBE_READ.min(limit), read).await?.ok()?;
     let text = String::from_utf8_lossy(&buf[..n]);
     let line = text.strip_prefix('-')?.lines().next()?.trim();
     (!line.is_empty()).then(|| line.to_owned())

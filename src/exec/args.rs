@@ -8,7 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::Source;
-use crate::cli::{ConfigError, LogArgs, check_range, parse_duration};
+use super::limits::{GRACE, ID_WAIT, POLL, WAIT};
+use crate::cli::{ConfigError, LogArgs, parse_duration};
 use crate::worker_id::args::DEFAULT_OUTPUT_FILE;
 
 /// Where the published ID is read: `--file` or `--url`, shared by `exec`
@@ -36,15 +37,15 @@ pub struct ExecArgs {
     pub env: String,
 
     /// How long to wait for a published ID before giving up (exit 3); 0s-24h.
-    #[arg(long, env = "SNOWLEASE_EXEC_WAIT", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_EXEC_WAIT", default_value = WAIT.default, value_parser = parse_duration)]
     pub wait: Duration,
 
     /// How often to re-read the published ID while waiting and while the command runs; 10ms-1m.
-    #[arg(long, env = "SNOWLEASE_EXEC_POLL", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_EXEC_POLL", default_value = POLL.default, value_parser = parse_duration)]
     pub poll: Duration,
 
     /// SIGTERM this long before the lease's deadline (SIGKILL at it), or before SIGKILL after a loss; keep well below TTL - renew interval; 0s-10m.
-    #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = GRACE.default, value_parser = parse_duration)]
     pub grace: Duration,
 
     /// Log format.
@@ -91,24 +92,9 @@ impl ExecArgs {
                 ),
             ));
         }
-        check_range(
-            "--wait",
-            self.wait,
-            Duration::ZERO,
-            Duration::from_secs(86_400),
-        )?;
-        check_range(
-            "--poll",
-            self.poll,
-            Duration::from_millis(10),
-            Duration::from_secs(60),
-        )?;
-        check_range(
-            "--grace",
-            self.grace,
-            Duration::ZERO,
-            Duration::from_secs(600),
-        )?;
+        WAIT.check(self.wait)?;
+        POLL.check(self.poll)?;
+        GRACE.check(self.grace)?;
         if self.command.first().is_none_or(|c| c.is_empty()) {
             return Err(ConfigError::new("CMD", "give the command after --"));
         }
@@ -130,8 +116,8 @@ pub struct IdArgs {
     #[command(flatten)]
     pub source: SourceArgs,
 
-    /// How long to wait for a published ID (exit 3 when none); 0s checks once.
-    #[arg(long, env = "SNOWLEASE_ID_WAIT", default_value = "0s", value_parser = parse_duration)]
+    /// How long to wait for a published ID (exit 3 when none); 0s-24h, 0s checks once.
+    #[arg(long, env = "SNOWLEASE_ID_WAIT", default_value = ID_WAIT.default, value_parser = parse_duration)]
     pub wait: Duration,
 }
 
@@ -139,12 +125,7 @@ impl IdArgs {
     /// The source and the wait, validated.
     pub fn validate(&self) -> Result<(Source, Duration), ConfigError> {
         let source = source(self.source.file.as_deref(), self.source.url.as_deref())?;
-        check_range(
-            "--wait",
-            self.wait,
-            Duration::ZERO,
-            Duration::from_secs(86_400),
-        )?;
+        ID_WAIT.check(self.wait)?;
         Ok((source, self.wait))
     }
 }

@@ -227,21 +227,21 @@ async fn read_body(
 ) -> Result<axum::http::Request<axum::body::Body>, Response> {
     let (parts, body) = request.into_parts();
     let read = Limited::new(body, BODY_LIMIT).collect();
-    match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(body)) => Ok(axum::http::Request::from_parts(
+    match crate::timing::within(timeout, read).await {
+        Some(Ok(body)) => Ok(axum::http::Request::from_parts(
             parts,
             body.to_bytes().into(),
         )),
-        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(HttpError::new(
+        Some(Err(err)) if err.is::<LengthLimitError>() => Err(HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body too large",
         )
         .with("limit_bytes", BODY_LIMIT)
         .into_response()),
-        Ok(Err(_)) => {
+        Some(Err(_)) => {
             Err(HttpError::new(StatusCode::BAD_REQUEST, "body broken off").into_response())
         }
-        Err(_) => Err((
+        None => Err((
             [(header::CONNECTION, "close")],
             HttpError::new(StatusCode::REQUEST_TIMEOUT, "body not received in time"),
         )

@@ -8,7 +8,7 @@ mod validate;
 
 pub use run::{PoolCliError, run};
 pub use validate::PoolCliConfig;
-use validate::{Op, human};
+use validate::{Op, StrikesChange, human};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -103,12 +103,6 @@ pub(crate) const CLI_WAIT_MS: Range = Range {
     min: 0,
     max: 86_400_000,
 };
-/// `--redis-timeout` of pool commands, ms: 10 ms to 60 s (Rust only).
-pub(crate) const REDIS_TIMEOUT_MS: Range = Range {
-    field: "redis_timeout",
-    min: 10,
-    max: 60_000,
-};
 /// `serve --reap-interval`, ms: 10 ms to 1 h (Rust only).
 pub(crate) const REAP_INTERVAL_MS: Range = Range {
     field: "reap_interval",

@@ -240,9 +240,9 @@ pub(crate) async fn run(config: ServeConfig, shutdown: CancellationToken) -> any
         let _ = reaper.await;
     }
     http_stop.cancel();
-    if tokio::time::timeout(HTTP_STOP_LIMIT, http_task)
+    if crate::timing::within(HTTP_STOP_LIMIT, http_task)
         .await
-        .is_err()
+        .is_none()
     {
         warn!("http server did not stop within 1s");
     }

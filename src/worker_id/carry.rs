@@ -20,19 +20,15 @@ use super::mint::script::{MintKeys, record_format};
 use crate::cli::parse_duration;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::RedisTarget;
-use crate::timing::bounded;
+use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
-use crate::worker_id::limits::MAX_CLOCK_SKEW;
-use crate::worker_id::mint::args::MINT_WINDOW;
+use crate::worker_id::limits::{MAX_CLOCK_SKEW, MINT_WINDOW};
 
 static CARRY: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry.lua")));
 static READ: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry_read.lua")));
-
-/// Timeout of each Redis call.
-const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
 
 /// The highest worker ID any app can have (10 bits): the old app's marks are read for all.
 const ALL_IDS: u16 = 1023;
@@ -72,13 +68,13 @@ pub struct CarryArgs {
     #[arg(long, env = "SNOWLEASE_EPOCH")]
     pub epoch: Option<String>,
 
-    /// The old app's --mint-window: a mark of the old app this Redis node did not write in
-    /// its current life (a restart or failover since) counts as Redis TIME + this + twice
-    /// --max-clock-skew, as its sidecars would raise it.
+    /// The old app's --mint-window (100ms-60s): a mark of the old app this Redis node did not
+    /// write in its current life (a restart or failover since) counts as Redis TIME + this +
+    /// twice --max-clock-skew, as its sidecars would raise it.
     #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
     pub mint_window: Duration,
 
-    /// The old app's --max-clock-skew (see --mint-window).
+    /// The old app's --max-clock-skew (10ms-60s; see --mint-window).
     #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
     pub max_clock_skew: Duration,
 
@@ -204,7 +200,7 @@ pub(crate) fn floor_after(
 /// Errors: `CarryRefused` (exit 5, nothing written); a format record of the old app that
 /// cannot be read; a Redis error.
 pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
-    let mut conn = config.redis.connect(CALL_TIMEOUT)?;
+    let mut conn = config.redis.connect(COMMAND_CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
     let ids: Vec<u16> = (0..=ALL_IDS).collect();
     let mut pipe = redis::pipe();
@@ -216,7 +212,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
             .arg(config.from_mint.mark(&config.from.id(*id)));
     }
     pipe.cmd("GET").arg(config.from_mint.format());
-    let replies: Vec<Option<String>> = bounded(CALL_TIMEOUT, pipe.query_async(&mut conn))
+    let replies: Vec<Option<String>> = bounded(COMMAND_CALL_TIMEOUT, pipe.query_async(&mut conn))
         .await
         .with_context(context)?;
     let (leases, rest) = replies.split_at(ids.len());
@@ -239,7 +235,9 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         }
         let invocation = READ.key(config.from_mint.mark(&config.from.id(*id)));
         let call = invocation.invoke_async::<(u64, u8, u64)>(&mut conn);
-        let (mark, here, now) = bounded(CALL_TIMEOUT, call).await.with_context(context)?;
+        let (mark, here, now) = bounded(COMMAND_CALL_TIMEOUT, call)
+            .await
+            .with_context(context)?;
         let lead = crate::timing::ms(config.rollback_lead);
         old_mark = old_mark.max(if here == 1 {
             mark
@@ -262,7 +260,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         }
     };
     let recorded = bounded(
-        CALL_TIMEOUT,
+        COMMAND_CALL_TIMEOUT,
         record_format(&mut conn, &config.to_mint, &ours),
     )
     .await
@@ -280,7 +278,9 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         let mut invocation = CARRY.key(mark);
         invocation.arg(floor);
         let call = invocation.invoke_async::<u64>(&mut conn);
-        bounded(CALL_TIMEOUT, call).await.with_context(context)?;
+        bounded(COMMAND_CALL_TIMEOUT, call)
+            .await
+            .with_context(context)?;
     }
     let line = serde_json::json!({
         "from_app": config.from_app,

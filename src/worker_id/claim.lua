@@ -139,7 +139,8 @@ local function read_guard(key)
 end
 
 -- Paused replies name the most telling guard: missing, then another node,
--- then too far.
+-- then too far (as GuardFound::more_telling ranks them; tests/it/claim_script.rs
+-- compares the two for every pair of findings).
 local rank = {[0] = 0, [1] = 3, [2] = 1, [3] = 2}
 local guards = {}
 local wrong = {}

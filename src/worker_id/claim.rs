@@ -158,6 +158,26 @@ pub enum GuardFound {
     Closed,
 }
 
+impl GuardFound {
+    /// The more telling of two findings, `self` on a tie: missing before another node
+    /// before too far before closed. `claim.lua` ranks the guards of one call the same way
+    /// (its `rank` table; `tests/it/claim_script.rs` runs both for every pair); a Cluster
+    /// claim ranks its calls' findings with this.
+    pub fn more_telling(self, other: Self) -> Self {
+        let rank = |g| match g {
+            Self::Missing => 3,
+            Self::OtherNode => 2,
+            Self::TooFar => 1,
+            Self::Closed => 0,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
 /// Result of a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimReply {

@@ -7,7 +7,6 @@
 //! what keeps a newcomer from taking an ID a holder still publishes.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -17,12 +16,10 @@ use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::{Keyspace, RedisTarget};
+use crate::timing::{self, COMMAND_CALL_TIMEOUT};
 
 static OPEN: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("guard_open.lua")));
-
-/// Timeout of each Redis call.
-const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
 
 /// `snowlease guard ...`.
 #[derive(Debug, Clone, Args)]
@@ -178,7 +175,7 @@ impl Found {
 /// without `--allow-evicting-redis` (exit 1, nothing written); a Redis error
 /// (unreachable, refused, guard key of another type).
 pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
-    let mut conn = config.redis.connect(CALL_TIMEOUT)?;
+    let mut conn = config.redis.connect(COMMAND_CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
     let keyspace = conn.keyspace().await.with_context(context)?;
     // Sidecars claim nothing there: opening would only hide the cause.
@@ -309,13 +306,23 @@ async fn pre_read(
     Ok(found)
 }
 
-/// One Redis call under [`CALL_TIMEOUT`].
+/// One Redis call under [`COMMAND_CALL_TIMEOUT`]; no answer in time is
+/// "redis <url> did not answer within 5s".
 async fn bounded<T>(
     config: &OpenConfig,
     call: impl Future<Output = redis::RedisResult<T>>,
 ) -> anyhow::Result<T> {
-    let reply = tokio::time::timeout(CALL_TIMEOUT, call)
+    timing::bounded(COMMAND_CALL_TIMEOUT, call)
         .await
-        .map_err(|_| anyhow::anyhow!("redis {} did not answer within 5s", config.redis))?;
-    Ok(reply?)
+        .map_err(|err| {
+            if err.is_timeout() {
+                anyhow::anyhow!(
+                    "redis {} did not answer within {}s",
+                    config.redis,
+                    COMMAND_CALL_TIMEOUT.as_secs()
+                )
+            } else {
+                err.into()
+            }
+        })
 }

@@ -1,8 +1,8 @@
 //! The one table of worker-ID mode's flag limits, on the model of
 //! `pool/limits.rs`: clap takes each default from here, `args.rs` checks
 //! each range against it, [`LeaseSettings::default`](super::args::LeaseSettings)
-//! follows it, and the test below proves every flag's `--help` names the
-//! same range.
+//! follows it, and the tests below prove every flag's `--help` names the
+//! same range (`worker`'s, mint mode's included, and `mint carry-over`'s).
 
 use std::time::Duration;
 
@@ -74,6 +74,15 @@ pub(crate) const MAX_CLOCK_SKEW: DurationLimit = DurationLimit {
     min: Duration::from_millis(10),
     max: Duration::from_secs(60),
 };
+/// `--mint-window` (`worker --mint`, `mint carry-over`): how far ahead of its clock the
+/// sidecar reserves timestamps in Redis, 100 ms to 60 s. One reservation (a small script
+/// call) per half window of minting.
+pub(crate) const MINT_WINDOW: DurationLimit = DurationLimit {
+    flag: "--mint-window",
+    default: "2s",
+    min: Duration::from_millis(100),
+    max: Duration::from_secs(60),
+};
 
 #[cfg(test)]
 mod tests {
@@ -83,12 +92,19 @@ mod tests {
     use crate::cli::limit::check;
     use crate::cli::show_duration;
     use crate::worker_id::args::WorkerArgs;
+    use crate::worker_id::carry::CarryArgs;
 
     /// Every flag's `--help` and clap default follow the table.
     #[test]
     fn help_and_defaults_follow_the_table() {
         let command = WorkerArgs::augment_args(Command::new("worker"));
-        for limit in [TTL, CLAIM_TIMEOUT, HANDOVER_DELAY, MAX_CLOCK_SKEW] {
+        for limit in [
+            TTL,
+            CLAIM_TIMEOUT,
+            HANDOVER_DELAY,
+            MAX_CLOCK_SKEW,
+            MINT_WINDOW,
+        ] {
             check::duration(&command, &limit);
         }
         for limit in [RETRIES, MIN_REPLICAS_ACK, MAX_WORKER_ID] {
@@ -100,5 +116,15 @@ mod tests {
         assert!(help.contains(&range), "{help}");
         assert_eq!(RENEW_INTERVAL.max, TTL.max / 2);
         assert!(RENEW_INTERVAL.default_value() <= TTL.default_value() / 2);
+    }
+
+    /// `mint carry-over` takes the old app's `--mint-window` and `--max-clock-skew` with the
+    /// sidecar's ranges and defaults.
+    #[test]
+    fn carry_over_follows_the_table() {
+        let command = CarryArgs::augment_args(Command::new("carry-over"));
+        for limit in [MINT_WINDOW, MAX_CLOCK_SKEW] {
+            check::duration(&command, &limit);
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! Mint mode (issue 23): the sidecar mints Snowflake IDs itself for the worker ID it holds,
+//! Mint mode: the sidecar mints Snowflake IDs itself for the worker ID it holds,
 //! unique across handovers, clock steps and outages (docs/worker.md, "Mint mode";
 //! docs/mint-design.md).
 //!

@@ -7,8 +7,6 @@
 //! of TYPE above the range, then `INFO memory` and `CONFIG GET` (of every
 //! primary).
 
-use std::time::Duration;
-
 use anyhow::Context;
 use clap::Args;
 use redis::aio::ConnectionLike;
@@ -25,10 +23,8 @@ use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::{Keyspace, Redis, RedisTarget};
 use crate::lease::TOMBSTONE_PREFIX;
 use crate::persistence::{self, Persistence};
+use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::limits::WORKER_ID_LIMIT;
-
-/// Timeout of each Redis round trip of `status`.
-const CALL_TIMEOUT: Duration = crate::timing::COMMAND_CALL_TIMEOUT;
 
 /// Flags of `snowlease status`.
 #[derive(Debug, Clone, Args)]
@@ -353,7 +349,7 @@ fn short_reply() -> redis::RedisError {
 /// Errors: Redis unreachable or refusing (e.g. NOPERM), with the URL
 /// (password redacted).
 pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
-    let mut conn = config.redis.connect(CALL_TIMEOUT)?;
+    let mut conn = config.redis.connect(COMMAND_CALL_TIMEOUT)?;
     // The first connect, under its own bound (not the read's).
     let leases = format!("the leases of {} from {}", config.app, config.redis);
     conn.keyspace()
@@ -405,10 +401,8 @@ async fn bounded_read<T>(
     read: impl std::future::Future<Output = RedisResult<T>>,
     what: &str,
 ) -> anyhow::Result<T> {
-    tokio::time::timeout(CALL_TIMEOUT * 2, read)
+    bounded(COMMAND_CALL_TIMEOUT * 2, read)
         .await
-        .map_err(|_| anyhow::anyhow!("timed out"))
-        .and_then(|r| r.map_err(anyhow::Error::from))
         .with_context(|| format!("cannot read {what}"))
 }
 
@@ -481,21 +475,21 @@ pub(crate) enum Eviction {
 }
 
 impl Eviction {
-    /// Reads `INFO memory` under [`CALL_TIMEOUT`]; a failure is
+    /// Reads `INFO memory` under [`COMMAND_CALL_TIMEOUT`]; a failure is
     /// [`Eviction::Unchecked`], never an error of `status`.
     async fn check<C: ConnectionLike>(conn: &mut C) -> Self {
-        match tokio::time::timeout(CALL_TIMEOUT, crate::eviction::check(conn)).await {
-            Ok(Ok(None)) => Self::Safe,
-            Ok(Ok(Some(evicting))) => Self::Evicting {
+        match bounded(COMMAND_CALL_TIMEOUT, crate::eviction::check(conn)).await {
+            Ok(None) => Self::Safe,
+            Ok(Some(evicting)) => Self::Evicting {
                 reason: evicting.to_string(),
                 maxmemory_policy: evicting.policy,
                 maxmemory: evicting.maxmemory,
             },
-            Ok(Err(err)) => Self::Unchecked {
-                reason: crate::connection::Readable(&err).to_string(),
-            },
-            Err(_) => Self::Unchecked {
+            Err(err) if err.is_timeout() => Self::Unchecked {
                 reason: "INFO memory timed out".to_owned(),
+            },
+            Err(err) => Self::Unchecked {
+                reason: crate::connection::Readable(&err).to_string(),
             },
         }
     }
@@ -518,17 +512,15 @@ pub(crate) struct PersistenceReport {
 }
 
 impl PersistenceReport {
-    /// Reads every primary's settings under [`CALL_TIMEOUT`]; `None`
+    /// Reads every primary's settings under [`COMMAND_CALL_TIMEOUT`]; `None`
     /// when they cannot be read (never an error of `status`).
     async fn read(conn: &mut Redis) -> Option<Self> {
-        let read = tokio::time::timeout(CALL_TIMEOUT, persistence::read(conn)).await;
-        let nodes = match read {
-            Ok(Ok(nodes)) => nodes,
-            Ok(Err(err)) => {
+        let nodes = match bounded(COMMAND_CALL_TIMEOUT, persistence::read(conn)).await {
+            Ok(nodes) => nodes,
+            Err(err) => {
                 tracing::debug!(error = %crate::connection::Readable(&err), "CONFIG GET failed; persistence not reported");
                 return None;
             }
-            Err(_) => return None,
         };
         // The telling primary comes first.
         let first = nodes.into_iter().next()?;

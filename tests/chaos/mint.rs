@@ -1,4 +1,4 @@
-//! The mint variant of the fault run (issue 23): every sidecar runs `worker --mint` under
+//! The mint variant of the fault run: every sidecar runs `worker --mint` under
 //! libfaketime (so its wall clock can step +-30 s), and one client per sidecar pulls
 //! `/next?count=N` batches (N in 1-64) all run long, reading the sidecar's state file before
 //! and after each batch. The check: no ID twice over every batch of every sidecar; every

@@ -39,7 +39,7 @@ fn json(run: &Run) -> Value {
     serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {run:?}"))
 }
 
-/// The accuracy test: 100 clients, each on its own connection,
+/// The accuracy test: 100 clients, each on its own connection,
 /// call the take script (EVALSHA through redis-rs, not snowlease's handle)
 /// on one key at 50/s with a burst of 10; within the first 3 s of Redis
 /// time (from the first call) 10 + 150 are admitted, +- 2.

@@ -245,3 +245,52 @@ async fn bad_input_is_refused() {
     assert!(err.to_string().contains("g is not a string"), "{err}");
     assert!(!redis.exists("k:0"));
 }
+
+/// Puts `guard` in the state a claim call finds as `found`: missing, closed as set (this
+/// node's stamp, half a TTL ahead), too far (this node's stamp, ten TTLs ahead), or written
+/// on another node (a stamp no node has).
+fn guard_in(redis: &RedisServer, guard: &str, found: GuardFound) {
+    let now = redis_now_ms(redis);
+    let ttl = TTL.as_millis() as u64;
+    let _: () = redis.query(redis::cmd("DEL").arg(guard));
+    match found {
+        GuardFound::Missing => {}
+        GuardFound::Closed => redis.set_stamped(guard, now + ttl / 2),
+        GuardFound::TooFar => redis.set_stamped(guard, now + 10 * ttl),
+        GuardFound::OtherNode => {
+            let other = format!("{}.000000000000001", now + ttl / 2);
+            assert_ne!(redis.node_stamp(), "000000000000001");
+            let _: () = redis.query(redis::cmd("SET").arg(guard).arg(other));
+        }
+    }
+}
+
+/// The claim guard's ranking is written twice: `claim.lua` names the most telling guard of
+/// one call, `GuardFound::more_telling` ranks the findings of a Cluster claim's calls. For
+/// every ordered pair of findings, one call over two free IDs with their own guards in
+/// those states reports what the Rust ranking picks.
+#[tokio::test(flavor = "current_thread")]
+async fn the_scripts_guard_ranking_is_the_rusts() {
+    let redis = RedisServer::start();
+    let mut c = conn(&redis);
+    let owner = Owner::generate("test");
+    let all = [
+        GuardFound::Missing,
+        GuardFound::OtherNode,
+        GuardFound::TooFar,
+        GuardFound::Closed,
+    ];
+    let p = pairs(&[("r:0", "r:guard:0"), ("r:1", "r:guard:1")]);
+    for a in all {
+        for b in all {
+            guard_in(&redis, "r:guard:0", a);
+            guard_in(&redis, "r:guard:1", b);
+            let reply = claim_pairs(&mut c, &p, &owner, TTL).await.unwrap();
+            let ClaimOutcome::Paused { guard, .. } = reply.outcome else {
+                panic!("{a:?}, {b:?}: {reply:?}")
+            };
+            assert_eq!(guard, a.more_telling(b), "guards found {a:?}, {b:?}");
+            assert!(!redis.exists("r:0") && !redis.exists("r:1"));
+        }
+    }
+}

@@ -21,7 +21,7 @@ mod claim_break;
 mod claim_faults;
 /// `claim.lua`'s contract: (lease key, guard) pairs, shared and per-ID guards.
 mod claim_script;
-/// Claims over 1024 IDs in windows of 64: lowest free of a window, the hint, 64 at once.
+/// Claims over 1024 IDs in 64 windows of 16: lowest free of a window, the hint, 64 at once.
 mod claim_windows;
 /// `--version`, `--help`, completions and the man page.
 mod cli;
@@ -53,11 +53,14 @@ mod harness;
 mod harness_selftest;
 /// Every listener answers errors in JSON: unknown paths (404), methods (405), bodies (413, 408).
 mod http_errors;
+/// The house's rules read from the sources: Redis calls bounded through the timing kit, one
+/// command call timeout, flag limits in their tables, no issue numbers in comments.
+mod house;
 /// Idle HTTP connection floods under an open-file limit of 1024; header timeout; RLIMIT_NOFILE.
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.
 mod lock;
-/// Mint mode under adversarial use: a handover to another `--epoch` (ignored finding), an unreadable mark.
+/// Mint mode under adversarial use: another `--epoch` or `--id-layout` refused, an unreadable mark.
 mod mint_break;
 /// Mint mode's edges: a clock ahead within the skew never stalls minting.
 mod mint_edges;

@@ -207,7 +207,7 @@ fn switching_from_mint_publishes_only_past_the_minted_ids() {
 /// old app's pods stop, `status` lists no key, `mint carry-over`, `guard open`, then the new
 /// app's pods start with an epoch 3 s later. No ID of the new app equals one of the old app
 /// (all are above them). Without the carry-over step the new app's IDs at t were the old
-/// app's at t - 3 s: 390,913 and 700,417 IDs twice in the runs.
+/// app's at t - 3 s: 390,913 and 700,417 IDs twice in the runs that found it.
 #[test]
 fn a_format_change_as_the_docs_give_it_never_mints_an_old_id() {
     let redis = RedisServer::start();

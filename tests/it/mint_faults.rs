@@ -1,4 +1,4 @@
-//! Mint mode through Redis' own faults (issue 23, "Prove it"): a Redis restarted empty and a
+//! Mint mode through Redis' own faults: a Redis restarted empty and a
 //! Cluster shard restarted empty lose the high-water mark with the lease key; the claim
 //! guard's wait of one TTL covers it (docs/worker.md, "Mint mode"), so the next holder,
 //! even with its clock behind within `--max-clock-skew`, mints above every earlier ID. A

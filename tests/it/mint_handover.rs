@@ -1,5 +1,5 @@
-//! The mint guarantee on real Redis, with the minter on a fake clock (the keeper's wiring comes
-//! next): a worker ID handed to a holder whose clock is 30 s behind, with and without the
+//! The mint guarantee on real Redis, with the minter on a fake clock (the keeper's wiring is
+//! `mint_worker`'s): a worker ID handed to a holder whose clock is 30 s behind, with and without the
 //! settled record, and a paused old holder that wakes after the handover, mint no ID twice.
 
 use std::collections::BTreeSet;

@@ -49,7 +49,7 @@ fn sample_both(a: &Sidecar, b: &Sidecar, how_long: std::time::Duration) -> Vec<S
     })
 }
 
-/// The first reproduction, on one server: `guard open`, `SAVE`, sidecar A claims ID 0,
+/// The first reproduction of the rollback, on one server: `guard open`, `SAVE`, sidecar A claims ID 0,
 /// Redis is SIGKILLed and restarts from its `dump.rdb`, sidecar B starts at once. B finds the
 /// guard written before the restart, closes claims for one TTL and never publishes ID 0 while
 /// A does; A keeps its ID through the restart (its renew re-creates the lost key).
@@ -77,7 +77,7 @@ fn worker_crash_restart_from_a_snapshot_never_publishes_one_id_twice() {
     assert!(a_ok.count() > 100, "A published throughout");
 }
 
-/// The second reproduction: the same with `--mint`, a client pulling `/next` from each
+/// The second reproduction: the same with `--mint`, a client pulling `/next` from each
 /// sidecar. No ID is answered twice (before the fix: 18-21 thousand in 8 s). Then A is
 /// SIGKILLed and B takes ID 0 over once A's key expires: still no ID twice.
 #[test]

@@ -9,7 +9,7 @@ use anyhow::Context;
 use crate::connection::Redis;
 use serde_json::json;
 
-use super::{Op, PoolCliConfig, human};
+use super::{Op, PoolCliConfig, StrikesChange, human};
 use crate::pool::ChargedAcquire;
 use crate::pool::hint::hint_words;
 use crate::pool::{
@@ -137,8 +137,9 @@ async fn execute(conn: Redis, op: Op) -> anyhow::Result<Option<String>> {
         Op::Config { pool, set } => {
             let handle = open(&pool, default)?;
             let strikes = match set {
-                Some(policy) => handle.set_strikes(policy).await?,
-                None => handle.strikes().await?,
+                StrikesChange::Read => handle.strikes().await?,
+                StrikesChange::Off => handle.set_strikes(None).await?,
+                StrikesChange::Set(policy) => handle.set_strikes(Some(policy)).await?,
             };
             config_json(&pool, strikes)
         }

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::{IdSource, LeaseRef, PoolArgs, PoolCommand, ServeArgs, StrikeArgs};
-use crate::cli::{ConfigError, check_range, show_duration};
+use crate::cli::{ConfigError, REDIS_TIMEOUT, check_range, show_duration};
 use crate::connection::RedisTarget;
 use crate::pool::limits::{
     self, CLI_WAIT_MS, COOLDOWN_MS, MAX_LEASE_MS, MAX_STRIKES, QUARANTINE_MS, REAP_INTERVAL_MS,
-    REAP_LIMIT, REDIS_TIMEOUT_MS, Range, STRIKE_WINDOW_MS, TTL_MS,
+    REAP_LIMIT, Range, STRIKE_WINDOW_MS, TTL_MS,
 };
 use crate::pool::serve::ServeConfig;
 use crate::pool::{AcquireRequest, Quarantine, StrikePolicy};
@@ -23,6 +23,17 @@ pub struct PoolCliConfig {
     pub(super) op: Op,
 }
 
+/// What `pool config` does with the strike policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StrikesChange {
+    /// Neither `--strikes` nor `--strikes-off`: read it.
+    Read,
+    /// `--strikes-off`.
+    Off,
+    /// `--strikes`.
+    Set(StrikePolicy),
+}
+
 /// A validated operation. No `Debug`: release and extend hold a token.
 pub(super) enum Op {
     Init(String, Vec<String>, Option<StrikePolicy>),
@@ -33,10 +44,10 @@ pub(super) enum Op {
         ids: Vec<String>,
         force: bool,
     },
-    /// `set`: `None` reads; `Some(None)` turns strikes off.
+    /// `pool config`: read the strike policy, or set it, or turn strikes off.
     Config {
         pool: String,
-        set: Option<Option<StrikePolicy>>,
+        set: StrikesChange,
     },
     Acquire {
         pool: String,
@@ -79,7 +90,7 @@ impl PoolArgs {
         let redis = redis_args.redis.target()?;
         let redis_timeout = redis_args.redis_timeout;
         let allow_evicting_redis = redis_args.eviction.allow_evicting_redis;
-        range("--redis-timeout", redis_timeout, REDIS_TIMEOUT_MS)?;
+        REDIS_TIMEOUT.check(redis_timeout)?;
         let op = match &self.command {
             PoolCommand::Init(a) => Op::Init(
                 pool_name(&a.ids.target.pool)?,
@@ -97,9 +108,9 @@ impl PoolArgs {
             },
             PoolCommand::Config(a) => {
                 let set = match (a.strikes_off, strikes(&a.strikes)?) {
-                    (true, _) => Some(None),
-                    (false, Some(policy)) => Some(Some(policy)),
-                    (false, None) => None,
+                    (true, _) => StrikesChange::Off,
+                    (false, Some(policy)) => StrikesChange::Set(policy),
+                    (false, None) => StrikesChange::Read,
                 };
                 Op::Config {
                     pool: pool_name(&a.target.pool)?,

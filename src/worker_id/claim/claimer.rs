@@ -349,7 +349,7 @@ impl Found {
         self.guard_existed |= guard != GuardFound::Missing;
         self.paused = Some(match self.paused {
             None => (wait, guard),
-            Some((w, g)) => (w.min(wait), telling(g, guard)),
+            Some((w, g)) => (w.min(wait), g.more_telling(guard)),
         });
     }
 
@@ -374,17 +374,6 @@ impl Found {
             calls: self.calls,
         }
     }
-}
-
-/// The more telling of two guard findings (as `claim.lua` ranks them).
-fn telling(a: GuardFound, b: GuardFound) -> GuardFound {
-    let rank = |g| match g {
-        GuardFound::Missing => 3,
-        GuardFound::OtherNode => 2,
-        GuardFound::TooFar => 1,
-        GuardFound::Closed => 0,
-    };
-    if rank(b) > rank(a) { b } else { a }
 }
 
 /// One claim over `0..=max_worker_id` by a [`Claimer`] of its own (tests and

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Worker;
@@ -190,13 +190,12 @@ impl Worker {
             })
         };
         let limit = self.params.settings.call_timeout() * SCAN_ROUNDS;
-        match timeout(limit, scan).await {
-            Ok(Ok(found)) => found,
-            Ok(Err(err)) => {
+        match bounded(limit, scan).await {
+            Ok(found) => found,
+            Err(err) => {
                 debug!(error = %Readable(&err), "SCAN for keys under the prefix failed");
                 MissingGuard::Unknown
             }
-            Err(_) => MissingGuard::Unknown,
         }
     }
 
@@ -209,7 +208,7 @@ impl Worker {
             &self.params.settings.key_prefix,
             self.params.settings.max_worker_id,
         );
-        let Ok(Ok(report)) = timeout(self.params.settings.call_timeout(), read).await else {
+        let Ok(report) = bounded(self.params.settings.call_timeout(), read).await else {
             return "holders unknown: redis unavailable".to_owned();
         };
         let owners = report.leases.iter().filter_map(|e| e.owner.as_deref());

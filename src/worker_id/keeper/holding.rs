@@ -11,7 +11,7 @@ use super::gate::{Refusal, Write};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Failure, Readable, classify};
 use crate::eviction::EvictingRedis;
-use crate::lease::{self, RenewOutcome};
+use crate::lease::{self, OnFailure, RenewOutcome, on_failure};
 use crate::timing::bounded;
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, WorkerState};
@@ -40,28 +40,6 @@ pub(super) enum RenewRound {
     Evicting(EvictingRedis),
     /// Every attempt failed; the deadline has not passed.
     Failed,
-}
-
-/// What a failed renew call means for the hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OnFailure {
-    /// A permanent refusal: the lease is lost now.
-    Ends,
-    /// Refused before any write of ours ran (`NOPERM`, `WRONGPASS`,
-    /// certificate): the key stays ours until Redis expires it, so only the
-    /// deadline ends the lease; the refusal is kept to name it then.
-    RetryRefused,
-    /// No answer, or a transient error: retry.
-    Retry,
-}
-
-/// Judges a failed renew call by its [`Failure`] class.
-fn on_failure(failure: Failure) -> OnFailure {
-    match failure {
-        _ if !failure.retried_while_held() => OnFailure::Ends,
-        Failure::Refused => OnFailure::RetryRefused,
-        _ => OnFailure::Retry,
-    }
 }
 
 /// How a hold ends after `round`, if it does: a loss names a refusal that
@@ -332,15 +310,6 @@ mod tests {
 
     fn refused() -> redis::RedisError {
         redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"))
-    }
-
-    /// A permanent error ends the lease now; a refusal is retried and
-    /// kept; anything else is retried.
-    #[test]
-    fn a_failed_renew_is_judged_by_its_class() {
-        assert_eq!(on_failure(Failure::Permanent), OnFailure::Ends);
-        assert_eq!(on_failure(Failure::Refused), OnFailure::RetryRefused);
-        assert_eq!(on_failure(Failure::Transient), OnFailure::Retry);
     }
 
     /// A loss is named a refusal only when Redis refused until the

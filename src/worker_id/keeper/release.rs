@@ -5,14 +5,13 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
 use super::{Stopped, Worker, WorkerError};
 use crate::connection::{Readable, Redis};
 use crate::identity::Owner;
 use crate::lease;
-use crate::timing::ms;
+use crate::timing::{bounded, ms};
 use crate::worker_id::state::WorkerState;
 
 /// Upper bound for the compare-and-delete at shutdown; Kubernetes' default
@@ -89,29 +88,29 @@ async fn release(
         let owner = owner.clone();
         async move { lease::release_keys(&mut conn, &keys, &owner, handover).await }
     };
-    let outcome = timeout(limit, async {
+    let outcome = bounded(limit, async {
         let counts = conn.per_slot(keys, release).await?;
         Ok::<u64, redis::RedisError>(counts.iter().sum())
     })
     .await;
-    let confirmed = matches!(outcome, Ok(Ok(_)));
+    let confirmed = outcome.is_ok();
     match (outcome, held) {
-        (Ok(Ok(0)), Some(worker_id)) => warn!(
+        (Ok(0), Some(worker_id)) => warn!(
             worker_id,
             "lease not released: the key no longer holds our owner string"
         ),
-        (Ok(Ok(0)), None) => debug!("no lease key holds our owner string"),
-        (Ok(Ok(count)), Some(worker_id)) => info!(worker_id, count, "lease released"),
-        (Ok(Ok(count)), None) => info!(count, "lease keys a lost claim reply left released"),
-        (Ok(Err(err)), Some(worker_id)) => warn!(
-            worker_id,
-            error = %Readable(&err),
-            "lease release not confirmed; if it did not run, the key expires after its TTL"
-        ),
-        (Err(_), Some(worker_id)) => warn!(
+        (Ok(0), None) => debug!("no lease key holds our owner string"),
+        (Ok(count), Some(worker_id)) => info!(worker_id, count, "lease released"),
+        (Ok(count), None) => info!(count, "lease keys a lost claim reply left released"),
+        (Err(err), Some(worker_id)) if err.is_timeout() => warn!(
             worker_id,
             limit_ms = ms(limit),
             "lease release not confirmed in time; if it did not run, the key expires after its TTL"
+        ),
+        (Err(err), Some(worker_id)) => warn!(
+            worker_id,
+            error = %Readable(&err),
+            "lease release not confirmed; if it did not run, the key expires after its TTL"
         ),
         (_, None) => info!(
             "release of keys a lost claim reply may have left not confirmed; they expire after their TTL"

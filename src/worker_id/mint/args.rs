@@ -1,6 +1,6 @@
 //! The flags of mint mode (`snowlease worker --mint`), validated into a [`MintConfig`]:
-//! the ID layout and epoch, the unix socket, and the reservation window. Issue 23,
-//! docs/worker.md "Mint mode".
+//! the ID layout and epoch, the unix socket, and the reservation window (docs/worker.md,
+//! "Mint mode").
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,17 +9,9 @@ use clap::Args;
 
 use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms};
 use super::minter::Window;
-use crate::cli::{DurationLimit, parse_duration, show_duration};
+use crate::cli::{parse_duration, show_duration};
 use crate::config_error::ConfigError;
-
-/// `--mint-window`: how far ahead of its clock the sidecar reserves timestamps in Redis,
-/// 100 ms to 60 s. One reservation (a small script call) per half window of minting.
-pub(crate) const MINT_WINDOW: DurationLimit = DurationLimit {
-    flag: "--mint-window",
-    default: "2s",
-    min: Duration::from_millis(100),
-    max: Duration::from_secs(60),
-};
+use crate::worker_id::limits::MINT_WINDOW;
 
 /// Flags of mint mode, part of `snowlease worker`.
 #[derive(Debug, Clone, Args)]

@@ -94,7 +94,7 @@ impl MintDesk {
                 Err(Refusal::NeedsReservation) if !asked => {
                     asked = true;
                     self.wanted.notify_one();
-                    let _ = tokio::time::timeout(RESERVATION_WAIT, raised).await;
+                    let _ = crate::timing::within(RESERVATION_WAIT, raised).await;
                 }
                 Err(refusal) => return Err(refusal),
             }

@@ -95,6 +95,15 @@ pub(crate) struct Reserver {
     pub format_checked: bool,
 }
 
+/// The minter's last timestamp (Unix ms) at the last confirmed reservation of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReservedAt {
+    /// No reservation confirmed yet in this session.
+    NotYet,
+    /// Confirmed when the minter's last timestamp was this (`None`: nothing minted yet).
+    Minted(Option<u64>),
+}
+
 /// The lease being minted under.
 struct Session {
     ticket: LeaseTicket,
@@ -106,9 +115,9 @@ struct Session {
     next_try: BootInstant,
     /// The current backoff.
     backoff: Duration,
-    /// The minter's last timestamp at the last confirmed reservation; `None` before the
-    /// first. Minting since then makes a reservation due at the low water.
-    reserved_at_last: Option<Option<u64>>,
+    /// The minter's last timestamp at the last confirmed reservation. Minting since then
+    /// makes a reservation due at the low water.
+    reserved_at_last: ReservedAt,
     /// A request found the ceiling reached since the last confirmed reservation.
     wanted: bool,
 }
@@ -237,7 +246,7 @@ impl Reserver {
                         held,
                         next_try: BootInstant::now(),
                         backoff: RETRY_FIRST,
-                        reserved_at_last: None,
+                        reserved_at_last: ReservedAt::NotYet,
                         wanted: false,
                     });
                 }
@@ -315,7 +324,7 @@ impl Reserver {
                 (m.reservation_due(now), m.mark_lead_ms(now), m.last_minted())
             });
             self.metrics.set_mark_lead(lead);
-            let active = s.wanted || s.reserved_at_last != Some(last);
+            let active = s.wanted || s.reserved_at_last != ReservedAt::Minted(last);
             let due = due.filter(|_| active);
             if let Some(target) = due.filter(|_| now >= s.next_try) {
                 tokio::select! {
@@ -396,7 +405,7 @@ impl Reserver {
                         }
                         m.last_minted()
                     });
-                    s.reserved_at_last = Some(last);
+                    s.reserved_at_last = ReservedAt::Minted(last);
                     s.wanted = false;
                     s.backoff = RETRY_FIRST;
                     s.next_try = BootInstant::now();
