@@ -161,9 +161,10 @@ fn parse() -> (Cli, snowlease::cli::EnvSources) {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    // Parsed in place: a clone of the tree (every subcommand's flags) doubled the heap's
+    // peak at start, which the sidecar's idle RSS keeps.
     let parsed = root
-        .clone()
-        .try_get_matches_from(std::env::args_os())
+        .try_get_matches_from_mut(std::env::args_os())
         .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
     match parsed {
         Ok((cli, matches)) => (cli, snowlease::cli::EnvSources::of(&root, &matches)),
