@@ -9,7 +9,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use prometheus_client::registry::Registry;
@@ -249,17 +249,19 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
     })
 }
 
-/// The 429 of a pool acquire that the budget denied: `Retry-After` and
-/// `{error, budget, retry_after_ms, remaining, reset_after_ms, at_ms}`.
-pub(crate) fn denied_response(budget: &str, taken: &Taken) -> Response {
-    HttpError::new(StatusCode::TOO_MANY_REQUESTS, "budget denied")
+/// The 429 of a pool acquire that the budget denied: `Retry-After`, the RateLimit fields
+/// ([`ratelimit_fields`]) and `{error, budget, retry_after_ms, remaining, reset_after_ms,
+/// at_ms}`.
+pub(crate) fn denied_response(budget: &str, keys: &[BudgetKey], taken: &Taken) -> Response {
+    let fields = ratelimit_fields(budget, keys, taken);
+    let answer = HttpError::new(StatusCode::TOO_MANY_REQUESTS, "budget denied")
         .with("budget", budget)
         .with("retry_after_ms", taken.retry_after_ms)
         .with("remaining", taken.remaining)
         .with("reset_after_ms", taken.reset_after_ms)
         .with("at_ms", taken.at_ms)
-        .retry_after(taken.retry_after())
-        .into_response()
+        .retry_after(taken.retry_after());
+    (fields, answer).into_response()
 }
 
 fn one() -> u64 {
@@ -298,18 +300,59 @@ fn error_response(err: BudgetError) -> Response {
     .into_response()
 }
 
-/// 200 for an allowed take, 429 with `Retry-After` for a denied one.
-pub(crate) fn take_response(name: &str, taken: &Taken) -> Response {
+/// 200 for an allowed take, 429 with `Retry-After` for a denied one; both with the
+/// `RateLimit-Policy` and `RateLimit` fields ([`ratelimit_fields`]).
+pub(crate) fn take_response(name: &str, keys: &[BudgetKey], taken: &Taken) -> Response {
     let body = Json(super::cli::take_json(name, taken));
+    let fields = ratelimit_fields(name, keys, taken);
     if taken.allowed {
-        return (StatusCode::OK, body).into_response();
+        return (StatusCode::OK, fields, body).into_response();
     }
     (
         StatusCode::TOO_MANY_REQUESTS,
+        fields,
         crate::http::retry_after(taken.retry_after()),
         body,
     )
         .into_response()
+}
+
+/// `RateLimit-Policy: "<name>";q=<burst>;w=<s>` and `RateLimit: "<name>";r=<remaining>;t=<s>`
+/// as draft-ietf-httpapi-ratelimit-headers (-08 and later, structured fields) has them, as
+/// API gateways send them beside `Retry-After`. GCRA maps onto a quota per window: the quota
+/// `q` is the burst, the window `w` the time a spent burst takes to refill (burst / rate,
+/// whole seconds rounded up); `r` the units that could be taken now, `t` the seconds until
+/// the budget is full again (rounded up). With several keys the policy is the key with the
+/// smallest burst, `r` the smallest over the keys and `t` the latest (one reply carries no
+/// more). The name is the budget's (1-64 chars of `[A-Za-z0-9_-]`, safe in a string item).
+pub(crate) fn ratelimit_fields(
+    name: &str,
+    keys: &[BudgetKey],
+    taken: &Taken,
+) -> [(header::HeaderName, String); 2] {
+    let tightest = keys.iter().min_by_key(|k| k.limit.burst);
+    let policy = match tightest {
+        Some(k) => {
+            let rate = &k.limit.rate;
+            let refill_ms =
+                u128::from(k.limit.burst) * rate.period.as_millis() / u128::from(rate.count.max(1));
+            format!(
+                "\"{name}\";q={};w={}",
+                k.limit.burst,
+                refill_ms.div_ceil(1000).max(1)
+            )
+        }
+        None => format!("\"{name}\""),
+    };
+    let state = format!(
+        "\"{name}\";r={};t={}",
+        taken.remaining,
+        taken.reset_after_ms.div_ceil(1000)
+    );
+    [
+        (header::HeaderName::from_static("ratelimit-policy"), policy),
+        (header::HeaderName::from_static("ratelimit"), state),
+    ]
 }
 
 /// The budget `name`, in `pool`'s keys when given.
@@ -339,15 +382,16 @@ async fn take(
         .keys()?;
         let wait = limits::int("wait_ms", body.wait_ms, WAIT_MS)?;
         let shutdown = &service.inner.shutdown;
-        budget
+        let taken = budget
             .take_wait(&keys, body.cost, Duration::from_millis(wait), shutdown)
-            .await
+            .await?;
+        Ok((keys, taken))
     }
     .await;
     match result {
-        Ok(taken) => {
+        Ok((keys, taken)) => {
             metrics.took(&name, if taken.allowed { "allowed" } else { "denied" });
-            take_response(&name, &taken)
+            take_response(&name, &keys, &taken)
         }
         Err(err) => {
             let outcome = match err {

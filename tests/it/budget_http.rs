@@ -272,3 +272,69 @@ async fn budget_bodies_follow_the_rules_of_every_route() {
         assert!(got.contains(expected), "{path} {body}: {answer}");
     }
 }
+
+/// `POST` `body` to `path`; the status and the `RateLimit-Policy` and `RateLimit` fields.
+async fn ratelimit_fields(
+    router: &axum::Router,
+    path: &str,
+    body: serde_json::Value,
+) -> (StatusCode, Option<String>, Option<String>) {
+    use tower::ServiceExt;
+    let request = axum::http::Request::builder()
+        .method("POST")
+        .uri(path)
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let field = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    (
+        response.status(),
+        field("ratelimit-policy"),
+        field("ratelimit"),
+    )
+}
+
+/// Takes and a charged acquire carry the IETF RateLimit fields (structured-field form of
+/// draft-ietf-httpapi-ratelimit-headers) beside `Retry-After`: the policy is the burst as
+/// quota over the time a spent burst refills, the state the units left and the seconds until
+/// full; on 200 and 429 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_carry_the_ratelimit_fields() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &["a", "b", "c"]).await;
+    let take = json!({"key": "example.com", "rate": "2/s", "burst": 3});
+    // 0.5 s charged per take: full again in 0.5, 1.0, 1.5 s (whole seconds rounded up).
+    let expected = [
+        (StatusCode::OK, 2, 1),
+        (StatusCode::OK, 1, 1),
+        (StatusCode::OK, 0, 2),
+    ];
+    for (status, left, full) in expected {
+        let (got, policy, state) =
+            ratelimit_fields(&router, "/budgets/crawl/take", take.clone()).await;
+        assert_eq!(got, status);
+        assert_eq!(policy.as_deref(), Some("\"crawl\";q=3;w=2"));
+        assert_eq!(
+            state.as_deref(),
+            Some(format!("\"crawl\";r={left};t={full}").as_str())
+        );
+    }
+    let (got, policy, state) = ratelimit_fields(&router, "/budgets/crawl/take", take).await;
+    assert_eq!(got, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(policy.as_deref(), Some("\"crawl\";q=3;w=2"));
+    assert_eq!(state.as_deref(), Some("\"crawl\";r=0;t=2"));
+
+    let budget = json!({"name": "domains", "key": "shop.example.com", "rate": "1/m", "burst": 1});
+    let acquire = json!({"ttl_ms": 10000, "budget": budget});
+    let (got, _, _) = ratelimit_fields(&router, "/pools/proxies/leases", acquire.clone()).await;
+    assert_eq!(got, StatusCode::CREATED);
+    let (got, policy, state) = ratelimit_fields(&router, "/pools/proxies/leases", acquire).await;
+    assert_eq!(got, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(policy.as_deref(), Some("\"domains\";q=1;w=60"));
+    assert_eq!(state.as_deref(), Some("\"domains\";r=0;t=60"));
+}

@@ -51,11 +51,11 @@ mod handover;
 mod harness;
 /// The harness's fault proxy (every mode) and Sentinel/Cluster topologies, proven.
 mod harness_selftest;
-/// Every listener answers errors in JSON: unknown paths (404), methods (405), bodies (413, 408).
-mod http_errors;
 /// The house's rules read from the sources: Redis calls bounded through the timing kit, one
 /// command call timeout, flag limits in their tables, no issue numbers in comments.
 mod house;
+/// Every listener answers errors in JSON: unknown paths (404), methods (405), bodies (413, 408).
+mod http_errors;
 /// Idle HTTP connection floods under an open-file limit of 1024; header timeout; RLIMIT_NOFILE.
 mod http_flood;
 /// `snowlease lock`: mutual exclusion, fences, pauses, Redis down, exit codes, signals.

@@ -87,8 +87,10 @@ pub(super) async fn acquire(
         Ok(ChargedAcquire::Denied(taken)) => {
             metrics.acquired(&served.label, "budget_denied", started.elapsed());
             took("denied");
-            let budget = charge.as_ref().map_or("", |c| c.budget.as_str());
-            Ok(crate::budget::serve::denied_response(budget, &taken))
+            let (budget, keys) = charge
+                .as_ref()
+                .map_or(("", &[][..]), |c| (c.budget.as_str(), &c.keys[..]));
+            Ok(crate::budget::serve::denied_response(budget, keys, &taken))
         }
         Ok(ChargedAcquire::Acquired(Acquired::Empty {
             next_due_in,
