@@ -18,11 +18,13 @@
 //! - `config_error`: the stage-two validation error (exit 2), naming its flag.
 //! - [`exit`]: the exit codes of every command, one table.
 //! - [`failure`]: how a failed command ends: the error-to-code map and the last line.
-//! - [`connection`]: the Redis connection, URL redaction, error classification.
+//! - [`connection`]: the Redis connection, URL redaction, error classification, the decoder
+//!   of the scripts' error replies.
 //! - `eviction`: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
 //! - `persistence`: whether Redis' RDB/AOF settings can bring it back older (`CONFIG GET`), for advice.
 //! - [`identity`]: the owner identity and the per-process owner string.
-//! - `http`: serving a router, liveness routes, metrics encoding.
+//! - `http`: serving a router, liveness routes, metrics encoding; the one HTTP kit of every
+//!   listener: body reader, JSON error answers, `Retry-After`.
 //! - [`atomic_file`]: files written whole or not at all.
 //! - [`boot_clock`]: lease deadlines on CLOCK_BOOTTIME (counts suspended time; no wall-clock step moves it) and the boot ID; timers only wake.
 //! - [`logging`]: log lines that never block: a bounded, lossy queue to stderr.

@@ -117,6 +117,18 @@ mod tests {
         );
     }
 
+    /// A script's refusal handed back as a value reads as the same error as
+    /// one returned as an error.
+    #[test]
+    fn an_error_reply_as_a_value_is_the_scripts_refusal() {
+        let value = redis::parse_redis_value(b"-KEYTYPE k hash number\r\n").unwrap();
+        let err = ints(BudgetScript::Take, value, 5).unwrap_err();
+        assert!(
+            matches!(&err, BudgetError::WrongKeyType { key, found } if key == "k" && found == "hash"),
+            "{err:?}"
+        );
+    }
+
     /// The scripts take every range from the generated table: no script's
     /// code (comments aside) writes a bound itself.
     #[test]

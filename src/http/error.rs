@@ -50,6 +50,17 @@ impl HttpError {
         self
     }
 
+    /// The answer with every field of `fields` (a JSON object) set in its
+    /// body; anything but an object adds nothing.
+    pub(crate) fn with_fields(mut self, fields: Value) -> Self {
+        if let Value::Object(fields) = fields {
+            for (field, value) in fields {
+                self.body[field] = value;
+            }
+        }
+        self
+    }
+
     /// 400 `{"error": "bad input", field, expected}`: the request's `field`
     /// is outside what `expected` says; nothing was written.
     pub(crate) fn bad_input(field: &str, expected: &str) -> Self {
@@ -174,6 +185,18 @@ mod tests {
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 json!({"error": "bad key in redis", "key": "{p}:requests"})
+            )
+        );
+        assert_eq!(
+            answer(
+                HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "no lease")
+                    .with_fields(json!({"state": "claiming", "opens_in_ms": 5}))
+                    .with_fields(json!(7))
+            )
+            .await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "no lease", "state": "claiming", "opens_in_ms": 5})
             )
         );
         assert_eq!(

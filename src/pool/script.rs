@@ -362,6 +362,19 @@ mod tests {
         );
     }
 
+    /// A script's refusal handed back as a value reads as the same error as
+    /// one returned as an error: the key is named, never "unexpected reply".
+    #[test]
+    fn an_error_reply_as_a_value_is_the_scripts_refusal() {
+        let value = redis::parse_redis_value(b"-KEYTYPE {p}:meta set hash\r\n").unwrap();
+        let err = Reply::new(PoolScript::Extend, value).err().unwrap();
+        assert!(
+            matches!(&err, PoolError::WrongKeyType { key, found, expected }
+                if key == "{p}:meta" && found == "set" && expected == "hash"),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn every_script_has_the_helpers_and_its_contract() {
         for s in PoolScript::ALL {

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::state::WorkerState;
-use crate::http::{encode_metrics, liveness_routes};
+use crate::http::{HttpError, encode_metrics, liveness_routes};
 
 /// What the worker-mode handlers read.
 #[derive(Clone)]
@@ -45,17 +45,18 @@ pub(crate) fn worker_router(http: WorkerHttp) -> Router {
 /// an app minting with the worker ID would duplicate the sidecar's IDs.
 async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Response {
     if http.mint {
-        let body = json!({
-            "state": "minting",
-            "error": "mint mode (--mint): this sidecar mints the IDs itself and offers no worker ID; use GET /next",
-        });
-        return (StatusCode::CONFLICT, axum::Json(body)).into_response();
+        return HttpError::new(
+            StatusCode::CONFLICT,
+            "mint mode (--mint): this sidecar mints the IDs itself and offers no worker ID; use GET /next",
+        )
+        .with("state", "minting")
+        .into_response();
     }
     let state = http.state.borrow().clone();
     let Some(held) = state.valid_lease() else {
-        let mut body = unpublished(&state);
-        body["error"] = "no valid worker-ID lease".into();
-        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        return HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "no valid worker-ID lease")
+            .with_fields(unpublished(&state))
+            .into_response();
     };
     if crate::http::wants_text(&headers) {
         return (

@@ -185,3 +185,42 @@ async fn the_cli_names_the_bad_key() {
         "{run:?}"
     );
 }
+
+/// Extend and release over HTTP with `{<pool>}:meta` of another type: 500 naming the key, in
+/// the same words as an acquire's; nothing written; `/readyz` stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_and_release_name_the_bad_key_too() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = serve_router(&redis, &["proxies"], &["p1", "p2"]).await;
+    let (status, lease, _) = call(
+        &router,
+        "POST",
+        "/pools/proxies/leases",
+        json!({"ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{lease}");
+    let meta = PoolKeys::new("proxies").meta;
+    redis.query::<()>(redis::cmd("DEL").arg(&meta));
+    redis.query::<()>(redis::cmd("SADD").arg(&meta).arg("x"));
+    let before = dump(&redis);
+    let id = lease["id"].as_str().unwrap();
+    let token = lease["token"].clone();
+    for (op, body) in [
+        ("extend", json!({"token": token, "ttl_ms": 30000})),
+        ("release", json!({"token": token})),
+    ] {
+        let path = format!("/pools/proxies/leases/{id}/{op}");
+        let (status, answer, _) = call(&router, "POST", &path, body).await;
+        assert_eq!(
+            (status, answer, readyz(&router).await),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": "bad key in redis", "key": meta}),
+                StatusCode::OK,
+            ),
+            "{op}"
+        );
+    }
+    assert_eq!(dump(&redis), before, "nothing written");
+}

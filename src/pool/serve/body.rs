@@ -1,7 +1,8 @@
-//! The request bodies and error answers of `pool serve`: each body a serde
-//! struct that refuses unknown fields, then checked against the ranges of
-//! [`limits`]; errors as JSON with an `error` field, and for bad input the
-//! `field` and what it accepts (`expected`).
+//! The request bodies and error answers of `pool serve`: each body read by
+//! the one reader of every route ([`crate::http::body`]) into a serde struct,
+//! then checked against the ranges of [`limits`]; errors answered through
+//! [`HttpError`]'s builders, for bad input the `field` and what it accepts
+//! (`expected`).
 
 use std::time::Duration;
 
@@ -270,6 +271,7 @@ fn fields<T: DeserializeOwned>(
     required: &[Kind],
 ) -> Result<T, ApiError> {
     // At most two required fields (token, ttl_ms): no allocation per request.
+    debug_assert!(required.len() <= 2, "more required fields than names");
     let mut names = [""; 2];
     for (name, kind) in names.iter_mut().zip(required) {
         *name = kind.field();
