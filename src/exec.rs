@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use nix::sys::signal::Signal;
-use tokio::time::sleep_until;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use self::judge::{Gone, Judged, judge};
 use crate::shutdown::Signals;
@@ -252,14 +251,7 @@ async fn supervise(
                     }
                 }
             }
-            Step::Sleep(wake) => tokio::select! {
-                () = sleep_until(wake.into()) => {}
-                Some(signal) = signals.recv() => {
-                    debug!(signal, "forwarding signal to the command");
-                    child.signal(signal);
-                }
-                () = child.changed() => {}
-            },
+            Step::Sleep(wake) => child.sleep_forwarding(wake, signals).await,
         }
     }
 }

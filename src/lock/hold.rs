@@ -18,7 +18,6 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 use redis::RedisResult;
-use tokio::time::sleep_until;
 use tracing::{debug, error, warn};
 
 use super::LockConfig;
@@ -184,14 +183,7 @@ pub(crate) async fn hold(
                     }
                 }
             }
-            Step::Sleep(wake) => tokio::select! {
-                () = sleep_until(wake.into()) => {}
-                Some(signal) = signals.recv() => {
-                    debug!(signal, "forwarding signal to the command");
-                    child.signal(signal);
-                }
-                () = child.changed() => {}
-            },
+            Step::Sleep(wake) => child.sleep_forwarding(wake, signals).await,
         }
     }
 }

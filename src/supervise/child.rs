@@ -107,6 +107,24 @@ impl Child {
         self.exited.recv().await;
     }
 
+    /// Sleeps until `wake`, passing each signal of `signals` on to the command meanwhile
+    /// (exec and lock forward what they get); returns at `wake`, after one signal, or when
+    /// the child changed state, whichever comes first. Cancel-safe.
+    pub(crate) async fn sleep_forwarding(
+        &mut self,
+        wake: std::time::Instant,
+        signals: &mut crate::shutdown::Signals,
+    ) {
+        tokio::select! {
+            () = tokio::time::sleep_until(wake.into()) => {}
+            Some(signal) = signals.recv() => {
+                tracing::debug!(signal, "forwarding signal to the command");
+                self.signal(signal);
+            }
+            () = self.changed() => {}
+        }
+    }
+
     /// Process ID (and process group ID) of the child.
     pub(crate) fn pid(&self) -> u32 {
         self.pid.as_raw().unsigned_abs()

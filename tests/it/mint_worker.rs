@@ -204,8 +204,6 @@ fn mint_mode_answers_next_and_keeps_the_worker_id_from_the_app() {
     );
 }
 
-/// SIGTERM records the last minted timestamp; the next holder of the worker ID (same pod
-/// volume gone: a new pod) mints at once, above every ID of the first.
 /// With `--mint-socket`, `/next` is served on the socket only: on `--listen` it answers 404
 /// naming the socket (any pod reaching the port would mint with this worker ID), while
 /// `/readyz`, `/livez` and `/metrics` stay on the port.
@@ -238,6 +236,8 @@ fn with_a_mint_socket_next_is_not_served_on_the_port() {
     assert!(sidecar.metric("snowlease_lease_held") == Some(1.0));
 }
 
+/// SIGTERM records the last minted timestamp; the next holder of the worker ID (same pod
+/// volume gone: a new pod) mints at once, above every ID of the first.
 #[test]
 fn a_clean_handover_mints_above_the_previous_holder() {
     let redis = RedisServer::start();
