@@ -25,6 +25,7 @@ use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
 use crate::worker_id::limits::MAX_CLOCK_SKEW;
 use crate::worker_id::mint::args::MINT_WINDOW;
+use crate::worker_id::range::WorkerRange;
 
 static CARRY: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry.lua")));
@@ -96,7 +97,7 @@ pub struct CarryConfig {
     to: LeaseKeys,
     to_mint: MintKeys,
     app: String,
-    max_worker_id: u16,
+    worker_ids: WorkerRange,
     layout: IdLayout,
     epoch: Epoch,
     redis: RedisTarget,
@@ -123,7 +124,7 @@ impl CarryArgs {
                 .unwrap_or(&DEFAULT_EPOCH_MS.to_string()),
             now,
         )?;
-        layout.check_workers(keys.max_worker_id)?;
+        layout.check_workers(keys.worker_ids)?;
         layout.check_lasts(epoch, now)?;
         MINT_WINDOW.check(self.mint_window)?;
         MAX_CLOCK_SKEW.check(self.max_clock_skew)?;
@@ -135,7 +136,7 @@ impl CarryArgs {
             to: LeaseKeys::new(prefix, &keys.app),
             to_mint: MintKeys::new(prefix, &keys.app),
             app: keys.app,
-            max_worker_id: keys.max_worker_id,
+            worker_ids: keys.worker_ids,
             layout,
             epoch,
             redis: self.redis.target()?,
@@ -275,7 +276,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         }
         .into());
     }
-    for id in 0..=config.max_worker_id {
+    for id in config.worker_ids.ids() {
         let mark = config.to_mint.mark(&config.to.id(id));
         let mut invocation = CARRY.key(mark);
         invocation.arg(floor);
@@ -289,7 +290,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         "old_mark_unix_ms": old_mark,
         "floor_unix_ms": floor,
         "wait_ms": floor.saturating_sub(wall_now_ms()),
-        "worker_ids": u32::from(config.max_worker_id) + 1,
+        "worker_ids": config.worker_ids.len(),
     });
     stdout_line(&line.to_string())
 }

@@ -116,8 +116,12 @@ fn holder_publishes_id_everywhere() {
     );
     assert_eq!(
         redis.keys("*"),
-        vec![worker_key("orders", 0), format!("{PREFIX}orders:guard")],
-        "only the lease key and the app's claim guard"
+        vec![
+            worker_key("orders", 0),
+            format!("{PREFIX}orders:guard"),
+            format!("{PREFIX}orders:ranges")
+        ],
+        "only the lease key, the app's claim guard and the ranges record"
     );
 }
 
@@ -137,11 +141,13 @@ fn key_prefix_and_env_twins() {
     let lease = sidecar.wait_for_lease(secs(15));
     assert_eq!(lease.app, "billing");
     assert_owner_format(&lease.owner, "pod-x");
+    assert!(poll_until(secs(5), || redis.exists("custom:ids:billing:ranges")));
     assert_eq!(
         redis.keys("*"),
         vec![
             format!("custom:ids:billing:{}", lease.worker_id),
-            "custom:ids:billing:guard".to_owned()
+            "custom:ids:billing:guard".to_owned(),
+            "custom:ids:billing:ranges".to_owned()
         ]
     );
     assert_eq!(

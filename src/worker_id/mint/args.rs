@@ -11,6 +11,7 @@ use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_
 use super::minter::Window;
 use crate::cli::{DurationLimit, parse_duration, show_duration};
 use crate::config_error::ConfigError;
+use crate::worker_id::range::WorkerRange;
 
 /// `--mint-window`: how far ahead of its clock the sidecar reserves timestamps in Redis,
 /// 100 ms to 60 s. One reservation (a small script call) per half window of minting.
@@ -79,7 +80,7 @@ impl MintArgs {
     /// Errors: [`ConfigError`] naming `--id-layout`, `--epoch` or `--mint-window`.
     pub fn validate(
         &self,
-        max_worker_id: u16,
+        worker_ids: WorkerRange,
         ttl: Duration,
         max_clock_skew: Duration,
     ) -> Result<Option<MintConfig>, ConfigError> {
@@ -92,7 +93,7 @@ impl MintArgs {
             Some(text) => Epoch::parse(text, now)?,
             None => Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), now)?,
         };
-        layout.check_workers(max_worker_id)?;
+        layout.check_workers(worker_ids)?;
         layout.check_lasts(epoch, now)?;
         MINT_WINDOW.check(self.mint_window)?;
         if self.mint_window + max_clock_skew >= ttl {
@@ -157,7 +158,7 @@ mod tests {
         argv.extend_from_slice(extra);
         let args = Cli::try_parse_from(argv).expect("parses").mint;
         args.validate(
-            max_worker_id,
+            WorkerRange::up_to(max_worker_id),
             Duration::from_secs(120),
             Duration::from_millis(500),
         )
@@ -178,7 +179,11 @@ mod tests {
     #[test]
     fn without_mint_there_is_no_config() {
         let args = Cli::try_parse_from(["snowlease"]).unwrap().mint;
-        let config = args.validate(31, Duration::from_secs(120), Duration::from_millis(500));
+        let config = args.validate(
+            WorkerRange::up_to(31),
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+        );
         assert!(config.unwrap().is_none());
     }
 
@@ -220,10 +225,12 @@ mod tests {
             .unwrap()
             .mint;
         let skew = Duration::from_millis(500);
-        let err = args.validate(31, Duration::from_secs(2), skew).unwrap_err();
+        let err = args
+            .validate(WorkerRange::up_to(31), Duration::from_secs(2), skew)
+            .unwrap_err();
         assert_eq!(err.flag, "--mint-window");
         assert!(err.reason.contains("--ttl 2s"), "{}", err.reason);
-        args.validate(31, Duration::from_millis(2001), skew)
+        args.validate(WorkerRange::up_to(31), Duration::from_millis(2001), skew)
             .expect("just above");
     }
 }

@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config_error::ConfigError;
+use crate::worker_id::range::WorkerRange;
 
 /// `--id-layout` by default: Twitter's 41 timestamp, 10 worker, 12 sequence bits.
 pub const DEFAULT_LAYOUT: &str = "41:10:12";
@@ -89,16 +90,21 @@ impl IdLayout {
         1 << self.sequence_bits.min(31)
     }
 
-    /// Checks that the worker bits hold `max_worker_id` (`--max-worker-id`).
-    pub fn check_workers(self, max_worker_id: u16) -> Result<(), ConfigError> {
-        if u64::from(max_worker_id) < 1u64 << self.worker_bits {
+    /// Checks that the worker bits hold every ID of `range` (`--worker-ids`, or
+    /// `0-(--max-worker-id)`).
+    ///
+    /// Errors: [`ConfigError`] naming `--id-layout`, the range flags and the IDs the worker
+    /// bits hold.
+    pub fn check_workers(self, range: WorkerRange) -> Result<(), ConfigError> {
+        if u64::from(range.high()) < 1u64 << self.worker_bits {
             return Ok(());
         }
         Err(ConfigError::new(
             "--id-layout",
             format!(
-                "{} worker bits hold worker IDs 0-{}, but --max-worker-id is {max_worker_id}",
+                "{} worker bits hold worker IDs 0-{}, but the worker IDs are {range} (--worker-ids, or 0-N from --max-worker-id N); allowed: a range within 0-{}",
                 self.worker_bits,
+                (1u64 << self.worker_bits) - 1,
                 (1u64 << self.worker_bits) - 1
             ),
         ))
@@ -235,15 +241,21 @@ mod tests {
 
     #[test]
     fn worker_bits_must_hold_the_max_worker_id() {
-        assert!(layout("41:10:12").check_workers(1023).is_ok());
-        let err = layout("41:5:12").check_workers(32).unwrap_err();
-        assert_eq!(err.flag, "--id-layout");
-        assert!(err.reason.contains("0-31"), "{}", err.reason);
-        assert!(
-            err.reason.contains("--max-worker-id is 32"),
-            "{}",
-            err.reason
-        );
+        let range = |low, high| WorkerRange::new(low, high).unwrap();
+        assert!(layout("41:10:12").check_workers(range(0, 1023)).is_ok());
+        assert!(layout("41:5:12").check_workers(range(16, 31)).is_ok());
+        for wide in [range(0, 32), range(16, 40)] {
+            let err = layout("41:5:12").check_workers(wide).unwrap_err();
+            assert_eq!(err.flag, "--id-layout");
+            for says in [
+                "hold worker IDs 0-31",
+                &format!("worker IDs are {wide}"),
+                "--worker-ids",
+                "--max-worker-id",
+            ] {
+                assert!(err.reason.contains(says), "{says}: {}", err.reason);
+            }
+        }
     }
 
     #[test]

@@ -66,7 +66,7 @@ fn render_summary(out: &mut String, s: &GuardSummary) {
 /// The report as a table, one line per ID that is not free.
 pub(super) fn render(report: &Report) -> String {
     let mut out = format!(
-        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:0-{})\n",
+        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:{})\n",
         report.app,
         report.free,
         report.ids,
@@ -78,7 +78,7 @@ pub(super) fn render(report: &Report) -> String {
         report.wrong_type,
         report.key_prefix,
         report.app,
-        report.ids - 1
+        report.worker_ids
     );
     match &report.claim_guard {
         ClaimGuard::Open => {}
@@ -140,6 +140,7 @@ mod tests {
         let report = Report {
             app: "orders".into(),
             key_prefix: "snowflake:worker:".into(),
+            worker_ids: "0-4".into(),
             ids: 5,
             held: 2,
             released: 1,
