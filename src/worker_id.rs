@@ -162,7 +162,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
                 if let Some(socket) = mint_socket {
                     socket.close();
                 }
-                return Err(ConfigError::new("--id-layout, --epoch", why).into());
+                return Err(ConfigError::new("--id-layout, --epoch, --datacenter-id", why).into());
             }
             Err(_) => {}
         }
@@ -293,9 +293,11 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         warn!("the mint socket did not stop within 1s");
     }
     if let Some(why) = format_refused.get() {
-        return Err(
-            crate::config_error::ConfigError::new("--id-layout, --epoch", why.clone()).into(),
-        );
+        return Err(crate::config_error::ConfigError::new(
+            "--id-layout, --epoch, --datacenter-id",
+            why.clone(),
+        )
+        .into());
     }
     // Every stop reason names the Redis it concerns (for a claim timeout the
     // first question); the exit code still comes from the WorkerError.

@@ -17,13 +17,14 @@ use super::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, wall_now_ms,
 };
 use super::mint::script::{MintKeys, record_format};
-use crate::cli::parse_duration;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
+use crate::cli::{parse_duration, whole};
 use crate::connection::RedisTarget;
 use crate::timing::bounded;
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
 use crate::worker_id::limits::MAX_CLOCK_SKEW;
+use crate::worker_id::mint::args::DATACENTER_ID_MAX;
 use crate::worker_id::mint::args::MINT_WINDOW;
 use crate::worker_id::range::WorkerRange;
 
@@ -73,6 +74,11 @@ pub struct CarryArgs {
     #[arg(long, env = "SNOWLEASE_EPOCH")]
     pub epoch: Option<String>,
 
+    /// The new app's datacenter ID, as its sidecars are given it (0 to 2^D-1 for D datacenter bits of --id-layout).
+    #[arg(long, env = "SNOWLEASE_DATACENTER_ID", default_value_t = 0,
+        value_parser = whole::<u16>(0, DATACENTER_ID_MAX), allow_negative_numbers = true)]
+    pub datacenter_id: u16,
+
     /// The old app's --mint-window: a mark of the old app this Redis node did not write in
     /// its current life (a restart or failover since) counts as Redis TIME + this + twice
     /// --max-clock-skew, as its sidecars would raise it.
@@ -117,7 +123,7 @@ impl CarryArgs {
             ));
         }
         let now = wall_now_ms();
-        let layout = IdLayout::parse(&self.id_layout)?;
+        let layout = IdLayout::parse(&self.id_layout)?.with_datacenter_id(self.datacenter_id)?;
         let epoch = Epoch::parse(
             self.epoch
                 .as_deref()
@@ -189,6 +195,7 @@ pub(crate) fn floor_after(
             old_epoch,
             IdParts {
                 unix_ms: old_mark.min(old.overflows_at(old_epoch) - 1),
+                datacenter_id: 0,
                 worker_id: 0,
                 sequence: 0,
             },
@@ -297,13 +304,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
 
 /// `"<t>:<w>:<s>@<epoch ms>"` ([`IdLayout::format`]).
 fn parse_format(record: &str) -> anyhow::Result<(IdLayout, Epoch)> {
-    let (layout, epoch) = record
-        .split_once('@')
-        .ok_or_else(|| anyhow::anyhow!("{record:?} is not <layout>@<epoch ms>"))?;
-    let layout = IdLayout::parse(layout).map_err(|e| anyhow::anyhow!("{record:?}: {e}"))?;
-    let epoch =
-        Epoch::parse(epoch, wall_now_ms()).map_err(|e| anyhow::anyhow!("{record:?}: {e}"))?;
-    Ok((layout, epoch))
+    IdLayout::parse_format(record, wall_now_ms()).map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]
@@ -324,6 +325,7 @@ mod tests {
         assert_eq!(floor, mark + 3_000);
         let parts = |unix_ms| IdParts {
             unix_ms,
+            datacenter_id: 0,
             worker_id: 0,
             sequence: 0,
         };

@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms};
 use super::minter::Window;
-use crate::cli::{DurationLimit, parse_duration, show_duration};
+use crate::cli::{DurationLimit, parse_duration, show_duration, whole};
 use crate::config_error::ConfigError;
 use crate::worker_id::range::WorkerRange;
 
@@ -22,6 +22,10 @@ pub(crate) const MINT_WINDOW: DurationLimit = DurationLimit {
     max: Duration::from_secs(60),
 };
 
+/// The largest `--datacenter-id` any layout takes: 16 datacenter bits. A layout with fewer
+/// bits takes less (`IdLayout::with_datacenter_id` says how much).
+pub(crate) const DATACENTER_ID_MAX: u64 = 65_535;
+
 /// Flags of mint mode, part of `snowlease worker`.
 #[derive(Debug, Clone, Args)]
 pub struct MintArgs {
@@ -33,9 +37,14 @@ pub struct MintArgs {
     #[arg(long, env = "SNOWLEASE_MINT_SOCKET", requires = "mint")]
     pub mint_socket: Option<PathBuf>,
 
-    /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE, each at least 1, together at most 63.
+    /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE or TIMESTAMP:DATACENTER:WORKER:SEQUENCE (e.g. 41:5:5:12), each at least 1 (datacenter 0-16), together at most 63.
     #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT)]
     pub id_layout: String,
+
+    /// Datacenter ID put into every minted ID: 0 to 2^D-1 for the D datacenter bits of --id-layout (only 0 without them); fixed for the app like the layout.
+    #[arg(long, env = "SNOWLEASE_DATACENTER_ID", default_value_t = 0, requires = "mint",
+        value_parser = whole::<u16>(0, DATACENTER_ID_MAX), allow_negative_numbers = true)]
+    pub datacenter_id: u16,
 
     /// Where timestamps count from: RFC 3339 or Unix ms, not in the future [default: Twitter's].
     #[arg(long, env = "SNOWLEASE_EPOCH")]
@@ -88,7 +97,7 @@ impl MintArgs {
             return Ok(None);
         }
         let now = wall_now_ms();
-        let layout = IdLayout::parse(&self.id_layout)?;
+        let layout = IdLayout::parse(&self.id_layout)?.with_datacenter_id(self.datacenter_id)?;
         let epoch = match &self.epoch {
             Some(text) => Epoch::parse(text, now)?,
             None => Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), now)?,
