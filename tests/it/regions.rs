@@ -1,10 +1,16 @@
 //! `--worker-ids LOW-HIGH`: regions with a Redis each hand out disjoint IDs; a recorded ID
 //! outside the range is not re-adopted; overlapping ranges on one Redis are logged, counted
-//! and shown by `status`; bad ranges refused naming the flags.
+//! and shown by `status`; bad ranges refused naming the flags; a range filled by concurrent
+//! claims on one server and on Cluster.
 
 use std::collections::BTreeSet;
 
+use futures_util::future::join_all;
 use serde_json::Value;
+use snowlease::connection::Keyspace;
+use snowlease::identity::Owner;
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+use snowlease::worker_id::range::WorkerRange;
 
 use crate::harness::*;
 
@@ -265,5 +271,76 @@ fn bad_ranges_are_refused_naming_the_flags() {
             );
         }
         assert!(!dir.path().join("worker-id").exists(), "nothing written");
+    }
+}
+
+/// 64 claims at once (through the library, as in `claim_windows`) over `--worker-ids
+/// 100-163`, windows of 16 shifted to the range: exactly the IDs 100-163, each key holding its
+/// claimant's owner string; a 65th claim finds all held.
+async fn fill_range(url: &str, app: &str) -> Vec<(Owner, usize)> {
+    let keys = LeaseKeys::new(PREFIX, app);
+    let range = WorkerRange::new(100, 163).unwrap();
+    let claims = (0..64).map(|_| {
+        let keys = keys.clone();
+        let mut c = crate::claim_windows::conn(url);
+        async move {
+            let owner = Owner::generate("test");
+            let reply = Claimer::over(&keys, range)
+                .claim(&mut c, &owner, secs(30))
+                .await
+                .unwrap();
+            match reply.outcome {
+                ClaimOutcome::Claimed(id) => (owner, id),
+                other => panic!("{other:?}"),
+            }
+        }
+    });
+    let got = join_all(claims).await;
+    let ids: BTreeSet<usize> = got.iter().map(|(_, id)| *id).collect();
+    assert_eq!(ids, (100..=163).collect::<BTreeSet<_>>());
+    let mut c = crate::claim_windows::conn(url);
+    let reply = Claimer::over(&keys, range)
+        .claim(&mut c, &Owner::generate("test"), secs(30))
+        .await
+        .unwrap();
+    assert_eq!(reply.outcome, ClaimOutcome::AllHeld, "{reply:?}");
+    got
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_range_fills_with_its_own_ids_on_one_server() {
+    let redis = RedisServer::start();
+    redis.set_stamped(&format!("{PREFIX}fill:guard"), 0);
+    for (owner, id) in fill_range(&redis.url(), "fill").await {
+        let key = worker_key("fill", id as u32);
+        assert_eq!(redis.get(&key).as_deref(), Some(owner.as_str()), "{key}");
+    }
+    let hint: u32 = redis
+        .get(&format!("{PREFIX}fill:hint"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (100..=163).contains(&hint),
+        "the hint names a real ID: {hint}"
+    );
+    assert!(redis.keys(&format!("{PREFIX}fill:[0-9]*")).len() == 64);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_range_fills_with_its_own_ids_on_cluster() {
+    let topo = ClusterTopology::start_primaries_only();
+    let url = topo.url();
+    let mut c = crate::claim_windows::conn(&url);
+    let keys = LeaseKeys::new(PREFIX, "fill");
+    let mut open = redis::pipe();
+    for guard in keys.guards(WorkerRange::new(100, 163).unwrap(), Keyspace::Slots) {
+        open.add_command(stamp_cmd(&guard, 0)).ignore();
+    }
+    let _: () = open.query_async(&mut c).await.unwrap();
+    for (owner, id) in fill_range(&url, "fill").await {
+        let key = worker_key("fill", id as u32);
+        let holder = topo.server(topo.owner_of_key(&key).port).get(&key);
+        assert_eq!(holder.as_deref(), Some(owner.as_str()), "{key}");
     }
 }
