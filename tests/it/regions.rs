@@ -344,3 +344,29 @@ async fn a_range_fills_with_its_own_ids_on_cluster() {
         assert_eq!(holder.as_deref(), Some(owner.as_str()), "{key}");
     }
 }
+
+/// `guard open --worker-ids 8-11` counts lease keys of the app below the range as well as in
+/// and above it (on one server the guard covers every ID): with the guard missing and a key
+/// at ID 3 it refuses (exit 5, nothing written); with no key at all it opens.
+#[test]
+fn guard_open_with_a_range_counts_keys_below_it() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let guard = format!("{PREFIX}ranged:guard");
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(worker_key("ranged", 3))
+            .arg("10.9.9.9#beef")
+            .arg("PX")
+            .arg(30_000),
+    );
+    let refused = guard_open(&url, "ranged", &["--worker-ids", "8-11"]);
+    assert_eq!(refused.code, Some(5), "{refused:?}");
+    assert!(refused.stderr.contains("1 lease key(s)"), "{refused:?}");
+    assert!(!redis.exists(&guard), "nothing written");
+
+    let _: () = redis.query(redis::cmd("DEL").arg(worker_key("ranged", 3)));
+    let opened = guard_open(&url, "ranged", &["--worker-ids", "8-11"]);
+    assert_eq!(opened.code, Some(0), "{opened:?}");
+    assert!(redis.exists(&guard));
+}
