@@ -370,3 +370,66 @@ fn guard_open_with_a_range_counts_keys_below_it() {
     assert_eq!(opened.code, Some(0), "{opened:?}");
     assert!(redis.exists(&guard));
 }
+
+/// `range/record.lua` on a real server: the caller's entry first with TIME + its TTL, its old
+/// entry, expired entries and text that is no entry dropped, the latest others kept up to
+/// the cap, the key's PX the latest entry's expiry; bad arguments are errors.
+#[test]
+fn the_ranges_record_keeps_live_entries_up_to_the_cap() {
+    let redis = RedisServer::start();
+    let script = redis::Script::new(include_str!("../../src/worker_id/range/record.lua"));
+    let key = format!("{PREFIX}rec:ranges");
+    let now = unix_ms();
+    let old = format!(
+        "0-511:{},0-9:{},512-1023:{},junk,20-29:{},30-39:{}",
+        now + 50_000,
+        now - 1,
+        now + 400_000,
+        now + 300_000,
+        now + 200_000
+    );
+    let _: () = redis.query(redis::cmd("SET").arg(&key).arg(old));
+    let (record, time): (String, u64) = script
+        .key(&key)
+        .arg("0-511")
+        .arg(10_000)
+        .arg(10)
+        .invoke(&mut redis.conn())
+        .unwrap();
+    assert!(time.abs_diff(now) < 5_000, "{time} {now}");
+    let expected = [
+        format!("0-511:{}", time + 10_000),
+        format!("512-1023:{}", now + 400_000),
+        format!("20-29:{}", now + 300_000),
+        format!("30-39:{}", now + 200_000),
+    ];
+    assert_eq!(record, expected.join(","), "ours first, then the latest");
+    assert_eq!(redis.get(&key), Some(record));
+    let pttl = redis.pttl(&key);
+    assert!(pttl > 390_000 && pttl <= 400_000, "{pttl}");
+
+    // At a cap of 2: ours and the latest other.
+    let (record, time): (String, u64) = script
+        .key(&key)
+        .arg("40-49")
+        .arg(10_000)
+        .arg(2)
+        .invoke(&mut redis.conn())
+        .unwrap();
+    assert_eq!(
+        record,
+        format!("40-49:{},512-1023:{}", time + 10_000, now + 400_000)
+    );
+
+    let mut conn = redis.conn();
+    for (range, ttl, most) in [("x", "1", "1"), ("1-2", "0", "1"), ("1-2", "1", "0")] {
+        let err = script
+            .key(&key)
+            .arg(range)
+            .arg(ttl)
+            .arg(most)
+            .invoke::<(String, u64)>(&mut conn)
+            .unwrap_err();
+        assert!(err.to_string().contains("ranges:"), "{err}");
+    }
+}
