@@ -21,7 +21,8 @@ fn region_worker(redis: &RedisServer, app: &str, range: &str) -> SidecarBuilder 
 
 /// Two regions, each with its own Redis, give their sidecars 100-102 and 200-202: all six
 /// sidecars hold IDs, no ID twice, each inside its region's range, lease keys with the real
-/// ID; a fourth sidecar of region A finds its range exhausted and says which range.
+/// ID; a fourth sidecar of region A finds its range exhausted, says which range, counts
+/// `full`, stays unready and exits 3 at its claim timeout, as when every ID of an app is held.
 #[test]
 fn two_regions_on_two_redis_servers_never_hand_out_one_id() {
     let app = "orders";
@@ -53,13 +54,32 @@ fn two_regions_on_two_redis_servers_never_hand_out_one_id() {
         assert_eq!(keys, expected, "keys carry the real ID");
     }
 
-    let extra = region_worker(&regions[0].0, app, "100-102").spawn();
+    let mut extra = region_worker(&regions[0].0, app, "100-102")
+        .flag("--claim-timeout", "3s")
+        .spawn();
     let said = extra
         .wait_for_event("all worker IDs are held", secs(10))
         .expect("exhaustion is logged");
     assert_eq!(said["worker_ids"], "100-102", "{said}");
     assert_eq!(extra.metric("snowlease_worker_ids"), Some(3.0));
+    assert!(
+        extra
+            .metric("snowlease_claim_attempts_total{outcome=\"full\"}")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
     assert_eq!(extra.readyz(), 503);
+    // As when every ID of an app is held: exit 3 at the claim timeout, naming the range.
+    let status = extra
+        .wait_exit(secs(15))
+        .expect("exits at the claim timeout");
+    assert_eq!(status.code(), Some(3));
+    let log = extra.log_lines().join("\n");
+    assert!(log.contains("all 3 worker IDs (100-102) are held"), "{log}");
+    assert!(
+        regions[1].0.keys(&format!("{PREFIX}{app}:[0-9]*")).len() == 3,
+        "the other region untouched"
+    );
 }
 
 /// A sidecar restarted in its pod with another range does not re-adopt the ID its state file
