@@ -351,7 +351,10 @@ async fn rows(url: &str, node_of: &dyn Fn(&str) -> u16, stat_ports: Vec<u16>) ->
             }
             wipe.cmd("DEL").arg(format!("{PREFIX}{app}:hint")).ignore();
             let _: () = wipe.query_async(&mut conn).await.unwrap();
-            let mut guards = keys.guards(max, keyspace);
+            let mut guards = keys.guards(
+                snowlease::worker_id::range::WorkerRange::up_to(max),
+                keyspace,
+            );
             guards.dedup();
             open_guards(&mut conn, guards.into_iter()).await;
             set_all(&mut conn, held.clone().map(|id| keys.id(id as u16)), HELD).await;

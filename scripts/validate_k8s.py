@@ -69,6 +69,7 @@ KNOWN_METRICS = {
     "snowlease_lease_held",
     "snowlease_worker_id",
     "snowlease_worker_ids",
+    "snowlease_worker_id_range_overlaps",
     "snowlease_renewals_total",
     "snowlease_leases_lost_total",
     "snowlease_reacquisitions_total",

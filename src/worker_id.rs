@@ -10,6 +10,7 @@
 //! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop.
 //! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
 //! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
+//! - [`range`]: the worker IDs a sidecar claims (`--worker-ids`), so regions split one ID space.
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
 //! - [`carry`]: `snowlease mint carry-over`, a change of the ID format under a new app.
 //! - `files`: the ID file, the state file format (read by `exec` too), the lock file.
@@ -29,6 +30,7 @@ pub(crate) mod limits;
 pub(crate) mod metrics;
 pub mod mint;
 pub(crate) mod publisher;
+pub mod range;
 pub(crate) mod routes;
 mod sizing;
 pub(crate) mod state;
@@ -160,7 +162,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
                 if let Some(socket) = mint_socket {
                     socket.close();
                 }
-                return Err(ConfigError::new("--id-layout, --epoch", why).into());
+                return Err(ConfigError::new("--id-layout, --epoch, --datacenter-id", why).into());
             }
             Err(_) => {}
         }
@@ -171,7 +173,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     metrics.register(&mut registry);
     metrics
         .worker_ids
-        .set(i64::from(config.lease.max_worker_id) + 1);
+        .set(i64::from(config.lease.worker_ids.len()));
     http::register_build_info(&mut registry);
     let mint = config.mint.clone().map(|m| Mint::new(m, &mut registry));
     let recorded = files::read_state(&config.output_file, &config.app);
@@ -195,7 +197,16 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         );
     }
     let reserver_conn = conn.clone();
+    let recorder = range::record::RangeRecorder {
+        conn: conn.clone(),
+        key: claim::LeaseKeys::new(&config.lease.key_prefix, &config.app).ranges(),
+        range: config.lease.worker_ids,
+        ttl: config.lease.ttl,
+        call_timeout: config.lease.call_timeout(),
+        metrics: metrics.clone(),
+    };
     let (worker, state_rx) = Worker::new(conn, owner, params, recorded, metrics);
+    let recorder = tokio::spawn(recorder.run(state_rx.clone(), shutdown.clone()));
 
     let http_stop = CancellationToken::new();
     let mut router = routes::worker_router(WorkerHttp {
@@ -264,6 +275,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         }
     };
     let stopped = worker.run(shutdown, unpublished).await;
+    recorder.abort();
 
     // The state file stays, marked `release_unconfirmed`, while its key may
     // still hold its owner string: the next start re-adopts it at once
@@ -288,9 +300,11 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         warn!("the mint socket did not stop within 1s");
     }
     if let Some(why) = format_refused.get() {
-        return Err(
-            crate::config_error::ConfigError::new("--id-layout, --epoch", why.clone()).into(),
-        );
+        return Err(crate::config_error::ConfigError::new(
+            "--id-layout, --epoch, --datacenter-id",
+            why.clone(),
+        )
+        .into());
     }
     // Every stop reason names the Redis it concerns (for a claim timeout the
     // first question); the exit code still comes from the WorkerError.

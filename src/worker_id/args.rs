@@ -14,6 +14,7 @@ use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
 use crate::http::{ConnectionLimits, HttpArgs};
 use crate::worker_id::mint::args::{MintArgs, MintConfig};
+use crate::worker_id::range::WorkerRange;
 
 /// Default `--output-file` of the sidecar, read by `exec` and `id` too.
 pub(crate) const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
@@ -40,8 +41,8 @@ pub enum OnLoss {
     Exit,
 }
 
-/// Which keys: `--app`, `--key-prefix`, `--max-worker-id`, shared by
-/// `worker` and `status` (they must name the same keys).
+/// Which keys: `--app`, `--key-prefix`, `--max-worker-id` or `--worker-ids`,
+/// shared by `worker`, `status` and `guard open` (they must name the same keys).
 #[derive(Debug, Clone, Args)]
 pub struct AppKeysArgs {
     /// Application name: 1-64 chars of [A-Za-z0-9_.-]; part of every lease key.
@@ -52,10 +53,19 @@ pub struct AppKeysArgs {
     #[arg(long, env = "SNOWLEASE_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
 
-    /// Highest worker ID handed out (0-1023); IDs run from 0 to this value.
+    /// Highest worker ID handed out (0-1023); IDs run from 0 to this value (the same as --worker-ids 0-N).
     #[arg(long, env = "SNOWLEASE_MAX_WORKER_ID", default_value_t = MAX_WORKER_ID.default,
         value_parser = whole::<u32>(MAX_WORKER_ID.min.into(), MAX_WORKER_ID.max.into()), allow_negative_numbers = true)]
     pub max_worker_id: u32,
+
+    /// Worker IDs handed out, LOW-HIGH within 0-1023, e.g. 512-1023 for one region's share of the IDs; instead of --max-worker-id.
+    #[arg(
+        long,
+        env = "SNOWLEASE_WORKER_IDS",
+        value_name = "LOW-HIGH",
+        conflicts_with = "max_worker_id"
+    )]
+    pub worker_ids: Option<String>,
 }
 
 /// The validated [`AppKeysArgs`].
@@ -65,19 +75,24 @@ pub(crate) struct AppKeys {
     pub app: String,
     /// Key prefix, e.g. `snowflake:worker:`.
     pub key_prefix: String,
-    /// IDs run 0..=max_worker_id.
-    pub max_worker_id: u16,
+    /// The IDs handed out: `--worker-ids`, else `0-(--max-worker-id)`.
+    pub worker_ids: WorkerRange,
 }
 
 impl AppKeysArgs {
-    /// Checks the three flags; the first violation names its flag.
+    /// Checks the flags; the first violation names its flag. clap refuses
+    /// `--worker-ids` and `--max-worker-id` (or their env twins) given at once.
     pub(crate) fn validate(&self) -> Result<AppKeys, ConfigError> {
         validate_app(&self.app)?;
         validate_key_prefix(&self.key_prefix)?;
+        let worker_ids = match &self.worker_ids {
+            Some(text) => WorkerRange::parse(text)?,
+            None => WorkerRange::up_to(validate_max_worker_id(self.max_worker_id)?),
+        };
         Ok(AppKeys {
             app: self.app.clone(),
             key_prefix: self.key_prefix.clone(),
-            max_worker_id: validate_max_worker_id(self.max_worker_id)?,
+            worker_ids,
         })
     }
 }
@@ -203,8 +218,8 @@ pub struct WorkerConfig {
 pub struct LeaseSettings {
     /// Key prefix, e.g. `snowflake:worker:`.
     pub key_prefix: String,
-    /// IDs run 0..=max_worker_id.
-    pub max_worker_id: u16,
+    /// The IDs claimed (`--worker-ids`, else `0-(--max-worker-id)`).
+    pub worker_ids: WorkerRange,
     /// PX of the lease key.
     pub ttl: Duration,
     /// Time between renewals (<= ttl/2).
@@ -219,7 +234,7 @@ impl Default for LeaseSettings {
     fn default() -> Self {
         Self {
             key_prefix: DEFAULT_KEY_PREFIX.into(),
-            max_worker_id: DEFAULT_MAX_WORKER_ID,
+            worker_ids: WorkerRange::up_to(DEFAULT_MAX_WORKER_ID),
             ttl: TTL.default_value(),
             renew_interval: RENEW_INTERVAL.default_value(),
             retries: RETRIES.default,
@@ -266,14 +281,14 @@ impl WorkerArgs {
         let http = self.http.validate()?;
         let mint = self
             .mint
-            .validate(keys.max_worker_id, self.ttl, self.max_clock_skew)?;
+            .validate(keys.worker_ids, self.ttl, self.max_clock_skew)?;
         Ok(WorkerConfig {
             app: keys.app,
             redis,
             identity: self.identity.clone(),
             lease: LeaseSettings {
                 key_prefix: keys.key_prefix,
-                max_worker_id: keys.max_worker_id,
+                worker_ids: keys.worker_ids,
                 ttl: self.ttl,
                 renew_interval: self.renew_interval,
                 retries: self.retries,
@@ -375,7 +390,7 @@ mod tests {
     #[test]
     fn defaults_validate() {
         let config = args(&[]).validate().expect("defaults are valid");
-        assert_eq!(config.lease.max_worker_id, 31);
+        assert_eq!(config.lease.worker_ids, WorkerRange::up_to(31));
         assert_eq!(config.lease.ttl, Duration::from_secs(120));
         assert_eq!(config.lease.renew_interval, Duration::from_secs(60));
         // IPv6-only pods: the kubelet probes the pod IP, which may be IPv6.
@@ -413,7 +428,10 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_their_flag() {
-        let cases: [(&[&str], &str); 13] = [
+        let cases: [(&[&str], &str); 16] = [
+            (&["--worker-ids", "512-1024"], "--worker-ids"),
+            (&["--worker-ids", "9-3"], "--worker-ids"),
+            (&["--worker-ids", "x"], "--worker-ids"),
             (&["--max-connections", "0"], "--max-connections"),
             (&["--max-connections", "65537"], "--max-connections"),
             (&["--http-header-timeout", "99ms"], "--http-header-timeout"),
@@ -432,5 +450,34 @@ mod tests {
             let err = args(extra).validate().unwrap_err();
             assert_eq!(err.flag, flag, "{extra:?}");
         }
+    }
+
+    /// `--worker-ids` sets the range; `--max-worker-id N` is `0-N`; both at once are refused
+    /// by clap, naming both flags.
+    #[test]
+    fn worker_ids_or_max_worker_id_but_not_both() {
+        let config = args(&["--worker-ids", "512-1023"]).validate().unwrap();
+        assert_eq!(
+            config.lease.worker_ids,
+            WorkerRange::new(512, 1023).unwrap()
+        );
+        let config = args(&["--max-worker-id", "99"]).validate().unwrap();
+        assert_eq!(config.lease.worker_ids, WorkerRange::new(0, 99).unwrap());
+        let argv = [
+            "snowlease",
+            "--app",
+            "a",
+            "--worker-ids",
+            "0-9",
+            "--max-worker-id",
+            "9",
+        ];
+        let err = Cli::try_parse_from(argv).err().expect("refused");
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let text = err.to_string();
+        assert!(
+            text.contains("--worker-ids") && text.contains("--max-worker-id"),
+            "{text}"
+        );
     }
 }

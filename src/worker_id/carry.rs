@@ -17,13 +17,15 @@ use super::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, wall_now_ms,
 };
 use super::mint::script::{MintKeys, record_format};
-use crate::cli::parse_duration;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
+use crate::cli::{parse_duration, whole};
 use crate::connection::RedisTarget;
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::claim::LeaseKeys;
 use crate::worker_id::limits::{MAX_CLOCK_SKEW, MINT_WINDOW};
+use crate::worker_id::mint::args::DATACENTER_ID_MAX;
+use crate::worker_id::range::WorkerRange;
 
 static CARRY: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("carry.lua")));
@@ -68,6 +70,11 @@ pub struct CarryArgs {
     #[arg(long, env = "SNOWLEASE_EPOCH")]
     pub epoch: Option<String>,
 
+    /// The new app's datacenter ID, as its sidecars are given it (0 to 2^D-1 for D datacenter bits of --id-layout).
+    #[arg(long, env = "SNOWLEASE_DATACENTER_ID", default_value_t = 0,
+        value_parser = whole::<u16>(0, DATACENTER_ID_MAX), allow_negative_numbers = true)]
+    pub datacenter_id: u16,
+
     /// The old app's --mint-window (100ms-60s): a mark of the old app this Redis node did not
     /// write in its current life (a restart or failover since) counts as Redis TIME + this +
     /// twice --max-clock-skew, as its sidecars would raise it.
@@ -92,7 +99,7 @@ pub struct CarryConfig {
     to: LeaseKeys,
     to_mint: MintKeys,
     app: String,
-    max_worker_id: u16,
+    worker_ids: WorkerRange,
     layout: IdLayout,
     epoch: Epoch,
     redis: RedisTarget,
@@ -112,14 +119,14 @@ impl CarryArgs {
             ));
         }
         let now = wall_now_ms();
-        let layout = IdLayout::parse(&self.id_layout)?;
+        let layout = IdLayout::parse(&self.id_layout)?.with_datacenter_id(self.datacenter_id)?;
         let epoch = Epoch::parse(
             self.epoch
                 .as_deref()
                 .unwrap_or(&DEFAULT_EPOCH_MS.to_string()),
             now,
         )?;
-        layout.check_workers(keys.max_worker_id)?;
+        layout.check_workers(keys.worker_ids)?;
         layout.check_lasts(epoch, now)?;
         MINT_WINDOW.check(self.mint_window)?;
         MAX_CLOCK_SKEW.check(self.max_clock_skew)?;
@@ -131,7 +138,7 @@ impl CarryArgs {
             to: LeaseKeys::new(prefix, &keys.app),
             to_mint: MintKeys::new(prefix, &keys.app),
             app: keys.app,
-            max_worker_id: keys.max_worker_id,
+            worker_ids: keys.worker_ids,
             layout,
             epoch,
             redis: self.redis.target()?,
@@ -184,6 +191,7 @@ pub(crate) fn floor_after(
             old_epoch,
             IdParts {
                 unix_ms: old_mark.min(old.overflows_at(old_epoch) - 1),
+                datacenter_id: 0,
                 worker_id: 0,
                 sequence: 0,
             },
@@ -273,7 +281,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         }
         .into());
     }
-    for id in 0..=config.max_worker_id {
+    for id in config.worker_ids.ids() {
         let mark = config.to_mint.mark(&config.to.id(id));
         let mut invocation = CARRY.key(mark);
         invocation.arg(floor);
@@ -289,20 +297,14 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         "old_mark_unix_ms": old_mark,
         "floor_unix_ms": floor,
         "wait_ms": floor.saturating_sub(wall_now_ms()),
-        "worker_ids": u32::from(config.max_worker_id) + 1,
+        "worker_ids": config.worker_ids.len(),
     });
     stdout_line(&line.to_string())
 }
 
 /// `"<t>:<w>:<s>@<epoch ms>"` ([`IdLayout::format`]).
 fn parse_format(record: &str) -> anyhow::Result<(IdLayout, Epoch)> {
-    let (layout, epoch) = record
-        .split_once('@')
-        .ok_or_else(|| anyhow::anyhow!("{record:?} is not <layout>@<epoch ms>"))?;
-    let layout = IdLayout::parse(layout).map_err(|e| anyhow::anyhow!("{record:?}: {e}"))?;
-    let epoch =
-        Epoch::parse(epoch, wall_now_ms()).map_err(|e| anyhow::anyhow!("{record:?}: {e}"))?;
-    Ok((layout, epoch))
+    IdLayout::parse_format(record, wall_now_ms()).map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]
@@ -323,6 +325,7 @@ mod tests {
         assert_eq!(floor, mark + 3_000);
         let parts = |unix_ms| IdParts {
             unix_ms,
+            datacenter_id: 0,
             worker_id: 0,
             sequence: 0,
         };

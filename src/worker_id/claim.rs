@@ -13,6 +13,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Script, ServerErrorKind};
 
+use super::range::WorkerRange;
 use crate::connection::Keyspace;
 use crate::identity::Owner;
 use crate::lease::step;
@@ -27,8 +28,8 @@ static CLAIM: LazyLock<Script> =
 /// Names of one app's keys, all under `<prefix><app>:` (snowlease never
 /// touches other keys): lease keys `<id>`, the claim guard `guard` (one
 /// server) or `guard:{<lease key>}` (Cluster, one per ID), the claim hint
-/// `hint` (one server, ranges over 32 IDs) and start-up probe keys
-/// `probe:<nonce>`.
+/// `hint` (one server, ranges over 32 IDs), the ranges record `ranges` and
+/// start-up probe keys `probe:<nonce>`.
 #[derive(Debug, Clone)]
 pub struct LeaseKeys {
     base: String,
@@ -63,9 +64,9 @@ impl LeaseKeys {
         (canonical && digits.bytes().all(|b| b.is_ascii_digit())).then_some(id)
     }
 
-    /// The lease keys of IDs `0..=max_worker_id`, in ID order.
-    pub(crate) fn ids(&self, max_worker_id: u16) -> Vec<String> {
-        (0..=max_worker_id).map(|id| self.id(id)).collect()
+    /// The lease keys of the IDs of `range`, in ID order.
+    pub(crate) fn ids(&self, range: WorkerRange) -> Vec<String> {
+        range.ids().map(|id| self.id(id)).collect()
     }
 
     /// The app's claim guard on one server (standalone, Sentinel): the
@@ -88,16 +89,23 @@ impl LeaseKeys {
         format!("{}guard:{{{}}}", self.base, self.id(worker_id))
     }
 
-    /// The guard of each ID, in ID order: the app guard for every ID on
-    /// one server ([`Keyspace::Whole`]), the per-ID guards on Cluster
-    /// ([`Keyspace::Slots`]).
-    pub fn guards(&self, max_worker_id: u16, keyspace: Keyspace) -> Vec<String> {
-        (0..=max_worker_id)
+    /// The guard of each ID of `range`, in ID order: the app guard for
+    /// every ID on one server ([`Keyspace::Whole`]), the per-ID guards on
+    /// Cluster ([`Keyspace::Slots`]).
+    pub fn guards(&self, range: WorkerRange, keyspace: Keyspace) -> Vec<String> {
+        range
+            .ids()
             .map(|id| match keyspace {
                 Keyspace::Slots => self.id_guard(id),
                 Keyspace::Whole => self.guard(),
             })
             .collect()
+    }
+
+    /// The app's ranges record: the `--worker-ids` of its sidecars, each
+    /// entry expiring on its own (`range/record.lua`).
+    pub(crate) fn ranges(&self) -> String {
+        format!("{}ranges", self.base)
     }
 
     /// The start-up probe key of one process.
@@ -349,12 +357,12 @@ mod tests {
     fn guards_follow_the_topology() {
         let keys = LeaseKeys::new("p:", "a");
         assert_eq!(
-            keys.guards(1, Keyspace::Whole),
+            keys.guards(WorkerRange::up_to(1), Keyspace::Whole),
             vec!["p:a:guard", "p:a:guard"]
         );
         assert_eq!(
-            keys.guards(1, Keyspace::Slots),
-            vec!["p:a:guard:{p:a:0}", "p:a:guard:{p:a:1}"]
+            keys.guards(WorkerRange::new(7, 8).unwrap(), Keyspace::Slots),
+            vec!["p:a:guard:{p:a:7}", "p:a:guard:{p:a:8}"]
         );
     }
 }

@@ -14,6 +14,7 @@ use redis::Script;
 
 use super::args::AppKeysArgs;
 use super::claim::LeaseKeys;
+use super::range::WorkerRange;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::{Keyspace, RedisTarget};
 use crate::timing::{self, COMMAND_CALL_TIMEOUT};
@@ -61,7 +62,7 @@ pub struct OpenArgs {
 #[derive(Debug, Clone)]
 pub struct OpenConfig {
     keys: LeaseKeys,
-    max_worker_id: u16,
+    worker_ids: WorkerRange,
     app: String,
     redis: RedisTarget,
     force: bool,
@@ -75,7 +76,7 @@ impl GuardArgs {
         let keys = open.keys.validate()?;
         Ok(OpenConfig {
             keys: LeaseKeys::new(&keys.key_prefix, &keys.app),
-            max_worker_id: keys.max_worker_id,
+            worker_ids: keys.worker_ids,
             app: keys.app,
             redis: open.redis.target()?,
             force: open.force,
@@ -160,7 +161,7 @@ impl Found {
 }
 
 /// Runs `guard open` and prints one JSON line. One server: a `SCAN` for
-/// lease keys of IDs above `--max-worker-id` (the app guard covers every
+/// lease keys of IDs outside `--worker-ids` (the app guard covers every
 /// ID, whatever range the sidecars use), then one script on every (lease
 /// key, app guard) pair, counting those too. Cluster: a pre-read of every
 /// lease key's type and per-ID guard (refused, nothing written, on a lease
@@ -185,10 +186,10 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
             return Err(evicting.into());
         }
     }
-    let ids = config.keys.ids(config.max_worker_id);
+    let ids = config.keys.ids(config.worker_ids);
     let pairs: Vec<(String, String)> = ids
         .into_iter()
-        .zip(config.keys.guards(config.max_worker_id, keyspace))
+        .zip(config.keys.guards(config.worker_ids, keyspace))
         .collect();
     // One server: keys beyond the range, which the script counts with its
     // own. Cluster: the pre-read only gates (the scripts count every key).
@@ -247,8 +248,8 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     stdout_line(&line.to_string())
 }
 
-/// One server: lease keys (strings) of the app's IDs above
-/// `--max-worker-id`, found with a full `SCAN` of `<prefix><app>:*`.
+/// One server: lease keys (strings) of the app's IDs outside
+/// `--worker-ids` (above `--max-worker-id`), found with a full `SCAN` of `<prefix><app>:*`.
 async fn beyond_range(
     config: &OpenConfig,
     conn: &mut crate::connection::Redis,
@@ -262,7 +263,7 @@ async fn beyond_range(
         held += keys
             .iter()
             .filter_map(|k| config.keys.worker_id_of(k))
-            .filter(|id| *id > u32::from(config.max_worker_id))
+            .filter(|id| !u16::try_from(*id).is_ok_and(|id| config.worker_ids.contains(id)))
             .count() as i64;
         if next == 0 {
             return Ok(held);

@@ -34,6 +34,7 @@ use self::setup::Setup;
 use super::args::{LeaseSettings, OnLoss};
 use super::claim::{Claimer, LeaseKeys};
 use super::metrics::WorkerMetrics;
+use super::range::WorkerRange;
 use super::state::{HeldLease, Mode, RecordedLease, WorkerState};
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, Redis};
@@ -146,12 +147,12 @@ impl Ours {
     fn keys(
         &self,
         keys: &LeaseKeys,
-        max_worker_id: u16,
+        range: WorkerRange,
         sent: impl Iterator<Item = u16>,
     ) -> Vec<String> {
         match (self.claim_started, self.readopted) {
             (false, _) => Vec::new(),
-            (true, Some(_)) => keys.ids(max_worker_id),
+            (true, Some(_)) => keys.ids(range),
             (true, None) => sent.map(|id| keys.id(id)).collect(),
         }
     }
@@ -200,7 +201,7 @@ impl Worker {
         };
         let (state, receiver) = watch::channel(initial);
         let keys = LeaseKeys::new(&params.settings.key_prefix, &params.app);
-        let claimer = Claimer::new(&keys, params.settings.max_worker_id);
+        let claimer = Claimer::over(&keys, params.settings.worker_ids);
         let worker = Self {
             claimer,
             release_conn: conn.clone(),
@@ -395,14 +396,17 @@ mod tests {
             claim_started: false,
             readopted: None,
         };
-        assert!(ours.keys(&keys, 1023, [3, 67].into_iter()).is_empty());
+        assert!(
+            ours.keys(&keys, WorkerRange::up_to(1023), [3, 67].into_iter())
+                .is_empty()
+        );
         ours.claim_started = true;
         assert_eq!(
-            ours.keys(&keys, 1023, [3, 67].into_iter()),
+            ours.keys(&keys, WorkerRange::up_to(1023), [3, 67].into_iter()),
             ["p:a:3", "p:a:67"]
         );
         ours.readopted = Some(5);
-        let all = ours.keys(&keys, 31, std::iter::empty());
+        let all = ours.keys(&keys, WorkerRange::up_to(31), std::iter::empty());
         assert_eq!(
             (all.len(), all[0].as_str(), all[31].as_str()),
             (32, "p:a:0", "p:a:31")

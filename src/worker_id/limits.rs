@@ -19,6 +19,26 @@ pub(crate) const MAX_WORKER_ID: CountLimit = CountLimit {
     min: 0,
     max: WORKER_ID_LIMIT as u32,
 };
+/// `--worker-ids LOW-HIGH`: the worker IDs a sidecar claims, within 0-1023 (10 bits); not
+/// given with `--max-worker-id` (that flag is `0-N`). No default of its own: unset, the
+/// range is `0-(--max-worker-id)`.
+pub(crate) const WORKER_IDS: IdRangeLimit = IdRangeLimit {
+    flag: "--worker-ids",
+    min: 0,
+    max: WORKER_ID_LIMIT,
+};
+
+/// A flag that takes a range of worker IDs, and the IDs it may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IdRangeLimit {
+    /// The flag as typed.
+    pub flag: &'static str,
+    /// The lowest ID a range may start at.
+    pub min: u16,
+    /// The highest ID a range may reach.
+    pub max: u16,
+}
+
 /// `--key-prefix` by default: lease keys are `snowflake:worker:<app>:<id>`.
 pub(crate) const DEFAULT_KEY_PREFIX: &str = "snowflake:worker:";
 /// `--ttl`: the lease key's PX, 1 s to 1 h.
@@ -110,6 +130,10 @@ mod tests {
         for limit in [RETRIES, MIN_REPLICAS_ACK, MAX_WORKER_ID] {
             check::count(&command, &limit);
         }
+        // The range flag names its bounds.
+        let help = check::help_of(&command, WORKER_IDS.flag);
+        let range = format!("{}-{}", WORKER_IDS.min, WORKER_IDS.max);
+        assert!(help.contains(&range), "{help}");
         // The renew interval's upper bound is the TTL's half.
         let help = check::help_of(&command, RENEW_INTERVAL.flag);
         let range = format!("{}-ttl/2", show_duration(RENEW_INTERVAL.min));

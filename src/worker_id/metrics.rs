@@ -45,8 +45,12 @@ pub(crate) struct WorkerMetrics {
     pub lease_held: Gauge,
     /// The published worker ID, -1 while none.
     pub worker_id: Gauge,
-    /// How many worker IDs the app has (max worker ID + 1), for ratios.
+    /// How many worker IDs this sidecar claims from (`--worker-ids`, else
+    /// max worker ID + 1), for ratios.
     pub worker_ids: Gauge,
+    /// Other `--worker-ids` ranges recorded for the app on this Redis that
+    /// share IDs with ours, at the last look (`range/record.rs`).
+    pub range_overlaps: Gauge,
     /// Unix time (s) at which the closed claim guard opens; 0 otherwise.
     pub claim_guard_opens: Gauge,
     /// This node's wall clock minus Redis' TIME (s, signed), from the last
@@ -82,8 +86,13 @@ impl WorkerMetrics {
         );
         r.register(
             "worker_ids",
-            "How many worker IDs the app has (--max-worker-id + 1)",
+            "How many worker IDs this sidecar claims from (--worker-ids, else --max-worker-id + 1)",
             self.worker_ids.clone(),
+        );
+        r.register(
+            "worker_id_range_overlaps",
+            "Other --worker-ids ranges recorded for the app on this Redis that share IDs with this sidecar's",
+            self.range_overlaps.clone(),
         );
         r.register(
             "claim_guard_opens_timestamp_seconds",

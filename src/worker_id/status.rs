@@ -25,6 +25,8 @@ use crate::lease::TOMBSTONE_PREFIX;
 use crate::persistence::{self, Persistence};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::limits::WORKER_ID_LIMIT;
+use crate::worker_id::range::WorkerRange;
+use crate::worker_id::range::record::{RangeEntry, parse_record};
 
 /// Flags of `snowlease status`.
 #[derive(Debug, Clone, Args)]
@@ -51,8 +53,8 @@ pub struct StatusConfig {
     pub redis: RedisTarget,
     /// Key prefix.
     pub key_prefix: String,
-    /// IDs run 0..=max_worker_id.
-    pub max_worker_id: u16,
+    /// The IDs read (`--worker-ids`, else `0-(--max-worker-id)`).
+    pub worker_ids: WorkerRange,
     /// JSON output.
     pub json: bool,
 }
@@ -66,7 +68,7 @@ impl StatusArgs {
             app: keys.app,
             redis,
             key_prefix: keys.key_prefix,
-            max_worker_id: keys.max_worker_id,
+            worker_ids: keys.worker_ids,
             json: self.json,
         })
     }
@@ -79,7 +81,9 @@ pub(crate) struct Report {
     pub app: String,
     /// Key prefix; keys are `<prefix><app>:<id>`.
     pub key_prefix: String,
-    /// Number of IDs (max_worker_id + 1).
+    /// The IDs read, `LOW-HIGH`.
+    pub worker_ids: String,
+    /// Number of IDs of that range.
     pub ids: u32,
     /// IDs whose key holds an owner string.
     pub held: u32,
@@ -184,13 +188,13 @@ pub(crate) async fn read(
     conn: &mut Redis,
     app: &str,
     key_prefix: &str,
-    max_worker_id: u16,
+    range: WorkerRange,
 ) -> RedisResult<Report> {
     let keyspace = conn.keyspace().await?;
     let names = LeaseKeys::new(key_prefix, app);
-    let keys = names.ids(max_worker_id);
+    let keys = names.ids(range);
     let guards = match keyspace {
-        Keyspace::Slots => names.guards(max_worker_id, keyspace),
+        Keyspace::Slots => names.guards(range, keyspace),
         Keyspace::Whole => vec![names.guard()],
     };
     let mut pipe = redis::pipe();
@@ -219,7 +223,7 @@ pub(crate) async fn read(
         Keyspace::Whole => found.pop().ok_or_else(short_reply)?,
     };
     let mut entries = Vec::new();
-    for ((worker_id, key), pair) in (0u16..).zip(&keys).zip(replies.chunks(2)) {
+    for ((worker_id, key), pair) in range.ids().zip(&keys).zip(replies.chunks(2)) {
         let [key_type, pttl] = pair else {
             return Err(short_reply());
         };
@@ -285,10 +289,11 @@ pub(crate) async fn read(
     let released = leases.iter().filter(|e| e.is_tombstone()).count() as u32;
     let held = leases.iter().filter(|e| e.is_lease()).count() as u32 - released;
     let wrong_type = leases.len() as u32 - held - released;
-    let ids = u32::from(max_worker_id) + 1;
+    let ids = range.len();
     Ok(Report {
         app: app.to_owned(),
         key_prefix: key_prefix.to_owned(),
+        worker_ids: range.to_string(),
         ids,
         held,
         released,
@@ -360,37 +365,47 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
             &mut conn,
             &config.app,
             &config.key_prefix,
-            config.max_worker_id,
+            config.worker_ids,
         ),
         &leases,
     )
     .await?;
     let names = LeaseKeys::new(&config.key_prefix, &config.app);
-    let above = bounded_read(
-        above_range(&mut conn, &names, config.max_worker_id),
+    let (below, above) = bounded_read(
+        outside_range(&mut conn, &names, config.worker_ids),
         &format!(
-            "the keys of {} above --max-worker-id {}",
-            config.app, config.max_worker_id
+            "the keys of {} outside --worker-ids {}",
+            config.app, config.worker_ids
         ),
+    )
+    .await?;
+    let ranges = bounded_read(
+        RangesReport::read(&mut conn, &names),
+        &format!("the ranges record of {}", config.app),
     )
     .await?;
     let eviction = Eviction::check(&mut conn).await;
     let persistence = PersistenceReport::read(&mut conn).await;
     let text = if config.json {
         let mut json = serde_json::to_value(&report)?;
+        json["ranges"] = serde_json::to_value(&ranges.ranges)?;
+        json["range_overlaps"] = serde_json::to_value(&ranges.overlaps)?;
         json["above_range"] = serde_json::to_value(&above)?;
+        json["below_range"] = serde_json::to_value(&below)?;
         json["eviction"] = serde_json::to_value(&eviction)?;
         json["persistence"] = serde_json::to_value(&persistence)?;
         json["redis"] = config.redis.to_string().into();
         serde_json::to_string_pretty(&json)? + "\n"
     } else {
         eviction.warning().unwrap_or_default()
-            + &above_range_warning(&above, config.max_worker_id)
+            + &ranges.warnings()
+            + &outside_range_warning(&below, &above, config.worker_ids)
             + &persistence
                 .as_ref()
                 .and_then(PersistenceReport::note)
                 .unwrap_or_default()
             + &render(&report, &config.redis.to_string())
+            + &ranges.listing()
     };
     crate::cli::stdout_line(text.trim_end_matches('\n'))?;
     Ok(())
@@ -406,47 +421,176 @@ async fn bounded_read<T>(
         .with_context(|| format!("cannot read {what}"))
 }
 
-/// The IDs above `max_worker_id` (up to 1023) whose lease key exists, of
-/// any type: sidecars of the app started with a larger `--max-worker-id`
-/// hold them, and a report of `0..=max_worker_id` would hide them. One
-/// `TYPE` per ID (what the ACL of `status` allows already) in one pipeline
-/// (on a Cluster each command on its own, all at once).
+/// The IDs below and above `range` (within 0-1023) whose lease key exists,
+/// of any type: sidecars of the app started with another range (a larger
+/// `--max-worker-id`, another region's `--worker-ids`) hold them, and a
+/// report of `range` would hide them. One `TYPE` per ID (what the ACL of
+/// `status` allows already) in one pipeline (on a Cluster each command on
+/// its own, all at once).
 ///
 /// Errors: the first Redis error.
-async fn above_range(
+async fn outside_range(
     conn: &mut Redis,
     names: &LeaseKeys,
-    max_worker_id: u16,
-) -> RedisResult<Vec<u16>> {
-    let ids: Vec<u16> = (max_worker_id.saturating_add(1)..=WORKER_ID_LIMIT).collect();
+    range: WorkerRange,
+) -> RedisResult<(Vec<u16>, Vec<u16>)> {
+    let ids: Vec<u16> = (0..=WORKER_ID_LIMIT)
+        .filter(|id| !range.contains(*id))
+        .collect();
     if ids.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let mut pipe = redis::pipe();
     for id in &ids {
         pipe.cmd("TYPE").arg(names.id(*id));
     }
     let types: Vec<String> = pipe.query_async(conn).await?;
-    Ok(ids
+    let (below, above) = ids
         .into_iter()
         .zip(types)
         .filter_map(|(id, key_type)| (key_type != "none").then_some(id))
-        .collect())
+        .partition(|id| *id < range.low());
+    Ok((below, above))
 }
 
-/// The line `status` prints when keys above the range exist; empty when
+/// The lines `status` prints when keys outside the range exist; empty when
 /// none do.
-fn above_range_warning(ids: &[u16], max_worker_id: u16) -> String {
-    let (Some(lowest), Some(highest)) = (ids.first(), ids.last()) else {
-        return String::new();
+fn outside_range_warning(below: &[u16], above: &[u16], range: WorkerRange) -> String {
+    let keys = |ids: &[u16]| {
+        let (Some(lowest), Some(highest)) = (ids.first(), ids.last()) else {
+            return None;
+        };
+        Some(match ids.len() {
+            1 => ("1 key".to_owned(), format!("ID {lowest}")),
+            n => (format!("{n} keys"), format!("IDs {lowest}-{highest}")),
+        })
     };
-    let (count, which) = match ids.len() {
-        1 => ("1 key".to_owned(), format!("ID {lowest}")),
-        n => (format!("{n} keys"), format!("IDs {lowest}-{highest}")),
-    };
-    format!(
-        "warning: {count} above --max-worker-id {max_worker_id} ({which}) not shown: sidecars of the app with a larger --max-worker-id hold them; pass theirs to see them\n"
-    )
+    let mut out = String::new();
+    if let Some((count, which)) = keys(below) {
+        out += &format!(
+            "warning: {count} below --worker-ids {range} ({which}) not shown: sidecars of the app with another range hold them; pass theirs to see them\n"
+        );
+    }
+    if let Some((count, which)) = keys(above) {
+        out += &match range.low() {
+            0 => format!(
+                "warning: {count} above --max-worker-id {} ({which}) not shown: sidecars of the app with a larger --max-worker-id hold them; pass theirs to see them\n",
+                range.high()
+            ),
+            _ => format!(
+                "warning: {count} above --worker-ids {range} ({which}) not shown: sidecars of the app with another range hold them; pass theirs to see them\n"
+            ),
+        };
+    }
+    out
+}
+
+/// The app's ranges record as `status` reports it (`"ranges"` and
+/// `"range_overlaps"` in `--json`): the `--worker-ids` of the sidecars that
+/// held a lease lately (`range/record.rs`), and each two that share IDs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RangesReport {
+    /// Live entries, in range order.
+    pub ranges: Vec<RangeSeen>,
+    /// Every two recorded ranges that share IDs.
+    pub overlaps: Vec<RangeOverlap>,
+}
+
+/// One recorded range.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct RangeSeen {
+    /// `LOW-HIGH`.
+    pub worker_ids: String,
+    /// ms until the entry lapses unless a sidecar rewrites it (Redis time).
+    pub expires_in_ms: u64,
+}
+
+/// Two recorded ranges that share IDs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct RangeOverlap {
+    /// The lower range, `LOW-HIGH`.
+    pub a: String,
+    /// The other one.
+    pub b: String,
+    /// The IDs both hold, `LOW-HIGH`.
+    pub shared: String,
+}
+
+impl RangesReport {
+    /// Reads the record (`GET`, the same command as the lease keys') and
+    /// Redis' `TIME`; entries past their expiry are left out.
+    ///
+    /// Errors: the first Redis error (a record of another type included).
+    async fn read(conn: &mut Redis, names: &LeaseKeys) -> RedisResult<Self> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(names.ranges()).cmd("TIME");
+        let (value, time): (Option<String>, Value) = pipe.query_async(conn).await?;
+        let now_ms = redis_ms(time)?;
+        Ok(Self::of(
+            &parse_record(value.as_deref().unwrap_or_default()),
+            now_ms,
+        ))
+    }
+
+    /// The report of `entries` at Redis time `now_ms`.
+    fn of(entries: &[RangeEntry], now_ms: u64) -> Self {
+        let mut live: Vec<RangeEntry> = entries
+            .iter()
+            .filter(|e| e.expires_ms > now_ms)
+            .copied()
+            .collect();
+        live.sort_by_key(|e| e.range);
+        live.dedup_by_key(|e| e.range);
+        let mut overlaps = Vec::new();
+        for (i, a) in live.iter().enumerate() {
+            for b in &live[i + 1..] {
+                if let Some(shared) = a.range.overlap(b.range) {
+                    overlaps.push(RangeOverlap {
+                        a: a.range.to_string(),
+                        b: b.range.to_string(),
+                        shared: shared.to_string(),
+                    });
+                }
+            }
+        }
+        let ranges = live
+            .iter()
+            .map(|e| RangeSeen {
+                worker_ids: e.range.to_string(),
+                expires_in_ms: e.expires_ms - now_ms,
+            })
+            .collect();
+        Self { ranges, overlaps }
+    }
+
+    /// One warning line per two ranges that share IDs; empty when none do.
+    fn warnings(&self) -> String {
+        self.overlaps
+            .iter()
+            .map(|o| {
+                format!(
+                    "warning: sidecars of the app on this Redis claim from --worker-ids {} and {}, which share IDs {}: where they are two regions' ranges, both hand out those IDs\n",
+                    o.a, o.b, o.shared
+                )
+            })
+            .collect()
+    }
+
+    /// One line listing the recorded ranges; empty when none is.
+    fn listing(&self) -> String {
+        if self.ranges.is_empty() {
+            return String::new();
+        }
+        let ranges: Vec<String> = self
+            .ranges
+            .iter()
+            .map(|r| format!("{} ({:.1}s)", r.worker_ids, r.expires_in_ms as f64 / 1000.0))
+            .collect();
+        format!(
+            "worker ID ranges of the app's sidecars (recorded while they hold a lease; entry expires in): {}\n",
+            ranges.join(", ")
+        )
+    }
 }
 
 /// Whether Redis may evict lease keys, as `status` reports it: read-only,
@@ -543,6 +687,7 @@ mod tests {
                 app: "orders".into(),
                 key_prefix: prefix.into(),
                 max_worker_id: max,
+                worker_ids: None,
             },
             redis: RedisUrlArg {
                 redis_url: "redis://127.0.0.1:1".into(),
@@ -559,5 +704,42 @@ mod tests {
             "--max-worker-id"
         );
         assert!(args("p:", 1023).validate().is_ok());
+    }
+
+    /// Expired entries go; every two live ranges that share IDs are named once, with the IDs.
+    #[test]
+    fn ranges_report_lists_live_ranges_and_their_overlaps() {
+        let entries = parse_record("512-1023:5000,0-600:4000,0-511:900,700-900:3000,512-1023:4500");
+        let report = RangesReport::of(&entries, 1000);
+        let listed: Vec<&str> = report
+            .ranges
+            .iter()
+            .map(|r| r.worker_ids.as_str())
+            .collect();
+        assert_eq!(listed, ["0-600", "512-1023", "700-900"]);
+        assert_eq!(report.ranges[0].expires_in_ms, 3000);
+        let pairs: Vec<(&str, &str, &str)> = report
+            .overlaps
+            .iter()
+            .map(|o| (o.a.as_str(), o.b.as_str(), o.shared.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("0-600", "512-1023", "512-600"),
+                ("512-1023", "700-900", "700-900")
+            ]
+        );
+        assert!(
+            report.warnings().contains("share IDs 512-600"),
+            "{}",
+            report.warnings()
+        );
+        assert!(
+            report.listing().contains("0-600 (3.0s), 512-1023"),
+            "{}",
+            report.listing()
+        );
+        assert_eq!(RangesReport::of(&[], 0).listing(), "");
     }
 }

@@ -88,7 +88,10 @@ async fn a_second_claim_by_the_same_owner_adopts_its_key_in_another_window_on_cl
     let mut c = conn(&url);
     let keys = LeaseKeys::new(PREFIX, "again");
     let mut setup = redis::pipe();
-    for guard in keys.guards(1023, Keyspace::Slots) {
+    for guard in keys.guards(
+        snowlease::worker_id::range::WorkerRange::up_to(1023),
+        Keyspace::Slots,
+    ) {
         setup.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     for id in (0..1024).filter(|id| *id != 1000) {
@@ -260,7 +263,10 @@ async fn mixed_ranges_of_one_app_never_share_an_id_on_cluster() {
     let url = topo.url();
     let keys = LeaseKeys::new(PREFIX, "mixed");
     let mut open = redis::pipe();
-    for guard in keys.guards(1023, Keyspace::Slots) {
+    for guard in keys.guards(
+        snowlease::worker_id::range::WorkerRange::up_to(1023),
+        Keyspace::Slots,
+    ) {
         open.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     let _: () = open.query_async(&mut conn(&url)).await.unwrap();
@@ -398,7 +404,10 @@ async fn script_flush_between_windowed_claims_is_ridden_through() {
     let topo = ClusterTopology::start_primaries_only();
     let keys = LeaseKeys::new(PREFIX, "flush");
     let mut open = redis::pipe();
-    for guard in keys.guards(1023, Keyspace::Slots) {
+    for guard in keys.guards(
+        snowlease::worker_id::range::WorkerRange::up_to(1023),
+        Keyspace::Slots,
+    ) {
         open.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     let _: () = open.query_async(&mut conn(&topo.url())).await.unwrap();

@@ -24,7 +24,13 @@ async fn setup(url: &str, app: &str, held: impl Iterator<Item = u16>) {
     let keys = LeaseKeys::new(PREFIX, app);
     let keyspace = c.keyspace().await.unwrap();
     let mut pipe = redis::pipe();
-    let guards: BTreeSet<String> = keys.guards(MAX, keyspace).into_iter().collect();
+    let guards: BTreeSet<String> = keys
+        .guards(
+            snowlease::worker_id::range::WorkerRange::up_to(MAX),
+            keyspace,
+        )
+        .into_iter()
+        .collect();
     for guard in guards {
         pipe.add_command(stamp_cmd(&guard, 0)).ignore();
     }

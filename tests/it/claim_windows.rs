@@ -233,7 +233,10 @@ async fn sixty_four_claims_at_once_get_distinct_ids_on_cluster() {
     let mut c = conn(&url);
     let keys = LeaseKeys::new(PREFIX, "burst");
     let mut open = redis::pipe();
-    for guard in keys.guards(MAX, Keyspace::Slots) {
+    for guard in keys.guards(
+        snowlease::worker_id::range::WorkerRange::up_to(MAX),
+        Keyspace::Slots,
+    ) {
         open.add_command(stamp_cmd(&guard, 0)).ignore();
     }
     let _: () = open.query_async(&mut c).await.unwrap();

@@ -102,6 +102,10 @@ mod pool_rules;
 mod published_deadline;
 /// Redis refusing a holder (password rotated, ACL revoked): ID kept until the deadline, re-adopted.
 mod refusals;
+/// `--worker-ids`: two regions on two Redis servers never share an ID; re-adoption outside
+/// the range refused; overlapping ranges on one Redis logged, counted, shown by `status`;
+/// `range/record.lua`; guard open and concurrent claims over a range.
+mod regions;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.

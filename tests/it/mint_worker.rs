@@ -443,3 +443,85 @@ fn an_idle_sidecar_does_not_reserve() {
     assert!(after[0] > first[9]);
     assert!(mark() > idle, "the next request reserved");
 }
+
+/// Datacenter bits: a sidecar with `--id-layout 41:5:5:12 --datacenter-id 17 --worker-ids
+/// 16-31` mints IDs that decode to (timestamp, datacenter 17, a worker ID of its range,
+/// sequence) and records the datacenter in the app's format; a sidecar of the app on this
+/// Redis with datacenter 18 exits 2 before it claims, naming the flags; bad datacenter IDs
+/// exit 2 naming `--datacenter-id` and its range.
+#[test]
+fn minted_ids_carry_the_datacenter_id_and_another_one_is_refused() {
+    let redis = RedisServer::start();
+    redis.open_claim_guard(APP);
+    let layout = |dc| {
+        IdLayout::parse("41:5:5:12")
+            .unwrap()
+            .with_datacenter_id(dc)
+            .unwrap()
+    };
+    let dc = |id: &str| {
+        minter(&redis)
+            .flag("--id-layout", "41:5:5:12")
+            .flag("--worker-ids", "16-31")
+            .flag("--datacenter-id", id)
+    };
+    let first = dc("17").spawn();
+    let ids = first_batch(&first, 4096);
+    assert_increasing(&ids);
+    let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), unix_ms()).unwrap();
+    // Mint mode offers no /id: the held ID is the metric.
+    let worker = first
+        .metric("snowlease_worker_id")
+        .expect("worker ID metric") as u32;
+    assert!((16..=31).contains(&worker), "{worker}");
+    for id in &ids {
+        let parts = layout(17).decompose(epoch, *id);
+        assert_eq!(parts.datacenter_id, 17, "{id}");
+        assert_eq!(u32::from(parts.worker_id), worker, "{id}");
+        assert!(parts.unix_ms.abs_diff(unix_ms()) < 60_000, "{parts:?}");
+        assert_eq!(layout(17).compose(epoch, parts), Some(*id));
+    }
+    assert_eq!(
+        redis.get("snowflake:worker:mint:format").as_deref(),
+        Some("41:5:5:12@1288834974657,datacenter=17")
+    );
+
+    let mut other = dc("18").spawn();
+    let status = other.wait_exit(secs(15)).expect("refused at start");
+    assert_eq!(status.code(), Some(2));
+    let stderr = other.log_lines().join("\n");
+    assert!(stderr.contains("--datacenter-id"), "{stderr}");
+    assert!(
+        stderr.contains("datacenter=17") && stderr.contains("datacenter=18"),
+        "{stderr}"
+    );
+    assert_eq!(other.count_log("lease acquired"), 0, "{stderr}");
+
+    let url = redis.url();
+    for (flags, says) in [
+        (
+            &["--id-layout", "41:5:5:12", "--datacenter-id", "32"][..],
+            "outside 0-31",
+        ),
+        (&["--datacenter-id", "1"][..], "needs datacenter bits"),
+        (
+            &["--id-layout", "41:5:5:12", "--datacenter-id", "-1"][..],
+            "-1 is outside",
+        ),
+    ] {
+        let mut args = vec!["worker", "--app", "dc-bad", "--redis-url", &url, "--mint"];
+        args.extend_from_slice(flags);
+        let run = run_snowlease(&args, &[], secs(10));
+        assert_eq!(run.code, Some(2), "{flags:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("--datacenter-id"),
+            "{flags:?}: {}",
+            run.stderr
+        );
+        assert!(run.stderr.contains(says), "{flags:?}: {}", run.stderr);
+    }
+    assert!(
+        redis.keys("snowflake:worker:dc-bad*").is_empty(),
+        "nothing written"
+    );
+}

@@ -114,10 +114,17 @@ fn holder_publishes_id_everywhere() {
         redis.get(&worker_key("orders", 0)).as_deref(),
         Some(lease.owner.as_str())
     );
+    // The ranges record is written beside the lease, by a task of its own: once, soon.
+    let ranges = format!("{PREFIX}orders:ranges");
+    assert!(poll_until(secs(5), || redis.exists(&ranges)), "no {ranges}");
     assert_eq!(
         redis.keys("*"),
-        vec![worker_key("orders", 0), format!("{PREFIX}orders:guard")],
-        "only the lease key and the app's claim guard"
+        vec![
+            worker_key("orders", 0),
+            format!("{PREFIX}orders:guard"),
+            ranges
+        ],
+        "only the lease key, the app's claim guard and the ranges record"
     );
 }
 
@@ -137,11 +144,13 @@ fn key_prefix_and_env_twins() {
     let lease = sidecar.wait_for_lease(secs(15));
     assert_eq!(lease.app, "billing");
     assert_owner_format(&lease.owner, "pod-x");
+    assert!(poll_until(secs(5), || redis.exists("custom:ids:billing:ranges")));
     assert_eq!(
         redis.keys("*"),
         vec![
             format!("custom:ids:billing:{}", lease.worker_id),
-            "custom:ids:billing:guard".to_owned()
+            "custom:ids:billing:guard".to_owned(),
+            "custom:ids:billing:ranges".to_owned()
         ]
     );
     assert_eq!(

@@ -308,7 +308,10 @@ async fn cluster_claim_reads_each_node_once_and_follows_a_moving_slot() {
         .unwrap();
     let (ttl, owner) = (secs(30), Owner::generate("test"));
     let keys = LeaseKeys::new(PREFIX, "spread");
-    for guard in keys.guards(31, Keyspace::Slots) {
+    for guard in keys.guards(
+        snowlease::worker_id::range::WorkerRange::up_to(31),
+        Keyspace::Slots,
+    ) {
         let _: i64 = stamp_cmd(&guard, 0).query_async(&mut conn).await.unwrap();
     }
     let node: Vec<u16> = (0..32)

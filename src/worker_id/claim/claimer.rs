@@ -19,12 +19,16 @@ use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_clai
 use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;
 use crate::timing::ttl_ms;
+use crate::worker_id::range::WorkerRange;
 
-/// One keeper's claims over `0..=max_worker_id`; keeps what the next claim
-/// needs (built commands, the window of a call whose reply was lost).
+/// One keeper's claims over its range of worker IDs (`--worker-ids`); keeps
+/// what the next claim needs (built commands, the window of a call whose
+/// reply was lost). Windows, `ids` and `sent` count from the range's low end
+/// (offsets); lease keys, replies and the claim hint carry the real ID.
 pub struct Claimer {
     keys: LeaseKeys,
-    /// The lease key of each ID, in ID order.
+    range: WorkerRange,
+    /// The lease key of each ID, in ID order (index: offset from the low end).
     ids: Vec<String>,
     windows: Vec<Window>,
     /// One server: each window's `EVALSHA` for `built_for`, built when the
@@ -38,7 +42,7 @@ pub struct Claimer {
     /// last claimed or adopted: our key may be there, so the next claim
     /// looks there first (and adopts it while it holds our owner string).
     resume: Option<usize>,
-    /// Per ID: a claim call that may write its key was sent (its reply may
+    /// Per offset: a claim call that may write its key was sent (its reply may
     /// have been lost), so the key may hold our owner string: the stop
     /// releases these keys only, O(window) instead of O(range).
     sent: Vec<bool>,
@@ -47,17 +51,29 @@ pub struct Claimer {
 impl Claimer {
     /// Claims over IDs `0..=max_worker_id` of the app `keys` name.
     pub fn new(keys: &LeaseKeys, max_worker_id: u16) -> Self {
-        let windows = windows(max_worker_id);
+        Self::over(keys, WorkerRange::up_to(max_worker_id))
+    }
+
+    /// Claims over the IDs of `range` of the app `keys` name: the windows of a
+    /// range of its size, shifted to start at its low end.
+    pub fn over(keys: &LeaseKeys, range: WorkerRange) -> Self {
+        let windows = windows(range.high() - range.low());
         Self {
             keys: keys.clone(),
-            ids: keys.ids(max_worker_id),
+            range,
+            ids: keys.ids(range),
             reads: vec![None; windows.len()],
             windows,
             cmds: Vec::new(),
             built_for: None,
             resume: None,
-            sent: vec![false; usize::from(max_worker_id) + 1],
+            sent: vec![false; range.len() as usize],
         }
+    }
+
+    /// The worker ID at `offset` from the range's low end.
+    fn worker_id(&self, offset: usize) -> usize {
+        usize::from(self.range.low()) + offset
     }
 
     /// The IDs whose keys a claim call of this claimer was sent for (any of
@@ -68,7 +84,7 @@ impl Claimer {
             .iter()
             .enumerate()
             .filter(|(_, sent)| **sent)
-            .map(|(id, _)| u16::try_from(id).expect("at most 1024 IDs"))
+            .map(|(offset, _)| u16::try_from(self.worker_id(offset)).expect("at most 1023"))
     }
 
     /// Adopts a key of the range that holds our owner string, else claims a
@@ -111,6 +127,7 @@ impl Claimer {
             self.built_for = Some((owner.as_str().to_owned(), ttl));
         }
         let (keys, windows, ids) = (&self.keys, &self.windows, &self.ids);
+        let low = usize::from(self.range.low());
         self.cmds[window].get_or_insert_with(|| {
             let (guard, hint) = (keys.guard(), keys.hint());
             let this = &windows[window];
@@ -121,7 +138,7 @@ impl Claimer {
             // One window: the seed's call, no hint.
             let windowed = windows.len() > 1;
             let id = |n: usize| u16::try_from(n).expect("at most 1024 IDs");
-            let first = windowed.then(|| (id(this.first), id(this.step)));
+            let first = windowed.then(|| (id(low + this.first), id(this.step)));
             if windowed {
                 pairs.push(&hint);
             }
@@ -147,11 +164,11 @@ impl Claimer {
             }
             let (reply, hint) = run_claim(conn, self.cmd(window, owner, ttl)).await?;
             calls += 1;
-            let ids = &self.windows[window];
-            wrong_type.extend(reply.wrong_type.iter().map(|i| ids.id(*i)));
+            let (ids, low) = (&self.windows[window], usize::from(self.range.low()));
+            wrong_type.extend(reply.wrong_type.iter().map(|i| low + ids.id(*i)));
             let outcome = match reply.outcome {
-                ClaimOutcome::Claimed(i) => ClaimOutcome::Claimed(ids.id(i)),
-                ClaimOutcome::Adopted(i) => ClaimOutcome::Adopted(ids.id(i)),
+                ClaimOutcome::Claimed(i) => ClaimOutcome::Claimed(low + ids.id(i)),
+                ClaimOutcome::Adopted(i) => ClaimOutcome::Adopted(low + ids.id(i)),
                 ClaimOutcome::AllHeld => {
                     let hinted = hint.and_then(|id| self.window_of(id));
                     if walk.advance(hinted).is_some() {
@@ -238,10 +255,10 @@ impl Claimer {
     }
 
     /// The window that holds a hint's `id`; None outside the range (a
-    /// sidecar of the app with a larger `--max-worker-id` set it).
+    /// sidecar of the app with another range set it).
     fn window_of(&self, id: u16) -> Option<usize> {
-        let id = usize::from(id);
-        (id < self.ids.len()).then(|| window_of(id, self.windows.len()))
+        let offset = usize::from(id.checked_sub(self.range.low())?);
+        (offset < self.ids.len()).then(|| window_of(offset, self.windows.len()))
     }
 
     /// Cluster: the hint names `id` for a TTL, sent on a clone of the
@@ -280,13 +297,14 @@ impl Claimer {
             Some(index) => vec![index],
             None => (0..values.len()).filter(|i| values[*i].is_none()).collect(),
         };
-        for index in candidates.into_iter().map(|i| window.id(i)) {
+        for offset in candidates.into_iter().map(|i| window.id(i)) {
+            let index = self.worker_id(offset);
             let guard = self
                 .keys
-                .id_guard(u16::try_from(index).expect("at most 1024 IDs"));
-            let pair = [&self.ids[index], &guard];
+                .id_guard(u16::try_from(index).expect("at most 1023"));
+            let pair = [&self.ids[offset], &guard];
             let cmd = claim_cmd(&pair, owner, ttl, None);
-            found.sent.push(index);
+            found.sent.push(offset);
             let (reply, _) = match run_claim(conn, &cmd).await {
                 Ok(reply) => reply,
                 // The slot is being migrated and the pair is split between the two
@@ -340,7 +358,7 @@ struct Found {
     hint: Option<u16>,
     /// A free ID skipped: its slot is being migrated (`TRYAGAIN`).
     unstable: Option<redis::RedisError>,
-    /// IDs a claim call was sent for in the window at hand.
+    /// Offsets of the IDs a claim call was sent for in the window at hand.
     sent: Vec<usize>,
 }
 

@@ -145,8 +145,11 @@ impl Worker {
         if settings.key_prefix != DEFAULT_KEY_PREFIX {
             cmd += &format!(" --key-prefix {}", settings.key_prefix);
         }
-        if settings.max_worker_id != DEFAULT_MAX_WORKER_ID {
-            cmd += &format!(" --max-worker-id {}", settings.max_worker_id);
+        let range = settings.worker_ids;
+        if range.low() != 0 {
+            cmd += &format!(" --worker-ids {range}");
+        } else if range.high() != DEFAULT_MAX_WORKER_ID {
+            cmd += &format!(" --max-worker-id {}", range.high());
         }
         cmd
     }
@@ -206,7 +209,7 @@ impl Worker {
             &mut self.conn,
             &self.params.app,
             &self.params.settings.key_prefix,
-            self.params.settings.max_worker_id,
+            self.params.settings.worker_ids,
         );
         let Ok(report) = bounded(self.params.settings.call_timeout(), read).await else {
             return "holders unknown: redis unavailable".to_owned();

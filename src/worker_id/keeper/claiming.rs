@@ -175,10 +175,16 @@ impl Worker {
 
     /// Every ID is held: wait for one to be freed, saying by whom.
     fn all_held(&mut self, phase: &mut ClaimPhase, holders: String) {
-        let count = u32::from(self.params.settings.max_worker_id) + 1;
-        phase.detail = format!("all {count} worker IDs are held ({holders})");
+        let range = self.params.settings.worker_ids;
+        let count = range.len();
+        // A range of one region's share names its IDs: "all 512" alone reads as the whole space.
+        let which = match range.low() {
+            0 => String::new(),
+            _ => format!(" ({range})"),
+        };
+        phase.detail = format!("all {count} worker IDs{which} are held ({holders})");
         if due(phase.last_log) {
-            warn!(count, holders = %holders, "all worker IDs are held; waiting for one to be freed");
+            warn!(count, worker_ids = %range, holders = %holders, "all worker IDs are held; waiting for one to be freed");
             phase.last_log = Some(Instant::now());
         }
         // Not behind a guard (any more), and no key of ours: a recorded
@@ -308,7 +314,16 @@ impl Worker {
     /// Re-adopts a recorded lease when the key still holds exactly the
     /// recorded owner string; never re-creates a missing key.
     async fn adopt(&mut self, rec: &RecordedLease) -> redis::RedisResult<Option<HeldLease>> {
-        if rec.worker_id > self.params.settings.max_worker_id {
+        let range = self.params.settings.worker_ids;
+        if !range.contains(rec.worker_id) {
+            // Another range now (a region moved to its share of the IDs): the recorded ID
+            // may be another region's to hand out. Its key expires with its TTL.
+            warn!(
+                worker_id = rec.worker_id,
+                worker_ids = %range,
+                "not re-adopting the lease recorded in the state file: its worker ID {} is outside --worker-ids {range}; claiming a new ID",
+                rec.worker_id
+            );
             return Ok(None);
         }
         let key = self.keys().id(rec.worker_id);

@@ -33,7 +33,7 @@ impl Worker {
         self.set_state(WorkerState::Stopping);
         let keys = self.ours.keys(
             &self.keys(),
-            self.params.settings.max_worker_id,
+            self.params.settings.worker_ids,
             self.claimer.sent_ids(),
         );
         let Self {

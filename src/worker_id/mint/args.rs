@@ -9,9 +9,14 @@ use clap::Args;
 
 use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms};
 use super::minter::Window;
-use crate::cli::{parse_duration, show_duration};
+use crate::cli::{parse_duration, show_duration, whole};
 use crate::config_error::ConfigError;
 use crate::worker_id::limits::MINT_WINDOW;
+use crate::worker_id::range::WorkerRange;
+
+/// The largest `--datacenter-id` any layout takes: 16 datacenter bits. A layout with fewer
+/// bits takes less (`IdLayout::with_datacenter_id` says how much).
+pub(crate) const DATACENTER_ID_MAX: u64 = 65_535;
 
 /// Flags of mint mode, part of `snowlease worker`.
 #[derive(Debug, Clone, Args)]
@@ -28,9 +33,14 @@ pub struct MintArgs {
     #[arg(long, env = "SNOWLEASE_NEXT_ON_LISTEN", requires = "mint_socket")]
     pub next_on_listen: bool,
 
-    /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE, each at least 1, together at most 63.
+    /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE or TIMESTAMP:DATACENTER:WORKER:SEQUENCE (e.g. 41:5:5:12), each at least 1 (datacenter 0-16), together at most 63.
     #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT)]
     pub id_layout: String,
+
+    /// Datacenter ID put into every minted ID: 0 to 2^D-1 for the D datacenter bits of --id-layout (only 0 without them); fixed for the app like the layout.
+    #[arg(long, env = "SNOWLEASE_DATACENTER_ID", default_value_t = 0, requires = "mint",
+        value_parser = whole::<u16>(0, DATACENTER_ID_MAX), allow_negative_numbers = true)]
+    pub datacenter_id: u16,
 
     /// Where timestamps count from: RFC 3339 or Unix ms, not in the future [default: Twitter's].
     #[arg(long, env = "SNOWLEASE_EPOCH")]
@@ -78,7 +88,7 @@ impl MintArgs {
     /// Errors: [`ConfigError`] naming `--id-layout`, `--epoch` or `--mint-window`.
     pub fn validate(
         &self,
-        max_worker_id: u16,
+        worker_ids: WorkerRange,
         ttl: Duration,
         max_clock_skew: Duration,
     ) -> Result<Option<MintConfig>, ConfigError> {
@@ -86,12 +96,12 @@ impl MintArgs {
             return Ok(None);
         }
         let now = wall_now_ms();
-        let layout = IdLayout::parse(&self.id_layout)?;
+        let layout = IdLayout::parse(&self.id_layout)?.with_datacenter_id(self.datacenter_id)?;
         let epoch = match &self.epoch {
             Some(text) => Epoch::parse(text, now)?,
             None => Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), now)?,
         };
-        layout.check_workers(max_worker_id)?;
+        layout.check_workers(worker_ids)?;
         layout.check_lasts(epoch, now)?;
         MINT_WINDOW.check(self.mint_window)?;
         if self.mint_window + max_clock_skew >= ttl {
@@ -157,7 +167,7 @@ mod tests {
         argv.extend_from_slice(extra);
         let args = Cli::try_parse_from(argv).expect("parses").mint;
         args.validate(
-            max_worker_id,
+            WorkerRange::up_to(max_worker_id),
             Duration::from_secs(120),
             Duration::from_millis(500),
         )
@@ -178,7 +188,11 @@ mod tests {
     #[test]
     fn without_mint_there_is_no_config() {
         let args = Cli::try_parse_from(["snowlease"]).unwrap().mint;
-        let config = args.validate(31, Duration::from_secs(120), Duration::from_millis(500));
+        let config = args.validate(
+            WorkerRange::up_to(31),
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+        );
         assert!(config.unwrap().is_none());
     }
 
@@ -220,10 +234,12 @@ mod tests {
             .unwrap()
             .mint;
         let skew = Duration::from_millis(500);
-        let err = args.validate(31, Duration::from_secs(2), skew).unwrap_err();
+        let err = args
+            .validate(WorkerRange::up_to(31), Duration::from_secs(2), skew)
+            .unwrap_err();
         assert_eq!(err.flag, "--mint-window");
         assert!(err.reason.contains("--ttl 2s"), "{}", err.reason);
-        args.validate(31, Duration::from_millis(2001), skew)
+        args.validate(WorkerRange::up_to(31), Duration::from_millis(2001), skew)
             .expect("just above");
     }
 }

@@ -1,9 +1,11 @@
-//! The bit layout of a minted Snowflake ID (`--id-layout`, `--epoch`): parsed, checked
-//! against the worker IDs and the next 10 years, and used to compose and take apart IDs.
+//! The bit layout of a minted Snowflake ID (`--id-layout`, `--epoch`, `--datacenter-id`):
+//! parsed, checked against the worker IDs and the next 10 years, and used to compose and take
+//! apart IDs.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config_error::ConfigError;
+use crate::worker_id::range::WorkerRange;
 
 /// `--id-layout` by default: Twitter's 41 timestamp, 10 worker, 12 sequence bits.
 pub const DEFAULT_LAYOUT: &str = "41:10:12";
@@ -15,13 +17,21 @@ const ID_BITS: u32 = 63;
 /// How long a layout must last from start-up: at least 10 calendar years (3653 days).
 const MUST_LAST: Duration = Duration::from_secs(3653 * 86_400);
 
-/// Bits of the three parts of an ID, high to low: timestamp (ms since the epoch), worker ID,
-/// sequence within the ms. Each at least 1, together at most 63.
+/// Most datacenter bits: a datacenter ID is a `u16` (Snowflake's own layout has 5).
+const MAX_DATACENTER_BITS: u32 = 16;
+
+/// Bits of the parts of an ID, high to low: timestamp (ms since the epoch), datacenter ID
+/// (0 bits unless given, Snowflake's 5 + 5 split of its machine bits), worker ID, sequence
+/// within the ms; timestamp, worker and sequence at least 1 bit each, all together at most
+/// 63. Also the datacenter ID this sidecar puts into its IDs (`--datacenter-id`, 0 without
+/// datacenter bits): it is part of the app's format record like the bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdLayout {
     timestamp_bits: u32,
+    datacenter_bits: u32,
     worker_bits: u32,
     sequence_bits: u32,
+    datacenter_id: u16,
 }
 
 /// The instant timestamps count from, in Unix ms (not after start-up).
@@ -33,6 +43,8 @@ pub struct Epoch(u64);
 pub struct IdParts {
     /// Unix ms of the ID's timestamp.
     pub unix_ms: u64,
+    /// The datacenter ID (0 in a layout without datacenter bits).
+    pub datacenter_id: u16,
     /// The worker ID.
     pub worker_id: u16,
     /// Sequence within that ms.
@@ -40,23 +52,65 @@ pub struct IdParts {
 }
 
 impl IdLayout {
-    /// The format record of this layout from `epoch`, `"<t>:<w>:<s>@<epoch Unix ms>"`
-    /// (`format.lua`): two sidecars of one app mint in the same format only when it is equal.
+    /// The format record of this layout from `epoch` (`format.lua`): two sidecars of one app
+    /// mint in the same format only when it is equal. Without datacenter bits
+    /// `"<t>:<w>:<s>@<epoch Unix ms>"`, as before they existed; with them
+    /// `"<t>:<d>:<w>:<s>@<epoch Unix ms>,datacenter=<id>"`, so another datacenter ID on one
+    /// app is another format.
     pub fn format(self, epoch: Epoch) -> String {
+        if self.datacenter_bits == 0 {
+            return format!(
+                "{}:{}:{}@{}",
+                self.timestamp_bits, self.worker_bits, self.sequence_bits, epoch.0
+            );
+        }
         format!(
-            "{}:{}:{}@{}",
-            self.timestamp_bits, self.worker_bits, self.sequence_bits, epoch.0
+            "{}:{}:{}:{}@{},datacenter={}",
+            self.timestamp_bits,
+            self.datacenter_bits,
+            self.worker_bits,
+            self.sequence_bits,
+            epoch.0,
+            self.datacenter_id
         )
     }
 
-    /// Parses `TIMESTAMP:WORKER:SEQUENCE` bit counts. Errors name `--id-layout`.
+    /// The layout and epoch of a format record ([`Self::format`]'s inverse).
+    ///
+    /// Errors: text naming the record when it is not of that form.
+    pub fn parse_format(record: &str, now_unix_ms: u64) -> Result<(Self, Epoch), String> {
+        let bad = |why: String| format!("{record:?}: {why}");
+        let (layout, rest) = record
+            .split_once('@')
+            .ok_or_else(|| bad("not <layout>@<epoch ms>".into()))?;
+        let (epoch, datacenter_id) = match rest.split_once(",datacenter=") {
+            Some((epoch, id)) => (epoch, Some(id)),
+            None => (rest, None),
+        };
+        let mut parsed = Self::parse(layout).map_err(|e| bad(e.to_string()))?;
+        if let Some(id) = datacenter_id {
+            let id = id.parse().map_err(|_| bad(format!("datacenter {id:?}")))?;
+            parsed = parsed
+                .with_datacenter_id(id)
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        let epoch = Epoch::parse(epoch, now_unix_ms).map_err(|e| bad(e.to_string()))?;
+        Ok((parsed, epoch))
+    }
+
+    /// Parses `TIMESTAMP:WORKER:SEQUENCE` or `TIMESTAMP:DATACENTER:WORKER:SEQUENCE` bit counts
+    /// (the 3-part form has 0 datacenter bits); datacenter ID 0. Errors name `--id-layout`.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let bad = |why: String| ConfigError::new("--id-layout", why);
         let parts: Vec<&str> = text.split(':').collect();
-        let [t, w, s] = parts[..] else {
-            return Err(bad(format!(
-                "{text:?} is not TIMESTAMP:WORKER:SEQUENCE bits, e.g. {DEFAULT_LAYOUT}"
-            )));
+        let (t, d, w, s) = match parts[..] {
+            [t, w, s] => (t, None, w, s),
+            [t, d, w, s] => (t, Some(d), w, s),
+            _ => {
+                return Err(bad(format!(
+                    "{text:?} is not TIMESTAMP:WORKER:SEQUENCE or TIMESTAMP:DATACENTER:WORKER:SEQUENCE bits, e.g. {DEFAULT_LAYOUT} or 41:5:5:12"
+                )));
+            }
         };
         let bits = |name: &str, part: &str| {
             part.parse::<u32>()
@@ -64,12 +118,29 @@ impl IdLayout {
                 .filter(|b| (1..ID_BITS).contains(b))
                 .ok_or_else(|| bad(format!("{name} bits {part:?} must be an integer in 1-62")))
         };
+        let datacenter_bits = match d {
+            None => 0,
+            Some(d) => d
+                .parse::<u32>()
+                .ok()
+                .filter(|b| *b <= MAX_DATACENTER_BITS)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "datacenter bits {d:?} must be an integer in 0-{MAX_DATACENTER_BITS}"
+                    ))
+                })?,
+        };
         let layout = Self {
             timestamp_bits: bits("timestamp", t)?,
+            datacenter_bits,
             worker_bits: bits("worker", w)?,
             sequence_bits: bits("sequence", s)?,
+            datacenter_id: 0,
         };
-        let sum = layout.timestamp_bits + layout.worker_bits + layout.sequence_bits;
+        let sum = layout.timestamp_bits
+            + layout.datacenter_bits
+            + layout.worker_bits
+            + layout.sequence_bits;
         if sum > ID_BITS {
             return Err(bad(format!(
                 "{text} uses {sum} bits; at most {ID_BITS} (the sign bit stays clear)"
@@ -78,10 +149,38 @@ impl IdLayout {
         Ok(layout)
     }
 
-    /// The bits below the timestamp (worker and sequence) set: the largest ID of a
+    /// This layout minting with datacenter ID `id` (`--datacenter-id`).
+    ///
+    /// Errors: [`ConfigError`] naming `--datacenter-id` and its range, 0 to 2^D - 1 for the D
+    /// datacenter bits of `--id-layout` (only 0 without datacenter bits).
+    pub fn with_datacenter_id(self, id: u16) -> Result<Self, ConfigError> {
+        if u64::from(id) < 1u64 << self.datacenter_bits {
+            return Ok(Self {
+                datacenter_id: id,
+                ..self
+            });
+        }
+        let reason = match self.datacenter_bits {
+            0 => format!(
+                "{id} needs datacenter bits in --id-layout (TIMESTAMP:DATACENTER:WORKER:SEQUENCE, e.g. 41:5:5:12); without them only 0"
+            ),
+            d => format!(
+                "{id} is outside 0-{} ({d} datacenter bits of --id-layout)",
+                (1u64 << d) - 1
+            ),
+        };
+        Err(ConfigError::new("--datacenter-id", reason))
+    }
+
+    /// The datacenter ID this layout mints with (0 without datacenter bits).
+    pub fn datacenter_id(self) -> u16 {
+        self.datacenter_id
+    }
+
+    /// The bits below the timestamp (datacenter, worker and sequence) set: the largest ID of a
     /// millisecond is its smallest one with these.
     pub fn low_bits(self) -> u64 {
-        (1u64 << (self.worker_bits + self.sequence_bits)) - 1
+        (1u64 << (self.datacenter_bits + self.worker_bits + self.sequence_bits)) - 1
     }
 
     /// IDs per ms per worker ID: 2^sequence bits.
@@ -89,16 +188,21 @@ impl IdLayout {
         1 << self.sequence_bits.min(31)
     }
 
-    /// Checks that the worker bits hold `max_worker_id` (`--max-worker-id`).
-    pub fn check_workers(self, max_worker_id: u16) -> Result<(), ConfigError> {
-        if u64::from(max_worker_id) < 1u64 << self.worker_bits {
+    /// Checks that the worker bits hold every ID of `range` (`--worker-ids`, or
+    /// `0-(--max-worker-id)`).
+    ///
+    /// Errors: [`ConfigError`] naming `--id-layout`, the range flags and the IDs the worker
+    /// bits hold.
+    pub fn check_workers(self, range: WorkerRange) -> Result<(), ConfigError> {
+        if u64::from(range.high()) < 1u64 << self.worker_bits {
             return Ok(());
         }
         Err(ConfigError::new(
             "--id-layout",
             format!(
-                "{} worker bits hold worker IDs 0-{}, but --max-worker-id is {max_worker_id}",
+                "{} worker bits hold worker IDs 0-{}, but the worker IDs are {range} (--worker-ids, or 0-N from --max-worker-id N); allowed: a range within 0-{}",
                 self.worker_bits,
+                (1u64 << self.worker_bits) - 1,
                 (1u64 << self.worker_bits) - 1
             ),
         ))
@@ -127,30 +231,34 @@ impl IdLayout {
         ))
     }
 
-    /// The ID of `parts`; `None` when a part does not fit its bits (a timestamp before the
-    /// epoch or past [`Self::overflows_at`] included): never a wrapped or negative ID.
+    /// The ID of `parts`: timestamp, datacenter, worker, sequence from high bits to low;
+    /// `None` when a part does not fit its bits (a timestamp before the epoch or past
+    /// [`Self::overflows_at`] included): never a wrapped or negative ID.
     pub fn compose(self, epoch: Epoch, parts: IdParts) -> Option<u64> {
         let since = parts.unix_ms.checked_sub(epoch.0)?;
         let fits = |value: u64, bits: u32| value < 1u64 << bits;
+        let datacenter = u64::from(parts.datacenter_id);
         let (worker, sequence) = (u64::from(parts.worker_id), u64::from(parts.sequence));
         if !fits(since, self.timestamp_bits)
+            || !fits(datacenter, self.datacenter_bits)
             || !fits(worker, self.worker_bits)
             || !fits(sequence, self.sequence_bits)
         {
             return None;
         }
-        let shift = self.sequence_bits;
-        Some(since << (self.worker_bits + shift) | worker << shift | sequence)
+        let (s, w, d) = (self.sequence_bits, self.worker_bits, self.datacenter_bits);
+        Some(since << (d + w + s) | datacenter << (w + s) | worker << s | sequence)
     }
 
     /// The parts of `id` (the inverse of [`Self::compose`]).
     pub fn decompose(self, epoch: Epoch, id: u64) -> IdParts {
         let mask = |bits: u32| (1u64 << bits) - 1;
-        let shift = self.sequence_bits;
+        let (s, w, d) = (self.sequence_bits, self.worker_bits, self.datacenter_bits);
         IdParts {
-            unix_ms: epoch.0 + (id >> (self.worker_bits + shift)),
-            worker_id: ((id >> shift) & mask(self.worker_bits)) as u16,
-            sequence: (id & mask(shift)) as u32,
+            unix_ms: epoch.0 + (id >> (d + w + s)),
+            datacenter_id: ((id >> (w + s)) & mask(d)) as u16,
+            worker_id: ((id >> s) & mask(w)) as u16,
+            sequence: (id & mask(s)) as u32,
         }
     }
 }
@@ -214,14 +322,22 @@ mod tests {
             layout(DEFAULT_LAYOUT),
             IdLayout {
                 timestamp_bits: 41,
+                datacenter_bits: 0,
                 worker_bits: 10,
-                sequence_bits: 12
+                sequence_bits: 12,
+                datacenter_id: 0,
             }
         );
         assert_eq!(layout("1:1:61").sequences(), 1 << 31, "capped, never used");
         for (text, says) in [
             ("41:10", "TIMESTAMP:WORKER:SEQUENCE"),
-            ("41:10:12:1", "TIMESTAMP:WORKER:SEQUENCE"),
+            ("41:1:10:12:1", "TIMESTAMP:WORKER:SEQUENCE"),
+            ("41:10:12:1", "64 bits; at most 63"),
+            (
+                "41:17:1:1",
+                "datacenter bits \"17\" must be an integer in 0-16",
+            ),
+            ("41:x:5:12", "datacenter bits"),
             ("0:10:12", "timestamp bits \"0\" must be an integer in 1-62"),
             ("41:x:12", "worker bits"),
             ("41:10:-1", "sequence bits"),
@@ -235,15 +351,21 @@ mod tests {
 
     #[test]
     fn worker_bits_must_hold_the_max_worker_id() {
-        assert!(layout("41:10:12").check_workers(1023).is_ok());
-        let err = layout("41:5:12").check_workers(32).unwrap_err();
-        assert_eq!(err.flag, "--id-layout");
-        assert!(err.reason.contains("0-31"), "{}", err.reason);
-        assert!(
-            err.reason.contains("--max-worker-id is 32"),
-            "{}",
-            err.reason
-        );
+        let range = |low, high| WorkerRange::new(low, high).unwrap();
+        assert!(layout("41:10:12").check_workers(range(0, 1023)).is_ok());
+        assert!(layout("41:5:12").check_workers(range(16, 31)).is_ok());
+        for wide in [range(0, 32), range(16, 40)] {
+            let err = layout("41:5:12").check_workers(wide).unwrap_err();
+            assert_eq!(err.flag, "--id-layout");
+            for says in [
+                "hold worker IDs 0-31",
+                &format!("worker IDs are {wide}"),
+                "--worker-ids",
+                "--max-worker-id",
+            ] {
+                assert!(err.reason.contains(says), "{says}: {}", err.reason);
+            }
+        }
     }
 
     #[test]
@@ -300,6 +422,7 @@ mod tests {
         let (l, epoch) = (layout(DEFAULT_LAYOUT), Epoch(DEFAULT_EPOCH_MS));
         let parts = IdParts {
             unix_ms: NOW,
+            datacenter_id: 0,
             worker_id: 1023,
             sequence: 4095,
         };
@@ -333,6 +456,135 @@ mod tests {
         ];
         for parts in refused {
             assert_eq!(l.compose(epoch, parts), None, "{parts:?}");
+        }
+        let no_datacenter = IdParts {
+            datacenter_id: 1,
+            ..parts
+        };
+        assert_eq!(l.compose(epoch, no_datacenter), None, "0 datacenter bits");
+    }
+
+    /// `41:5:5:12`: timestamp, 5 datacenter bits, 5 worker bits, sequence; each part comes
+    /// back from the ID, and a part too large for its bits is refused.
+    #[test]
+    fn ids_with_datacenter_bits_compose_and_decompose() {
+        let epoch = Epoch(DEFAULT_EPOCH_MS);
+        let l = layout("41:5:5:12").with_datacenter_id(17).unwrap();
+        assert_eq!(l.datacenter_id(), 17);
+        let parts = IdParts {
+            unix_ms: NOW,
+            datacenter_id: 17,
+            worker_id: 31,
+            sequence: 4095,
+        };
+        let id = l.compose(epoch, parts).unwrap();
+        assert_eq!(
+            id,
+            (NOW - DEFAULT_EPOCH_MS) << 22 | 17 << 17 | 31 << 12 | 4095
+        );
+        assert_eq!(l.decompose(epoch, id), parts);
+        // The same bits read as the 3-part default layout: datacenter and worker run together.
+        let flat = layout(DEFAULT_LAYOUT).decompose(epoch, id);
+        assert_eq!((flat.worker_id, flat.datacenter_id), (17 << 5 | 31, 0));
+        assert_eq!(l.low_bits(), (1 << 22) - 1);
+        for bad in [
+            IdParts {
+                datacenter_id: 32,
+                ..parts
+            },
+            IdParts {
+                worker_id: 32,
+                ..parts
+            },
+        ] {
+            assert_eq!(l.compose(epoch, bad), None, "{bad:?}");
+        }
+        // Smallest and largest datacenter IDs, and a zero-bit datacenter part in the 4-part form.
+        for (text, dc) in [("41:5:5:12", 0), ("41:5:5:12", 31), ("41:0:10:12", 0)] {
+            let l = layout(text).with_datacenter_id(dc).unwrap();
+            let parts = IdParts {
+                datacenter_id: dc,
+                worker_id: 3,
+                ..parts
+            };
+            assert_eq!(l.decompose(epoch, l.compose(epoch, parts).unwrap()), parts);
+        }
+    }
+
+    /// The two examples of docs/app.md ("Taking an ID apart") decode as the table says.
+    #[test]
+    fn the_docs_examples_decode() {
+        let epoch = Epoch(DEFAULT_EPOCH_MS);
+        let at = 1_796_083_200_123;
+        let default = layout(DEFAULT_LAYOUT).decompose(epoch, 2_127_553_261_067_649_029);
+        assert_eq!(
+            default,
+            IdParts {
+                unix_ms: at,
+                datacenter_id: 0,
+                worker_id: 660,
+                sequence: 5
+            }
+        );
+        let dc = layout("41:5:5:12").decompose(epoch, 2_127_553_261_067_255_813);
+        assert_eq!(
+            dc,
+            IdParts {
+                unix_ms: at,
+                datacenter_id: 17,
+                worker_id: 20,
+                sequence: 5
+            }
+        );
+    }
+
+    /// `--datacenter-id` fits the datacenter bits; without them only 0; the error names the
+    /// flag and the range.
+    #[test]
+    fn the_datacenter_id_must_fit_its_bits() {
+        let err = layout("41:5:5:12").with_datacenter_id(32).unwrap_err();
+        assert_eq!(err.flag, "--datacenter-id");
+        assert!(err.reason.contains("outside 0-31"), "{}", err.reason);
+        let err = layout(DEFAULT_LAYOUT).with_datacenter_id(1).unwrap_err();
+        assert_eq!(err.flag, "--datacenter-id");
+        assert!(
+            err.reason.contains("needs datacenter bits"),
+            "{}",
+            err.reason
+        );
+        assert!(layout(DEFAULT_LAYOUT).with_datacenter_id(0).is_ok());
+    }
+
+    /// The format record: the 3-part form as before; datacenter bits and ID in it otherwise,
+    /// so another datacenter ID is another format; parse_format reads both back.
+    #[test]
+    fn format_records_carry_the_datacenter_id() {
+        let epoch = Epoch(DEFAULT_EPOCH_MS);
+        assert_eq!(
+            layout(DEFAULT_LAYOUT).format(epoch),
+            "41:10:12@1288834974657"
+        );
+        assert_eq!(
+            layout("41:0:10:12").format(epoch),
+            "41:10:12@1288834974657",
+            "0 datacenter bits are the 3-part form"
+        );
+        let dc3 = layout("41:5:5:12").with_datacenter_id(3).unwrap();
+        let dc4 = layout("41:5:5:12").with_datacenter_id(4).unwrap();
+        assert_eq!(dc3.format(epoch), "41:5:5:12@1288834974657,datacenter=3");
+        assert_ne!(dc3.format(epoch), dc4.format(epoch));
+        for l in [layout(DEFAULT_LAYOUT), dc3] {
+            assert_eq!(
+                IdLayout::parse_format(&l.format(epoch), NOW),
+                Ok((l, epoch))
+            );
+        }
+        for bad in [
+            "41:10:12",
+            "41:5:5:12@1,datacenter=x",
+            "41:5:5:12@1,datacenter=32",
+        ] {
+            assert!(IdLayout::parse_format(bad, NOW).is_err(), "{bad}");
         }
     }
 }

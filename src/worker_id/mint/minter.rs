@@ -300,6 +300,7 @@ impl Minter {
                 epoch,
                 IdParts {
                     unix_ms: t,
+                    datacenter_id: layout.datacenter_id(),
                     worker_id,
                     sequence,
                 },

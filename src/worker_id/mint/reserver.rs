@@ -467,7 +467,9 @@ impl Reserver {
 /// Records our ID format as the app's (`format.lua`) unless one is recorded, and compares:
 /// `None` when the recorded format is ours; else why this sidecar must not mint. A mark in
 /// Unix ms bounds IDs only among sidecars that encode time alike: one with another `--epoch`
-/// or `--id-layout` would mint IDs an earlier holder minted.
+/// or `--id-layout` would mint IDs an earlier holder minted; one with another
+/// `--datacenter-id` holds the same worker IDs on this Redis, so the app's datacenter is
+/// fixed like its layout.
 ///
 /// Errors: the Redis call failed or timed out (`call_timeout`), as text.
 pub(crate) async fn format_refusal(
@@ -483,7 +485,7 @@ pub(crate) async fn format_refusal(
         .map_err(|err| Readable(&err).to_string())?;
     Ok((recorded != ours).then(|| {
         format!(
-            "this app mints IDs in the format {recorded} (layout@epoch ms, recorded in {}), this sidecar in {ours}: minting in both could give one ID twice; keep --id-layout and --epoch of the app, or mint under a new --app",
+            "this app mints IDs in the format {recorded} (layout@epoch ms[,datacenter=ID], recorded in {}), this sidecar in {ours}: minting in both could give one ID twice; keep --id-layout, --epoch and --datacenter-id of the app, or mint under a new --app",
             keys.format()
         )
     }))

@@ -68,7 +68,7 @@ fn render_summary(out: &mut String, s: &GuardSummary) {
 /// another team's Redis is seen as such.
 pub(super) fn render(report: &Report, redis: &str) -> String {
     let mut out = format!(
-        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:0-{}) in {redis}\n",
+        "app {}: {} of {} worker IDs free, {} held{}, {} wrong type (keys {}{}:{}) in {redis}\n",
         report.app,
         report.free,
         report.ids,
@@ -80,7 +80,7 @@ pub(super) fn render(report: &Report, redis: &str) -> String {
         report.wrong_type,
         report.key_prefix,
         report.app,
-        report.ids - 1
+        report.worker_ids
     );
     match &report.claim_guard {
         ClaimGuard::Open => {}
@@ -142,6 +142,7 @@ mod tests {
         let report = Report {
             app: "orders".into(),
             key_prefix: "snowflake:worker:".into(),
+            worker_ids: "0-4".into(),
             ids: 5,
             held: 2,
             released: 1,
