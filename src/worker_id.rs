@@ -202,7 +202,10 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         key: claim::LeaseKeys::new(&config.lease.key_prefix, &config.app).ranges(),
         range: config.lease.worker_ids,
         ttl: config.lease.ttl,
-        call_timeout: config.lease.call_timeout(),
+        // Not the renewals' bound: the record is only a report, on its own task (aborted at
+        // the stop), and a call timed out at the renewals' short bound dropped the connection
+        // the renewals share, so a loaded Redis cost them a reconnect.
+        call_timeout: crate::timing::COMMAND_CALL_TIMEOUT,
         metrics: metrics.clone(),
     };
     let (worker, state_rx) = Worker::new(conn, owner, params, recorded, metrics);
