@@ -1,0 +1,53 @@
+//! Rate budgets broken on purpose: a penalty's refill for takers with other limits than the
+//! penalizer's, and the other findings of adversarial testing, on real redis-servers.
+
+use snowlease::budget::{Budget, BudgetKey, Rate};
+use snowlease::connection::RedisTarget;
+
+use crate::harness::{RedisServer, ms, poll_until, secs};
+
+fn rate(text: &str) -> Rate {
+    text.parse().unwrap()
+}
+
+async fn budget(redis: &RedisServer, name: &str) -> Budget {
+    let conn = RedisTarget::parse(&redis.url())
+        .unwrap()
+        .connect(secs(2))
+        .unwrap();
+    Budget::new(conn, name).unwrap()
+}
+
+/// Redis TIME in ms.
+fn redis_ms(redis: &RedisServer) -> u64 {
+    let t: Vec<u64> = redis.query(&mut redis::cmd("TIME"));
+    t[0] * 1000 + t[1] / 1000
+}
+
+/// docs/pool.md, Penalize: after the penalty "the budget refills from empty at each taker's
+/// own rate", whatever limits the penalizer passed. Penalized at 100/s burst 1 for 1 s, a
+/// taker at 1/s burst 10 gets one unit at the penalty's end and then one per second, not
+/// its whole burst: the key must outlive the penalty by the taker's window, which the
+/// penalizer's limits do not tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: a penalized key expires when full for the penalizer's limits; a taker with a longer window (burst / rate) then gets a full burst at the penalty's end"]
+async fn after_a_penalty_a_slower_taker_refills_from_empty() {
+    let redis = RedisServer::start();
+    let b = budget(&redis, "pen").await;
+    let penalizer = [BudgetKey::new("example.com", rate("100/s"), 1)];
+    let taker = [BudgetKey::new("example.com", rate("1/s"), 10)];
+    let p = b.penalize(&penalizer, ms(1000)).await.unwrap();
+    let denied = b.take(&taker, 1).await.unwrap();
+    assert!(!denied.allowed, "{denied:?}");
+    // Past the penalty's end on Redis' clock (and past the key's expiry for the
+    // penalizer's limits, rounded up to the ms).
+    let end = p.at_ms + 1000 + 20;
+    assert!(poll_until(secs(5), || redis_ms(&redis) >= end));
+    let first = b.take(&taker, 1).await.unwrap();
+    assert!(first.allowed, "{first:?}");
+    let second = b.take(&taker, 1).await.unwrap();
+    assert!(
+        first.remaining == 0 && !second.allowed,
+        "from empty at 1/s the second take is due 1 s after the first: {first:?} {second:?}"
+    );
+}
