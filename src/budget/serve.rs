@@ -279,10 +279,27 @@ fn bad_field(bad: BadField) -> BudgetError {
     BudgetError::bad(bad.field, bad.expected)
 }
 
+/// Whether Redis answered a budget call, on its response for `pool serve`'s readiness: true
+/// for a reply (also a key of another type: Redis answered), false when Redis did not serve;
+/// absent when no call was made (bad input).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RedisAnswered(pub(crate) bool);
+
+/// `response` marked with [`RedisAnswered`].
+fn answered(mut response: Response, up: bool) -> Response {
+    response.extensions_mut().insert(RedisAnswered(up));
+    response
+}
+
 /// A budget answer: 400 for bad input, 503 when Redis does not serve
 /// (fail closed), 500 naming a key of another type, 500 for the rest.
 fn error_response(err: BudgetError) -> Response {
-    match err {
+    let heard = match &err {
+        BudgetError::Redis(err) if crate::connection::is_unavailable(err) => Some(false),
+        BudgetError::WrongKeyType { .. } => Some(true),
+        _ => None,
+    };
+    let response = match err {
         BudgetError::BadInput { field, expected } => HttpError::bad_input(&field, &expected),
         BudgetError::Redis(err) if crate::connection::is_unavailable(&err) => {
             warn!(error = %crate::connection::Readable(&err), "budget call failed");
@@ -297,7 +314,11 @@ fn error_response(err: BudgetError) -> Response {
             HttpError::internal()
         }
     }
-    .into_response()
+    .into_response();
+    match heard {
+        Some(up) => answered(response, up),
+        None => response,
+    }
 }
 
 /// 200 for an allowed take, 429 with `Retry-After` for a denied one; both with the
@@ -391,7 +412,7 @@ async fn take(
     match result {
         Ok((keys, taken)) => {
             metrics.took(&name, if taken.allowed { "allowed" } else { "denied" });
-            take_response(&name, &keys, &taken)
+            answered(take_response(&name, &keys, &taken), true)
         }
         Err(err) => {
             let outcome = match err {
@@ -428,7 +449,7 @@ async fn penalize(
             service.metrics().penalized(&name);
             let mut value = serde_json::to_value(p).unwrap_or_default();
             value["name"] = name.into();
-            Json(value).into_response()
+            answered(Json(value).into_response(), true)
         }
         Err(err) => error_response(err),
     }

@@ -4,7 +4,10 @@
 use snowlease::budget::{Budget, BudgetKey, Rate};
 use snowlease::connection::RedisTarget;
 
+use serde_json::json;
+
 use crate::harness::{RedisServer, ms, poll_until, secs};
+use crate::pool_http::Serve;
 
 fn rate(text: &str) -> Rate {
     text.parse().unwrap()
@@ -50,4 +53,43 @@ async fn after_a_penalty_a_slower_taker_refills_from_empty() {
         first.remaining == 0 && !second.allowed,
         "from empty at 1/s the second take is due 1 s after the first: {first:?} {second:?}"
     );
+}
+
+/// docs/pool.md, `GET /readyz` of `pool serve`: 503 `redis_not_answering` while Redis does not
+/// answer. With `--reap-interval 1h` nothing but the requests probes Redis; a budget take that
+/// answers 503 `redis unavailable` on a paused Redis must make `/readyz` say so too (before:
+/// only pool routes and reaper rounds were heard, so budget traffic left it 200 for up to an
+/// hour), and a take answered again makes it ready again.
+#[test]
+fn a_budget_take_that_finds_redis_gone_makes_readyz_unready() {
+    let redis = RedisServer::start();
+    let serve = Serve::start_at(
+        &redis.url(),
+        &[
+            "--pool",
+            "none",
+            "--reap-interval",
+            "1h",
+            "--redis-timeout",
+            "300ms",
+        ],
+    );
+    assert!(poll_until(secs(10), || serve
+        .call("GET", "/readyz", None)
+        .0
+        == 200));
+    let body = json!({"key": "example.com", "rate": "10/s", "burst": 10});
+    redis.pause();
+    let (status, answer, _) = serve.call("POST", "/budgets/crawl/take", Some(body.clone()));
+    let (ready, state, _) = serve.call("GET", "/readyz", None);
+    redis.resume();
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(
+        (ready, &state["state"]),
+        (503, &json!("redis_not_answering")),
+        "a take just found Redis not answering: {state}"
+    );
+    let (status, answer, _) = serve.call("POST", "/budgets/crawl/take", Some(body));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(serve.call("GET", "/readyz", None).0, 200);
 }
