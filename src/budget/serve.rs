@@ -355,13 +355,10 @@ pub(crate) fn ratelimit_fields(
     let policy = match tightest {
         Some(k) => {
             let rate = &k.limit.rate;
-            let refill_ms =
-                u128::from(k.limit.burst) * rate.period.as_millis() / u128::from(rate.count.max(1));
-            format!(
-                "\"{name}\";q={};w={}",
-                k.limit.burst,
-                refill_ms.div_ceil(1000).max(1)
-            )
+            // Rounded up once, in s: flooring to ms first made 1000.3 ms one second.
+            let refill_s = (u128::from(k.limit.burst) * rate.period.as_millis())
+                .div_ceil(u128::from(rate.count.max(1)) * 1000);
+            format!("\"{name}\";q={};w={}", k.limit.burst, refill_s.max(1))
         }
         None => format!("\"{name}\""),
     };

@@ -93,3 +93,17 @@ fn a_budget_take_that_finds_redis_gone_makes_readyz_unready() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(serve.call("GET", "/readyz", None).0, 200);
 }
+
+/// docs/pool.md, HTTP fields: `w` of `RateLimit-Policy` is burst / rate in seconds rounded up.
+/// At 3 per 3001 ms with a burst of 1 a spent burst refills in 1000.33 ms: `w=2`, not 1 (the
+/// refill time was floored to whole ms before rounding up to seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_window_rounds_up_the_exact_refill_time() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = crate::pool_http::serve_router(&redis, &["none"], &[]).await;
+    let take = json!({"key": "example.com", "rate": "3/3001ms", "burst": 1});
+    let (status, policy, _) =
+        crate::budget_http::ratelimit_fields(&router, "/budgets/crawl/take", take).await;
+    assert_eq!(status, axum::http::StatusCode::OK);
+    assert_eq!(policy.as_deref(), Some("\"crawl\";q=1;w=2"));
+}
