@@ -227,7 +227,7 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
     if !value.is_object() {
         return Err(BudgetError::bad("budget", "a JSON object"));
     }
-    let body: ChargeBody = crate::http::body::parse_value("budget", value, Rules::PLAIN)
+    let body: ChargeBody = crate::http::body::parse_value("budget", value, BODY_RULES)
         .map_err(|bad| under(bad_field(bad)))?;
     if !crate::names::is_name(&body.name) {
         return Err(under(BudgetError::bad("name", crate::names::name_rule())));
@@ -272,8 +272,31 @@ fn one() -> u64 {
 /// the budget routes have no words of their own for their fields beyond
 /// those their types give (`OneOrMany`'s "or a list with one per key").
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BudgetError> {
-    crate::http::body::parse(bytes, Rules::PLAIN).map_err(bad_field)
+    crate::http::body::parse(bytes, BODY_RULES).map_err(bad_field)
 }
+
+/// The budget bodies' fields in words, so a value of the wrong type (`"wait_ms": 1.5`,
+/// `"cost": "2"`, a key that is not a string) or a missing `penalty_ms` names the range as a
+/// value out of range does, not serde's type names. `rate` and `burst` say it themselves
+/// ([`OneValue`]).
+const BODY_RULES: Rules<'static> = Rules {
+    required: &[],
+    expected: &|field, _| match field {
+        "cost" => Some(super::limits::COST.expected()),
+        "wait_ms" => Some(WAIT_MS.expected()),
+        "penalty_ms" => Some(PENALTY_MS.expected()),
+        "pool" | "name" => Some(crate::names::name_rule()),
+        "key" => Some(limits::key_rule()),
+        "keys" => Some(format!(
+            "a list of {}-{} keys of {}",
+            super::limits::KEYS_PER_CALL.min,
+            super::limits::KEYS_PER_CALL.max,
+            limits::key_rule()
+        )),
+        f if f.starts_with("keys[") => Some(limits::key_rule()),
+        _ => None,
+    },
+};
 
 fn bad_field(bad: BadField) -> BudgetError {
     BudgetError::bad(bad.field, bad.expected)

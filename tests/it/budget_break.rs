@@ -142,3 +142,74 @@ fn readyz_turns_ready_again_when_redis_answers_without_traffic() {
         serve.call("GET", "/readyz", None)
     );
 }
+
+/// The house rule for bad input: the error names the field and its range. A value of the
+/// wrong type in a budget body (`"wait_ms": 1.5`, `"cost": "2"`, `"penalty_ms": "30s"`, a
+/// key that is not a string) and a missing `penalty_ms` answered serde's words ("invalid
+/// type: floating point `1.5`, expected u64"), while the same field out of range named it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_types_in_budget_bodies_name_the_range() {
+    let redis = RedisServer::start();
+    let (router, _shutdown) = crate::pool_http::serve_router(&redis, &["proxies"], &[]).await;
+    let take = "/budgets/crawl/take";
+    let penalize = "/budgets/crawl/penalize";
+    let leases = "/pools/proxies/leases";
+    let cases = [
+        (
+            take,
+            json!({"key": "a", "rate": "1/s", "burst": 1, "wait_ms": 1.5}),
+            "wait_ms",
+            "an integer 0-60000",
+        ),
+        (
+            take,
+            json!({"key": "a", "rate": "1/s", "burst": 1, "cost": "2"}),
+            "cost",
+            "an integer 1-1000000",
+        ),
+        (
+            take,
+            json!({"keys": ["a", 7], "rate": "1/s", "burst": 1}),
+            "keys[1]",
+            "1-128 chars of [A-Za-z0-9_.:-]",
+        ),
+        (
+            take,
+            json!({"key": "a", "rate": "1/s", "burst": 1, "pool": 3}),
+            "pool",
+            "1-64 chars of [A-Za-z0-9_-]",
+        ),
+        (
+            penalize,
+            json!({"key": "a", "rate": "1/s", "burst": 1, "penalty_ms": "30s"}),
+            "penalty_ms",
+            "an integer 1-86400000",
+        ),
+        (
+            penalize,
+            json!({"key": "a", "rate": "1/s", "burst": 1}),
+            "penalty_ms",
+            "an integer 1-86400000",
+        ),
+        (
+            leases,
+            json!({"ttl_ms": 1000, "budget": {"name": "d", "key": "a", "rate": "1/s", "burst": 1, "cost": -1}}),
+            "budget.cost",
+            "an integer 1-1000000",
+        ),
+    ];
+    for (path, body, field, expected) in cases {
+        let (status, answer, _) = crate::pool_http::call(&router, "POST", path, body.clone()).await;
+        assert_eq!(
+            status,
+            axum::http::StatusCode::BAD_REQUEST,
+            "{path} {body}: {answer}"
+        );
+        assert_eq!(
+            (answer["field"].as_str(), answer["expected"].as_str()),
+            (Some(field), Some(expected)),
+            "{path} {body}"
+        );
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+}
