@@ -213,3 +213,40 @@ async fn wrong_types_in_budget_bodies_name_the_range() {
     }
     assert_eq!(redis.dbsize(), 0, "nothing written");
 }
+
+/// A penalty of the longest length (1 day) written by a Redis node whose clock ran 50 ms
+/// ahead of the node that serves the key now (a failover to a replica, or the node's clock
+/// stepped back) holds an end more than a day after this node's now. The sanity bound on a
+/// stored penalty end had no slack: every take and penalize of the key answered "bad key in
+/// redis" (exit 1, HTTP 500) for up to a day. Now the end is bounded as the TAT is (a full
+/// window plus the longest penalty after now) and the take is denied until it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_long_penalty_from_a_clock_ahead_stays_readable() {
+    let redis = RedisServer::start();
+    let b = budget(&redis, "clock").await;
+    let keys = [BudgetKey::new("example.com", rate("1/s"), 1)];
+    b.penalize(&keys, secs(86_400)).await.unwrap();
+    let key = "snowlease:budget:{clock}:example.com";
+    let (value, pttl) = redis.get_with_pttl(key);
+    let value = value.unwrap();
+    let (tat, until) = value.split_once(':').unwrap();
+    let ahead: u64 = until.parse::<u64>().unwrap() + 50_000;
+    let _: () = redis.query(
+        redis::cmd("SET")
+            .arg(key)
+            .arg(format!("{tat}:{ahead}"))
+            .arg("PX")
+            .arg(pttl),
+    );
+    let taken = b.take(&keys, 1).await;
+    let taken = taken.unwrap_or_else(|e| panic!("a take of a penalized key: {e}"));
+    assert!(
+        !taken.allowed && taken.retry_after_ms > 86_400_000,
+        "{taken:?}"
+    );
+    let again = b.penalize(&keys, secs(1)).await.unwrap();
+    assert!(
+        again.retry_after_ms > 86_400_000,
+        "the later end is kept: {again:?}"
+    );
+}
