@@ -121,8 +121,10 @@ end
 -- A stored value as the scripts write it: '<tat>' or '<tat>:<until>' (us, '%.3f' and
 -- '%.0f'; until: a penalty, no take before it whatever the taker's limits), or nil:
 -- tonumber alone takes nan, inf, 1e400, hex and negatives, and a nan or inf TAT would pass
--- the checks and fail a later SET halfway through the keys. A sane TAT is at most a full
--- window plus the longest penalty after now, a sane until at most the longest penalty.
+-- the checks and fail a later SET halfway through the keys. A sane TAT or until is at most a
+-- full window plus the longest penalty after now: the slack keeps a value readable that a node
+-- whose clock ran ahead wrote (a failover, a clock stepped back); with none, a day-long
+-- penalty from a clock 1 ms ahead was a bad key until it expired.
 local function budget_stored_tat(v, now)
   if #v > 60 then return nil end
   local tat_text, until_text = string.match(v, '^(%d+%.?%d*):(%d+)$')
@@ -136,7 +138,7 @@ local function budget_stored_tat(v, now)
   local until_us = 0
   if until_text then
     until_us = tonumber(until_text)
-    if not until_us or until_us > now + BUDGET_LIMITS.penalty_ms[2] * 1000 then return nil end
+    if not until_us or until_us > latest then return nil end
   end
   return tat, until_us
 end

@@ -227,7 +227,7 @@ pub(crate) fn charge_of(value: serde_json::Value) -> Result<Charge, BudgetError>
     if !value.is_object() {
         return Err(BudgetError::bad("budget", "a JSON object"));
     }
-    let body: ChargeBody = crate::http::body::parse_value("budget", value, Rules::PLAIN)
+    let body: ChargeBody = crate::http::body::parse_value("budget", value, BODY_RULES)
         .map_err(|bad| under(bad_field(bad)))?;
     if !crate::names::is_name(&body.name) {
         return Err(under(BudgetError::bad("name", crate::names::name_rule())));
@@ -272,17 +272,57 @@ fn one() -> u64 {
 /// the budget routes have no words of their own for their fields beyond
 /// those their types give (`OneOrMany`'s "or a list with one per key").
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BudgetError> {
-    crate::http::body::parse(bytes, Rules::PLAIN).map_err(bad_field)
+    crate::http::body::parse(bytes, BODY_RULES).map_err(bad_field)
 }
+
+/// The budget bodies' fields in words, so a value of the wrong type (`"wait_ms": 1.5`,
+/// `"cost": "2"`, a key that is not a string) or a missing `penalty_ms` names the range as a
+/// value out of range does, not serde's type names. `rate` and `burst` say it themselves
+/// ([`OneValue`]).
+const BODY_RULES: Rules<'static> = Rules {
+    required: &[],
+    expected: &|field, _| match field {
+        "cost" => Some(super::limits::COST.expected()),
+        "wait_ms" => Some(WAIT_MS.expected()),
+        "penalty_ms" => Some(PENALTY_MS.expected()),
+        "pool" | "name" => Some(crate::names::name_rule()),
+        "key" => Some(limits::key_rule()),
+        "keys" => Some(format!(
+            "a list of {}-{} keys of {}",
+            super::limits::KEYS_PER_CALL.min,
+            super::limits::KEYS_PER_CALL.max,
+            limits::key_rule()
+        )),
+        f if f.starts_with("keys[") => Some(limits::key_rule()),
+        _ => None,
+    },
+};
 
 fn bad_field(bad: BadField) -> BudgetError {
     BudgetError::bad(bad.field, bad.expected)
 }
 
+/// Whether Redis answered a budget call, on its response for `pool serve`'s readiness: true
+/// for a reply (also a key of another type: Redis answered), false when Redis did not serve;
+/// absent when no call was made (bad input).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RedisAnswered(pub(crate) bool);
+
+/// `response` marked with [`RedisAnswered`].
+fn answered(mut response: Response, up: bool) -> Response {
+    response.extensions_mut().insert(RedisAnswered(up));
+    response
+}
+
 /// A budget answer: 400 for bad input, 503 when Redis does not serve
 /// (fail closed), 500 naming a key of another type, 500 for the rest.
 fn error_response(err: BudgetError) -> Response {
-    match err {
+    let heard = match &err {
+        BudgetError::Redis(err) if crate::connection::is_unavailable(err) => Some(false),
+        BudgetError::WrongKeyType { .. } => Some(true),
+        _ => None,
+    };
+    let response = match err {
         BudgetError::BadInput { field, expected } => HttpError::bad_input(&field, &expected),
         BudgetError::Redis(err) if crate::connection::is_unavailable(&err) => {
             warn!(error = %crate::connection::Readable(&err), "budget call failed");
@@ -297,7 +337,11 @@ fn error_response(err: BudgetError) -> Response {
             HttpError::internal()
         }
     }
-    .into_response()
+    .into_response();
+    match heard {
+        Some(up) => answered(response, up),
+        None => response,
+    }
 }
 
 /// 200 for an allowed take, 429 with `Retry-After` for a denied one; both with the
@@ -334,13 +378,10 @@ pub(crate) fn ratelimit_fields(
     let policy = match tightest {
         Some(k) => {
             let rate = &k.limit.rate;
-            let refill_ms =
-                u128::from(k.limit.burst) * rate.period.as_millis() / u128::from(rate.count.max(1));
-            format!(
-                "\"{name}\";q={};w={}",
-                k.limit.burst,
-                refill_ms.div_ceil(1000).max(1)
-            )
+            // Rounded up once, in s: flooring to ms first made 1000.3 ms one second.
+            let refill_s = (u128::from(k.limit.burst) * rate.period.as_millis())
+                .div_ceil(u128::from(rate.count.max(1)) * 1000);
+            format!("\"{name}\";q={};w={}", k.limit.burst, refill_s.max(1))
         }
         None => format!("\"{name}\""),
     };
@@ -391,7 +432,7 @@ async fn take(
     match result {
         Ok((keys, taken)) => {
             metrics.took(&name, if taken.allowed { "allowed" } else { "denied" });
-            take_response(&name, &keys, &taken)
+            answered(take_response(&name, &keys, &taken), true)
         }
         Err(err) => {
             let outcome = match err {
@@ -428,7 +469,7 @@ async fn penalize(
             service.metrics().penalized(&name);
             let mut value = serde_json::to_value(p).unwrap_or_default();
             value["name"] = name.into();
-            Json(value).into_response()
+            answered(Json(value).into_response(), true)
         }
         Err(err) => error_response(err),
     }

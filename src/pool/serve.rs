@@ -132,6 +132,17 @@ impl ServeState {
         }
     }
 
+    /// Records whether a budget call found Redis answering (see [`ServeState::note`]).
+    fn note_answered(&self, up: bool) {
+        if self.inner.redis_up.swap(up, Ordering::Relaxed) != up {
+            if up {
+                info!("redis answers; ready");
+            } else {
+                warn!("redis not answering a budget call; not ready");
+            }
+        }
+    }
+
     /// Refuses with 503 while Redis may evict keys, or before the first
     /// eviction check answered (acquire and extend).
     fn refuse_if_evicting(&self) -> Result<(), ApiError> {

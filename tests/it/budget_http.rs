@@ -274,7 +274,7 @@ async fn budget_bodies_follow_the_rules_of_every_route() {
 }
 
 /// `POST` `body` to `path`; the status and the `RateLimit-Policy` and `RateLimit` fields.
-async fn ratelimit_fields(
+pub(crate) async fn ratelimit_fields(
     router: &axum::Router,
     path: &str,
     body: serde_json::Value,

@@ -10,6 +10,8 @@ mod alerts;
 mod bad_keys;
 /// Rate budgets: accuracy under 100 clients, keys all or nothing, expiry, CLI, Cluster, Sentinel.
 mod budget;
+/// Rate budgets broken on purpose: penalties with other limits, bad keys, Redis faults.
+mod budget_break;
 /// The budget routes of `pool serve`: 200/429 + Retry-After, penalize, 400, 503, metrics.
 mod budget_http;
 /// Pool acquire with a budget charge: atomic, denial leases nothing, replays not charged twice.

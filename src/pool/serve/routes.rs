@@ -56,14 +56,25 @@ pub fn router(state: ServeState) -> Router {
 
 /// The budget routes answer 503 while Redis may evict keys (an evicted
 /// budget key is a full budget again: a limit that does not hold), as
-/// acquire does.
+/// acquire does; their answers count for readiness ([`ServeState::note_answered`]).
 async fn refuse_budgets_if_evicting(
     State(state): State<ServeState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     match state.refuse_if_evicting() {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            let response = next.run(request).await;
+            // Budget traffic alone must move readiness as pool traffic does: with a long
+            // --reap-interval nothing else asks Redis.
+            if let Some(answered) = response
+                .extensions()
+                .get::<crate::budget::serve::RedisAnswered>()
+            {
+                state.note_answered(answered.0);
+            }
+            response
+        }
         Err(ApiError::Evicting(evicting)) => ApiError::EvictingBudgets(evicting).into_response(),
         Err(err) => err.into_response(),
     }
