@@ -5,7 +5,9 @@
 -- KEYS: 1..n snowlease:budget:{<name>}:<key>, or {<pool>}:budget:<name>:<key> (the
 --       keys a pool's acquire charges): one budget, one hash tag
 -- ARGV: 1 penalty_ms, then for each key: rate_count, rate_period_ms, burst (checked as a
---       take's; they only set reset_after_ms)
+--       take's; they set reset_after_ms. The key lives until the penalty's end plus the
+--       longest window, 30 days, unless a take rewrites it: a taker with a longer window
+--       than these limits still refills from empty)
 -- Returns: {retry_after_ms, reset_after_ms, now_ms}: when a take is allowed again (the
 --          penalty's end, the latest over the keys), and when every key is full (and gone)
 --          again for the limits given.
@@ -30,9 +32,10 @@ local retry, reset = 0, 0
 for i, l in ipairs(limits) do
   local until_us = math.max(untils[i], now + penalty * 1000)
   -- The stored TAT stays the takers' own; the penalty's end rides beside it. The key lives
-  -- until the budget is full again after the penalty, for the limits given.
+  -- until the budget is full again after the penalty for any taker: its refill from empty
+  -- may take up to the longest window (burst / rate), whatever limits were given here.
   local full = math.max(raws[i], until_us + l.tau - l.interval)
-  local ttl = math.max(budget_ms(full - now), 1)
+  local ttl = math.max(budget_ms(math.max(full, until_us + BUDGET_LIMITS.window_ms[2] * 1000) - now), 1)
   redis.call('SET', KEYS[i], string.format('%.3f:%.0f', raws[i], until_us), 'PX', ttl)
   retry = math.max(retry, until_us - now)
   reset = math.max(reset, full - now)

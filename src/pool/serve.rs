@@ -57,6 +57,11 @@ pub struct ServeState {
     inner: Arc<Inner>,
 }
 
+/// The bound of `/readyz`'s `PING` while Redis is marked as not answering: 500 ms, within
+/// the kubelet's default probe timeout of 1 s (Kubernetes docs, "Configure Liveness,
+/// Readiness and Startup Probes").
+pub(crate) const READYZ_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 struct Inner {
     pools: HashMap<String, Served>,
     metrics: PoolMetrics,
@@ -130,6 +135,31 @@ impl ServeState {
                 _ => info!("redis answers; ready"),
             }
         }
+    }
+
+    /// While Redis is marked as not answering, asks it once (`PING`, bounded by
+    /// [`READYZ_PING_TIMEOUT`]) and marks it answering when it does: `/readyz` turns ready again
+    /// without waiting for a request or the next reaper round (up to `--reap-interval`). True
+    /// when Redis is (now) marked answering.
+    pub(crate) async fn recheck_redis(&self) -> bool {
+        if self.inner.redis_up.load(Ordering::Relaxed) {
+            return true;
+        }
+        let Some(served) = self.inner.pools.values().next() else {
+            return false;
+        };
+        let mut conn = served.pool.conn().clone();
+        let ping = redis::cmd("PING");
+        // Within a kubelet probe's default timeout (1 s).
+        let answered =
+            crate::timing::bounded(READYZ_PING_TIMEOUT, ping.query_async::<String>(&mut conn))
+                .await;
+        let up = match &answered {
+            Ok(_) => true,
+            Err(err) => !crate::connection::is_unavailable(err),
+        };
+        self.note_answered(up);
+        up
     }
 
     /// Records whether a budget call found Redis answering (see [`ServeState::note`]).

@@ -117,26 +117,31 @@ async fn pool_serve_answers_unknown_paths_and_methods_in_json() {
 }
 
 /// `pool serve`'s `/readyz` is JSON with a `state` in every case, as the worker's; status
-/// codes as before: 503 until Redis answered, 200, 503 from shutdown on.
+/// codes as before: 200 while Redis answers, 503 while it does not, 503 from shutdown on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_serve_readyz_says_its_state_in_json() {
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
     let (router, shutdown) = serve_router(&redis, &["p"], &["a"]).await;
     let answer = async |method: &str, path: &str| {
         let (status, body, _) = call(&router, method, path, Value::Null).await;
         (status, body)
     };
+    assert_eq!(answer("GET", "/pools/p").await.0, StatusCode::OK);
+    assert_eq!(
+        answer("GET", "/readyz").await,
+        (StatusCode::OK, json!({"state": "ready"}))
+    );
+    redis.stop();
+    assert_eq!(
+        answer("GET", "/pools/p").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(
         answer("GET", "/readyz").await,
         (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"state": "redis_not_answering"})
         )
-    );
-    assert_eq!(answer("GET", "/pools/p").await.0, StatusCode::OK);
-    assert_eq!(
-        answer("GET", "/readyz").await,
-        (StatusCode::OK, json!({"state": "ready"}))
     );
     shutdown.cancel();
     assert_eq!(

@@ -1,8 +1,6 @@
 //! The routes of `pool serve` but acquire (`acquire.rs`): extend,
 //! release, status, readiness, metrics, and the budget routes' guard.
 
-use std::sync::atomic::Ordering;
-
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -189,7 +187,9 @@ async fn readyz(State(state): State<ServeState>) -> Response {
     if state.inner.shutdown.is_cancelled() {
         return unready(json!({ "state": "stopping" })).into_response();
     }
-    if !state.inner.redis_up.load(Ordering::Relaxed) {
+    // Asked again here while marked down: a server without traffic must not stay unready
+    // for up to --reap-interval after Redis answers again.
+    if !state.recheck_redis().await {
         return unready(json!({ "state": "redis_not_answering" })).into_response();
     }
     match state.eviction() {
