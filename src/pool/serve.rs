@@ -78,6 +78,9 @@ struct Inner {
 struct Served {
     pool: Pool,
     label: Arc<str>,
+    /// The last reaper round's data error (a key of the wrong type), said once at warn
+    /// until it changes or a round succeeds.
+    reap_error: Mutex<Option<String>>,
 }
 
 impl ServeState {
@@ -100,7 +103,17 @@ impl ServeState {
         let pools = pools
             .into_iter()
             .zip(labels)
-            .map(|(pool, label)| (pool.name().to_owned(), Served { pool, label }))
+            .map(|(pool, label)| {
+                let reap_error = Mutex::new(None);
+                (
+                    pool.name().to_owned(),
+                    Served {
+                        pool,
+                        label,
+                        reap_error,
+                    },
+                )
+            })
             .collect();
         Self {
             inner: Arc::new(Inner {

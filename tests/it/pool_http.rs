@@ -737,3 +737,40 @@ fn serve_reaper_reclaims_expired_leases_without_acquires() {
     assert_eq!(metric_value(&serve.metrics(), acquires), Some(0.0));
     assert!(serve.log_text().contains("reclaimed expired leases"));
 }
+
+/// A reaper round that fails on a key of the wrong type (`{p}:leases` a string) says so at
+/// warn, once while the error stays the same (it was said only at debug, every round), and
+/// readiness stays: Redis answered.
+#[test]
+fn serve_warns_once_when_reaping_meets_a_bad_key() {
+    let redis = RedisServer::start();
+    let keys = PoolKeys::new("p");
+    let init = crate::harness::run_snowlease(
+        &["pool", "init", "--pool", "p", "--ids", "a"],
+        &[("REDIS_URL", &redis.url())],
+        secs(10),
+    );
+    assert_eq!(init.code, Some(0), "{init:?}");
+    let _: () = redis.query(redis::cmd("SET").arg(&keys.leases).arg("garbage"));
+    let serve = Serve::start(&redis, &["--pool", "p", "--reap-interval", "50ms"]);
+    let warned = || {
+        serve
+            .events()
+            .iter()
+            .filter(|e| e["level"] == "WARN" && message(e).starts_with("reap failed"))
+            .count()
+    };
+    assert!(
+        poll_until(secs(5), || warned() == 1),
+        "{}",
+        serve.log_text()
+    );
+    std::thread::sleep(ms(500));
+    assert_eq!(
+        warned(),
+        1,
+        "one warning for ~10 failed rounds: {}",
+        serve.log_text()
+    );
+    assert_eq!(serve.call("GET", "/readyz", None).0, 200);
+}

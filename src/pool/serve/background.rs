@@ -26,6 +26,7 @@ impl ServeState {
             self.note(&result);
             match result {
                 Ok(reaped) => {
+                    served.reap_error.lock().unwrap().take();
                     if !reaped.ids.is_empty() {
                         info!(pool = name, count = reaped.ids.len(), ids = ?reaped.ids, "reclaimed expired leases");
                         self.inner
@@ -36,8 +37,19 @@ impl ServeState {
                         break;
                     }
                 }
-                Err(err) => {
+                // An outage is said by note() when readiness changes; a data error (a key
+                // of the wrong type) would fail every round unseen at debug: warn once.
+                Err(err) if err.is_redis_unavailable() => {
                     debug!(pool = name, error = %err, "reap failed");
+                    return;
+                }
+                Err(err) => {
+                    let text = err.to_string();
+                    let mut last = served.reap_error.lock().unwrap();
+                    if last.as_deref() != Some(text.as_str()) {
+                        warn!(pool = name, error = %text, "reap failed; every round fails the same way until the key is fixed");
+                        *last = Some(text);
+                    }
                     return;
                 }
             }
