@@ -8,7 +8,7 @@
 //! - [`claim`]: key names, `claim.lua` (re-adopt ours, else lowest free ID), the claimer (a range of at most 32 IDs in one window, a larger one in interleaved windows of at most 16).
 //! - `state`: `WorkerState`, the one value the keeper writes and every publisher reads.
 //! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop.
-//! - `timing`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
+//! - `schedule`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
 //! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
 //! - [`range`]: the worker IDs a sidecar claims (`--worker-ids`), so regions split one ID space.
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
@@ -35,7 +35,7 @@ pub(crate) mod routes;
 mod sizing;
 pub(crate) mod state;
 pub mod status;
-mod timing;
+mod schedule;
 
 use std::path::Path;
 use std::sync::Arc;

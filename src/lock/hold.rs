@@ -33,7 +33,7 @@ use crate::timing;
 
 /// How the command ended, and why it was stopped (`None`: it exited by
 /// itself or after a passed-on signal).
-pub(crate) struct HoldEnd {
+pub(crate) struct LockHoldEnd {
     pub(crate) exit: Exit,
     pub(crate) lost: Option<String>,
 }
@@ -130,7 +130,7 @@ pub(crate) async fn hold(
     signals: &mut Signals,
     child: &mut Child,
     sent: BootInstant,
-) -> HoldEnd {
+) -> LockHoldEnd {
     let retry = timing::retry_base(config.renew_interval());
     let mut rules = Deadlines::new(config.grace);
     let mut lease = Lease::confirmed(sent, config, &mut rules);
@@ -138,7 +138,7 @@ pub(crate) async fn hold(
     let mut lost: Option<String> = None;
     loop {
         if let Some(exit) = child.reap() {
-            return HoldEnd { exit, lost };
+            return LockHoldEnd { exit, lost };
         }
         let now = Instant::now();
         let deadline = lease.valid.on_monotonic(now);

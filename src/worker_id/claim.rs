@@ -20,7 +20,7 @@ use crate::lease::step;
 use crate::timing::ttl_ms;
 
 pub use self::claimer::{Claimer, claim_lowest};
-pub use self::windows::{Window, start_window, window_of, windows};
+pub use self::windows::{ClaimWindow, start_window, window_of, windows};
 
 static CLAIM: LazyLock<Script> =
     LazyLock::new(|| crate::lease::node::script(include_str!("claim.lua")));

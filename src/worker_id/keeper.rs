@@ -3,7 +3,7 @@
 //!
 //! The loop here is the only writer of [`WorkerState`]; the file publisher,
 //! HTTP and metrics read it through a `watch` channel (kubert's pattern).
-//! The loop is a `Phase` and one `match` that hands each phase to its
+//! The loop is a `KeeperPhase` and one `match` that hands each phase to its
 //! own file:
 //! - `claiming`: the claim phase (re-adopt, else lowest free ID, backoff).
 //! - `setup`: what Redis must allow before a claim (ACL probe, eviction).
@@ -113,7 +113,7 @@ pub(crate) struct Stopped {
 /// follows a phase is decided by pure functions ([`after_hold`],
 /// [`after_loss`]) so the unit tests below pin the transitions.
 #[derive(Debug)]
-enum Phase {
+enum KeeperPhase {
     /// No lease: re-adopt the recorded one, else claim the lowest free ID.
     Claiming,
     /// A lease passed the gate: publish it and renew it.
@@ -246,19 +246,19 @@ impl Worker {
         &mut self,
         shutdown: &CancellationToken,
     ) -> Result<Option<u16>, WorkerError> {
-        let mut phase = Phase::Claiming;
+        let mut phase = KeeperPhase::Claiming;
         loop {
             phase = match phase {
-                Phase::Claiming => tokio::select! {
-                    _ = shutdown.cancelled() => Phase::Draining(Ok(None)),
+                KeeperPhase::Claiming => tokio::select! {
+                    _ = shutdown.cancelled() => KeeperPhase::Draining(Ok(None)),
                     claimed = self.claiming() => match claimed {
-                        Ok(held) => Phase::Holding(held),
-                        Err(err) => Phase::Draining(Err(err)),
+                        Ok(held) => KeeperPhase::Holding(held),
+                        Err(err) => KeeperPhase::Draining(Err(err)),
                     },
                 },
-                Phase::Holding(held) => after_hold(self.holding(held, shutdown).await),
-                Phase::Lost(worker_id) => after_loss(worker_id, self.params.on_loss),
-                Phase::Draining(result) => return result,
+                KeeperPhase::Holding(held) => after_hold(self.holding(held, shutdown).await),
+                KeeperPhase::Lost(worker_id) => after_loss(worker_id, self.params.on_loss),
+                KeeperPhase::Draining(result) => return result,
             };
         }
     }
@@ -313,23 +313,23 @@ impl Worker {
 /// What follows a hold: shutdown and a refusal that lasted to the deadline
 /// stop the keeper; a loss goes to `--on-loss`; an evicting Redis claims
 /// again (and is refused until it is safe).
-fn after_hold(end: HoldEnd) -> Phase {
+fn after_hold(end: HoldEnd) -> KeeperPhase {
     match end {
-        HoldEnd::Shutdown(held) => Phase::Draining(Ok(Some(held.worker_id))),
-        HoldEnd::Lost(worker_id) => Phase::Lost(worker_id),
-        HoldEnd::Refused(err) => Phase::Draining(Err(WorkerError::Redis(err))),
-        HoldEnd::GaveUp => Phase::Claiming,
+        HoldEnd::Shutdown(held) => KeeperPhase::Draining(Ok(Some(held.worker_id))),
+        HoldEnd::Lost(worker_id) => KeeperPhase::Lost(worker_id),
+        HoldEnd::Refused(err) => KeeperPhase::Draining(Err(WorkerError::Redis(err))),
+        HoldEnd::GaveUp => KeeperPhase::Claiming,
     }
 }
 
 /// What follows the loss of `worker_id`: exit 4 with `--on-loss exit`,
 /// else a new claim.
-fn after_loss(worker_id: u16, on_loss: OnLoss) -> Phase {
+fn after_loss(worker_id: u16, on_loss: OnLoss) -> KeeperPhase {
     match on_loss {
-        OnLoss::Exit => Phase::Draining(Err(WorkerError::LeaseLost { worker_id })),
+        OnLoss::Exit => KeeperPhase::Draining(Err(WorkerError::LeaseLost { worker_id })),
         OnLoss::Reclaim => {
             info!("on-loss reclaim: claiming a worker ID again");
-            Phase::Claiming
+            KeeperPhase::Claiming
         }
     }
 }
@@ -356,18 +356,18 @@ mod tests {
     fn each_end_of_a_hold_leads_to_its_phase() {
         let shutdown = after_hold(HoldEnd::Shutdown(lease(3)));
         assert!(
-            matches!(shutdown, Phase::Draining(Ok(Some(3)))),
+            matches!(shutdown, KeeperPhase::Draining(Ok(Some(3)))),
             "{shutdown:?}"
         );
-        assert!(matches!(after_hold(HoldEnd::Lost(5)), Phase::Lost(5)));
+        assert!(matches!(after_hold(HoldEnd::Lost(5)), KeeperPhase::Lost(5)));
         let refused =
             redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"));
         let refused = after_hold(HoldEnd::Refused(refused));
         assert!(
-            matches!(refused, Phase::Draining(Err(WorkerError::Redis(_)))),
+            matches!(refused, KeeperPhase::Draining(Err(WorkerError::Redis(_)))),
             "{refused:?}"
         );
-        assert!(matches!(after_hold(HoldEnd::GaveUp), Phase::Claiming));
+        assert!(matches!(after_hold(HoldEnd::GaveUp), KeeperPhase::Claiming));
     }
 
     /// `--on-loss exit` drains with the lost ID (exit 4); `reclaim` claims.
@@ -377,11 +377,11 @@ mod tests {
         assert!(
             matches!(
                 exit,
-                Phase::Draining(Err(WorkerError::LeaseLost { worker_id: 7 }))
+                KeeperPhase::Draining(Err(WorkerError::LeaseLost { worker_id: 7 }))
             ),
             "{exit:?}"
         );
-        assert!(matches!(after_loss(7, OnLoss::Reclaim), Phase::Claiming));
+        assert!(matches!(after_loss(7, OnLoss::Reclaim), KeeperPhase::Claiming));
     }
 
     /// Before the first claim round no key can hold our owner string, so

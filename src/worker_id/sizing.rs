@@ -1,13 +1,13 @@
 //! What a set of lease settings rides through (docs/operations.md, "Sizing for Redis
 //! outages"): the longest Redis outage during which the sidecar keeps its ID published,
-//! replayed from the keeper's own timing rules ([`timing`](super::timing)) rather than a
+//! replayed from the keeper's own timing rules ([`schedule`](super::schedule)) rather than a
 //! second formula, and how long the ID of a crashed pod stays taken. The worker logs it at
 //! start.
 
 use std::time::Duration;
 
 use super::args::LeaseSettings;
-use super::timing;
+use super::schedule;
 use crate::lease;
 
 /// The Redis outage a sidecar rides through with its settings (standalone Redis; on
@@ -75,10 +75,10 @@ fn last_attempt_before(
     limit: Duration,
 ) -> Option<Duration> {
     let interval = settings.renew_interval;
-    let mut at = timing::renew_after_confirmed(Duration::ZERO, interval);
+    let mut at = schedule::renew_after_confirmed(Duration::ZERO, interval);
     let mut last = None;
     loop {
-        let mut pauses = timing::renew_retries(interval, settings.retries);
+        let mut pauses = schedule::renew_retries(interval, settings.retries);
         loop {
             if at >= limit {
                 return last;
@@ -90,7 +90,7 @@ fn last_attempt_before(
                 None => break,
             }
         }
-        at = timing::renew_after_failed(at, interval);
+        at = schedule::renew_after_failed(at, interval);
     }
 }
 

@@ -384,7 +384,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
         &format!("the ranges record of {}", config.app),
     )
     .await?;
-    let eviction = Eviction::check(&mut conn).await;
+    let eviction = EvictionReport::check(&mut conn).await;
     let persistence = PersistenceReport::read(&mut conn).await;
     let text = if config.json {
         let mut json = serde_json::to_value(&report)?;
@@ -599,7 +599,7 @@ impl RangesReport {
 /// while something is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "state")]
-pub(crate) enum Eviction {
+pub(crate) enum EvictionReport {
     /// `maxmemory` is 0 or the policy is `noeviction`.
     Safe,
     /// Redis may drop lease keys: sidecars claim nothing on it.
@@ -618,9 +618,9 @@ pub(crate) enum Eviction {
     },
 }
 
-impl Eviction {
+impl EvictionReport {
     /// Reads `INFO memory` under [`COMMAND_CALL_TIMEOUT`]; a failure is
-    /// [`Eviction::Unchecked`], never an error of `status`.
+    /// [`EvictionReport::Unchecked`], never an error of `status`.
     async fn check<C: ConnectionLike>(conn: &mut C) -> Self {
         match bounded(COMMAND_CALL_TIMEOUT, crate::eviction::check(conn)).await {
             Ok(None) => Self::Safe,

@@ -9,13 +9,13 @@ use snowlease::connection::{Redis, RedisTarget};
 use snowlease::identity::Owner;
 use snowlease::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
 use snowlease::worker_id::mint::minter::{
-    Anchor, Grant, LeaseTicket, Minter, Refusal, Standby, Step, Window,
+    Anchor, Grant, LeaseTicket, Minter, MintRefusal, Standby, Step, MintWindow,
 };
 use snowlease::worker_id::mint::script::{MintKeys, read_mark, reserve, settle};
 
 use crate::harness::*;
 
-const WINDOW: Window = Window {
+const WINDOW: MintWindow = MintWindow {
     ahead_ms: 5_000,
     low_water_ms: 2_000,
 };
@@ -132,7 +132,7 @@ async fn handover(settled: bool) {
         .minter
         .mint(new.boot_ms, 1, &mut Vec::new())
         .unwrap_err();
-    let Refusal::ClockBehind { wait_ms } = refusal else {
+    let MintRefusal::ClockBehind { wait_ms } = refusal else {
         panic!("{refusal:?}")
     };
     assert!(wait_ms > 25_000, "about 30 s: {wait_ms}");
@@ -161,7 +161,7 @@ async fn handover(settled: bool) {
         loop {
             match old.minter.mint(old.boot_ms, usize::MAX, &mut late) {
                 Ok(_) => old.boot_ms += 1,
-                Err(Refusal::NeedsReservation) => break,
+                Err(MintRefusal::NeedsReservation) => break,
                 Err(other) => panic!("{other:?}"),
             }
         }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use super::windows::{Walk, Window, start_window, window_of, windows};
+use super::windows::{Walk, ClaimWindow, start_window, window_of, windows};
 use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_claim};
 use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;
@@ -30,7 +30,7 @@ pub struct Claimer {
     range: WorkerRange,
     /// The lease key of each ID, in ID order (index: offset from the low end).
     ids: Vec<String>,
-    windows: Vec<Window>,
+    windows: Vec<ClaimWindow>,
     /// One server: each window's `EVALSHA` for `built_for`, built when the
     /// window is first called (a claim calls one or two of up to 64).
     cmds: Vec<Option<Cmd>>,

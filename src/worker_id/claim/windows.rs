@@ -19,7 +19,7 @@ pub(crate) const WINDOW: usize = 16;
 
 /// The worker IDs of one window: `first`, `first + step`, ... (`len` IDs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Window {
+pub struct ClaimWindow {
     /// The window's lowest worker ID (0-1023), also its number.
     pub first: usize,
     /// The step between its IDs: the number of windows of the range.
@@ -28,7 +28,7 @@ pub struct Window {
     pub len: usize,
 }
 
-impl Window {
+impl ClaimWindow {
     /// The worker ID of the window's `index`-th pair.
     pub fn id(&self, index: usize) -> usize {
         self.first + index * self.step
@@ -48,7 +48,7 @@ impl Window {
 /// lowest free ID first, as the seed's rule and older sidecars claim)
 /// leaves free IDs in every window until the whole range is nearly full,
 /// and claims in any window take low IDs first.
-pub fn windows(max_worker_id: u16) -> Vec<Window> {
+pub fn windows(max_worker_id: u16) -> Vec<ClaimWindow> {
     let count = usize::from(max_worker_id) + 1;
     let n = if count <= ONE_WINDOW_MAX {
         1
@@ -56,7 +56,7 @@ pub fn windows(max_worker_id: u16) -> Vec<Window> {
         count.div_ceil(WINDOW)
     };
     (0..n)
-        .map(|first| Window {
+        .map(|first| ClaimWindow {
             first,
             step: n,
             len: (count - first).div_ceil(n),
@@ -127,7 +127,7 @@ impl Walk {
 mod tests {
     use super::*;
 
-    fn ids(window: &Window) -> Vec<usize> {
+    fn ids(window: &ClaimWindow) -> Vec<usize> {
         window.ids().collect()
     }
 

@@ -10,7 +10,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{error, info, warn};
 
 use super::advice::log_paused;
-use super::gate::{Refusal, Write};
+use super::gate::{GateRefusal, Write};
 use super::{Worker, WorkerError};
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, classify};
@@ -21,7 +21,7 @@ use crate::timing::{bounded, ms, spread};
 use crate::worker_id::claim::{ClaimOutcome, GuardFound};
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, Mode, RecordedLease, WorkerState};
-use crate::worker_id::timing::{self, ClaimBackoff};
+use crate::worker_id::schedule::{self, ClaimBackoff};
 
 /// Longest pause behind a closed claim guard before the next claim round
 /// reads it again (one cheap script call).
@@ -72,7 +72,7 @@ impl ClaimPhase {
     /// out ([`WorkerError::ClaimTimeout`], with the latest finding).
     async fn wait(&mut self, pause: Duration, claim_timeout: Duration) -> Result<(), WorkerError> {
         let left = self.deadline.saturating_duration_since(Instant::now());
-        let Some(pause) = timing::claim_pause(pause, left) else {
+        let Some(pause) = schedule::claim_pause(pause, left) else {
             return Err(WorkerError::ClaimTimeout {
                 timeout: claim_timeout,
                 detail: std::mem::take(&mut self.detail),
@@ -125,25 +125,25 @@ impl Worker {
 
     /// A claimed lease the gate refused. The key stays ours: the next
     /// round re-adopts it.
-    fn claim_refused(&mut self, phase: &mut ClaimPhase, held: &HeldLease, refusal: Refusal) {
+    fn claim_refused(&mut self, phase: &mut ClaimPhase, held: &HeldLease, refusal: GateRefusal) {
         let replicas = self.params.min_replicas_ack;
         match refusal {
             // Sentinel: a claim on a demoted primary that still takes
             // writes is lost at its conversion; never publish it.
-            Refusal::NotPrimary => {
+            GateRefusal::NotPrimary => {
                 warn!(
                     worker_id = held.worker_id,
                     "claim not confirmed on the primary the Sentinels name; claiming again"
                 );
                 phase.detail = "claim not confirmed on the primary the Sentinels name".into();
             }
-            Refusal::ClockSkewed(skew_ms) => {
+            GateRefusal::ClockSkewed(skew_ms) => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "clock_skew");
                 phase.detail =
                     format!("clock skew {skew_ms} ms to Redis' TIME is beyond --max-clock-skew");
                 self.set_state(WorkerState::ClockSkewed(skew_ms));
             }
-            Refusal::Handover(wait) => {
+            GateRefusal::Handover(wait) => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "handover");
                 let (was, now) = match self.params.mode {
                     Mode::Mint => ("published to an app", "minting"),
@@ -159,7 +159,7 @@ impl Worker {
                 }
                 self.set_state(WorkerState::Handover(BootInstant::now() + wait));
             }
-            Refusal::Unacknowledged => {
+            GateRefusal::Unacknowledged => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "unacknowledged");
                 warn!(
                     worker_id = held.worker_id,

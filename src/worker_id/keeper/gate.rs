@@ -26,7 +26,7 @@ pub(super) enum Write {
 /// Why the gate refused a write. The key stays ours in each case: the next
 /// claim round re-adopts it, the next renew attempt extends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refusal {
+pub(super) enum GateRefusal {
     /// Sentinel: the write ran on a node that is not the primary the
     /// Sentinels name (a demoted primary still taking writes loses them
     /// at its conversion).
@@ -45,7 +45,7 @@ pub(super) enum Refusal {
     Handover(Duration),
 }
 
-impl Refusal {
+impl GateRefusal {
     /// Whether a claim round refused so grows the claim backoff: a skew or
     /// slow replicas last a while; a Sentinel switch is over in a moment.
     pub(super) fn claim_backs_off(self) -> bool {
@@ -87,7 +87,7 @@ impl Worker {
         &mut self,
         lease: &HeldLease,
         write: Write,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), GateRefusal> {
         for check in checks(write) {
             let mut handover = Duration::ZERO;
             let passed = match check {
@@ -101,10 +101,10 @@ impl Worker {
             };
             if !passed {
                 return Err(match check {
-                    Check::Primary => Refusal::NotPrimary,
-                    Check::Skew => Refusal::ClockSkewed(self.skew.ms()),
-                    Check::Handover => Refusal::Handover(handover),
-                    Check::Replicas => Refusal::Unacknowledged,
+                    Check::Primary => GateRefusal::NotPrimary,
+                    Check::Skew => GateRefusal::ClockSkewed(self.skew.ms()),
+                    Check::Handover => GateRefusal::Handover(handover),
+                    Check::Replicas => GateRefusal::Unacknowledged,
                 });
             }
         }
@@ -195,9 +195,9 @@ mod tests {
     /// Only a Sentinel switch retries a claim at once.
     #[test]
     fn a_claim_refused_for_skew_or_replicas_backs_off() {
-        assert!(!Refusal::NotPrimary.claim_backs_off());
-        assert!(Refusal::ClockSkewed(900).claim_backs_off());
-        assert!(Refusal::Unacknowledged.claim_backs_off());
-        assert!(Refusal::Handover(Duration::from_secs(1)).claim_backs_off());
+        assert!(!GateRefusal::NotPrimary.claim_backs_off());
+        assert!(GateRefusal::ClockSkewed(900).claim_backs_off());
+        assert!(GateRefusal::Unacknowledged.claim_backs_off());
+        assert!(GateRefusal::Handover(Duration::from_secs(1)).claim_backs_off());
     }
 }

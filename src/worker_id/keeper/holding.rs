@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::Worker;
-use super::gate::{Refusal, Write};
+use super::gate::{GateRefusal, Write};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Failure, Readable, classify};
 use crate::eviction::EvictingRedis;
@@ -15,7 +15,7 @@ use crate::lease::{self, OnFailure, RenewOutcome, on_failure};
 use crate::timing::bounded;
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, WorkerState};
-use crate::worker_id::timing;
+use crate::worker_id::schedule;
 
 /// How a hold ended.
 #[derive(Debug)]
@@ -84,7 +84,7 @@ impl Worker {
         // valid_until = sent + validity, so this is timed from the send.
         let sent = held.valid_until - lease::validity(self.params.settings.ttl);
         let mut hold = Hold {
-            next_renew: timing::renew_after_confirmed(sent, interval),
+            next_renew: schedule::renew_after_confirmed(sent, interval),
             held,
             refusal: None,
         };
@@ -94,7 +94,7 @@ impl Worker {
         let mut reconnects = self.conn.reconnects();
         reconnects.mark_unchanged();
         loop {
-            let wake = timing::wake_at(hold.next_renew, hold.held.valid_until);
+            let wake = schedule::wake_at(hold.next_renew, hold.held.valid_until);
             tokio::select! {
                 _ = shutdown.cancelled() => return HoldEnd::Shutdown(hold.held),
                 // A wake-up only: the renew round judges validity itself.
@@ -117,11 +117,11 @@ impl Worker {
             match hold_end(round, hold.held.worker_id, &mut hold.refusal) {
                 Ok(RenewRound::Renewed(sent, expires_ms)) => {
                     hold.held = self.held(hold.held.worker_id, hold.held.claimed, sent, expires_ms);
-                    hold.next_renew = timing::renew_after_confirmed(sent, interval);
+                    hold.next_renew = schedule::renew_after_confirmed(sent, interval);
                     self.set_state(WorkerState::Held(hold.held.clone()));
                 }
                 // Keep trying until the deadline.
-                Ok(_) => hold.next_renew = timing::renew_after_failed(BootInstant::now(), interval),
+                Ok(_) => hold.next_renew = schedule::renew_after_failed(BootInstant::now(), interval),
                 Err(end) => return end,
             }
         }
@@ -179,7 +179,7 @@ impl Worker {
     /// backoff, never sent after the validity deadline.
     async fn renew_round(&mut self, hold: &mut Hold) -> RenewRound {
         let settings = &self.params.settings;
-        let mut pauses = timing::renew_retries(settings.renew_interval, settings.retries);
+        let mut pauses = schedule::renew_retries(settings.renew_interval, settings.retries);
         for attempt in 0u32.. {
             if !hold.held.is_valid() {
                 return RenewRound::Lost("validity deadline passed without a confirmed renewal");
@@ -188,7 +188,7 @@ impl Worker {
                 return round;
             }
             let Some(pause) = pauses.next() else { break };
-            sleep(timing::retry_pause(pause, hold.held.remaining())).await;
+            sleep(schedule::retry_pause(pause, hold.held.remaining())).await;
         }
         RenewRound::Failed
     }
@@ -279,10 +279,10 @@ impl Worker {
     }
 
     /// A renewal the gate refused: it does not count; retried.
-    fn renew_refused(&self, worker_id: u16, attempt: u32, refusal: Refusal) {
+    fn renew_refused(&self, worker_id: u16, attempt: u32, refusal: GateRefusal) {
         match refusal {
             // Sentinel: only a renewal on the primary they name counts.
-            Refusal::NotPrimary => {
+            GateRefusal::NotPrimary => {
                 WorkerMetrics::count(&self.metrics.renewals, "unconfirmed");
                 warn!(
                     worker_id,
@@ -291,7 +291,7 @@ impl Worker {
             }
             // Never extend validity from a write a failover may lose.
             // (The gate does not hold a renewal to the skew bound.)
-            Refusal::Unacknowledged | Refusal::ClockSkewed(_) | Refusal::Handover(_) => {
+            GateRefusal::Unacknowledged | GateRefusal::ClockSkewed(_) | GateRefusal::Handover(_) => {
                 WorkerMetrics::count(&self.metrics.renewals, "unacknowledged");
                 warn!(
                     worker_id,

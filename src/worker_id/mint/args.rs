@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms};
-use super::minter::Window;
+use super::minter::MintWindow;
 use crate::cli::{parse_duration, show_duration, whole};
 use crate::config_error::ConfigError;
 use crate::worker_id::limits::MINT_WINDOW;
@@ -65,7 +65,7 @@ pub struct MintConfig {
     pub next_on_listen: bool,
     /// The reservation window: reserve the clock + `ahead_ms` once less than half of it is
     /// left; `reserve.lua` caps a reservation at Redis' TIME + `ahead_ms`.
-    pub window: Window,
+    pub window: MintWindow,
 }
 
 impl MintConfig {
@@ -124,7 +124,7 @@ impl MintArgs {
             epoch,
             socket: self.mint_socket.clone(),
             next_on_listen: self.next_on_listen,
-            window: Window {
+            window: MintWindow {
                 ahead_ms,
                 low_water_ms: ahead_ms / 2,
             },

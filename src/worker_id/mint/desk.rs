@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::minter::{Minter, Refusal, Step};
+use super::minter::{Minter, MintRefusal, Step};
 use crate::boot_clock::BootInstant;
 
 /// Longest a request waits for the keeper's reservation when the minter reached its
@@ -66,7 +66,7 @@ impl MintDesk {
     /// (busy, with yields: the wait is under 1 ms, below a timer's resolution), and once for
     /// a reservation when the ceiling is reached; any other refusal is answered at once.
     /// IDs minted before a refusal are dropped, never answered (they stay unique).
-    pub(crate) async fn mint(&self, count: usize) -> Result<Minted, Refusal> {
+    pub(crate) async fn mint(&self, count: usize) -> Result<Minted, MintRefusal> {
         let mut ids = Vec::with_capacity(count);
         let mut sequence_waits = 0;
         let mut asked = false;
@@ -91,7 +91,7 @@ impl MintDesk {
                         tokio::task::yield_now().await;
                     }
                 }
-                Err(Refusal::NeedsReservation) if !asked => {
+                Err(MintRefusal::NeedsReservation) if !asked => {
                     asked = true;
                     self.wanted.notify_one();
                     let _ = crate::timing::within(RESERVATION_WAIT, raised).await;

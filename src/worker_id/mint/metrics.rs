@@ -11,11 +11,11 @@ use std::sync::atomic::AtomicU64;
 /// The `state` label of `snowlease_mint_unavailable_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StateLabel {
-    /// A [`super::minter::Refusal::state`].
+    /// A [`super::minter::MintRefusal::state`].
     pub state: &'static str,
 }
 
-/// Every state a `/next` 503 names ([`super::minter::Refusal::state`]), exported at 0 from
+/// Every state a `/next` 503 names ([`super::minter::MintRefusal::state`]), exported at 0 from
 /// the start so an alert's `increase()` sees the first one.
 pub(crate) const UNAVAILABLE_STATES: [&str; 12] = [
     "claiming",
@@ -85,7 +85,7 @@ impl MintMetrics {
 
 #[cfg(test)]
 mod tests {
-    use super::super::minter::{Refusal, Standby};
+    use super::super::minter::{MintRefusal, Standby};
     use super::*;
 
     fn encoded(metrics: &MintMetrics) -> String {
@@ -127,13 +127,13 @@ mod tests {
             Standby::Lost,
             Standby::Draining,
         ];
-        let refusals = standbys.map(Refusal::NoLease).into_iter().chain([
-            Refusal::ClockBehind { wait_ms: 1 },
-            Refusal::NeedsReservation,
-            Refusal::LeaseInvalid,
-            Refusal::LayoutExhausted,
+        let refusals = standbys.map(MintRefusal::NoLease).into_iter().chain([
+            MintRefusal::ClockBehind { wait_ms: 1 },
+            MintRefusal::NeedsReservation,
+            MintRefusal::LeaseInvalid,
+            MintRefusal::LayoutExhausted,
         ]);
-        let named: Vec<&str> = refusals.map(Refusal::state).collect();
+        let named: Vec<&str> = refusals.map(MintRefusal::state).collect();
         assert_eq!(named, UNAVAILABLE_STATES);
     }
 }

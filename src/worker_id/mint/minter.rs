@@ -54,7 +54,7 @@ pub struct Grant {
 
 /// How far ahead of the minting clock the keeper reserves (`reserve.lua`), in ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
+pub struct MintWindow {
     /// A reservation asks for the clock + this much.
     pub ahead_ms: u64,
     /// A reservation is due once the ceiling is less than this far ahead of the clock
@@ -64,7 +64,7 @@ pub struct Window {
 
 /// Why no ID was minted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum MintRefusal {
     /// No lease is minting.
     NoLease(Standby),
     /// The clock is at or below the floor (the previous holders' mark); it passes it in
@@ -81,7 +81,7 @@ pub enum Refusal {
     LayoutExhausted,
 }
 
-impl Refusal {
+impl MintRefusal {
     /// The `state` a 503 names.
     pub fn state(self) -> &'static str {
         match self {
@@ -129,7 +129,7 @@ pub struct LeaseTicket(u64);
 
 /// One lease being minted under.
 #[derive(Debug, Clone)]
-struct Session {
+struct MintSession {
     ticket: LeaseTicket,
     grant: Grant,
     /// The highest reservation Redis confirmed (Unix ms); starts at the floor (nothing).
@@ -139,9 +139,9 @@ struct Session {
 }
 
 #[derive(Debug, Clone)]
-enum Phase {
+enum MintPhase {
     Standby(Standby),
-    Minting(Session),
+    Minting(MintSession),
 }
 
 /// Mints IDs for the one lease it is given; see the module doc.
@@ -149,20 +149,20 @@ enum Phase {
 pub struct Minter {
     layout: IdLayout,
     epoch: Epoch,
-    window: Window,
-    phase: Phase,
+    window: MintWindow,
+    phase: MintPhase,
     /// Leases started so far: the next ticket.
     started: u64,
 }
 
 impl Minter {
     /// A minter for `layout` from `epoch`, claiming.
-    pub fn new(layout: IdLayout, epoch: Epoch, window: Window) -> Self {
+    pub fn new(layout: IdLayout, epoch: Epoch, window: MintWindow) -> Self {
         Self {
             layout,
             epoch,
             window,
-            phase: Phase::Standby(Standby::Claiming),
+            phase: MintPhase::Standby(Standby::Claiming),
             started: 0,
         }
     }
@@ -173,7 +173,7 @@ impl Minter {
     pub fn start(&mut self, grant: Grant) -> LeaseTicket {
         self.started += 1;
         let ticket = LeaseTicket(self.started);
-        self.phase = Phase::Minting(Session {
+        self.phase = MintPhase::Minting(MintSession {
             ticket,
             grant,
             ceiling_unix_ms: grant.floor_unix_ms,
@@ -188,7 +188,7 @@ impl Minter {
             worker_id: s.grant.worker_id,
             settled_unix_ms: s.last.map_or(s.grant.floor_unix_ms, |(t, _)| t),
         });
-        self.phase = Phase::Standby(why);
+        self.phase = MintPhase::Standby(why);
         ended
     }
 
@@ -269,26 +269,26 @@ impl Minter {
         now_boot_ms: u64,
         count: usize,
         out: &mut Vec<u64>,
-    ) -> Result<Step, Refusal> {
+    ) -> Result<Step, MintRefusal> {
         let (layout, epoch) = (self.layout, self.epoch);
         let sequences = layout.sequences();
         let s = match &mut self.phase {
-            Phase::Standby(why) => return Err(Refusal::NoLease(*why)),
-            Phase::Minting(s) => s,
+            MintPhase::Standby(why) => return Err(MintRefusal::NoLease(*why)),
+            MintPhase::Minting(s) => s,
         };
         if now_boot_ms >= s.grant.valid_until_boot_ms {
-            return Err(Refusal::LeaseInvalid);
+            return Err(MintRefusal::LeaseInvalid);
         }
         let t = s.clock(now_boot_ms).max(s.last.map_or(0, |(t, _)| t));
         // Before the epoch nothing fits: wait as for a floor.
         let floor = s.grant.floor_unix_ms.max(epoch.unix_ms().saturating_sub(1));
         if t <= floor {
-            return Err(Refusal::ClockBehind {
+            return Err(MintRefusal::ClockBehind {
                 wait_ms: floor + 1 - t,
             });
         }
         if t > s.ceiling_unix_ms {
-            return Err(Refusal::NeedsReservation);
+            return Err(MintRefusal::NeedsReservation);
         }
         let mut sequence = match s.last {
             Some((last, seq)) if last == t => seq + 1,
@@ -306,9 +306,9 @@ impl Minter {
                 },
             )
         };
-        compose(sequence.min(sequences - 1)).ok_or(Refusal::LayoutExhausted)?;
+        compose(sequence.min(sequences - 1)).ok_or(MintRefusal::LayoutExhausted)?;
         while out.len() < count && sequence < sequences {
-            out.push(compose(sequence).ok_or(Refusal::LayoutExhausted)?);
+            out.push(compose(sequence).ok_or(MintRefusal::LayoutExhausted)?);
             s.last = Some((t, sequence));
             sequence += 1;
         }
@@ -319,16 +319,16 @@ impl Minter {
         })
     }
 
-    fn session(&self) -> Option<&Session> {
+    fn session(&self) -> Option<&MintSession> {
         match &self.phase {
-            Phase::Minting(s) => Some(s),
-            Phase::Standby(_) => None,
+            MintPhase::Minting(s) => Some(s),
+            MintPhase::Standby(_) => None,
         }
     }
 
-    fn session_of(&mut self, ticket: LeaseTicket) -> Option<&mut Session> {
+    fn session_of(&mut self, ticket: LeaseTicket) -> Option<&mut MintSession> {
         match &mut self.phase {
-            Phase::Minting(s) if s.ticket == ticket => Some(s),
+            MintPhase::Minting(s) if s.ticket == ticket => Some(s),
             _ => None,
         }
     }
@@ -341,7 +341,7 @@ impl Anchor {
     }
 }
 
-impl Session {
+impl MintSession {
     fn clock(&self, now_boot_ms: u64) -> u64 {
         self.grant.anchor.unix_at(now_boot_ms)
     }

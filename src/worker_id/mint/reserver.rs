@@ -76,7 +76,7 @@ pub(crate) struct Reserver {
     pub lease_keys: LeaseKeys,
     /// The app's mark keys.
     pub mint_keys: MintKeys,
-    /// Window and lead cap.
+    /// Reservation window and lead cap.
     pub config: MintConfig,
     /// Bound of one Redis call.
     pub call_timeout: Duration,
@@ -105,7 +105,7 @@ enum ReservedAt {
 }
 
 /// The lease being minted under.
-struct Session {
+struct ReserverSession {
     ticket: LeaseTicket,
     /// The lease key of `held`'s worker ID, named once.
     lease_key: String,
@@ -126,7 +126,7 @@ impl Reserver {
     /// Runs until the keeper's state is `Stopping` (or its channel ends), then stops the
     /// minter for good and settles. The keeper releases only after this returns.
     pub(crate) async fn run(mut self, mut state: watch::Receiver<WorkerState>) {
-        let mut session: Option<Session> = None;
+        let mut session: Option<ReserverSession> = None;
         loop {
             let current = state.borrow_and_update().clone();
             match current {
@@ -176,7 +176,7 @@ impl Reserver {
         &mut self,
         mut held: HeldLease,
         state: &mut watch::Receiver<WorkerState>,
-    ) -> Option<Session> {
+    ) -> Option<ReserverSession> {
         // Nothing of an earlier lease mints while the new one's floor is read.
         self.desk.update(|m| m.stop(Standby::Claiming));
         let lease_key = self.lease_keys.id(held.worker_id);
@@ -240,7 +240,7 @@ impl Reserver {
                         mark_unix_ms = read.mark_unix_ms,
                         "minting above the high-water mark"
                     );
-                    return Some(Session {
+                    return Some(ReserverSession {
                         ticket,
                         lease_key,
                         held,
@@ -314,7 +314,7 @@ impl Reserver {
     /// channel ended.
     async fn reserve_until_change(
         &mut self,
-        s: &mut Session,
+        s: &mut ReserverSession,
         state: &mut watch::Receiver<WorkerState>,
     ) -> bool {
         loop {
@@ -358,7 +358,7 @@ impl Reserver {
     /// confirmed it, we still reach the primary (Sentinel), and the replicas asked for
     /// acknowledged it; else backs off, and a reply that is not ours makes the keeper renew
     /// at once (it re-creates a key Redis lost, or finds the loss).
-    async fn reserve(&mut self, s: &mut Session, target: u64) {
+    async fn reserve(&mut self, s: &mut ReserverSession, target: u64) {
         let (sent_wall, sent) = (wall_now_ms(), BootInstant::now());
         let (cap, rollback_lead) = (self.reservation_cap(), self.rollback_lead());
         let call = script::reserve(
@@ -431,7 +431,7 @@ impl Reserver {
     /// Stops minting for good and records the last minted timestamp, so the next holder
     /// mints at once instead of waiting for our reservation to pass. A failed settle leaves
     /// the mark as the next floor: later, never wrong.
-    async fn settle(mut self, session: Option<Session>) {
+    async fn settle(mut self, session: Option<ReserverSession>) {
         let ended = self.desk.update(|m| m.stop(Standby::Draining));
         let (Some(s), Some(ended)) = (session, ended) else {
             return;

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::desk::MintDesk;
 use super::metrics::MintMetrics;
-use super::minter::Refusal;
+use super::minter::MintRefusal;
 
 /// Most IDs one request may ask for (`count`): one ms of the default layout's sequence.
 pub(crate) const MAX_COUNT: usize = 4096;
@@ -158,10 +158,10 @@ fn answer(ids: &[u64], batch: bool, text: bool) -> Response {
 
 /// 503 `{"state": ...}` (plus `wait_ms` while the clock is behind the mark) with
 /// `Retry-After` in whole seconds, at least 1.
-fn unavailable(refusal: Refusal) -> Response {
+fn unavailable(refusal: MintRefusal) -> Response {
     let mut body = json!({ "state": refusal.state() });
     let mut retry_ms = 1_000;
-    if let Refusal::ClockBehind { wait_ms } = refusal {
+    if let MintRefusal::ClockBehind { wait_ms } = refusal {
         body["wait_ms"] = wait_ms.into();
         retry_ms = wait_ms;
     }

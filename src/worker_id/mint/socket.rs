@@ -130,7 +130,7 @@ mod tests {
     use crate::worker_id::mint::desk::MintDesk;
     use crate::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
     use crate::worker_id::mint::metrics::MintMetrics;
-    use crate::worker_id::mint::minter::{Minter, Window};
+    use crate::worker_id::mint::minter::{Minter, MintWindow};
     use crate::worker_id::mint::routes::{MintHttp, router};
     use std::io::{Read, Write};
     use std::sync::Arc;
@@ -172,7 +172,7 @@ mod tests {
         assert!(refused.to_string().contains("not a socket"), "{refused}");
 
         let epoch = Epoch::parse(&DEFAULT_EPOCH_MS.to_string(), u64::MAX).unwrap();
-        let window = Window {
+        let window = MintWindow {
             ahead_ms: 5_000,
             low_water_ms: 2_000,
         };

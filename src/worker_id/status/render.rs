@@ -3,10 +3,10 @@
 
 use std::fmt::Write as _;
 
-use super::{ClaimGuard, Eviction, GuardSummary, PersistenceReport, Report};
+use super::{ClaimGuard, EvictionReport, GuardSummary, PersistenceReport, Report};
 use crate::lease::TOMBSTONE_PREFIX;
 
-impl Eviction {
+impl EvictionReport {
     /// The table's first line, when Redis is not known to be safe.
     pub(super) fn warning(&self) -> Option<String> {
         match self {

@@ -6,7 +6,7 @@ use crate::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT};
 /// Boot ms at claim, and the wall clock then (2026-12-01T00:00:00Z).
 const BOOT: u64 = 5_000;
 const WALL: u64 = 1_796_083_200_000;
-const WINDOW: Window = Window {
+const WINDOW: MintWindow = MintWindow {
     ahead_ms: 5_000,
     low_water_ms: 2_000,
 };
@@ -39,7 +39,7 @@ fn minting(layout: &str, floor: u64, ceiling: u64) -> Minter {
     m
 }
 
-fn one(m: &mut Minter, now: u64) -> Result<u64, Refusal> {
+fn one(m: &mut Minter, now: u64) -> Result<u64, MintRefusal> {
     let mut out = Vec::new();
     assert_eq!(m.mint(now, 1, &mut out)?, Step::Done);
     Ok(out[0])
@@ -99,7 +99,7 @@ fn a_step_forward_reanchors_ahead_within_the_ceiling() {
     assert!(after > before);
     assert_eq!(parts(after).unix_ms, WALL + 4_000);
     assert_eq!(m.reservation_due(BOOT + 1_000), Some(WALL + 9_000));
-    assert_eq!(one(&mut m, BOOT + 2_001), Err(Refusal::NeedsReservation));
+    assert_eq!(one(&mut m, BOOT + 2_001), Err(MintRefusal::NeedsReservation));
     m.raise_ceiling(FIRST, WALL + 9_000);
     assert_eq!(
         parts(one(&mut m, BOOT + 2_001).unwrap()).unix_ms,
@@ -148,7 +148,7 @@ fn the_ceiling_holds_until_a_reservation_raises_it() {
     let mut m = minting(DEFAULT_LAYOUT, WALL - 100, 0);
     assert_eq!(
         one(&mut m, BOOT),
-        Err(Refusal::NeedsReservation),
+        Err(MintRefusal::NeedsReservation),
         "nothing reserved yet"
     );
     assert_eq!(m.reservation_due(BOOT), Some(WALL + 5_000));
@@ -161,12 +161,12 @@ fn the_ceiling_holds_until_a_reservation_raises_it() {
     );
     assert_eq!(m.reservation_due(BOOT + 3_001), Some(WALL + 8_001));
     assert!(one(&mut m, BOOT + 5_000).is_ok(), "at the ceiling");
-    assert_eq!(one(&mut m, BOOT + 5_001), Err(Refusal::NeedsReservation));
+    assert_eq!(one(&mut m, BOOT + 5_001), Err(MintRefusal::NeedsReservation));
     assert_eq!(m.mark_lead_ms(BOOT + 5_001), Some(-1));
     m.raise_ceiling(FIRST, WALL + 1_000);
     assert_eq!(
         one(&mut m, BOOT + 5_001),
-        Err(Refusal::NeedsReservation),
+        Err(MintRefusal::NeedsReservation),
         "only rises"
     );
 }
@@ -176,8 +176,8 @@ fn the_ceiling_holds_until_a_reservation_raises_it() {
 fn nothing_is_minted_at_or_after_the_deadline() {
     let mut m = minting(DEFAULT_LAYOUT, WALL - 100, WALL + 600_000);
     assert!(one(&mut m, BOOT + 59_999).is_ok());
-    assert_eq!(one(&mut m, BOOT + 60_000), Err(Refusal::LeaseInvalid));
-    assert_eq!(one(&mut m, BOOT + 90_000), Err(Refusal::LeaseInvalid));
+    assert_eq!(one(&mut m, BOOT + 60_000), Err(MintRefusal::LeaseInvalid));
+    assert_eq!(one(&mut m, BOOT + 90_000), Err(MintRefusal::LeaseInvalid));
     m.extend(FIRST, BOOT + 120_000);
     assert!(one(&mut m, BOOT + 90_000).is_ok());
 }
@@ -190,13 +190,13 @@ fn the_floor_refuses_a_clock_behind_with_the_wait() {
     let mut m = minting(DEFAULT_LAYOUT, floor, WALL + 40_000);
     assert_eq!(
         one(&mut m, BOOT),
-        Err(Refusal::ClockBehind { wait_ms: 30_001 })
+        Err(MintRefusal::ClockBehind { wait_ms: 30_001 })
     );
     assert_eq!(
         one(&mut m, BOOT + 30_000),
-        Err(Refusal::ClockBehind { wait_ms: 1 })
+        Err(MintRefusal::ClockBehind { wait_ms: 1 })
     );
-    assert_eq!(Refusal::ClockBehind { wait_ms: 1 }.state(), "clock_behind");
+    assert_eq!(MintRefusal::ClockBehind { wait_ms: 1 }.state(), "clock_behind");
     assert_eq!(
         parts(one(&mut m, BOOT + 30_001).unwrap()).unix_ms,
         floor + 1
@@ -208,9 +208,9 @@ fn the_floor_refuses_a_clock_behind_with_the_wait() {
 #[test]
 fn standby_refuses_and_a_stop_leaves_the_last_timestamp() {
     let mut m = minter(DEFAULT_LAYOUT);
-    assert_eq!(one(&mut m, BOOT), Err(Refusal::NoLease(Standby::Claiming)));
+    assert_eq!(one(&mut m, BOOT), Err(MintRefusal::NoLease(Standby::Claiming)));
     assert_eq!(m.stop(Standby::Lost), None);
-    assert_eq!(Refusal::NoLease(Standby::Lost).state(), "lost");
+    assert_eq!(MintRefusal::NoLease(Standby::Lost).state(), "lost");
 
     let mut m = minting(DEFAULT_LAYOUT, WALL - 100, WALL + 5_000);
     assert_eq!(
@@ -225,7 +225,7 @@ fn standby_refuses_and_a_stop_leaves_the_last_timestamp() {
     assert_eq!(ended.settled_unix_ms, WALL + 20);
     assert_eq!(
         one(&mut m, BOOT + 21),
-        Err(Refusal::NoLease(Standby::Draining))
+        Err(MintRefusal::NoLease(Standby::Draining))
     );
     assert_eq!(m.reservation_due(BOOT + 21), None);
 }
@@ -248,7 +248,7 @@ fn a_timestamp_past_the_layout_is_refused() {
     });
     m.raise_ceiling(FIRST, end + 5_000);
     assert!(one(&mut m, BOOT).is_ok());
-    assert_eq!(one(&mut m, BOOT + 1), Err(Refusal::LayoutExhausted));
+    assert_eq!(one(&mut m, BOOT + 1), Err(MintRefusal::LayoutExhausted));
 }
 
 /// A reply for a lease that ended (a renew, a reservation, a clock reading that arrives
@@ -278,13 +278,13 @@ fn changes_for_an_ended_lease_leave_the_next_one_alone() {
     assert!(!m.reanchor(FIRST, ahead));
     assert_eq!(
         one(&mut m, BOOT),
-        Err(Refusal::NeedsReservation),
+        Err(MintRefusal::NeedsReservation),
         "ceiling untouched"
     );
     assert!(m.raise_ceiling(next, WALL + 5_000));
     assert_eq!(
         one(&mut m, BOOT + 1_000),
-        Err(Refusal::LeaseInvalid),
+        Err(MintRefusal::LeaseInvalid),
         "deadline untouched"
     );
     assert!(m.reanchor(next, ahead));

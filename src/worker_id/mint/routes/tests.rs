@@ -5,7 +5,7 @@ use crate::boot_clock::BootInstant;
 use crate::worker_id::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms,
 };
-use crate::worker_id::mint::minter::{Anchor, Grant, LeaseTicket, Minter, Window};
+use crate::worker_id::mint::minter::{Anchor, Grant, LeaseTicket, Minter, MintWindow};
 use axum::body::{Body, to_bytes};
 use axum::http::Request;
 use std::time::Duration;
@@ -29,7 +29,7 @@ fn desk_and_ticket(
     lease: Option<(i64, i64, u64)>,
 ) -> (Arc<MintDesk>, Option<LeaseTicket>) {
     let (layout, epoch) = layout(layout_text);
-    let window = Window {
+    let window = MintWindow {
         ahead_ms: 5_000,
         low_water_ms: 2_000,
     };
