@@ -9,7 +9,9 @@
 //! (`INFO commandstats`, `/proc/<pid>/stat`) in each phase, the slowest call Redis ran
 //! (`SLOWLOG`, threshold 0), Redis memory per held ID (`MEMORY USAGE`, `used_memory`), the
 //! sidecars' memory (`VmRSS`, `RssAnon`) and threads, the limits that apply (open files,
-//! processes) and the load. Other knobs: `SNOWLEASE_FLEET_TTL` (default 10s),
+//! processes) and the load. Other knobs: `SNOWLEASE_FLEET_MAX_WORKER_ID` (default 1023; at
+//! sidecars + batch - 1 every batch after the first takes the IDs the one before released, so
+//! the samplers see handovers), `SNOWLEASE_FLEET_TTL` (default 10s),
 //! `SNOWLEASE_FLEET_RENEW` (1s), `SNOWLEASE_FLEET_HOLD_S` (seconds of the steady phase, 20),
 //! `SNOWLEASE_FLEET_TOPOLOGIES` (`cluster,standalone`). Figures and the sizing drawn from
 //! them: docs/worker.md, "A fleet on one machine".
@@ -60,6 +62,8 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 struct Config {
     sidecars: usize,
     batch: usize,
+    /// `--max-worker-id`.
+    max_id: usize,
     ttl: String,
     renew: String,
     hold: Duration,
@@ -113,7 +117,8 @@ fn spawn(url: &str, cfg: &Config, index: usize) -> (Child, Arc<Member>) {
     let identity = format!("10.244.{}.{}", index / 250, index % 250 + 1);
     let spawned = Instant::now();
     let child = Command::new(BIN)
-        .args(["worker", "--app", APP, "--max-worker-id", "1023"])
+        .args(["worker", "--app", APP])
+        .args(["--max-worker-id", &cfg.max_id.to_string()])
         .args(["--ttl", &cfg.ttl, "--renew-interval", &cfg.renew])
         .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
         .args(["--identity", &identity, "--redis-url", url])
@@ -697,6 +702,8 @@ struct Report {
     memory: Memory,
     /// Keys after the hold; MEMORY USAGE of a lease key, a guard key and the hint.
     keys: u64,
+    /// connected_clients of each node after the hold (3 of them the bench's).
+    clients: Vec<u64>,
     lease_key_bytes: Option<u64>,
     guard_key_bytes: Option<u64>,
     hint_bytes: Option<u64>,
@@ -717,7 +724,7 @@ fn fleet(name: &str, url: &str, nodes: Vec<Node>, cfg: &Config) -> Report {
     let mut conns: Vec<redis::Connection> = nodes.iter().map(|n| conn(n.port)).collect();
     // As a deployment does before its first sidecars (docs/worker.md, "Claim guard"); its
     // keys count in the key count, its calls in none.
-    let run = guard_open(url, APP, &["--max-worker-id", "1023"]);
+    let run = guard_open(url, APP, &["--max-worker-id", &cfg.max_id.to_string()]);
     assert_eq!(run.code, Some(0), "guard open: {run:?}");
     for c in &mut conns {
         config_set(c, "slowlog-log-slower-than", 0);
@@ -775,8 +782,16 @@ fn fleet(name: &str, url: &str, nodes: Vec<Node>, cfg: &Config) -> Report {
         }
         // Not used_memory: the slow log's entries (every call) are in it.
         let mut keys = 0;
+        let mut clients = Vec::new();
         for c in &mut conns {
             keys += redis::cmd("DBSIZE").query::<u64>(c).unwrap();
+            let info: String = redis::cmd("INFO").arg("clients").query(c).unwrap();
+            clients.push(
+                info.lines()
+                    .find_map(|l| l.trim().strip_prefix("connected_clients:"))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0),
+            );
         }
         let lease_key = fleet[0]
             .1
@@ -859,6 +874,7 @@ fn fleet(name: &str, url: &str, nodes: Vec<Node>, cfg: &Config) -> Report {
             slowest,
             memory,
             keys,
+            clients,
             lease_key_bytes,
             guard_key_bytes,
             hint_bytes,
@@ -960,9 +976,10 @@ fn print_phase(label: &str, p: &PhaseRedis) {
 
 fn print(r: &Report, cfg: &Config) {
     println!(
-        "{}: {} sidecars (--max-worker-id 1023 --ttl {} --renew-interval {}), rolling restart in batches of {}; load (1/5/15 min) at start, after start, after hold, after rolling restart: {}",
+        "{}: {} sidecars (--max-worker-id {} --ttl {} --renew-interval {}), rolling restart in batches of {}; load (1/5/15 min) at start, after start, after hold, after rolling restart: {}",
         r.name,
         r.started_together,
+        cfg.max_id,
         cfg.ttl,
         cfg.renew,
         cfg.batch,
@@ -1024,6 +1041,10 @@ fn print(r: &Report, cfg: &Config) {
             t
         }
     );
+    println!(
+        "  connected clients per node after the hold: {:?} (3 of each the bench's)",
+        r.clients
+    );
     let opt = |b: Option<u64>| b.map_or("-".to_owned(), |b| format!("{b} B"));
     println!(
         "  Redis after the hold: {} keys (lease keys, claim guards, hint); MEMORY USAGE of a lease key {}, a guard key {}, the hint {}",
@@ -1039,6 +1060,7 @@ fn main() {
     let cfg = Config {
         sidecars: env_or("SNOWLEASE_FLEET_SIDECARS", 512),
         batch: env_or("SNOWLEASE_FLEET_BATCH", 32),
+        max_id: env_or("SNOWLEASE_FLEET_MAX_WORKER_ID", 1023),
         ttl: env_or("SNOWLEASE_FLEET_TTL", "10s".to_owned()),
         renew: env_or("SNOWLEASE_FLEET_RENEW", "1s".to_owned()),
         hold: Duration::from_secs(env_or("SNOWLEASE_FLEET_HOLD_S", 20)),
@@ -1048,8 +1070,9 @@ fn main() {
         "SNOWLEASE_FLEET_SIDECARS must be 1-1024 and SNOWLEASE_FLEET_BATCH at least 1"
     );
     assert!(
-        cfg.sidecars + cfg.batch <= 1024,
-        "sidecars + batch must fit 1024 worker IDs"
+        cfg.max_id <= 1023 && cfg.sidecars + cfg.batch <= cfg.max_id + 1,
+        "SNOWLEASE_FLEET_MAX_WORKER_ID must be at most 1023, and sidecars + batch fit its IDs \
+         (the surge holds both at once)"
     );
     let topologies: String = env_or(
         "SNOWLEASE_FLEET_TOPOLOGIES",
