@@ -27,7 +27,7 @@ use prometheus_client::registry::Registry;
 
 pub(crate) use accept::PlacedUnixListener;
 pub(crate) use bind::bind;
-pub(crate) use error::{HttpError, retry_after, with_json_fallbacks};
+pub(crate) use error::{HttpError, ratelimit, retry_after, with_json_fallbacks};
 pub(crate) use limits::{ConnectionLimits, HttpArgs};
 pub(crate) use serve::{on_own_thread, serve, serve_on, serve_on_own_thread};
 

@@ -32,10 +32,10 @@ pub mod mint;
 pub(crate) mod publisher;
 pub mod range;
 pub(crate) mod routes;
+mod schedule;
 mod sizing;
 pub(crate) mod state;
 pub mod status;
-mod schedule;
 
 use std::path::Path;
 use std::sync::Arc;

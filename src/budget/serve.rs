@@ -361,39 +361,30 @@ pub(crate) fn take_response(name: &str, keys: &[BudgetKey], taken: &Taken) -> Re
         .into_response()
 }
 
-/// `RateLimit-Policy: "<name>";q=<burst>;w=<s>` and `RateLimit: "<name>";r=<remaining>;t=<s>`
-/// as draft-ietf-httpapi-ratelimit-headers (-08 and later, structured fields) has them, as
-/// API gateways send them beside `Retry-After`. GCRA maps onto a quota per window: the quota
-/// `q` is the burst, the window `w` the time a spent burst takes to refill (burst / rate,
-/// whole seconds rounded up); `r` the units that could be taken now, `t` the seconds until
-/// the budget is full again (rounded up). With several keys the policy is the key with the
-/// smallest burst, `r` the smallest over the keys and `t` the latest (one reply carries no
-/// more). The name is the budget's (1-64 chars of `[A-Za-z0-9_-]`, safe in a string item).
+/// The RateLimit fields of a budget answer ([`crate::http::ratelimit`]): GCRA maps onto a
+/// quota per window, the quota being the burst and the window the time a spent burst takes
+/// to refill (burst / rate); `r` is `remaining`, `t` `reset_after_ms`. With several keys the
+/// policy is the key with the smallest burst, `r` the smallest over the keys and `t` the
+/// latest (one reply carries no more). The name is the budget's.
 pub(crate) fn ratelimit_fields(
     name: &str,
     keys: &[BudgetKey],
     taken: &Taken,
 ) -> [(header::HeaderName, String); 2] {
-    let tightest = keys.iter().min_by_key(|k| k.limit.burst);
-    let policy = match tightest {
-        Some(k) => {
-            let rate = &k.limit.rate;
-            // Rounded up once, in s: flooring to ms first made 1000.3 ms one second.
-            let refill_s = (u128::from(k.limit.burst) * rate.period.as_millis())
-                .div_ceil(u128::from(rate.count.max(1)) * 1000);
-            format!("\"{name}\";q={};w={}", k.limit.burst, refill_s.max(1))
-        }
-        None => format!("\"{name}\""),
-    };
-    let state = format!(
-        "\"{name}\";r={};t={}",
+    let policy = keys.iter().min_by_key(|k| k.limit.burst).map(|k| {
+        let rate = &k.limit.rate;
+        // Exact in ns, rounded up once to s by the writer (1000.3 ms is 2 s, not 1).
+        let refill_ns =
+            u128::from(k.limit.burst) * rate.period.as_nanos() / u128::from(rate.count.max(1));
+        let refill = Duration::from_nanos(u64::try_from(refill_ns).unwrap_or(u64::MAX));
+        (k.limit.burst, refill)
+    });
+    crate::http::ratelimit(
+        name,
+        policy,
         taken.remaining,
-        taken.reset_after_ms.div_ceil(1000)
-    );
-    [
-        (header::HeaderName::from_static("ratelimit-policy"), policy),
-        (header::HeaderName::from_static("ratelimit"), state),
-    ]
+        Duration::from_millis(taken.reset_after_ms),
+    )
 }
 
 /// The budget `name`, in `pool`'s keys when given.

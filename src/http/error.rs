@@ -28,6 +28,36 @@ pub(crate) fn retry_after(wait: Duration) -> [(HeaderName, String); 1] {
     [(header::RETRY_AFTER, secs.to_string())]
 }
 
+/// `RateLimit-Policy: "<name>";q=<quota>;w=<s>` and `RateLimit: "<name>";r=<remaining>;t=<s>`
+/// as draft-ietf-httpapi-ratelimit-headers (-08 and later, structured fields) has them, and
+/// as API gateways send them beside `Retry-After`: `policy` is the quota and the window it
+/// refills in (whole seconds rounded up, at least 1; none: the name alone), `remaining` the
+/// units that could be taken now, `reset` the time until the quota is full again (whole
+/// seconds rounded up). `name` must be safe in a string item (`[A-Za-z0-9_-]` is). The one
+/// writer of both fields.
+pub(crate) fn ratelimit(
+    name: &str,
+    policy: Option<(u64, Duration)>,
+    remaining: u64,
+    reset: Duration,
+) -> [(HeaderName, String); 2] {
+    let policy = match policy {
+        Some((quota, window)) => format!(
+            "\"{name}\";q={quota};w={}",
+            crate::timing::secs_ceil(window).max(1)
+        ),
+        None => format!("\"{name}\""),
+    };
+    let state = format!(
+        "\"{name}\";r={remaining};t={}",
+        crate::timing::secs_ceil(reset)
+    );
+    [
+        (HeaderName::from_static("ratelimit-policy"), policy),
+        (HeaderName::from_static("ratelimit"), state),
+    ]
+}
+
 impl HttpError {
     /// `status` with `{"error": error}`; add fields with [`HttpError::with`].
     pub(crate) fn new(status: StatusCode, error: &str) -> Self {
@@ -130,6 +160,24 @@ mod tests {
             .await
             .unwrap();
         (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// The RateLimit fields: the window at least 1 s and rounded up, the reset rounded up, a
+    /// policy without quota the name alone.
+    #[test]
+    fn ratelimit_fields_round_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        let [(p, policy), (r, state)] = ratelimit("crawl", Some((3, ms(1500))), 2, ms(999));
+        assert_eq!((p.as_str(), r.as_str()), ("ratelimit-policy", "ratelimit"));
+        assert_eq!(policy, "\"crawl\";q=3;w=2");
+        assert_eq!(state, "\"crawl\";r=2;t=1");
+        let [(_, policy), (_, state)] = ratelimit("b", None, 0, Duration::ZERO);
+        assert_eq!(
+            (policy.as_str(), state.as_str()),
+            ("\"b\"", "\"b\";r=0;t=0")
+        );
+        let [(_, policy), _] = ratelimit("b", Some((1, ms(10))), 1, ms(10));
+        assert_eq!(policy, "\"b\";q=1;w=1", "at least 1 s");
     }
 
     /// Whole seconds, rounded up, at least 1: the rule of every route that

@@ -381,7 +381,10 @@ mod tests {
             ),
             "{exit:?}"
         );
-        assert!(matches!(after_loss(7, OnLoss::Reclaim), KeeperPhase::Claiming));
+        assert!(matches!(
+            after_loss(7, OnLoss::Reclaim),
+            KeeperPhase::Claiming
+        ));
     }
 
     /// Before the first claim round no key can hold our owner string, so

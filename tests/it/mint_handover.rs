@@ -9,7 +9,7 @@ use snowlease::connection::{Redis, RedisTarget};
 use snowlease::identity::Owner;
 use snowlease::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
 use snowlease::worker_id::mint::minter::{
-    Anchor, Grant, LeaseTicket, Minter, MintRefusal, Standby, Step, MintWindow,
+    Anchor, Grant, LeaseTicket, MintRefusal, MintWindow, Minter, Standby, Step,
 };
 use snowlease::worker_id::mint::script::{MintKeys, read_mark, reserve, settle};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 
-use super::windows::{Walk, ClaimWindow, start_window, window_of, windows};
+use super::windows::{ClaimWindow, Walk, start_window, window_of, windows};
 use super::{ClaimOutcome, ClaimReply, GuardFound, LeaseKeys, claim_cmd, run_claim};
 use crate::connection::{Keyspace, Redis};
 use crate::identity::Owner;

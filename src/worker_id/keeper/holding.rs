@@ -14,8 +14,8 @@ use crate::eviction::EvictingRedis;
 use crate::lease::{self, OnFailure, RenewOutcome, on_failure};
 use crate::timing::bounded;
 use crate::worker_id::metrics::WorkerMetrics;
-use crate::worker_id::state::{HeldLease, WorkerState};
 use crate::worker_id::schedule;
+use crate::worker_id::state::{HeldLease, WorkerState};
 
 /// How a hold ended.
 #[derive(Debug)]
@@ -121,7 +121,9 @@ impl Worker {
                     self.set_state(WorkerState::Held(hold.held.clone()));
                 }
                 // Keep trying until the deadline.
-                Ok(_) => hold.next_renew = schedule::renew_after_failed(BootInstant::now(), interval),
+                Ok(_) => {
+                    hold.next_renew = schedule::renew_after_failed(BootInstant::now(), interval)
+                }
                 Err(end) => return end,
             }
         }
@@ -291,7 +293,9 @@ impl Worker {
             }
             // Never extend validity from a write a failover may lose.
             // (The gate does not hold a renewal to the skew bound.)
-            GateRefusal::Unacknowledged | GateRefusal::ClockSkewed(_) | GateRefusal::Handover(_) => {
+            GateRefusal::Unacknowledged
+            | GateRefusal::ClockSkewed(_)
+            | GateRefusal::Handover(_) => {
                 WorkerMetrics::count(&self.metrics.renewals, "unacknowledged");
                 warn!(
                     worker_id,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::minter::{Minter, MintRefusal, Step};
+use super::minter::{MintRefusal, Minter, Step};
 use crate::boot_clock::BootInstant;
 
 /// Longest a request waits for the keeper's reservation when the minter reached its

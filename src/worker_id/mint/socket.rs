@@ -130,7 +130,7 @@ mod tests {
     use crate::worker_id::mint::desk::MintDesk;
     use crate::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
     use crate::worker_id::mint::metrics::MintMetrics;
-    use crate::worker_id::mint::minter::{Minter, MintWindow};
+    use crate::worker_id::mint::minter::{MintWindow, Minter};
     use crate::worker_id::mint::routes::{MintHttp, router};
     use std::io::{Read, Write};
     use std::sync::Arc;

@@ -99,7 +99,10 @@ fn a_step_forward_reanchors_ahead_within_the_ceiling() {
     assert!(after > before);
     assert_eq!(parts(after).unix_ms, WALL + 4_000);
     assert_eq!(m.reservation_due(BOOT + 1_000), Some(WALL + 9_000));
-    assert_eq!(one(&mut m, BOOT + 2_001), Err(MintRefusal::NeedsReservation));
+    assert_eq!(
+        one(&mut m, BOOT + 2_001),
+        Err(MintRefusal::NeedsReservation)
+    );
     m.raise_ceiling(FIRST, WALL + 9_000);
     assert_eq!(
         parts(one(&mut m, BOOT + 2_001).unwrap()).unix_ms,
@@ -161,7 +164,10 @@ fn the_ceiling_holds_until_a_reservation_raises_it() {
     );
     assert_eq!(m.reservation_due(BOOT + 3_001), Some(WALL + 8_001));
     assert!(one(&mut m, BOOT + 5_000).is_ok(), "at the ceiling");
-    assert_eq!(one(&mut m, BOOT + 5_001), Err(MintRefusal::NeedsReservation));
+    assert_eq!(
+        one(&mut m, BOOT + 5_001),
+        Err(MintRefusal::NeedsReservation)
+    );
     assert_eq!(m.mark_lead_ms(BOOT + 5_001), Some(-1));
     m.raise_ceiling(FIRST, WALL + 1_000);
     assert_eq!(
@@ -196,7 +202,10 @@ fn the_floor_refuses_a_clock_behind_with_the_wait() {
         one(&mut m, BOOT + 30_000),
         Err(MintRefusal::ClockBehind { wait_ms: 1 })
     );
-    assert_eq!(MintRefusal::ClockBehind { wait_ms: 1 }.state(), "clock_behind");
+    assert_eq!(
+        MintRefusal::ClockBehind { wait_ms: 1 }.state(),
+        "clock_behind"
+    );
     assert_eq!(
         parts(one(&mut m, BOOT + 30_001).unwrap()).unix_ms,
         floor + 1
@@ -208,7 +217,10 @@ fn the_floor_refuses_a_clock_behind_with_the_wait() {
 #[test]
 fn standby_refuses_and_a_stop_leaves_the_last_timestamp() {
     let mut m = minter(DEFAULT_LAYOUT);
-    assert_eq!(one(&mut m, BOOT), Err(MintRefusal::NoLease(Standby::Claiming)));
+    assert_eq!(
+        one(&mut m, BOOT),
+        Err(MintRefusal::NoLease(Standby::Claiming))
+    );
     assert_eq!(m.stop(Standby::Lost), None);
     assert_eq!(MintRefusal::NoLease(Standby::Lost).state(), "lost");
 

@@ -5,7 +5,7 @@ use crate::boot_clock::BootInstant;
 use crate::worker_id::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, wall_now_ms,
 };
-use crate::worker_id::mint::minter::{Anchor, Grant, LeaseTicket, Minter, MintWindow};
+use crate::worker_id::mint::minter::{Anchor, Grant, LeaseTicket, MintWindow, Minter};
 use axum::body::{Body, to_bytes};
 use axum::http::Request;
 use std::time::Duration;
