@@ -16,11 +16,11 @@ use crate::harness::{
     ClusterTopology, RedisServer, Run, SentinelTopology, ms, poll_until, run_snowlease, secs,
 };
 
-fn rate(text: &str) -> Rate {
+pub(crate) fn rate(text: &str) -> Rate {
     text.parse().unwrap()
 }
 
-async fn budget(redis: &RedisServer, name: &str) -> Budget {
+pub(crate) async fn budget(redis: &RedisServer, name: &str) -> Budget {
     let conn = RedisTarget::parse(&redis.url())
         .unwrap()
         .connect(secs(2))

@@ -1,24 +1,32 @@
 //! Rate budgets broken on purpose: a penalty's refill for takers with other limits than the
 //! penalizer's, and the other findings of adversarial testing, on real redis-servers.
 
-use snowlease::budget::{Budget, BudgetKey, Rate};
-use snowlease::connection::RedisTarget;
+use snowlease::budget::BudgetKey;
 
 use serde_json::json;
 
 use crate::harness::{RedisServer, ms, poll_until, secs};
 use crate::pool_http::Serve;
 
-fn rate(text: &str) -> Rate {
-    text.parse().unwrap()
-}
+use crate::budget::{budget, rate};
 
-async fn budget(redis: &RedisServer, name: &str) -> Budget {
-    let conn = RedisTarget::parse(&redis.url())
-        .unwrap()
-        .connect(secs(2))
-        .unwrap();
-    Budget::new(conn, name).unwrap()
+/// `pool serve` of pool `none` with no reaper round for an hour (only requests and `/readyz`
+/// ask Redis) and a 300 ms Redis timeout, once ready.
+fn quiet_serve(redis: &RedisServer) -> Serve {
+    let args = [
+        "--pool",
+        "none",
+        "--reap-interval",
+        "1h",
+        "--redis-timeout",
+        "300ms",
+    ];
+    let serve = Serve::start_at(&redis.url(), &args);
+    assert!(poll_until(secs(10), || serve
+        .call("GET", "/readyz", None)
+        .0
+        == 200));
+    serve
 }
 
 /// Redis TIME in ms.
@@ -62,21 +70,7 @@ async fn after_a_penalty_a_slower_taker_refills_from_empty() {
 #[test]
 fn a_budget_take_that_finds_redis_gone_makes_readyz_unready() {
     let redis = RedisServer::start();
-    let serve = Serve::start_at(
-        &redis.url(),
-        &[
-            "--pool",
-            "none",
-            "--reap-interval",
-            "1h",
-            "--redis-timeout",
-            "300ms",
-        ],
-    );
-    assert!(poll_until(secs(10), || serve
-        .call("GET", "/readyz", None)
-        .0
-        == 200));
+    let serve = quiet_serve(&redis);
     let body = json!({"key": "example.com", "rate": "10/s", "burst": 10});
     redis.pause();
     let (status, answer, _) = serve.call("POST", "/budgets/crawl/take", Some(body.clone()));
@@ -114,21 +108,7 @@ async fn the_policy_window_rounds_up_the_exact_refill_time() {
 #[test]
 fn readyz_turns_ready_again_when_redis_answers_without_traffic() {
     let redis = RedisServer::start();
-    let serve = Serve::start_at(
-        &redis.url(),
-        &[
-            "--pool",
-            "none",
-            "--reap-interval",
-            "1h",
-            "--redis-timeout",
-            "300ms",
-        ],
-    );
-    assert!(poll_until(secs(10), || serve
-        .call("GET", "/readyz", None)
-        .0
-        == 200));
+    let serve = quiet_serve(&redis);
     redis.pause();
     let (status, answer, _) = serve.call("GET", "/pools/none", None);
     // While Redis is paused /readyz asks it and says so.
