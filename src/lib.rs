@@ -21,6 +21,7 @@
 //! - [`connection`]: the Redis connection, URL redaction, error classification, the decoder
 //!   of the scripts' error replies.
 //! - `eviction`: the Redis setting leases rely on (`maxmemory-policy noeviction`), checked.
+//! - `published`: the files a worker-ID sidecar publishes (ID file, state file, lock file), the format `exec` and `id` read.
 //! - `persistence`: whether Redis' RDB/AOF settings can bring it back older (`CONFIG GET`), for advice.
 //! - [`identity`]: the owner identity and the per-process owner string.
 //! - `http`: serving a router, liveness routes, metrics encoding; the one HTTP kit of every
@@ -57,6 +58,7 @@ pub(crate) mod names;
 pub mod open_files;
 pub(crate) mod persistence;
 pub mod pool;
+pub(crate) mod published;
 pub mod shutdown;
 pub(crate) mod supervise;
 pub(crate) mod timing;

@@ -10,7 +10,7 @@ use clap::Args;
 use super::Source;
 use super::limits::{GRACE, ID_WAIT, POLL, WAIT};
 use crate::cli::{ConfigError, LogArgs, parse_duration};
-use crate::worker_id::args::DEFAULT_OUTPUT_FILE;
+use crate::published::DEFAULT_OUTPUT_FILE;
 
 /// Where the published ID is read: `--file` or `--url`, shared by `exec`
 /// and `id` (one env name per concept).

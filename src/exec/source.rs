@@ -20,8 +20,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::boot_clock::BootInstant;
-use crate::worker_id::files::{StateFile, state_path};
-use crate::worker_id::limits::WORKER_ID_LIMIT;
+use crate::published::{StateFile, WORKER_ID_LIMIT, state_path};
 
 /// Where the sidecar publishes the worker ID.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,8 +16,7 @@ use crate::http::{ConnectionLimits, HttpArgs};
 use crate::worker_id::mint::args::{MintArgs, MintConfig};
 use crate::worker_id::range::WorkerRange;
 
-/// Default `--output-file` of the sidecar, read by `exec` and `id` too.
-pub(crate) const DEFAULT_OUTPUT_FILE: &str = "/var/run/snowlease/worker-id";
+pub(crate) use crate::published::DEFAULT_OUTPUT_FILE;
 
 /// Default `--listen` of the sidecar. Port 7391: the sidecar shares the pod's network
 /// namespace with the app, so not 8080/8000/3000/5000 (app defaults), not 9100-9999 (Prometheus

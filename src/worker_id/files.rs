@@ -1,63 +1,17 @@
-//! The files of one pod's sidecar on the shared volume: the ID file (the
-//! decimal ID and a newline), the state file beside it ([`StateFile`], read
-//! by the next sidecar in the pod and by `exec`), and the lock file that
-//! keeps one process per ID file.
+//! The sidecar's side of the published files ([`crate::published`] holds their format): the
+//! record of a lease held now, the lock that keeps one process per ID file, and reading the
+//! state file an earlier process in this pod left.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
-use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::state::{HeldLease, RecordedLease};
-use crate::boot_clock::{self, BootInstant};
-use crate::lease;
-
-/// Contents of the state file beside the ID file (`<output-file>.state.json`).
-/// Fields added later are optional, so files of older sidecars still read.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct StateFile {
-    /// Application name.
-    pub app: String,
-    /// The worker ID.
-    pub worker_id: u16,
-    /// Owner string stored in the lease key (for re-adoption in this pod).
-    pub owner: String,
-    /// Unix time in ms until which the lease is valid, erring early; a
-    /// reader seeing a past value knows the ID is stale (sidecar crashed).
-    /// Wall clock: for people, and for re-adoption without
-    /// `valid_until_boot_ms`; `exec` and `id` do not judge it (an NTP step
-    /// would move it).
-    pub valid_until_ms: u64,
-    /// `true` once the sidecar stopped publishing the ID (loss, a refused
-    /// renewal at the deadline, shutdown) without a confirmed release: the
-    /// key may still hold `owner`, so the next sidecar on this volume
-    /// re-adopts it at once (owner-checked) instead of waiting up to a TTL.
-    /// Never a sign that the ID is published. Absent (`false`) while the
-    /// lease is held; the file is removed once the release is confirmed.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub release_unconfirmed: bool,
-    /// The same deadline on CLOCK_BOOTTIME: ms since boot, rounded down
-    /// ([`BootInstant::as_millis`]); meaningful only under `boot_id`. The
-    /// deadline `exec` and `id` judge: no wall-clock step moves it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub valid_until_boot_ms: Option<u64>,
-    /// The kernel's boot ID when the file was written
-    /// ([`boot_clock::boot_id`]; shared by every container on the node).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub boot_id: Option<String>,
-    /// `true` when the sidecar mints the IDs itself (`--mint`): no ID file is written, and
-    /// `exec` and `id` refuse to run on the worker ID (two minters would share it).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub mint: bool,
-    /// `true` (with `release_unconfirmed`) when the sidecar stopped publishing
-    /// because it is stopping (SIGTERM, SIGINT): `exec` then says the ID was
-    /// released, not lost.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub stopped: bool,
-}
+use crate::boot_clock;
+use crate::published::{StateFile, lock_path, state_path};
 
 impl StateFile {
     /// The record of a lease held now (not marked `release_unconfirmed`); `mint` in mint
@@ -75,72 +29,6 @@ impl StateFile {
             stopped: false,
         }
     }
-
-    /// The validity deadline on this node's boot clock: `valid_until_boot_ms`
-    /// when the file was written under this boot. Where the boot ID cannot
-    /// be read (no /proc), the earlier of that and `valid_until_ms`.
-    ///
-    /// Errors: [`NoBootDeadline`], why the file gives none here.
-    pub(crate) fn boot_deadline(&self) -> Result<BootInstant, NoBootDeadline> {
-        self.boot_deadline_under(boot_clock::boot_id())
-    }
-
-    /// [`Self::boot_deadline`] on a node whose boot ID is `here`.
-    fn boot_deadline_under(&self, here: Option<&str>) -> Result<BootInstant, NoBootDeadline> {
-        let (Some(ms), Some(written)) = (self.valid_until_boot_ms, self.boot_id.as_deref()) else {
-            return Err(NoBootDeadline::Missing);
-        };
-        let until = BootInstant::from_millis(ms);
-        match here {
-            Some(here) if here == written => Ok(until),
-            Some(here) => Err(NoBootDeadline::OtherBoot {
-                written: written.to_owned(),
-                here: here.to_owned(),
-            }),
-            // No /proc (a bare chroot): the boot cannot be told apart, so the
-            // earlier deadline counts: after a reboot the wall-clock one has
-            // passed, after a wall-clock step the boot-clock one holds.
-            None => {
-                let now = BootInstant::now();
-                let wall = now + lease::until_unix_ms(self.valid_until_ms).unwrap_or_default();
-                Ok(until.min(wall))
-            }
-        }
-    }
-}
-
-/// Why a state file gives no deadline on this node's boot clock.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum NoBootDeadline {
-    /// Written by a sidecar that did not record it (older version).
-    #[error("the state file has no valid_until_boot_ms and boot_id (written by an older sidecar?)")]
-    Missing,
-    /// Written under another boot (another node, or before a reboot).
-    #[error(
-        "the state file was written under boot ID {written}, this node's is {here}: its deadline means nothing here"
-    )]
-    OtherBoot {
-        /// The file's `boot_id`.
-        written: String,
-        /// This node's.
-        here: String,
-    },
-}
-
-/// Path of the state file for an ID file: `<output-file>.state.json`.
-pub(crate) fn state_path(output_file: &Path) -> PathBuf {
-    with_suffix(output_file, ".state.json")
-}
-
-/// Path of the lock file for an ID file: `<output-file>.lock`.
-pub(crate) fn lock_path(output_file: &Path) -> PathBuf {
-    with_suffix(output_file, ".lock")
-}
-
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(suffix);
-    PathBuf::from(name)
 }
 
 /// Takes an exclusive lock (`flock`) on `<output-file>.lock` without waiting, so
@@ -222,6 +110,9 @@ pub(crate) fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease>
 mod tests {
     use super::*;
     use crate::atomic_file::write_atomic;
+    use crate::boot_clock::BootInstant;
+    use crate::lease;
+    use crate::published::NoBootDeadline;
 
     #[test]
     fn state_file_sits_beside_the_id_file() {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::cli::{CountLimit, DurationLimit};
 
-/// Largest worker ID: Snowflake IDs give the worker 10 bits (0..=1023).
-pub(crate) const WORKER_ID_LIMIT: u16 = 1023;
+/// The largest worker ID (10 bits), where the published files' format has it.
+pub(crate) use crate::published::WORKER_ID_LIMIT;
 /// `--max-worker-id` by default: 32 IDs, 0-31 (5 bits of a Snowflake ID).
 pub(crate) const DEFAULT_MAX_WORKER_ID: u16 = 31;
 /// `--max-worker-id`: the highest ID handed out, 0-1023 (10 bits).

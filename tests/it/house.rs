@@ -279,3 +279,23 @@ fn the_house_checks_read_what_they_claim() {
     assert!(!limit_outside_a_table("check_range(flag, d, lo, hi)"));
     assert!(!limit_outside_a_table("WAIT.check(self.wait)?;"));
 }
+
+/// The app side (`exec`, `id`) reads the published files through their one home,
+/// `crate::published`, never through the sidecar's modules: a `worker_id::` path in src/exec
+/// fails here, naming the file.
+#[test]
+fn the_app_side_reads_the_published_format_only() {
+    let mut found = Vec::new();
+    let mut paths = files("src/exec", &["rs"]);
+    paths.push(repo().join("src/exec.rs"));
+    for path in paths {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if code_of(&text).contains("worker_id::") {
+            found.push(relative(&path));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "{found:?} import the sidecar's modules; read the format from crate::published"
+    );
+}
