@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use snowlease::connection::{Keyspace, Redis, RedisTarget};
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys, window_of, windows};
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, window_of, windows};
+use snowlease::worker_id::keys::LeaseKeys;
 
 #[path = "../tests/it"]
 #[allow(dead_code, unused_imports)]

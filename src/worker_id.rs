@@ -26,6 +26,7 @@ pub mod claim;
 pub(crate) mod files;
 pub mod guard;
 pub(crate) mod keeper;
+pub mod keys;
 pub(crate) mod limits;
 pub(crate) mod metrics;
 pub mod mint;
@@ -152,7 +153,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     // mints only when Redis did not answer here).
     let mut format_checked = false;
     if let Some(mint) = &config.mint {
-        let keys = mint::script::MintKeys::new(&config.lease.key_prefix, &config.app);
+        let keys = keys::MintKeys::new(&config.lease.key_prefix, &config.app);
         let timeout = config.lease.call_timeout();
         let mut probe = conn.clone();
         let checked = mint::reserver::format_refusal(&mut probe, &keys, mint, timeout);
@@ -199,7 +200,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let reserver_conn = conn.clone();
     let recorder = range::record::RangeRecorder {
         conn: conn.clone(),
-        key: claim::LeaseKeys::new(&config.lease.key_prefix, &config.app).ranges(),
+        key: keys::LeaseKeys::new(&config.lease.key_prefix, &config.app).ranges(),
         range: config.lease.worker_ids,
         ttl: config.lease.ttl,
         // Not the renewals' bound: the record is only a report, on its own task (aborted at
@@ -254,8 +255,8 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             desk: mint.http.desk,
             metrics: mint.http.metrics,
             conn: reserver_conn,
-            lease_keys: claim::LeaseKeys::new(&config.lease.key_prefix, &config.app),
-            mint_keys: mint::script::MintKeys::new(&config.lease.key_prefix, &config.app),
+            lease_keys: keys::LeaseKeys::new(&config.lease.key_prefix, &config.app),
+            mint_keys: keys::MintKeys::new(&config.lease.key_prefix, &config.app),
             config: mint.config,
             call_timeout: config.lease.call_timeout(),
             min_replicas_ack: config.min_replicas_ack,

@@ -13,16 +13,17 @@ use anyhow::Context;
 use clap::Args;
 use redis::Script;
 
+use super::keys::MintKeys;
 use super::mint::layout::{
     DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout, IdParts, wall_now_ms,
 };
-use super::mint::script::{MintKeys, record_format};
+use super::mint::script::record_format;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::cli::{parse_duration, whole};
 use crate::connection::RedisTarget;
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::args::{AppKeysArgs, validate_app};
-use crate::worker_id::claim::LeaseKeys;
+use crate::worker_id::keys::LeaseKeys;
 use crate::worker_id::limits::{MAX_CLOCK_SKEW, MINT_WINDOW};
 use crate::worker_id::mint::args::DATACENTER_ID_MAX;
 use crate::worker_id::range::WorkerRange;

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use redis::Script;
 
 use super::args::AppKeysArgs;
-use super::claim::LeaseKeys;
+use super::keys::LeaseKeys;
 use super::range::WorkerRange;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::connection::{Keyspace, RedisTarget};

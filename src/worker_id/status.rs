@@ -17,8 +17,8 @@ mod render;
 
 use self::render::render;
 use super::args::AppKeysArgs;
-use super::claim::LeaseKeys;
-use super::mint::script::MintKeys;
+use super::keys::LeaseKeys;
+use super::keys::MintKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::{Keyspace, Redis, RedisTarget};
 use crate::lease::TOMBSTONE_PREFIX;

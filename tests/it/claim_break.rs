@@ -4,9 +4,8 @@
 
 use snowlease::connection::Keyspace;
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{
-    ClaimOutcome, Claimer, LeaseKeys, start_window, window_of, windows,
-};
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, start_window, window_of, windows};
+use snowlease::worker_id::keys::LeaseKeys;
 
 use crate::claim_windows::{conn, hold};
 use crate::harness::*;

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures_util::future::join_all;
 use snowlease::connection::Redis;
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, ClaimReply, Claimer, LeaseKeys, start_window};
+use snowlease::worker_id::claim::{ClaimOutcome, ClaimReply, Claimer, start_window};
+use snowlease::worker_id::keys::LeaseKeys;
 
 use crate::claim_windows::{MAX, conn};
 use crate::harness::*;

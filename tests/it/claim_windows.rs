@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use futures_util::future::join_all;
 use snowlease::connection::{Keyspace, Redis, RedisTarget};
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys, windows};
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer, windows};
+use snowlease::worker_id::keys::LeaseKeys;
 
 use crate::harness::*;
 

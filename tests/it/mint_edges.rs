@@ -132,8 +132,7 @@ fn switching_to_mint_under_a_running_app_mints_only_once_the_app_is_gone() {
     let _ = plain.wait_exit(secs(5));
     // ID 0 minted on this node before (a missing mark would be raised and hold minting
     // back on its own: rollback.rs).
-    let mark =
-        snowlease::worker_id::mint::script::MintKeys::new(PREFIX, APP).mark(&worker_key(APP, 0));
+    let mark = snowlease::worker_id::keys::MintKeys::new(PREFIX, APP).mark(&worker_key(APP, 0));
     redis.set_stamped(&mark, 0);
 
     let minter = lease(crate::mint_worker::minter_at(&redis.url()).name("minter")).spawn();

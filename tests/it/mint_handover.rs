@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use snowlease::connection::{Redis, RedisTarget};
 use snowlease::identity::Owner;
+use snowlease::worker_id::keys::MintKeys;
 use snowlease::worker_id::mint::layout::{DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Epoch, IdLayout};
 use snowlease::worker_id::mint::minter::{
     Anchor, Grant, LeaseTicket, MintRefusal, MintWindow, Minter, Standby, Step,
 };
-use snowlease::worker_id::mint::script::{MintKeys, read_mark, reserve, settle};
+use snowlease::worker_id::mint::script::{read_mark, reserve, settle};
 
 use crate::harness::*;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use snowlease::connection::{Redis, RedisTarget};
 use snowlease::identity::Owner;
-use snowlease::worker_id::mint::script::{MintKeys, read_mark, reserve, settle};
+use snowlease::worker_id::keys::MintKeys;
+use snowlease::worker_id::mint::script::{read_mark, reserve, settle};
 
 use crate::harness::*;
 

@@ -9,7 +9,8 @@ use futures_util::future::join_all;
 use serde_json::Value;
 use snowlease::connection::Keyspace;
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, Claimer, LeaseKeys};
+use snowlease::worker_id::claim::{ClaimOutcome, Claimer};
+use snowlease::worker_id::keys::LeaseKeys;
 use snowlease::worker_id::range::WorkerRange;
 
 use crate::harness::*;

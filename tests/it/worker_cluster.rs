@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use snowlease::connection::{Keyspace, Redis, RedisTarget};
 use snowlease::identity::Owner;
-use snowlease::worker_id::claim::{ClaimOutcome, LeaseKeys, claim_lowest};
+use snowlease::worker_id::claim::{ClaimOutcome, claim_lowest};
+use snowlease::worker_id::keys::LeaseKeys;
 
 use crate::harness::*;
 

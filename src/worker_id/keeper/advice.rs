@@ -17,7 +17,8 @@ use crate::identity::identity_of;
 use crate::lease;
 use crate::persistence;
 use crate::timing::{bounded, ms, ttl_ms};
-use crate::worker_id::claim::{GuardFound, glob_escape};
+use crate::worker_id::claim::GuardFound;
+use crate::worker_id::keys::glob_escape;
 use crate::worker_id::limits::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID};
 use crate::worker_id::status;
 

@@ -11,7 +11,7 @@ use super::Worker;
 use crate::boot_clock::BootInstant;
 use crate::lease;
 use crate::timing::bounded;
-use crate::worker_id::mint::script::MintKeys;
+use crate::worker_id::keys::MintKeys;
 use crate::worker_id::state::{HeldLease, Mode};
 
 /// Which write the gate judges.

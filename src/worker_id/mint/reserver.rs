@@ -26,12 +26,13 @@ use super::desk::MintDesk;
 use super::layout::wall_now_ms;
 use super::metrics::MintMetrics;
 use super::minter::{Anchor, Grant, LeaseTicket, Standby};
-use super::script::{self, MintKeys};
+use super::script;
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Readable, Redis};
 use crate::lease;
 use crate::timing::{bounded, ms};
-use crate::worker_id::claim::LeaseKeys;
+use crate::worker_id::keys::LeaseKeys;
+use crate::worker_id::keys::MintKeys;
 use crate::worker_id::state::{HeldLease, WorkerState};
 
 /// Longest the reserver sleeps between two looks at the minter: a forward clock step or a

@@ -10,6 +10,8 @@ use redis::Script;
 use redis::aio::ConnectionLike;
 
 use crate::identity::Owner;
+use crate::worker_id::keys::MintKeys;
+
 use crate::timing::ms;
 
 static MARK: LazyLock<Script> = LazyLock::new(|| vouched(include_str!("mark.lua")));
@@ -21,40 +23,6 @@ static FORMAT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("for
 /// mark first checks that this node can vouch for it (docs/rollback-design.md).
 fn vouched(body: &str) -> Script {
     crate::lease::node::script(&format!("{}{body}", include_str!("vouch.lua")))
-}
-
-/// Names of the mint keys of one app, beside its lease keys under `<prefix><app>:`: per
-/// worker ID the mark `mark:{<lease key>}` and the settled record `settled:{<lease key>}`.
-/// The hash tag is the lease key, so on Cluster both live in its slot (one script call, and
-/// lost together with it). Neither expires: the mark outlives every lease.
-#[derive(Debug, Clone)]
-pub struct MintKeys {
-    base: String,
-}
-
-impl MintKeys {
-    /// Keys of `app` under `prefix` (validated by the caller, as for
-    /// [`crate::worker_id::claim::LeaseKeys`]).
-    pub fn new(prefix: &str, app: &str) -> Self {
-        Self {
-            base: format!("{prefix}{app}:"),
-        }
-    }
-
-    /// The high-water mark (Unix ms) of the worker ID whose lease key is `lease_key`.
-    pub fn mark(&self, lease_key: &str) -> String {
-        format!("{}mark:{{{lease_key}}}", self.base)
-    }
-
-    /// The settled record (Unix ms) of the worker ID whose lease key is `lease_key`.
-    pub fn settled(&self, lease_key: &str) -> String {
-        format!("{}settled:{{{lease_key}}}", self.base)
-    }
-
-    /// The app's ID format record, `<prefix><app>:format`.
-    pub fn format(&self) -> String {
-        format!("{}format", self.base)
-    }
 }
 
 /// What `mark.lua` read.
@@ -212,7 +180,7 @@ mod tests {
             keys.settled(lease),
             "snowflake:worker:orders:settled:{snowflake:worker:orders:7}"
         );
-        let lease_keys = crate::worker_id::claim::LeaseKeys::new("snowflake:worker:", "orders");
+        let lease_keys = crate::worker_id::keys::LeaseKeys::new("snowflake:worker:", "orders");
         assert_eq!(
             lease_keys.worker_id_of(&keys.mark(lease)),
             None,
