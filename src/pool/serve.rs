@@ -57,10 +57,10 @@ pub struct ServeState {
     inner: Arc<Inner>,
 }
 
-/// The bound of `/readyz`'s `PING` while Redis is marked as not answering: 500 ms, within
+/// The bound of `/readyz`'s `TIME` while Redis is marked as not answering: 500 ms, within
 /// the kubelet's default probe timeout of 1 s (Kubernetes docs, "Configure Liveness,
 /// Readiness and Startup Probes").
-pub(crate) const READYZ_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const READYZ_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 struct Inner {
     pools: HashMap<String, Served>,
@@ -150,8 +150,8 @@ impl ServeState {
         }
     }
 
-    /// While Redis is marked as not answering, asks it once (`PING`, bounded by
-    /// [`READYZ_PING_TIMEOUT`]) and marks it answering when it does: `/readyz` turns ready again
+    /// While Redis is marked as not answering, asks it once (`TIME`, bounded by
+    /// [`READYZ_CHECK_TIMEOUT`]) and marks it answering when it does: `/readyz` turns ready again
     /// without waiting for a request or the next reaper round (up to `--reap-interval`). True
     /// when Redis is (now) marked answering.
     pub(crate) async fn recheck_redis(&self) -> bool {
@@ -162,11 +162,14 @@ impl ServeState {
             return false;
         };
         let mut conn = served.pool.conn().clone();
-        let ping = redis::cmd("PING");
-        // Within a kubelet probe's default timeout (1 s).
-        let answered =
-            crate::timing::bounded(READYZ_PING_TIMEOUT, ping.query_async::<String>(&mut conn))
-                .await;
+        // TIME, not PING: the documented ACL rules of pool serve allow it (a PING was refused
+        // and logged in ACL LOG). Within a kubelet probe's default timeout (1 s).
+        let time = redis::cmd("TIME");
+        let answered = crate::timing::bounded(
+            READYZ_CHECK_TIMEOUT,
+            time.query_async::<redis::Value>(&mut conn),
+        )
+        .await;
         let up = match &answered {
             Ok(_) => true,
             Err(err) => !crate::connection::is_unavailable(err),

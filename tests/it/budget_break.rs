@@ -104,7 +104,7 @@ async fn the_policy_window_rounds_up_the_exact_refill_time() {
 /// docs/pool.md, `GET /readyz` of `pool serve`: 503 `redis_not_answering` only while Redis
 /// does not answer. Once a request found Redis gone, nothing but another request or a reaper
 /// round asked again: with `--reap-interval 1h` and no traffic, `/readyz` stayed 503 for up
-/// to an hour after Redis answered again; now `/readyz` itself asks (a bounded `PING`).
+/// to an hour after Redis answered again; now `/readyz` itself asks (a bounded `TIME`).
 #[test]
 fn readyz_turns_ready_again_when_redis_answers_without_traffic() {
     let redis = RedisServer::start();
