@@ -525,3 +525,24 @@ fn minted_ids_carry_the_datacenter_id_and_another_one_is_refused() {
         "nothing written"
     );
 }
+
+/// A minting sidecar's first use of an app on a Redis that holds other apps' keys: it writes
+/// the app's format record before its first claim, and the claim's advice must still say
+/// "first use" (it read the format record as a lease key: "lease keys of app ... exist
+/// without its guard: Redis lost its data", and that only --force opens the guard).
+#[test]
+fn a_minting_newcomer_is_told_first_use() {
+    let redis = RedisServer::start();
+    let _: () = redis.query(redis::cmd("SET").arg(worker_key("billing", 0)).arg("x"));
+    let sidecar = minter(&redis).spawn();
+    let warned = sidecar
+        .wait_for_event("no claim guard in Redis", secs(10))
+        .expect("the missing-guard warning");
+    let text = warned.to_string();
+    assert!(text.contains("first use of app"), "{text}");
+    assert!(!text.contains("exist without its guard"), "{text}");
+    assert!(
+        redis.exists(&format!("{PREFIX}{APP}:format")),
+        "format written first"
+    );
+}

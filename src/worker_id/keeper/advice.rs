@@ -18,7 +18,7 @@ use crate::lease;
 use crate::persistence;
 use crate::timing::{bounded, ms, ttl_ms};
 use crate::worker_id::claim::GuardFound;
-use crate::worker_id::keys::glob_escape;
+use crate::worker_id::keys::{LeaseKeys, glob_escape};
 use crate::worker_id::limits::{DEFAULT_KEY_PREFIX, DEFAULT_MAX_WORKER_ID};
 use crate::worker_id::status;
 
@@ -52,15 +52,18 @@ pub(super) enum MissingGuard {
 }
 
 impl MissingGuard {
-    /// What one `SCAN` batch adds to `self`: a key of this app (under
-    /// `app_base`, not its `guard`) settles it; a key of another app only
-    /// shows that Redis kept data.
-    fn with_keys(mut self, keys: &[String], app_base: &str, guard: &str) -> Self {
-        for key in keys.iter().filter(|k| *k != guard) {
-            match key.starts_with(app_base) {
-                true => self = Self::AppKeysWithoutGuard,
-                false if self == Self::NoKeyUnderPrefix => self = Self::OtherAppsKept,
-                false => {}
+    /// What one `SCAN` batch adds to `self`: a lease key of this app (`<app_base><id>`,
+    /// [`LeaseKeys::worker_id_of`]) settles it; a key of another app only shows that Redis
+    /// kept data. The app's other keys (the guard, the format record a minting sidecar writes
+    /// before its first claim, the ranges record, the hint, probes) say nothing either way: a
+    /// newcomer's own format record read as "lease keys without a guard" told a first use
+    /// that Redis lost its data and that only `--force` helps.
+    fn with_keys(mut self, keys: &[String], lease_keys: &LeaseKeys, app_base: &str) -> Self {
+        for key in keys {
+            if lease_keys.worker_id_of(key).is_some() {
+                self = Self::AppKeysWithoutGuard;
+            } else if !key.starts_with(app_base) && self == Self::NoKeyUnderPrefix {
+                self = Self::OtherAppsKept;
             }
         }
         self
@@ -168,7 +171,7 @@ impl Worker {
         }
         let prefix = &self.params.settings.key_prefix;
         let app_base = format!("{prefix}{}:", self.params.app);
-        let guard = self.keys().guard();
+        let lease_keys = self.keys().clone();
         let pattern = format!("{}*", glob_escape(prefix));
         let scan = async {
             let (mut cursor, mut found) = (0u64, MissingGuard::NoKeyUnderPrefix);
@@ -181,7 +184,7 @@ impl Worker {
                     .arg(100)
                     .query_async(&mut self.conn)
                     .await?;
-                found = found.with_keys(&keys, &app_base, &guard);
+                found = found.with_keys(&keys, &lease_keys, &app_base);
                 if next == 0 || found == MissingGuard::AppKeysWithoutGuard {
                     return Ok::<_, redis::RedisError>(found);
                 }
@@ -378,23 +381,32 @@ mod tests {
     /// count; keys of other apps only show that Redis kept its data.
     #[test]
     fn scanned_keys_tell_why_the_guard_is_missing() {
-        let (base, guard) = ("p:orders:", "p:orders:guard");
+        let (lk, base) = (LeaseKeys::new("p:", "orders"), "p:orders:");
         let start = MissingGuard::NoKeyUnderPrefix;
-        assert_eq!(start.with_keys(&keys(&[]), base, guard), start);
-        assert_eq!(start.with_keys(&keys(&[guard]), base, guard), start);
+        assert_eq!(start.with_keys(&keys(&[]), &lk, base), start);
+        // The app's own keys that are not lease keys say nothing (a minting newcomer writes
+        // its format record before its first claim).
+        let own = keys(&[
+            "p:orders:guard",
+            "p:orders:format",
+            "p:orders:ranges",
+            "p:orders:hint",
+            "p:orders:probe:ab",
+        ]);
+        assert_eq!(start.with_keys(&own, &lk, base), start);
         let other = keys(&["p:billing:0"]);
         assert_eq!(
-            start.with_keys(&other, base, guard),
+            start.with_keys(&other, &lk, base),
             MissingGuard::OtherAppsKept
         );
         let ours = keys(&["p:billing:0", "p:orders:3"]);
         assert_eq!(
-            start.with_keys(&ours, base, guard),
+            start.with_keys(&ours, &lk, base),
             MissingGuard::AppKeysWithoutGuard
         );
         // Once settled, a later batch of other apps' keys does not undo it.
         let settled = MissingGuard::AppKeysWithoutGuard;
-        assert_eq!(settled.with_keys(&other, base, guard), settled);
+        assert_eq!(settled.with_keys(&other, &lk, base), settled);
     }
 
     /// Skew is local minus Redis, Redis' time being the reply less the TTL.
