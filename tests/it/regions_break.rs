@@ -33,3 +33,28 @@ fn an_oversized_ranges_record_is_overwritten_unread() {
         "only our entry, none read from the oversized record: {record}"
     );
 }
+
+/// A range that starts with a minus (`-1-3`, `-5`) is refused like any other bad range: exit
+/// 2 naming `--worker-ids` and 0-1023 (clap took it for an unknown flag `-1` and named
+/// neither), in `worker`, `status` and `guard open`, with nothing written to Redis.
+#[test]
+fn a_negative_range_names_the_flag_and_the_range() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for range in ["-1-3", "-5"] {
+        for sub in [&["worker"][..], &["status"], &["guard", "open"]] {
+            let mut args: Vec<&str> = sub.to_vec();
+            args.extend(["--app", "neg", "--redis-url", &url, "--worker-ids", range]);
+            let run = run_snowlease(&args, &[], secs(10));
+            assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+            for word in ["--worker-ids", "0-1023"] {
+                assert!(
+                    run.stderr.contains(word),
+                    "{args:?}: {word}: {}",
+                    run.stderr
+                );
+            }
+        }
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+}
