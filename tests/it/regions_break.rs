@@ -58,3 +58,28 @@ fn a_negative_range_names_the_flag_and_the_range() {
     }
     assert_eq!(redis.dbsize(), 0, "nothing written");
 }
+
+/// Numbers past 65535 are named as given: `--worker-ids 65536-70000` exits 2 saying
+/// `65536-70000 reaches past 1023` (it said `65535-65535`, a range nobody typed).
+#[test]
+fn a_range_past_u16_is_named_as_given() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for range in ["65536-70000", "5-99999999999999999999"] {
+        let args = [
+            "worker",
+            "--app",
+            "big",
+            "--redis-url",
+            &url,
+            "--worker-ids",
+            range,
+        ];
+        let run = run_snowlease(&args, &[], secs(10));
+        assert_eq!(run.code, Some(2), "{range}: {run:?}");
+        for word in ["--worker-ids", range, "0-1023"] {
+            assert!(run.stderr.contains(word), "{range}: {word}: {}", run.stderr);
+        }
+    }
+    assert_eq!(redis.dbsize(), 0, "nothing written");
+}
