@@ -83,3 +83,32 @@ fn a_range_past_u16_is_named_as_given() {
     }
     assert_eq!(redis.dbsize(), 0, "nothing written");
 }
+
+/// An entry that expires later than any sidecar writes one (two TTLs of at most 1 h each; here
+/// a hand-written `0-1023` for 100 years) is dropped, not kept as the latest entry for ever: a
+/// sidecar of 3-5 reports no overlap and the record holds only its own entry.
+#[test]
+fn a_ranges_entry_past_two_longest_ttls_is_dropped() {
+    let app = "farfuture";
+    let redis = RedisServer::start();
+    redis.open_claim_guard(app);
+    let key = format!("{PREFIX}{app}:ranges");
+    let century = unix_ms() + 100 * 365 * 24 * 3_600_000;
+    let _: () = redis.query(redis::cmd("SET").arg(&key).arg(format!("0-1023:{century}")));
+
+    let sidecar = Sidecar::worker(&redis, app)
+        .flag("--worker-ids", "3-5")
+        .spawn();
+    sidecar.wait_for_lease(secs(10));
+    let record = poll_some(secs(10), || {
+        redis.get(&key).filter(|value| value.starts_with("3-5:"))
+    })
+    .expect("the record is rewritten");
+    assert!(!record.contains("0-1023"), "{record}");
+    assert!(redis.pttl(&key) <= 3_600_000, "{}", redis.pttl(&key));
+    assert_eq!(
+        sidecar.metric("snowlease_worker_id_range_overlaps"),
+        Some(0.0)
+    );
+    assert_eq!(sidecar.count_log("another sidecar of this app"), 0);
+}
