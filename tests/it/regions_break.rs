@@ -112,3 +112,47 @@ fn a_ranges_entry_past_two_longest_ttls_is_dropped() {
     );
     assert_eq!(sidecar.count_log("another sidecar of this app"), 0);
 }
+
+/// `snowlease status` shows the leases whatever the ranges record holds (only a report): a
+/// record of another type gives a warning naming the key, a record with bytes that are not
+/// UTF-8 is read for its entries; exit 0 either way (it exited 1 and showed nothing).
+#[test]
+fn status_shows_the_leases_whatever_the_ranges_record_holds() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let hash = format!("{PREFIX}rtype:ranges");
+    let _: () = redis.query(redis::cmd("HSET").arg(&hash).arg("a").arg("b"));
+    let bytes = format!("{PREFIX}rbytes:ranges");
+    let mut value = b"0-5:99999999999999,\xff\xfe,".to_vec();
+    value.extend_from_slice(b"4-9:99999999999999");
+    let _: () = redis.query(redis::cmd("SET").arg(&bytes).arg(value));
+
+    let run = run_snowlease(
+        &["status", "--app", "rtype", "--redis-url", &url],
+        &[],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("app rtype:"), "{run:?}");
+    assert!(
+        run.stdout.contains(&hash),
+        "the warning names the key: {run:?}"
+    );
+    let run = run_snowlease(
+        &["status", "--app", "rtype", "--redis-url", &url, "--json"],
+        &[],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(json["ranges"], serde_json::json!([]), "{json}");
+    assert!(run.stderr.contains(&hash), "the warning on stderr: {run:?}");
+
+    let run = run_snowlease(
+        &["status", "--app", "rbytes", "--redis-url", &url],
+        &[],
+        secs(10),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("share IDs 4-5"), "{run:?}");
+}
