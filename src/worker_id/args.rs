@@ -62,7 +62,10 @@ pub struct AppKeysArgs {
         long,
         env = "SNOWLEASE_WORKER_IDS",
         value_name = "LOW-HIGH",
-        conflicts_with = "max_worker_id"
+        conflicts_with = "max_worker_id",
+        // `-1-3` is a bad range, not an unknown flag `-1`: WorkerRange::parse names the flag
+        // and 0-1023.
+        allow_hyphen_values = true
     )]
     pub worker_ids: Option<String>,
 }

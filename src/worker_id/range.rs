@@ -73,8 +73,19 @@ impl WorkerRange {
             if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad());
             }
-            // Digits past u16 are outside the range anyway: say so with the range.
-            Ok(part.parse::<u16>().unwrap_or(u16::MAX))
+            // Digits past u16 are outside the range anyway: say so with the range, naming the
+            // text as given (not a clamped 65535 nobody typed).
+            part.parse::<u16>().map_err(|_| {
+                ConfigError::new(
+                    WORKER_IDS.flag,
+                    format!(
+                        "{} reaches past {WORKER_ID_LIMIT}; worker IDs are {}-{} (10 bits)",
+                        text.trim(),
+                        WORKER_IDS.min,
+                        WORKER_IDS.max
+                    ),
+                )
+            })
         };
         Self::new(number(low)?, number(high)?)
     }
@@ -141,6 +152,7 @@ mod tests {
         for (text, says) in [
             ("512-1024", "reaches past 1023"),
             ("0-99999", "reaches past 1023"),
+            ("65536-70000", "65536-70000 reaches past 1023"),
             ("9-3", "is empty"),
             ("", "not LOW-HIGH"),
             ("-5", "not LOW-HIGH"),

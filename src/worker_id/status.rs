@@ -379,14 +379,27 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
         ),
     )
     .await?;
-    let ranges = bounded_read(
+    // Only a report: a record that cannot be read (another type, put there by hand) is a
+    // warning, never a reason to hide the leases.
+    let (ranges, ranges_warning) = match bounded_read(
         RangesReport::read(&mut conn, &names),
-        &format!("the ranges record of {}", config.app),
+        &format!("the ranges record {}", names.ranges()),
     )
-    .await?;
+    .await
+    {
+        Ok(ranges) => (ranges, String::new()),
+        Err(err) => (
+            RangesReport::default(),
+            format!("warning: {err:#}; worker ID ranges are not reported\n"),
+        ),
+    };
     let eviction = EvictionReport::check(&mut conn).await;
     let persistence = PersistenceReport::read(&mut conn).await;
     let text = if config.json {
+        // stdout stays one JSON document; the warning goes to stderr.
+        if !ranges_warning.is_empty() {
+            eprint!("{ranges_warning}");
+        }
         let mut json = serde_json::to_value(&report)?;
         json["ranges"] = serde_json::to_value(&ranges.ranges)?;
         json["range_overlaps"] = serde_json::to_value(&ranges.overlaps)?;
@@ -398,6 +411,7 @@ pub async fn run(config: &StatusConfig) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&json)? + "\n"
     } else {
         eviction.warning().unwrap_or_default()
+            + &ranges_warning
             + &ranges.warnings()
             + &outside_range_warning(&below, &above, config.worker_ids)
             + &persistence
@@ -524,12 +538,12 @@ impl RangesReport {
     async fn read(conn: &mut Redis, names: &LeaseKeys) -> RedisResult<Self> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(names.ranges()).cmd("TIME");
-        let (value, time): (Option<String>, Value) = pipe.query_async(conn).await?;
+        let (value, time): (Option<Vec<u8>>, Value) = pipe.query_async(conn).await?;
         let now_ms = redis_ms(time)?;
-        Ok(Self::of(
-            &parse_record(value.as_deref().unwrap_or_default()),
-            now_ms,
-        ))
+        // Bytes that are not UTF-8 (written by hand) are no entry; the entries around them
+        // still count.
+        let value = String::from_utf8_lossy(value.as_deref().unwrap_or_default());
+        Ok(Self::of(&parse_record(&value), now_ms))
     }
 
     /// The report of `entries` at Redis time `now_ms`.

@@ -108,6 +108,8 @@ mod refusals;
 /// the range refused; overlapping ranges on one Redis logged, counted, shown by `status`;
 /// `range/record.lua`; guard open and concurrent claims over a range.
 mod regions;
+/// Attempts to break `--worker-ids` and the ranges record.
+mod regions_break;
 /// Renewals under a black-holed or slow connection, and re-adoption after data loss.
 mod renewal_faults;
 /// `--min-replicas-ack` on Sentinel with the replica stopped: no publish, unpublish by deadline.

@@ -26,11 +26,21 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local kept = {}
-local current = redis.call('GET', KEYS[1])
+local latest_ms = 2 * 3600 * 1000
+-- Sidecars write at most `most` entries (16) of at most 32 bytes ("1023-1023:<20 digits>,").
+-- A value over 4096 bytes (128 such entries) was written by something else: parsing and
+-- sorting it would block Redis for as long as it is long (0.7 s for 5 MB, timing out every
+-- renewal on this Redis), so it is overwritten unread. STRLEN is O(1) and fails on another
+-- type as GET does.
+local current = false
+if redis.call('STRLEN', KEYS[1]) <= 4096 then current = redis.call('GET', KEYS[1]) end
 if current then
   for range, expires in string.gmatch(current, '(%d+%-%d+):(%d+)') do
     expires = tonumber(expires)
-    if expires > now and range ~= ARGV[1] then kept[#kept + 1] = {range, expires} end
+    -- Sidecars write entries for two TTLs, and --ttl is at most 1 h: a later expiry was
+    -- written by hand and, always the latest, would be kept (and reported) for ever.
+    local plausible = expires <= now + latest_ms
+    if expires > now and plausible and range ~= ARGV[1] then kept[#kept + 1] = {range, expires} end
   end
 end
 -- Latest first, so the soonest to expire go when the record is full.
