@@ -487,8 +487,9 @@ fn outside_range_warning(below: &[u16], above: &[u16], range: WorkerRange) -> St
     }
     if let Some((count, which)) = keys(above) {
         out += &match range.low() {
+            // Either flag may have set this range: name both.
             0 => format!(
-                "warning: {count} above --max-worker-id {} ({which}) not shown: sidecars of the app with a larger --max-worker-id hold them; pass theirs to see them\n",
+                "warning: {count} above --max-worker-id {} / --worker-ids {range} ({which}) not shown: sidecars of the app with a larger --max-worker-id or another range hold them; pass theirs to see them\n",
                 range.high()
             ),
             _ => format!(

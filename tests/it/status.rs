@@ -91,7 +91,7 @@ fn status_reports_held_expiring_and_wrong_type_keys() {
     assert_eq!(
         lines.next(),
         Some(
-            "warning: 1 key above --max-worker-id 7 (ID 8) not shown: sidecars of the app with a larger --max-worker-id hold them; pass theirs to see them"
+            "warning: 1 key above --max-worker-id 7 / --worker-ids 0-7 (ID 8) not shown: sidecars of the app with a larger --max-worker-id or another range hold them; pass theirs to see them"
         ),
         "{}",
         run.stdout

@@ -37,7 +37,7 @@ pub struct MintArgs {
     #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT)]
     pub id_layout: String,
 
-    /// Datacenter ID put into every minted ID: 0 to 2^D-1 for the D datacenter bits of --id-layout (only 0 without them); fixed for the app like the layout.
+    /// With --mint: datacenter ID put into every minted ID, 0 to 2^D-1 for the D datacenter bits of --id-layout (only 0 without them); fixed for the app like the layout.
     #[arg(long, env = "SNOWLEASE_DATACENTER_ID", default_value_t = 0, requires = "mint",
         value_parser = whole::<u16>(0, DATACENTER_ID_MAX), allow_negative_numbers = true)]
     pub datacenter_id: u16,

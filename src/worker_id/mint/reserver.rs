@@ -232,7 +232,7 @@ impl Reserver {
                             worker_id = held.worker_id,
                             floor_unix_ms = read.floor_unix_ms,
                             wait_ms = read.floor_unix_ms.saturating_sub(read.redis_ms),
-                            "the high-water mark was not written by this Redis node in its current life (a restart or failover since, which may have rolled it back, or a first mint of this worker ID): raised to Redis' TIME + --mint-window + --max-clock-skew, so minting starts once that has passed (docs/rollback-design.md)"
+                            "the high-water mark was not written by this Redis node in its current life (a restart or failover since, which may have rolled it back, or a first mint of this worker ID): raised above Redis' TIME by --mint-window plus the skew allowance (up to 2 x --max-clock-skew), so minting starts once that has passed (docs/rollback-design.md)"
                         );
                     }
                     info!(
