@@ -2,7 +2,7 @@
 //! next sidecar in the pod read them: the ID file (the decimal worker ID and a newline, at
 //! [`DEFAULT_OUTPUT_FILE`] unless `--output-file`), the state file beside it ([`StateFile`],
 //! `<output-file>.state.json`) and the lock file (`<output-file>.lock`). The format's one home:
-//! the sidecar (`worker_id::files`) writes it, `exec` and `id` read it.
+//! the sidecar (`worker_id::publish::files`) writes it, `exec` and `id` read it.
 
 use std::path::{Path, PathBuf};
 

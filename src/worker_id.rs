@@ -7,15 +7,14 @@
 //! - [`args`]: flags of `worker` (and the app-key group `status` shares), validated.
 //! - [`claim`]: key names, `claim.lua` (re-adopt ours, else lowest free ID), the claimer (a range of at most 32 IDs in one window, a larger one in interleaved windows of at most 16).
 //! - `state`: `WorkerState`, the one value the keeper writes and every publisher reads.
-//! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop.
-//! - `schedule`: the keeper's timing rules (renew schedule, backoff, caps) as pure functions.
-//! - `sizing`: the Redis outage those rules ride through, logged at start (docs/operations.md).
+//! - `keeper`: the claim / renew / loss loop, the only writer of the state; releases at the stop;
+//!   its timing rules as pure functions (`keeper/schedule.rs`) and the Redis outage they ride
+//!   through, logged at start (`keeper/sizing.rs`).
 //! - [`range`]: the worker IDs a sidecar claims (`--worker-ids`), so regions split one ID space.
 //! - [`guard`]: `snowlease guard open`, first use without waiting one TTL.
 //! - [`carry`]: `snowlease mint carry-over`, a change of the ID format under a new app.
-//! - `files`: the ID file, the state file format (read by `exec` too), the lock file.
-//! - `publisher`: keeps the files in step with the state.
-//! - `routes`: `/id`, `/readyz`, `/metrics`.
+//! - `publish`: the ID file, the state file and the lock file as the sidecar writes them (their
+//!   format: `crate::published`), and the routes `/id`, `/readyz`, `/metrics`.
 //! - `metrics`: Prometheus metrics of worker mode.
 //! - [`mint`]: mint mode: minting IDs under the lease, `/next`.
 //! - [`status`]: `snowlease status`, a read-only view of an app's leases.
@@ -23,18 +22,14 @@
 pub mod args;
 pub mod carry;
 pub mod claim;
-pub(crate) mod files;
 pub mod guard;
 pub(crate) mod keeper;
 pub mod keys;
 pub(crate) mod limits;
 pub(crate) mod metrics;
 pub mod mint;
-pub(crate) mod publisher;
+pub(crate) mod publish;
 pub mod range;
-pub(crate) mod routes;
-mod schedule;
-mod sizing;
 pub(crate) mod state;
 pub mod status;
 
@@ -48,12 +43,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::args::{LeaseSettings, WorkerConfig};
+use self::keeper::sizing;
 use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::mint::Mint;
 use self::mint::reserver::Reserver;
 use self::mint::socket::MintSocket;
-use self::routes::WorkerHttp;
+use self::publish::routes::WorkerHttp;
+use self::publish::{files, routes, writer};
 use crate::config_error::ConfigError;
 use crate::identity::{Owner, resolve_identity};
 use crate::timing::ms;
@@ -247,7 +244,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let mint_mode = mint.is_some();
     let publisher_state = state_rx.clone();
     let publisher = tokio::spawn(async move {
-        publisher::run_publisher(publisher_state, folder, &output_file, app, mint_mode).await
+        writer::run_publisher(publisher_state, folder, &output_file, app, mint_mode).await
     });
     let format_refused = Arc::new(std::sync::OnceLock::new());
     let reserver = mint.map(|mint| {
@@ -287,7 +284,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     // adopted is not ours to drop.
     let recorded = files::read_state(&config.output_file, &config.app);
     if stopped.released && recorded.is_none_or(|r| r.owner == stopped.owner.as_str()) {
-        publisher::remove_state(&config.output_file);
+        writer::remove_state(&config.output_file);
     }
     http_stop.cancel();
     if crate::timing::within(Duration::from_secs(1), http_task)

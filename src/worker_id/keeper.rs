@@ -18,7 +18,9 @@ mod claiming;
 mod gate;
 mod holding;
 mod release;
+pub(super) mod schedule;
 mod setup;
+pub(super) mod sizing;
 
 use std::future::Future;
 use std::sync::Arc;

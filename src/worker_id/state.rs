@@ -112,7 +112,7 @@ pub(crate) struct RecordedLease {
     /// Unix ms until which the earlier process held it, erring early.
     pub valid_until_ms: u64,
     /// The same deadline on the boot clock, when the record was written
-    /// under this boot ([`super::files::StateFile::boot_deadline`]).
+    /// under this boot ([`super::publish::files::StateFile::boot_deadline`]).
     pub valid_until_boot: Option<BootInstant>,
     /// The earlier process stopped publishing it without a confirmed
     /// release (`StateFile::release_unconfirmed`): no ID file of it stands.

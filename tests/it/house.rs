@@ -299,3 +299,62 @@ fn the_app_side_reads_the_published_format_only() {
         "{found:?} import the sidecar's modules; read the format from crate::published"
     );
 }
+
+/// Names shared by two types when this check came, not renamed yet: each pair lives in
+/// modules that never import each other. A new clash fails the check; one that goes away
+/// must leave this list.
+const SHARED_NAMES: &[&str] = &[
+    "Acquired",
+    "Found",
+    "Inner",
+    "Mode",
+    "Op",
+    "Published",
+    "StatusArgs",
+    "Step",
+    "Waited",
+];
+
+/// One meaning per name: no two structs or enums of src/ share a name beyond
+/// [`SHARED_NAMES`] (three `Session`s, two `Refusal`s, `Window`s, `Phase`s, `HoldEnd`s and
+/// `Eviction`s were renamed after the module they serve). Test modules may reuse names.
+#[test]
+fn no_two_types_share_a_name() {
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for path in files("src", &["rs"]) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in code_of(&text).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let kind = words.iter().position(|w| *w == "struct" || *w == "enum");
+            let Some(at) = kind else { continue };
+            // Only item declarations: the keyword opens the line or follows a visibility.
+            if !words[..at]
+                .iter()
+                .all(|w| w.starts_with("pub") || w.starts_with("#["))
+            {
+                continue;
+            }
+            if let Some(name) = words.get(at + 1) {
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                seen.entry(name).or_default().push(relative(&path));
+            }
+        }
+    }
+    let clashes: Vec<_> = seen.iter().filter(|(_, at)| at.len() > 1).collect();
+    let new: Vec<_> = clashes
+        .iter()
+        .filter(|(name, _)| !SHARED_NAMES.contains(&name.as_str()))
+        .collect();
+    assert!(new.is_empty(), "types sharing a name: {new:?}");
+    let gone: Vec<_> = SHARED_NAMES
+        .iter()
+        .filter(|name| !clashes.iter().any(|(n, _)| n == *name))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "{gone:?} no longer shared: take them off SHARED_NAMES"
+    );
+}

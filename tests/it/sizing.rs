@@ -1,6 +1,6 @@
 //! The worker's start-up line on what its lease settings ride through
 //! (docs/operations.md, "Sizing for Redis outages"; the computation's unit tests are in
-//! src/worker_id/sizing.rs).
+//! src/worker_id/keeper/sizing.rs).
 
 use crate::harness::*;
 

@@ -19,8 +19,8 @@ use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
 use crate::timing::{bounded, ms, spread};
 use crate::worker_id::claim::{ClaimOutcome, GuardFound};
+use crate::worker_id::keeper::schedule::{self, ClaimBackoff};
 use crate::worker_id::metrics::WorkerMetrics;
-use crate::worker_id::schedule::{self, ClaimBackoff};
 use crate::worker_id::state::{HeldLease, Mode, RecordedLease, WorkerState};
 
 /// Longest pause behind a closed claim guard before the next claim round

@@ -13,8 +13,8 @@ use crate::connection::{Failure, Readable, classify};
 use crate::eviction::EvictingRedis;
 use crate::lease::{self, OnFailure, RenewOutcome, on_failure};
 use crate::timing::bounded;
+use crate::worker_id::keeper::schedule;
 use crate::worker_id::metrics::WorkerMetrics;
-use crate::worker_id::schedule;
 use crate::worker_id::state::{HeldLease, WorkerState};
 
 /// How a hold ended.

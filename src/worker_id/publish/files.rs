@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use tracing::warn;
 
-use super::state::{HeldLease, RecordedLease};
 use crate::boot_clock;
 use crate::published::{StateFile, lock_path, state_path};
+use crate::worker_id::state::{HeldLease, RecordedLease};
 
 impl StateFile {
     /// The record of a lease held now (not marked `release_unconfirmed`); `mint` in mint

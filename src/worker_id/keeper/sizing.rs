@@ -6,14 +6,14 @@
 
 use std::time::Duration;
 
-use super::args::LeaseSettings;
 use super::schedule;
 use crate::lease;
+use crate::worker_id::args::LeaseSettings;
 
 /// The Redis outage a sidecar rides through with its settings (standalone Redis; on
 /// Sentinel the primary check and with `--min-replicas-ack` the `WAIT` add a call each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct OutageBudget {
+pub(crate) struct OutageBudget {
     /// Ridden through wherever the outage starts (it may start just before a renew is due,
     /// one renew interval after the last confirmed one).
     pub guaranteed: Duration,
@@ -24,14 +24,14 @@ pub(super) struct OutageBudget {
 impl OutageBudget {
     /// The budget of the sidecar's own publishing: a renew confirmed before the validity
     /// deadline (TTL - 1%) keeps the ID published.
-    pub(super) fn sidecar(settings: &LeaseSettings) -> Self {
+    pub(crate) fn sidecar(settings: &LeaseSettings) -> Self {
         Self::before(settings, lease::validity(settings.ttl))
     }
 
     /// The budget of an app under `snowlease exec --grace G --poll P`: `exec` sends SIGTERM
     /// `G` before the deadline and sees a renewed one up to `P` late (the docs' table).
     #[cfg(test)]
-    pub(super) fn exec(settings: &LeaseSettings, grace: Duration, poll: Duration) -> Self {
+    pub(crate) fn exec(settings: &LeaseSettings, grace: Duration, poll: Duration) -> Self {
         let limit = lease::validity(settings.ttl).saturating_sub(grace + poll);
         Self::before(settings, limit)
     }
@@ -60,7 +60,7 @@ impl OutageBudget {
 
 /// How long a crashed pod's ID stays taken: its key expires one TTL after the last renew
 /// Redis applied, so between TTL - renew interval and TTL after the crash.
-pub(super) fn crashed_pod_holds(settings: &LeaseSettings) -> (Duration, Duration) {
+pub(crate) fn crashed_pod_holds(settings: &LeaseSettings) -> (Duration, Duration) {
     (settings.ttl - settings.renew_interval, settings.ttl)
 }
 

@@ -13,8 +13,8 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::state::WorkerState;
 use crate::http::{HttpError, encode_metrics, liveness_routes};
+use crate::worker_id::state::WorkerState;
 
 /// What the worker-mode handlers read.
 #[derive(Clone)]

@@ -13,9 +13,9 @@ use crate::boot_clock::{BootInstant, sleep_until};
 use tokio::sync::watch;
 use tracing::{error, warn};
 
-use super::state::{HeldLease, WorkerState};
 use crate::atomic_file::{Folder, Stamp};
 use crate::published::{StateFile, state_path};
+use crate::worker_id::state::{HeldLease, WorkerState};
 
 /// Keeps the files in step with the worker state until shutdown: writes
 /// them while a lease is valid, removes the ID file at the validity deadline
