@@ -30,10 +30,11 @@ local latest_ms = 2 * 3600 * 1000
 -- Sidecars write at most `most` entries (16) of at most 32 bytes ("1023-1023:<20 digits>,").
 -- A value over 4096 bytes (128 such entries) was written by something else: parsing and
 -- sorting it would block Redis for as long as it is long (0.7 s for 5 MB, timing out every
--- renewal on this Redis), so it is overwritten unread. STRLEN is O(1) and fails on another
--- type as GET does.
-local current = false
-if redis.call('STRLEN', KEYS[1]) <= 4096 then current = redis.call('GET', KEYS[1]) end
+-- renewal on this Redis), so it is overwritten unparsed. GET, not STRLEN: the worker's ACL
+-- rule (docs/operations.md) has +get and not +strlen; copying even 5 MB costs a few ms, the
+-- parsing was what blocked. GET fails on another type as before.
+local current = redis.call('GET', KEYS[1])
+if current and #current > 4096 then current = false end
 if current then
   for range, expires in string.gmatch(current, '(%d+%-%d+):(%d+)') do
     expires = tonumber(expires)
