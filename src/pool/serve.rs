@@ -141,11 +141,21 @@ impl ServeState {
     /// the data (a key of the wrong type is the caller's answer, not Redis
     /// down); only [`PoolError::is_redis_unavailable`] makes it unready.
     fn note<T>(&self, result: &Result<T, PoolError>) {
-        let up = !matches!(result, Err(err) if err.is_redis_unavailable());
+        let down = result
+            .as_ref()
+            .err()
+            .filter(|err| err.is_redis_unavailable());
+        self.set_answering(down.map(|err| err as &dyn std::fmt::Display));
+    }
+
+    /// The one writer of the readiness mark: `None` when Redis answered, else why it did not;
+    /// a change is logged once.
+    fn set_answering(&self, not_answering: Option<&dyn std::fmt::Display>) {
+        let up = not_answering.is_none();
         if self.inner.redis_up.swap(up, Ordering::Relaxed) != up {
-            match result {
-                Err(err) if !up => warn!(error = %err, "redis not answering; not ready"),
-                _ => info!("redis answers; ready"),
+            match not_answering {
+                Some(err) => warn!(error = %err, "redis not answering; not ready"),
+                None => info!("redis answers; ready"),
             }
         }
     }
@@ -170,23 +180,17 @@ impl ServeState {
             time.query_async::<redis::Value>(&mut conn),
         )
         .await;
-        let up = match &answered {
-            Ok(_) => true,
-            Err(err) => !crate::connection::is_unavailable(err),
-        };
-        self.note_answered(up);
-        up
+        let down = answered.err().filter(crate::connection::is_unavailable);
+        let why = down.as_ref().map(crate::connection::Readable);
+        self.set_answering(why.as_ref().map(|why| why as &dyn std::fmt::Display));
+        down.is_none()
     }
 
     /// Records whether a budget call found Redis answering (see [`ServeState::note`]).
     fn note_answered(&self, up: bool) {
-        if self.inner.redis_up.swap(up, Ordering::Relaxed) != up {
-            if up {
-                info!("redis answers; ready");
-            } else {
-                warn!("redis not answering a budget call; not ready");
-            }
-        }
+        self.set_answering(
+            (!up).then_some(&"a budget call got no answer" as &dyn std::fmt::Display),
+        );
     }
 
     /// Refuses with 503 while Redis may evict keys, or before the first
