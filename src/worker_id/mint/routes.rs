@@ -41,18 +41,17 @@ pub(crate) fn router(http: MintHttp) -> Router {
 /// that reaches the port cannot mint with this sidecar's worker ID (docs/kubernetes.md,
 /// "Mint mode": least exposure). Nothing is minted.
 pub(crate) fn served_on_socket_only(socket: &std::path::Path) -> Router {
-    let body = json!({
-        "error": "not found",
-        "detail": format!(
+    let answer = crate::http::HttpError::new(StatusCode::NOT_FOUND, "not found").with(
+        "detail",
+        format!(
             "GET /next is served on the mint socket {} only (--mint-socket); --next-on-listen serves it on --listen too",
             socket.display()
         ),
-    });
-    let answer = move || {
-        let body = body.clone();
-        async move { (StatusCode::NOT_FOUND, axum::Json(body)).into_response() }
-    };
-    Router::new().route("/next", axum::routing::any(answer))
+    );
+    Router::new().route(
+        "/next",
+        axum::routing::any(move || std::future::ready(answer.clone().into_response())),
+    )
 }
 
 /// `HEAD /next`: 405 with `Allow: GET`; nothing is minted.
