@@ -27,6 +27,15 @@ fn minter(redis: &RedisServer) -> SidecarBuilder {
     minter_at(&redis.url())
 }
 
+/// [`minter`] in `pod` serving `/next` on `<pod>/mint.sock`, and that socket's path.
+fn socket_minter(redis: &RedisServer, pod: &PodDir) -> (SidecarBuilder, std::path::PathBuf) {
+    let socket = pod.path().join("mint.sock");
+    let builder = minter(redis)
+        .pod(pod)
+        .flag("--mint-socket", socket.to_string_lossy());
+    (builder, socket)
+}
+
 /// [`minter`] for any Redis URL (Sentinel, Cluster).
 pub(crate) fn minter_at(url: &str) -> SidecarBuilder {
     Sidecar::worker_at(url, APP)
@@ -123,12 +132,8 @@ fn mint_mode_answers_next_and_keeps_the_worker_id_from_the_app() {
     let redis = RedisServer::start();
     redis.open_claim_guard(APP);
     let pod = PodDir::new();
-    let socket = pod.path().join("mint.sock");
-    let sidecar = minter(&redis)
-        .pod(&pod)
-        .flag("--mint-socket", socket.to_string_lossy())
-        .switch("--next-on-listen")
-        .spawn();
+    let (sidecar, socket) = socket_minter(&redis, &pod);
+    let sidecar = sidecar.switch("--next-on-listen").spawn();
     let batch = first_batch(&sidecar, 100);
     assert_eq!(batch.len(), 100);
     assert_increasing(&batch);
@@ -212,11 +217,8 @@ fn with_a_mint_socket_next_is_not_served_on_the_port() {
     let redis = RedisServer::start();
     redis.open_claim_guard(APP);
     let pod = PodDir::new();
-    let socket = pod.path().join("mint.sock");
-    let sidecar = minter(&redis)
-        .pod(&pod)
-        .flag("--mint-socket", socket.to_string_lossy())
-        .spawn();
+    let (sidecar, socket) = socket_minter(&redis, &pod);
+    let sidecar = sidecar.spawn();
     // The socket is bound before the claim: there once the lease is held.
     assert!(poll_until(secs(10), || sidecar.readyz() == 200));
     let minted = poll_until(secs(10), || {
