@@ -141,6 +141,11 @@ fn readme_tour_runs_as_written() {
     let lines: Vec<&str> = run.stdout.lines().collect();
     let has = |prefix: &str| lines.iter().any(|l| l.starts_with(prefix));
     assert!(has(r#"{"already_open":false,"#), "{run:?}");
+    // guard open names the Redis it opened the guard in (no password; the tour has none).
+    assert!(
+        run.stdout.contains(r#""redis":"redis://127.0.0.1:"#),
+        "{run:?}"
+    );
     assert!(lines.contains(&"0"), "snowlease id prints 0: {run:?}");
     assert!(
         has(r#"{"app":"orders""#) && run.stdout.contains(r#""worker_id":0"#),

@@ -860,3 +860,23 @@ fn redis_time_ms(redis: &RedisServer) -> u64 {
     let (s, us): (u64, u64) = redis.query(&mut redis::cmd("TIME"));
     s * 1000 + us / 1000
 }
+
+/// The lock's first log line names the Redis it took the lock in (scheme, host, port, db; no
+/// user name or password), as the sidecar's does.
+#[test]
+fn the_lock_log_names_the_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let run = crate::harness::run_snowlease(
+        &["lock", "--name", "named", "--redis-url", &url, "--", "true"],
+        &[],
+        secs(20),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let acquired = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("lock acquired"))
+        .unwrap_or_else(|| panic!("{run:?}"));
+    assert!(acquired.contains(&format!("redis={url}")), "{acquired}");
+}
