@@ -34,11 +34,11 @@ use self::judge::{Gone, Judged, judge};
 use crate::shutdown::Signals;
 use crate::supervise::child::{self, Child, Exit};
 use crate::supervise::deadline::Deadlines;
-use crate::supervise::watch::{self, Phase, Step};
+use crate::supervise::watch::{self, Phase, WatchStep};
 use crate::timing;
 pub use args::{ExecArgs, ExecConfig, IdArgs, InstallArgs};
 pub use source::Source;
-pub(crate) use source::{Published, Reading};
+pub(crate) use source::{PublishedId, Reading};
 
 /// Timeout of one `GET /id`: the poll interval within 100-500 ms (signals
 /// wait meanwhile, so keep it short; the sidecar is local).
@@ -172,12 +172,12 @@ async fn supervise(
     config: &ExecConfig,
     signals: &mut Signals,
     child: &mut Child,
-    mut current: Published,
+    mut current: PublishedId,
 ) -> (Exit, Option<Gone>) {
     let worker_id = current.worker_id;
     // The published deadline is on the boot clock; timers run on the
     // monotonic one, so it is mapped anew at each use (closer after a suspend).
-    let until = |p: &Published, now: Instant| p.valid_until.map(|t| t.on_monotonic(now));
+    let until = |p: &PublishedId, now: Instant| p.valid_until.map(|t| t.on_monotonic(now));
     let mut rules = Deadlines::new(config.grace);
     let mut warned_cap = rules.observe(until(&current, Instant::now()), Instant::now());
     let mut next_read = Instant::now() + config.poll;
@@ -202,7 +202,7 @@ async fn supervise(
         }
         let now = Instant::now();
         match watch::next(phase, &rules, until(&current, now), next_read, now) {
-            Step::Kill => {
+            WatchStep::Kill => {
                 warn!(
                     worker_id,
                     grace_ms = timing::ms(rules.grace()),
@@ -213,7 +213,7 @@ async fn supervise(
             }
             // Read on schedule, and again when the deadline comes within
             // the grace: the sidecar may have renewed meanwhile.
-            Step::Check | Step::Expiring { .. } => {
+            WatchStep::Check | WatchStep::Expiring { .. } => {
                 next_read = now + config.poll;
                 let read = config.source.read(http_timeout(config.poll));
                 let now = Instant::now();
@@ -251,13 +251,13 @@ async fn supervise(
                     }
                 }
             }
-            Step::Sleep(wake) => child.sleep_forwarding(wake, signals).await,
+            WatchStep::Sleep(wake) => child.sleep_forwarding(wake, signals).await,
         }
     }
 }
 
 enum Waited {
-    Id(Published),
+    Id(PublishedId),
     Signal(i32),
 }
 

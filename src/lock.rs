@@ -31,7 +31,7 @@ use tracing::{error, info};
 
 pub use args::{LockArgs, LockConfig, LockKeys};
 use session::Session;
-use wait::Waited;
+use wait::LockWaited;
 
 use crate::eviction::Eviction;
 use crate::identity::{Owner, resolve_identity};
@@ -143,12 +143,12 @@ pub async fn run(config: &LockConfig) -> Result<u8, LockError> {
     }
     let (waited, maybe_held) = wait::wait(&mut session, config.wait, limit, &mut signals).await;
     // An attempt whose reply was lost may have taken the key after all.
-    if maybe_held && !matches!(waited, Ok(Waited::Acquired { .. })) {
+    if maybe_held && !matches!(waited, Ok(LockWaited::Acquired { .. })) {
         session.release(limit).await;
     }
     let (fence, sent) = match waited {
-        Ok(Waited::Acquired { fence, sent }) => (fence, sent),
-        Ok(Waited::Signal(signal)) => {
+        Ok(LockWaited::Acquired { fence, sent }) => (fence, sent),
+        Ok(LockWaited::Signal(signal)) => {
             info!(
                 signal,
                 "signal before the lock was acquired; not starting the command"
@@ -158,7 +158,7 @@ pub async fn run(config: &LockConfig) -> Result<u8, LockError> {
                 signal,
             });
         }
-        Ok(Waited::NotAcquired(reason, held)) => {
+        Ok(LockWaited::NotAcquired(reason, held)) => {
             return Err(LockError::NotAcquired {
                 name: config.keys.name().to_owned(),
                 waited: config.wait,

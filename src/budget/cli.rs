@@ -110,10 +110,10 @@ pub struct BudgetCliConfig {
     name: String,
     pool: Option<String>,
     keys: Vec<BudgetKey>,
-    op: Op,
+    op: BudgetOp,
 }
 
-enum Op {
+enum BudgetOp {
     Take { cost: u64, wait: Duration },
     Penalize(Duration),
 }
@@ -156,12 +156,12 @@ impl BudgetArgs {
             BudgetCommand::Take(a) => {
                 let cost = checked_cost(a.cost, &keys).map_err(|e| flag_error("--cost", e))?;
                 range("--wait", a.wait, CLI_WAIT_MS)?;
-                Op::Take { cost, wait: a.wait }
+                BudgetOp::Take { cost, wait: a.wait }
             }
             BudgetCommand::Penalize(a) => {
                 limits::millis("penalty", a.penalty, PENALTY_MS)
                     .map_err(|e| flag_error("--penalty", e))?;
-                Op::Penalize(a.penalty)
+                BudgetOp::Penalize(a.penalty)
             }
         };
         Ok(BudgetCliConfig {
@@ -259,7 +259,7 @@ pub async fn run(config: BudgetCliConfig) -> anyhow::Result<()> {
         None => Budget::new(conn, &config.name)?,
     };
     match config.op {
-        Op::Take { cost, wait } => {
+        BudgetOp::Take { cost, wait } => {
             let taken = budget
                 .take_wait(&config.keys, cost, wait, &CancellationToken::new())
                 .await
@@ -273,7 +273,7 @@ pub async fn run(config: BudgetCliConfig) -> anyhow::Result<()> {
                 .into());
             }
         }
-        Op::Penalize(penalty) => {
+        BudgetOp::Penalize(penalty) => {
             let p = budget
                 .penalize(&config.keys, penalty)
                 .await

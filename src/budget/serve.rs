@@ -27,10 +27,10 @@ use crate::http::body::{BadField, Rules};
 /// What the budget routes share.
 #[derive(Clone)]
 pub struct BudgetService {
-    inner: Arc<Inner>,
+    inner: Arc<BudgetShared>,
 }
 
-struct Inner {
+struct BudgetShared {
     conn: Redis,
     metrics: BudgetMetrics,
     shutdown: CancellationToken,
@@ -41,7 +41,7 @@ impl BudgetService {
     /// waiting takes.
     pub fn new(conn: Redis, registry: &mut Registry, shutdown: CancellationToken) -> Self {
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(BudgetShared {
                 conn,
                 metrics: BudgetMetrics::new(registry),
                 shutdown,

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::classify::leaves_connection;
-use super::open::{Live, Mode, Primary, Shared};
+use super::open::{Live, Primary, ServerKind, Shared};
 use super::route::Conn;
 use super::sentinel::Sentinels;
 use super::target::{RedisTarget, Topology};
@@ -104,8 +104,8 @@ impl Redis {
     ///
     /// Errors: the first connect failed or timed out.
     pub async fn keyspace(&self) -> RedisResult<Keyspace> {
-        let of = |mode: Option<&Mode>| match mode {
-            Some(Mode::Cluster) => Keyspace::Slots,
+        let of = |mode: Option<&ServerKind>| match mode {
+            Some(ServerKind::Cluster) => Keyspace::Slots,
             _ => Keyspace::Whole,
         };
         if let Some(mode) = self.shared.mode.get() {

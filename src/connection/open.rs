@@ -27,12 +27,14 @@ pub(super) struct Shared {
     pub(super) connecting: tokio::sync::Mutex<()>,
     pub(super) generation: watch::Sender<u64>,
     /// Decided at the first connect (`INFO cluster` for `redis://`).
-    pub(super) mode: OnceLock<Mode>,
+    pub(super) mode: OnceLock<ServerKind>,
     pub(super) sentinel: Option<Sentinels>,
 }
 
+/// What the Redis turned out to be at the first connect; the URL's scheme
+/// (`target::Topology`) may leave it to detect (`redis://`: one server or a Cluster).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Mode {
+pub(super) enum ServerKind {
     Node,
     Cluster,
     Sentinel,
@@ -66,23 +68,23 @@ impl Shared {
     /// the first connect).
     pub(super) async fn open(&self) -> RedisResult<(Conn, Option<Primary>)> {
         match self.mode.get().copied() {
-            Some(Mode::Node) => {
+            Some(ServerKind::Node) => {
                 let (mut conn, node) = self.open_node().await?;
                 check_primary(&mut conn, &node, false).await?;
                 Ok((Conn::Node(conn), None))
             }
-            Some(Mode::Cluster) => Ok((self.open_cluster().await?, None)),
-            Some(Mode::Sentinel) => self.open_sentinel().await,
+            Some(ServerKind::Cluster) => Ok((self.open_cluster().await?, None)),
+            Some(ServerKind::Sentinel) => self.open_sentinel().await,
             None => match self.target.topology {
                 Topology::Sentinel => {
                     let opened = self.open_sentinel().await?;
-                    let _ = self.mode.set(Mode::Sentinel);
+                    let _ = self.mode.set(ServerKind::Sentinel);
                     Ok(opened)
                 }
                 Topology::Cluster => {
                     self.check_cluster(true).await?;
                     let conn = self.open_cluster().await?;
-                    let _ = self.mode.set(Mode::Cluster);
+                    let _ = self.mode.set(ServerKind::Cluster);
                     Ok((conn, None))
                 }
                 Topology::Detect => self.detect().await,
@@ -104,11 +106,11 @@ impl Shared {
         );
         if cluster {
             let conn = self.open_cluster().await?;
-            let _ = self.mode.set(Mode::Cluster);
+            let _ = self.mode.set(ServerKind::Cluster);
             return Ok((conn, None));
         }
         check_primary(&mut conn, &node, false).await?;
-        let _ = self.mode.set(Mode::Node);
+        let _ = self.mode.set(ServerKind::Node);
         Ok((Conn::Node(conn), None))
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::{Published, Reading};
+use super::{PublishedId, Reading};
 use crate::supervise::deadline::Deadlines;
 use crate::timing;
 
@@ -36,13 +36,13 @@ pub(super) enum Judged {
 /// for the first time (worth a warning).
 pub(super) fn judge(
     reading: Reading,
-    current: &mut Published,
+    current: &mut PublishedId,
     rules: &mut Deadlines,
     now: Instant,
 ) -> (Judged, bool) {
     // The published deadline is on the boot clock; timers run on the
     // monotonic one, so it is mapped anew at each use (closer after a suspend).
-    let until = |p: &Published| p.valid_until.map(|t| t.on_monotonic(now));
+    let until = |p: &PublishedId| p.valid_until.map(|t| t.on_monotonic(now));
     let lost = |reason: String| (Judged::Gone(Gone::Lost, reason), false);
     match reading {
         Reading::Published(p) if p.worker_id == current.worker_id => {
@@ -88,16 +88,16 @@ mod tests {
     }
 
     /// ID `worker_id` valid `left` from now on the boot clock.
-    fn published(worker_id: u16, left: Duration) -> Published {
+    fn published(worker_id: u16, left: Duration) -> PublishedId {
         let at = BootInstant::from_millis(BootInstant::now().as_millis() + timing::ms(left));
-        Published {
+        PublishedId {
             worker_id,
             valid_until: Some(at),
         }
     }
 
     /// A command running with ID 7 (valid 60 s) under a 10 s grace.
-    fn running() -> (Published, Deadlines) {
+    fn running() -> (PublishedId, Deadlines) {
         let current = published(7, s(60));
         let mut rules = Deadlines::new(s(10));
         let now = Instant::now();

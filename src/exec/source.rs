@@ -34,7 +34,7 @@ pub enum Source {
 
 /// A published worker ID and how long it may be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Published {
+pub(crate) struct PublishedId {
     /// The worker ID.
     pub worker_id: u16,
     /// Deadline on the boot clock after which the ID is stale unless read
@@ -43,7 +43,7 @@ pub(crate) struct Published {
     pub valid_until: Option<BootInstant>,
 }
 
-impl Published {
+impl PublishedId {
     /// True while the deadline (if any) is in the future.
     pub(crate) fn is_fresh(&self) -> bool {
         self.valid_until.is_none_or(|t| BootInstant::now() < t)
@@ -54,7 +54,7 @@ impl Published {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reading {
     /// A fresh ID.
-    Published(Published),
+    Published(PublishedId),
     /// No ID is published; the reason is for logs.
     Absent(String),
     /// No ID is published because the sidecar stopped in order (SIGTERM) and
@@ -165,7 +165,7 @@ fn read_file(path: &std::path::Path) -> Reading {
     let state = match read_small(&state_path(path)) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Reading::Published(Published {
+            return Reading::Published(PublishedId {
                 worker_id,
                 valid_until: None,
             });
@@ -198,7 +198,7 @@ fn read_file(path: &std::path::Path) -> Reading {
             crate::timing::ms(now.saturating_duration_since(valid_until))
         ));
     }
-    Reading::Published(Published {
+    Reading::Published(PublishedId {
         worker_id,
         valid_until: Some(valid_until),
     })
@@ -265,7 +265,7 @@ fn read_url(base: &url::Url, timeout: Duration) -> Reading {
     };
     match status {
         200 => match serde_json::from_slice::<IdBody>(&body) {
-            Ok(id) if id.worker_id <= WORKER_ID_LIMIT => Reading::Published(Published {
+            Ok(id) if id.worker_id <= WORKER_ID_LIMIT => Reading::Published(PublishedId {
                 worker_id: id.worker_id,
                 // From the moment the request was sent: errs early.
                 valid_until: Some(sent + Duration::from_millis(id.lease_expires_in_ms)),

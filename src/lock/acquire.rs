@@ -16,7 +16,7 @@ static ACQUIRE: LazyLock<Script> =
 
 /// What one run of `acquire.lua` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Acquired {
+pub(crate) enum LockAcquired {
     /// The lock is ours with this fencing token (counted up now, or, when
     /// an earlier attempt's reply was lost, by that attempt).
     Ours {
@@ -38,7 +38,7 @@ pub(crate) async fn acquire<C: ConnectionLike>(
     keys: &LockKeys,
     owner: &Owner,
     ttl: Duration,
-) -> redis::RedisResult<Acquired> {
+) -> redis::RedisResult<LockAcquired> {
     let (status, value): (i64, i64) = ACQUIRE
         .key(keys.lock())
         .key(keys.fence())
@@ -48,10 +48,10 @@ pub(crate) async fn acquire<C: ConnectionLike>(
         .invoke_async(conn)
         .await?;
     Ok(match status {
-        1 | 2 => Acquired::Ours {
+        1 | 2 => LockAcquired::Ours {
             fence: value.unsigned_abs(),
         },
-        3 => Acquired::Closed(Duration::from_millis(value.unsigned_abs())),
-        _ => Acquired::Held(u64::try_from(value).ok().map(Duration::from_millis)),
+        3 => LockAcquired::Closed(Duration::from_millis(value.unsigned_abs())),
+        _ => LockAcquired::Held(u64::try_from(value).ok().map(Duration::from_millis)),
     })
 }

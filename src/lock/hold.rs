@@ -28,7 +28,7 @@ use crate::lease::{self, OnFailure, RenewOutcome};
 use crate::shutdown::Signals;
 use crate::supervise::child::{Child, Exit};
 use crate::supervise::deadline::Deadlines;
-use crate::supervise::watch::{self, Phase, Step};
+use crate::supervise::watch::{self, Phase, WatchStep};
 use crate::timing;
 
 /// How the command ended, and why it was stopped (`None`: it exited by
@@ -143,7 +143,7 @@ pub(crate) async fn hold(
         let now = Instant::now();
         let deadline = lease.valid.on_monotonic(now);
         match watch::next(phase, &rules, Some(deadline), lease.next_renew, now) {
-            Step::Kill => {
+            WatchStep::Kill => {
                 warn!(
                     lock = session.keys().name(),
                     "command still running at the lease's deadline or after the grace; SIGKILL"
@@ -151,12 +151,12 @@ pub(crate) async fn hold(
                 child.signal_all(Signal::SIGKILL);
                 phase = Phase::Killed;
             }
-            Step::Expiring { passed } => {
+            WatchStep::Expiring { passed } => {
                 let reason = expired(passed, lease.refusal.as_deref());
                 phase = stop(child, &rules, &reason, now, deadline);
                 lost = Some(reason);
             }
-            Step::Check => {
+            WatchStep::Check => {
                 // Never wait on Redis past the moment SIGTERM is due.
                 let term_at = rules.term_at(Some(deadline)).unwrap_or(now);
                 let limit = config
@@ -183,7 +183,7 @@ pub(crate) async fn hold(
                     }
                 }
             }
-            Step::Sleep(wake) => child.sleep_forwarding(wake, signals).await,
+            WatchStep::Sleep(wake) => child.sleep_forwarding(wake, signals).await,
         }
     }
 }

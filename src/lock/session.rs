@@ -8,7 +8,7 @@ use redis::RedisResult;
 use tracing::{info, warn};
 
 use super::LockKeys;
-use super::acquire::{self, Acquired};
+use super::acquire::{self, LockAcquired};
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, Redis, RedisTarget};
 use crate::eviction::Eviction;
@@ -72,7 +72,7 @@ impl Session {
     }
 
     /// One run of `acquire.lua`, sent now.
-    pub(crate) async fn acquire(&mut self, limit: Duration) -> RedisResult<Acquired> {
+    pub(crate) async fn acquire(&mut self, limit: Duration) -> RedisResult<LockAcquired> {
         let call = acquire::acquire(&mut self.conn, &self.keys, &self.owner, self.ttl);
         timing::bounded(limit, call).await
     }

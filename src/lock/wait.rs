@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::acquire::Acquired;
+use super::acquire::LockAcquired;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, classify};
@@ -15,7 +15,7 @@ use crate::timing;
 
 /// How the wait for the lock ended.
 #[derive(Debug)]
-pub(crate) enum Waited {
+pub(crate) enum LockWaited {
     /// Ours: the fencing token, and when the winning attempt was sent (the
     /// validity is counted from there).
     Acquired { fence: u64, sent: BootInstant },
@@ -43,7 +43,7 @@ pub(crate) async fn wait(
     wait: Duration,
     limit: Duration,
     signals: &mut Signals,
-) -> (redis::RedisResult<Waited>, bool) {
+) -> (redis::RedisResult<LockWaited>, bool) {
     let deadline = Instant::now() + wait;
     let mut maybe_held = false;
     let mut probed = false;
@@ -65,10 +65,12 @@ pub(crate) async fn wait(
                 Err(err) => Err(err),
             }
         };
-        let held = matches!(reply, Ok(Acquired::Held(_) | Acquired::Closed(_)));
+        let held = matches!(reply, Ok(LockAcquired::Held(_) | LockAcquired::Closed(_)));
         let (reason, hint) = match reply {
-            Ok(Acquired::Ours { fence }) => return (Ok(Waited::Acquired { fence, sent }), true),
-            Ok(Acquired::Held(expires_in)) => (
+            Ok(LockAcquired::Ours { fence }) => {
+                return (Ok(LockWaited::Acquired { fence, sent }), true);
+            }
+            Ok(LockAcquired::Held(expires_in)) => (
                 match expires_in {
                     Some(t) => format!(
                         "held by another owner (its lease runs {} ms more unless its holder renews it)",
@@ -78,7 +80,7 @@ pub(crate) async fn wait(
                 },
                 expires_in,
             ),
-            Ok(Acquired::Closed(wait)) => {
+            Ok(LockAcquired::Closed(wait)) => {
                 let reason = format!(
                     "closed for {} ms: Redis restarted or failed over and may have come back without its last writes (an older snapshot, a replica that lagged), so a holder from before may still run; the lock opens once any such holder's TTL has run out (docs/lock.md, \"After a Redis rollback\")",
                     timing::ms(wait)
@@ -106,7 +108,7 @@ pub(crate) async fn wait(
         };
         let now = Instant::now();
         if now >= deadline {
-            return (Ok(Waited::NotAcquired(reason, held)), maybe_held);
+            return (Ok(LockWaited::NotAcquired(reason, held)), maybe_held);
         }
         if !logged {
             info!(lock = session.keys().name(), reason = %reason, "waiting for the lock");
@@ -116,7 +118,7 @@ pub(crate) async fn wait(
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             Some(signal) = signals.recv() => if child::ends_wait(signal) {
-                return (Ok(Waited::Signal(signal)), maybe_held);
+                return (Ok(LockWaited::Signal(signal)), maybe_held);
             },
         }
         attempt = attempt.saturating_add(1);

@@ -43,7 +43,7 @@ pub(crate) enum PoolCommand {
     /// Return every expired lease, and every ended quarantine, to ready (what acquire and serve also do).
     Reap(ReapArgs),
     /// Count the pool's ids by state: a table, or --json. Never shows tokens.
-    Status(StatusArgs),
+    Status(PoolStatusArgs),
     /// Take ids out of service until enable (a leased id stays leased until released).
     Disable(IdsArgs),
     /// Put disabled ids back into service (a running cooldown or quarantine still applies).
@@ -259,7 +259,7 @@ pub(crate) struct ReapArgs {
 
 /// Flags of `status`.
 #[derive(Args)]
-pub(crate) struct StatusArgs {
+pub(crate) struct PoolStatusArgs {
     /// The pool and its Redis.
     #[command(flatten)]
     pub target: PoolTarget,

@@ -3,7 +3,7 @@
 //! the deadline rules (`deadline.rs`), so the unit tests below pin it.
 //!
 //! Each round the caller reaps the command first (its exit ends the loop),
-//! then asks [`next`] and does the [`Step`]: SIGKILL, the deadline within
+//! then asks [`next`] and does the [`WatchStep`]: SIGKILL, the deadline within
 //! the grace, its own check (lock: renew the lease; exec: read the published
 //! ID), or a sleep that a passed-on signal or the command's exit cuts short.
 //! After a loss the caller sends SIGTERM and moves to [`stopping`].
@@ -42,7 +42,7 @@ impl Phase {
 
 /// What the loop does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
+pub(crate) enum WatchStep {
     /// SIGKILL to the command now; the phase becomes [`Phase::Killed`].
     Kill,
     /// The deadline is within the grace (`passed`: past it) and no renewal
@@ -69,16 +69,16 @@ pub(crate) fn next(
     valid_until: Option<Instant>,
     check_at: Instant,
     now: Instant,
-) -> Step {
+) -> WatchStep {
     match phase {
-        Phase::Stopping { kill_at } if now >= kill_at => Step::Kill,
-        Phase::Stopping { kill_at } => Step::Sleep(kill_at),
-        Phase::Killed => Step::Sleep(now + REAP_POLL),
-        Phase::Watching if rules.expiring(valid_until, now) => Step::Expiring {
+        Phase::Stopping { kill_at } if now >= kill_at => WatchStep::Kill,
+        Phase::Stopping { kill_at } => WatchStep::Sleep(kill_at),
+        Phase::Killed => WatchStep::Sleep(now + REAP_POLL),
+        Phase::Watching if rules.expiring(valid_until, now) => WatchStep::Expiring {
             passed: valid_until.is_some_and(|t| now >= t),
         },
-        Phase::Watching if now >= check_at => Step::Check,
-        Phase::Watching => Step::Sleep(
+        Phase::Watching if now >= check_at => WatchStep::Check,
+        Phase::Watching => WatchStep::Sleep(
             rules
                 .term_at(valid_until)
                 .map_or(check_at, |term| term.min(check_at)),
@@ -121,18 +121,18 @@ mod tests {
         let (rules, valid_until) = watched(now);
         let check_at = now + s(20);
         let step = next(Phase::Watching, &rules, valid_until, check_at, now);
-        assert_eq!(step, Step::Sleep(check_at));
+        assert_eq!(step, WatchStep::Sleep(check_at));
         assert_eq!(
             next(Phase::Watching, &rules, valid_until, check_at, check_at),
-            Step::Check
+            WatchStep::Check
         );
         // A check later than the grace before the deadline: woken for SIGTERM.
         let late = now + s(55);
         let step = next(Phase::Watching, &rules, valid_until, late, now);
-        assert_eq!(step, Step::Sleep(now + s(50)));
+        assert_eq!(step, WatchStep::Sleep(now + s(50)));
         // No deadline known: only the check wakes.
         let step = next(Phase::Watching, &rules, None, late, now);
-        assert_eq!(step, Step::Sleep(late));
+        assert_eq!(step, WatchStep::Sleep(late));
     }
 
     /// The deadline within the grace comes before a due check, and says
@@ -144,20 +144,20 @@ mod tests {
         let in_grace = now + s(50);
         assert_eq!(
             next(Phase::Watching, &rules, valid_until, now, in_grace),
-            Step::Expiring { passed: false }
+            WatchStep::Expiring { passed: false }
         );
         assert_eq!(
             next(Phase::Watching, &rules, valid_until, now, in_grace - MS),
-            Step::Check
+            WatchStep::Check
         );
         let after = now + s(61);
         assert_eq!(
             next(Phase::Watching, &rules, valid_until, now, after),
-            Step::Expiring { passed: true }
+            WatchStep::Expiring { passed: true }
         );
         assert_eq!(
             next(Phase::Watching, &rules, None, now + s(3600), now + s(1000)),
-            Step::Sleep(now + s(3600))
+            WatchStep::Sleep(now + s(3600))
         );
     }
 
@@ -176,11 +176,11 @@ mod tests {
         );
         assert_eq!(
             next(phase, &rules, valid_until, now, now),
-            Step::Sleep(now + s(10))
+            WatchStep::Sleep(now + s(10))
         );
         assert_eq!(
             next(phase, &rules, valid_until, now, now + s(10)),
-            Step::Kill
+            WatchStep::Kill
         );
         // A loss 3 s before the deadline: SIGKILL at the deadline.
         let late = now + s(57);
@@ -194,7 +194,7 @@ mod tests {
         // Neither checks nor the deadline matter once stopping or killed.
         assert_eq!(
             next(Phase::Killed, &rules, valid_until, now, late),
-            Step::Sleep(late + REAP_POLL)
+            WatchStep::Sleep(late + REAP_POLL)
         );
     }
 
@@ -213,16 +213,16 @@ mod tests {
         let stopped_at = loop {
             let now = std_now(tokio::time::Instant::now());
             match next(Phase::Watching, &rules, valid_until, check_at, now) {
-                Step::Sleep(until) => tokio::time::sleep_until(until.into()).await,
-                Step::Check => {
+                WatchStep::Sleep(until) => tokio::time::sleep_until(until.into()).await,
+                WatchStep::Check => {
                     checks += 1;
                     check_at = now + s(1);
                 }
-                Step::Expiring { passed } => {
+                WatchStep::Expiring { passed } => {
                     assert!(!passed);
                     break now;
                 }
-                Step::Kill => unreachable!("not stopping"),
+                WatchStep::Kill => unreachable!("not stopping"),
             }
         };
         assert_eq!(stopped_at - std_now(start), s(9));

@@ -138,14 +138,14 @@ pub(crate) enum GuardRefused {
 /// What a pre-read or the script found: lease keys (strings), the ms
 /// until the latest closed guard opens, and whether every guard is open.
 #[derive(Debug, Default, Clone, Copy)]
-struct Found {
+struct OpenFindings {
     held: i64,
     closed_ms: u64,
     all_open: bool,
     other_node: bool,
 }
 
-impl Found {
+impl OpenFindings {
     /// The refusal these findings call for without `--force`: none when
     /// every guard is open already (opening is then a no-op).
     fn refusal(self, config: &OpenConfig) -> Option<GuardRefused> {
@@ -209,7 +209,8 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         Keyspace::Whole => vec![&pairs[..]],
         Keyspace::Slots => pairs.chunks(1).collect(),
     };
-    let (mut refused, mut already_open, mut total, mut at_ms) = (false, true, Found::default(), 0);
+    let (mut refused, mut already_open, mut total, mut at_ms) =
+        (false, true, OpenFindings::default(), 0);
     for batch in &batches {
         let mut invocation = OPEN.prepare_invoke();
         for (key, guard) in *batch {
@@ -278,7 +279,7 @@ async fn pre_read(
     config: &OpenConfig,
     conn: &mut crate::connection::Redis,
     pairs: &[(String, String)],
-) -> anyhow::Result<Found> {
+) -> anyhow::Result<OpenFindings> {
     let mut pipe = redis::pipe();
     for (key, guard) in pairs {
         pipe.cmd("TYPE").arg(key).cmd("MGET").arg(guard);
@@ -286,9 +287,9 @@ async fn pre_read(
     let replies: Vec<redis::Value> = bounded(config, pipe.query_async(conn)).await?;
     let (secs, micros): (u64, u64) = bounded(config, redis::cmd("TIME").query_async(conn)).await?;
     let now_ms = secs * 1000 + micros / 1000;
-    let mut found = Found {
+    let mut found = OpenFindings {
         all_open: true,
-        ..Found::default()
+        ..OpenFindings::default()
     };
     for pair in replies.chunks(2) {
         let kind: String = redis::from_redis_value(pair[0].clone())?;
