@@ -39,6 +39,20 @@
 //!   ignored long run is `chaos_managed_long_run_never_publishes_one_id_twice`. A sidecar that
 //!   exits on its own is restarted (the kubelet's job) and each such exit is printed; an
 //!   `exec` that exits (75 after a loss) is restarted too.
+//! - The Cluster variant (3 primaries with 1 replica each, `cluster-node-timeout` 1 s;
+//!   sidecars use the seed list, `--ttl 5s`): sidecar pause, kill and term, and on the shard
+//!   serving a random ID's key (worker keys spread over the shards) a restart empty, a
+//!   crash-restart from a snapshot taken 0.3-8 s before (the primary SIGKILLed and restarted
+//!   on its port from its `dump.rdb` before the cluster can fail it over, its replica held
+//!   back with `cluster-replica-no-failover`, then resynced to the older data), a failover to
+//!   its lagging replica (replica SIGSTOPped and its link cut, 0.3 s to 1.5 TTLs of writes,
+//!   primary SIGKILLed, replica resumed and elected; checked to lack a key written after the
+//!   link went), `SCRIPT FLUSH` on one primary and a key overwritten on its node. Every
+//!   overlap fails the run. `cargo test --test chaos cluster` runs the short runs
+//!   (`SNOWLEASE_CHAOS_CLUSTER_SECS`, default 25 s of faults, 45-50 s in all); the
+//!   ignored long runs are `chaos_cluster_rollback_long_run_*` and
+//!   `chaos_cluster_mint_long_run_*` (default 2400 s, sized for >= 500 faults). The mint one
+//!   adds wall-clock steps and checks minted IDs as the mint run does.
 //! - `SNOWLEASE_CHAOS_KINDS=<Kind>,...` draws only the named kinds of the setup (e.g.
 //!   `ExecClockStep`), to look at a few in one run.
 //! - `SNOWLEASE_CHAOS_SEED=<u64>` replays a run's fault schedule (kinds, targets, durations,
@@ -231,6 +245,46 @@ fn chaos_mint_long_run_never_mints_one_id_twice() {
     run(Setup::Mint, env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(1200));
 }
 
+/// The short Cluster rollback run: shards crash-restarted from snapshots and failed over to
+/// lagging replicas among the faults; every overlap fails (node stamps).
+#[test]
+fn chaos_cluster_rollback_short_run_never_publishes_one_id_twice() {
+    let secs = env_u64("SNOWLEASE_CHAOS_CLUSTER_SECS").unwrap_or(CLUSTER_SHORT_SECS);
+    run(Setup::Cluster { mint: false }, secs);
+}
+
+/// The long Cluster rollback run (>= 500 faults at its default length); every overlap fails.
+#[test]
+#[ignore]
+fn chaos_cluster_rollback_long_run_never_publishes_one_id_twice() {
+    let secs = env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(CLUSTER_LONG_SECS);
+    run(Setup::Cluster { mint: false }, secs);
+}
+
+/// The short Cluster mint run: the Cluster kinds plus wall-clock steps, every sidecar
+/// minting; an ID minted twice fails it.
+#[test]
+fn chaos_cluster_mint_short_run_never_mints_one_id_twice() {
+    let secs = env_u64("SNOWLEASE_CHAOS_CLUSTER_SECS").unwrap_or(CLUSTER_SHORT_SECS);
+    run(Setup::Cluster { mint: true }, secs);
+}
+
+/// The long Cluster mint run (>= 500 faults at its default length).
+#[test]
+#[ignore]
+fn chaos_cluster_mint_long_run_never_mints_one_id_twice() {
+    let secs = env_u64("SNOWLEASE_CHAOS_SECS").unwrap_or(CLUSTER_LONG_SECS);
+    run(Setup::Cluster { mint: true }, secs);
+}
+
+/// Seconds of faults of the Cluster short runs (the suite's): with the Cluster's start, the
+/// last fault's end and the settling wait of 3 TTLs after it, a run takes 45-60 s.
+const CLUSTER_SHORT_SECS: u64 = 25;
+/// Seconds of faults of the Cluster long runs: a fault took 3.5-4.5 s on average in the short
+/// runs on the 2-core machine (a lagging failover 4-12 s, a mint run's clock step 2.6-5.7 s),
+/// so 500 faults need about 2000-2300 s.
+const CLUSTER_LONG_SECS: u64 = 2400;
+
 /// Which Redis the sidecars use.
 #[derive(Clone, Copy, Debug)]
 enum Setup {
@@ -252,6 +306,11 @@ enum Setup {
     /// As `Standalone`, every sidecar minting (`--mint`, [`mint`]) under libfaketime, with
     /// wall-clock steps among the faults.
     Mint,
+    /// [`ClusterTopology`] of 3 primaries with 1 replica each; sidecars use its seed list.
+    /// Faults hit the shard that serves a random ID's key ([`CLUSTER_KINDS`]), rollbacks
+    /// among them; every overlap fails the run. `mint`: every sidecar minting as in `Mint`,
+    /// with wall-clock steps among the faults.
+    Cluster { mint: bool },
 }
 
 impl Setup {
@@ -268,7 +327,16 @@ impl Setup {
                 .into_iter()
                 .filter(|k| password_file || *k != Kind::PasswordRotation)
                 .collect(),
+            Setup::Cluster { mint: false } => CLUSTER_KINDS.to_vec(),
+            Setup::Cluster { mint: true } => {
+                [&CLUSTER_KINDS[..], &[Kind::SidecarClockStep]].concat()
+            }
         }
+    }
+
+    /// Whether the sidecars mint (`--mint`): clients pull `/next` instead of sampling `/id`.
+    fn mints(self) -> bool {
+        matches!(self, Setup::Mint | Setup::Cluster { mint: true })
     }
 
     /// Sidecars in the run; more than IDs, so some always wait to claim (and take an ID
@@ -298,9 +366,12 @@ impl Setup {
     /// killed primary takes 2-4 s here, so with 2 s every holder gives up before the new
     /// primary answers and a lost write could never show; 10 s (still far below the default
     /// TTL) keeps holders publishing across the failover, as in production.
+    /// Cluster: 5 s, as a killed primary is replaced in 2-3 s there (`cluster-node-timeout` 1
+    /// s) and the sidecars find the new one within a second.
     fn ttl_ms(self) -> u64 {
         match self {
             Setup::Sentinel { rollback: true, .. } => 10_000,
+            Setup::Cluster { .. } => 5_000,
             _ => TTL_MS,
         }
     }
@@ -319,6 +390,7 @@ enum Backend {
     Standalone(RedisServer),
     Sentinel(SentinelTopology),
     Managed(Box<Managed>),
+    Cluster(ClusterTopology),
 }
 
 impl Backend {
@@ -328,6 +400,7 @@ impl Backend {
             Backend::Standalone(redis) => redis,
             Backend::Sentinel(topo) => topo.primary(),
             Backend::Managed(managed) => managed.primary(),
+            Backend::Cluster(_) => panic!("a Cluster has a primary per shard"),
         }
     }
 
@@ -364,15 +437,19 @@ enum Kind {
     /// SIGTERM a sidecar (it releases its ID) and restart it.
     Term,
     /// Restart Redis empty (same port; a snapshot left by [`Kind::SnapshotRestart`] removed
-    /// first).
+    /// first). Cluster: the shard of a random ID's key, its primary restarted before the
+    /// cluster fails it over, its replica resynced empty.
     RedisRestart,
     /// Standalone and mint: `SAVE`, then 0.3-8 s (up to 4 TTLs) of sidecar writes and other
     /// faults (no other restart), then SIGKILL and a restart that loads the snapshot: Redis
     /// comes back that much older, its guard intact and the leases written since lost (checked
     /// with a key set after `SAVE`). Whether other faults fit in the wait depends on timing,
-    /// so a seed replays these less exactly than the rest.
+    /// so a seed replays these less exactly than the rest. Cluster: the same on the primary of
+    /// the shard serving a random ID's key, restarted before the cluster fails it over (its
+    /// replica held back with `cluster-replica-no-failover`, then resynced to the older data),
+    /// no failover on any shard meanwhile; checked with keys in that ID key's slot.
     SnapshotRestart,
-    /// SCRIPT FLUSH.
+    /// SCRIPT FLUSH (Cluster: on one primary).
     ScriptFlush,
     /// Hold every byte of one sidecar's connections, then deliver them.
     Blackhole,
@@ -381,7 +458,7 @@ enum Kind {
     /// Drop the replies to one sidecar, then reset its connections (a reply lost on the wire
     /// ends the TCP connection in real life).
     DropReplies,
-    /// Overwrite a held key by hand with a foreign value (PX one TTL).
+    /// Overwrite a held key by hand with a foreign value (PX one TTL), on the node serving it.
     Overwrite,
     /// Sentinel: planned failover (`SENTINEL FAILOVER`).
     Failover,
@@ -393,7 +470,8 @@ enum Kind {
     /// (renewals too: on the new primary keys expire earlier than their holders think), the primary
     /// SIGKILLed, the replicas resumed; the Sentinels promote one (checked: it lacks a key
     /// written on the old primary after the link went), the old primary comes back as a
-    /// replica.
+    /// replica. Cluster: the same on the shard serving a random ID's key (its replica paused,
+    /// its link cut, the primary killed, the replica resumed and elected by the cluster).
     LaggingFailover,
     /// Managed: promote the replica, demote the old primary (`REPLICAOF`), move the name.
     DnsFailover,
@@ -450,6 +528,22 @@ const SENTINEL_ROLLBACK_KINDS: [Kind; 8] = [
     Kind::LaggingFailover,
 ];
 
+/// The Cluster run: no per-connection proxy (the nodes announce their own addresses); Redis
+/// faults hit one shard. The two rollbacks are listed twice, so they are drawn twice as often
+/// (a short run of 25 s draws about 8 faults).
+const CLUSTER_KINDS: [Kind; 10] = [
+    Kind::Pause,
+    Kind::Kill,
+    Kind::Term,
+    Kind::RedisRestart,
+    Kind::SnapshotRestart,
+    Kind::SnapshotRestart,
+    Kind::ScriptFlush,
+    Kind::Overwrite,
+    Kind::LaggingFailover,
+    Kind::LaggingFailover,
+];
+
 /// The managed-Redis run: no proxy (the name resolves to the nodes themselves), no restart
 /// empty (a managed service keeps its data).
 const MANAGED_KINDS: [Kind; 11] = [
@@ -467,9 +561,13 @@ const MANAGED_KINDS: [Kind; 11] = [
 ];
 
 impl Kind {
-    /// Restarts the standalone Redis (which would end a snapshot's wait early).
+    /// Restarts or replaces a Redis node (which would end a snapshot's wait early, or on
+    /// Cluster move the snapshot's shard to another node).
     fn restarts_redis(self) -> bool {
-        matches!(self, Kind::RedisRestart | Kind::SnapshotRestart)
+        matches!(
+            self,
+            Kind::RedisRestart | Kind::SnapshotRestart | Kind::LaggingFailover
+        )
     }
 
     /// A failover that may lose writes (the managed ones are lossless, see [`managed`]).
@@ -704,10 +802,14 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
             min_acks,
         ),
         Setup::Managed => (Backend::Managed(Box::new(Managed::start(password_file))), 0),
+        Setup::Cluster { .. } => (Backend::Cluster(ClusterTopology::start()), 0),
     };
-    redis.primary().open_claim_guard(APP);
     let (sidecars, max_id) = (setup.sidecars(), setup.max_id());
-    let minting = matches!(setup, Setup::Mint);
+    match &redis {
+        Backend::Cluster(topo) => open_guards(&topo.url(), max_id),
+        _ => redis.primary().open_claim_guard(APP),
+    }
+    let minting = setup.mints();
     let mut slots: Vec<Slot> = (0..sidecars)
         .map(|_| new_slot(&redis, min_acks, max_id, minting, setup.ttl_ms()))
         .collect();
@@ -770,19 +872,16 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
                 let target = apply(kind, target, &mut slots, &mut redis, &mut rng);
                 return Some((start_us, target));
             }
-            let Backend::Standalone(server) = &mut redis else {
-                unreachable!("only standalone runs restart Redis from a snapshot")
-            };
             // The fault spans both steps: it counts from the SAVE to the restart.
             match snapshot.take() {
                 None => {
                     let older = ms(rng.random_range(300..4 * TTL_MS));
-                    snapshot = Some(Snapshot::take(server, older, start_us));
+                    snapshot = Some(Snapshot::take(&redis, older, start_us, max_id, &mut rng));
                     None
                 }
                 Some(taken) => {
                     let began_us = taken.start_us;
-                    taken.restart(server);
+                    taken.restart(&mut redis);
                     Some((began_us, None))
                 }
             }
@@ -869,6 +968,7 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: 
         }
         Backend::Sentinel(topo) => (None, topo.url(), None),
         Backend::Managed(m) => (None, m.url(), Some(ManagedSlot::new(m, &pod))),
+        Backend::Cluster(topo) => (None, topo.url(), None),
     };
     Slot {
         pod,
@@ -886,6 +986,24 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: 
         managed,
         mint_clock,
     }
+}
+
+/// Opens the per-ID claim guards of IDs 0..=`max_id` on the Cluster at `url` (`snowlease guard
+/// open`), as an established deployment has them, so the first claims do not wait one TTL.
+fn open_guards(url: &str, max_id: u32) {
+    let max = max_id.to_string();
+    let args = [
+        "guard",
+        "open",
+        "--app",
+        APP,
+        "--max-worker-id",
+        &max,
+        "--redis-url",
+        url,
+    ];
+    let run = run_snowlease(&args, &[], secs(30));
+    assert_eq!(run.code, Some(0), "guard open: {run:?}");
 }
 
 /// `kinds`, or those of them `SNOWLEASE_CHAOS_KINDS` names (comma-separated, e.g.
@@ -961,6 +1079,11 @@ fn apply(
     redis: &mut Backend,
     rng: &mut StdRng,
 ) -> Option<usize> {
+    if let Backend::Cluster(topo) = &mut *redis
+        && let Some(()) = apply_cluster(kind, topo, slots[target].ttl_ms, rng)
+    {
+        return None;
+    }
     let slot = &mut slots[target];
     match kind {
         Kind::Pause => {
@@ -1069,6 +1192,109 @@ fn apply(
     Some(target)
 }
 
+/// The Redis-wide faults on a Cluster, on the shard of a random ID's key (ScriptFlush: a random
+/// primary); None for the sidecar faults, which [`apply`] runs as on every setup.
+fn apply_cluster(
+    kind: Kind,
+    topo: &mut ClusterTopology,
+    ttl_ms: u64,
+    rng: &mut StdRng,
+) -> Option<()> {
+    use Kind::*;
+    if !matches!(
+        kind,
+        RedisRestart | ScriptFlush | Overwrite | LaggingFailover
+    ) {
+        return None;
+    }
+    let max_id = Setup::Cluster { mint: false }.max_id();
+    let id = rng.random_range(0..=max_id);
+    let shard = Shard::of(topo, id);
+    match kind {
+        Kind::RedisRestart => {
+            let written = shard.key(WRITTEN_AFTER);
+            let _: () = topo
+                .server(shard.port)
+                .query(redis::cmd("SET").arg(&written).arg(elapsed_marker()));
+            topo.restart_shard_empty(shard.port);
+            assert!(
+                !topo.server(shard.port).exists(&written),
+                "the shard came back with its data, not empty"
+            );
+        }
+        Kind::ScriptFlush => {
+            let primaries = topo.primaries();
+            let port = primaries[rng.random_range(0..primaries.len())].port;
+            let _: () = topo.server(port).query(redis::cmd("SCRIPT").arg("FLUSH"));
+        }
+        Kind::Overwrite => {
+            let _: () = topo.server(shard.port).query(
+                redis::cmd("SET")
+                    .arg(worker_key(APP, id))
+                    .arg("intruder#chaos")
+                    .arg("PX")
+                    .arg(ttl_ms),
+            );
+        }
+        Kind::LaggingFailover => {
+            let missed = ms(rng.random_range(300..ttl_ms * 3 / 2));
+            cluster_lagging_failover(topo, &shard, missed);
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// The shard serving one ID's key: its primary's port and the hash tag that routes the
+/// harness's own marker keys to that key's slot.
+struct Shard {
+    port: u16,
+    tag: String,
+}
+
+impl Shard {
+    fn of(topo: &ClusterTopology, id: u32) -> Shard {
+        let key = worker_key(APP, id);
+        Shard {
+            port: topo.owner_of_key(&key).port,
+            tag: format!("{{{key}}}"),
+        }
+    }
+
+    /// `base` in this shard's slot (on standalone Redis, `base` itself).
+    fn key(&self, base: &str) -> String {
+        format!("{base}:{}", self.tag)
+    }
+}
+
+/// [`lagging_failover`] on a Cluster shard: its replica SIGSTOPped and its link cut, a key set
+/// on the primary, `missed` of writes the replica never gets, the primary SIGKILLed, the
+/// replica resumed and elected by the cluster ([`ClusterTopology::fail_over_to_lagging_replica`]).
+/// Panics unless the promoted replica lacks that key; the old primary comes back empty as its
+/// replica.
+fn cluster_lagging_failover(topo: &mut ClusterTopology, shard: &Shard, missed: Duration) {
+    let written = shard.key(WRITTEN_AFTER);
+    // `topo` is borrowed by the failover: the write goes on a connection of its own.
+    let url = topo.server(shard.port).url();
+    let (_, new) = topo.fail_over_to_lagging_replica(shard.port, || {
+        let mut conn = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(secs(2)))
+            .expect("connect to the shard's primary");
+        let _: () = redis::cmd("SET")
+            .arg(&written)
+            .arg(elapsed_marker())
+            .query(&mut conn)
+            .expect("SET on the shard's primary");
+        thread::sleep(missed);
+    });
+    assert!(
+        !topo.server(new.port).exists(&written),
+        "the promoted replica has a write made after its link went: it did not lag"
+    );
+    thread::sleep(ms(500));
+    topo.restart_node(shard.port);
+}
+
 /// A key outside the app's keys, set just before a snapshot: found after a restart from it,
 /// gone after a restart empty.
 const SNAPSHOT_TAKEN: &str = "chaos:snapshot:taken";
@@ -1084,33 +1310,64 @@ struct Snapshot {
     restart_at: Instant,
     /// When the fault began (the `SAVE`), µs into the run.
     start_us: u64,
+    /// Cluster: the shard whose primary took it (its markers in a key's slot); None on
+    /// standalone Redis.
+    shard: Option<Shard>,
 }
 
 impl Snapshot {
-    /// `SAVE` now, to be restarted on `older` later.
-    fn take(server: &RedisServer, older: Duration, start_us: u64) -> Snapshot {
+    /// `SAVE` now, to be restarted on `older` later: on standalone Redis, or on the primary
+    /// of the Cluster shard serving a random ID's key (IDs 0..=`max_id`).
+    fn take(
+        redis: &Backend,
+        older: Duration,
+        start_us: u64,
+        max_id: u32,
+        rng: &mut StdRng,
+    ) -> Snapshot {
+        let (server, shard) = match redis {
+            Backend::Standalone(server) => (server, None),
+            Backend::Cluster(topo) => {
+                let shard = Shard::of(topo, rng.random_range(0..=max_id));
+                (topo.server(shard.port), Some(shard))
+            }
+            _ => unreachable!("only standalone and Cluster runs restart Redis from a snapshot"),
+        };
+        let key = |base: &str| shard.as_ref().map_or(base.to_owned(), |s| s.key(base));
         let taken = elapsed_marker();
-        let _: () = server.query(redis::cmd("SET").arg(SNAPSHOT_TAKEN).arg(&taken));
+        let _: () = server.query(redis::cmd("SET").arg(key(SNAPSHOT_TAKEN)).arg(&taken));
         let _: () = server.query(&mut redis::cmd("SAVE"));
-        let _: () = server.query(redis::cmd("SET").arg(WRITTEN_AFTER).arg(&taken));
+        let _: () = server.query(redis::cmd("SET").arg(key(WRITTEN_AFTER)).arg(&taken));
         Snapshot {
             taken,
             restart_at: Instant::now() + older,
             start_us,
+            shard,
         }
     }
 
     /// SIGKILL and a restart that loads the snapshot; panics unless Redis came back with it
     /// and without a key written after it.
-    fn restart(self, server: &mut RedisServer) {
-        server.restart();
+    fn restart(self, redis: &mut Backend) {
+        let server = match (redis, &self.shard) {
+            (Backend::Standalone(server), None) => {
+                server.restart();
+                &*server
+            }
+            (Backend::Cluster(topo), Some(shard)) => {
+                topo.restart_shard_from_snapshot(shard.port);
+                topo.server(shard.port)
+            }
+            _ => unreachable!("a snapshot restarted on another setup"),
+        };
+        let key = |base: &str| self.shard.as_ref().map_or(base.to_owned(), |s| s.key(base));
         assert_eq!(
-            server.get(SNAPSHOT_TAKEN).as_deref(),
+            server.get(&key(SNAPSHOT_TAKEN)).as_deref(),
             Some(self.taken.as_str()),
             "Redis did not come back from the snapshot"
         );
         assert!(
-            !server.exists(WRITTEN_AFTER),
+            !server.exists(&key(WRITTEN_AFTER)),
             "Redis came back with a write made after the snapshot"
         );
     }

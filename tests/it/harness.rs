@@ -21,10 +21,11 @@
 //!   failover, kill the primary, restart as replica; optionally a [`FaultProxy`] announced in
 //!   front of each data node, to partition one) and [`ClusterTopology`]
 //!   (`redis-cli --cluster create`: slots, key owners, kill a primary, migrate a slot in
-//!   steps, a shard restarted empty). Tested in `harness_selftest`. Costs measured on the
-//!   2-core CI machine, start to ready: Sentinel 1+2+3 ~2.3-3.4 s (sentinels find each
-//!   other by 2 s hellos), `start_small` 1+1+1 ~0.15 s; Cluster 3+3 ~2.7-3.1 s, 3+0 ~2.2 s
-//!   (mostly `redis-cli`'s join wait). A planned failover ~1.2 s, a killed primary replaced in
+//!   steps, a shard restarted empty or from its snapshot, a failover to a lagging replica).
+//!   Tested in `harness_selftest`. Costs measured on the 2-core CI machine, start to ready:
+//!   Sentinel 1+2+3 ~2.3-3.4 s (sentinels find each other by 2 s hellos), `start_small`
+//!   1+1+1 ~0.15 s; Cluster 3+3 ~2.7-3.1 s, 3+0 ~2.2 s (mostly `redis-cli`'s join wait).
+//!   A planned failover ~1.2 s, a killed primary replaced in
 //!   ~2.3 s (Sentinel) / ~2.0-2.4 s (Cluster). At most 2 topologies run at once
 //!   ([`TopologyPermit`], env `SNOWLEASE_MAX_TOPOLOGIES`) so 8 test threads on 2 cores do not
 //!   starve nodes into false failovers; a test holds one topology at a time.

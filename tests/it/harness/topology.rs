@@ -777,9 +777,11 @@ impl ClusterTopology {
         (out, new)
     }
 
-    /// Restarts the stopped node on `port` (empty, same `nodes.conf`): it rejoins as a
-    /// replica of whoever took its slots. Waits until its link is up and the cluster is ok.
+    /// Restarts the stopped node on `port` (empty: a `dump.rdb` an earlier `SAVE` left is
+    /// removed first; same `nodes.conf`): it rejoins as a replica of whoever took its slots.
+    /// Waits until its link is up and the cluster is ok.
     pub fn restart_node(&mut self, port: u16) {
+        let _ = std::fs::remove_file(self.server(port).dir().join("dump.rdb"));
         self.server_mut(port).restart();
         wait_for("restarted node linked to its primary", || {
             info_field(port, "replication", "master_link_status").as_deref() == Some("up")
@@ -789,12 +791,34 @@ impl ClusterTopology {
     }
 
     /// "A shard comes back empty": the primary on `port` crashes and restarts at once, without
-    /// persistence, before the cluster fails it over (its replicas get
-    /// `cluster-replica-no-failover yes` meanwhile, as a fast process restart would give). It
-    /// keeps its slots (from `nodes.conf`) with no keys, and its replicas resync to it and
-    /// drop their copy: the shard's data is gone while the cluster stays `ok`. This is the
-    /// data loss the Redis replication docs warn of for primaries without persistence.
+    /// persistence (a `dump.rdb` an earlier `SAVE` left is removed first), before the cluster
+    /// fails it over. It keeps its slots (from `nodes.conf`) with no keys, and its replicas
+    /// resync to it and drop their copy: the shard's data is gone while the cluster stays
+    /// `ok`. This is the data loss the Redis replication docs warn of for primaries without
+    /// persistence.
     pub fn restart_shard_empty(&mut self, port: u16) {
+        let _ = std::fs::remove_file(self.server(port).dir().join("dump.rdb"));
+        self.restart_shard_in_place(port);
+    }
+
+    /// "A shard crash-restarts from its last snapshot" (a rollback): the primary on `port` is
+    /// SIGKILLed and restarted at once from the `dump.rdb` a `SAVE` left in its folder, before
+    /// the cluster fails it over. It keeps its slots and comes back with the snapshot's keys;
+    /// its replicas resync to it in full (their offset lies past the snapshot's) and drop
+    /// what was written since: the shard is older while the cluster stays `ok`. Panics when
+    /// there is no snapshot.
+    pub fn restart_shard_from_snapshot(&mut self, port: u16) {
+        let snapshot = self.server(port).dir().join("dump.rdb");
+        assert!(snapshot.exists(), "no snapshot of :{port} to restart from");
+        self.restart_shard_in_place(port);
+    }
+
+    /// SIGKILL and restart of the primary on `port` with what its folder holds, its replicas
+    /// given `cluster-replica-no-failover yes` meanwhile (as a fast process restart would give).
+    /// Waits until every replica is `online` on the restarted process (a full resync done: it
+    /// holds what the primary holds) and the cluster is ok. The wait does not need a quiet
+    /// shard: clients may write meanwhile.
+    fn restart_shard_in_place(&mut self, port: u16) {
         let primary = self.node_on(port);
         assert!(primary.primary, ":{port} is not a primary");
         let replicas = self.replicas_of(&primary.id);
@@ -812,10 +836,16 @@ impl ClusterTopology {
         };
         set_no_failover("yes");
         self.server_mut(port).restart();
-        wait_for("replicas resynced to the empty primary", || {
+        // The restarted process lists only replicas that synced with it since it started.
+        wait_for("replicas resynced to the restarted primary", || {
+            let info: String =
+                try_query(port, redis::cmd("INFO").arg("replication")).unwrap_or_default();
             replicas.iter().all(|r| {
-                info_field(r.port, "replication", "master_link_status").as_deref() == Some("up")
-                    && try_query::<i64>(r.port, &redis::cmd("DBSIZE")).ok() == Some(0)
+                info.lines().any(|l| {
+                    l.starts_with("slave")
+                        && l.contains(&format!(",port={},", r.port))
+                        && l.contains("state=online")
+                })
             })
         });
         set_no_failover("no");
