@@ -155,8 +155,10 @@ fn main() -> ExitCode {
 /// environment too. clap's command tree and matches are dropped here, before
 /// the runtime allocates: the sidecar's idle heap does not keep them.
 fn parse() -> (Cli, snowlease::cli::EnvSources) {
+    // Not built up front (`Command::build` builds every subcommand's flags): parsing builds the
+    // subcommands it walks through, so the heap's peak at start, which stays in the idle
+    // sidecar's RSS, holds one subcommand's tree; an error builds the rest to explain itself.
     let mut root = Cli::command();
-    root.build();
     let argv: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
@@ -168,7 +170,10 @@ fn parse() -> (Cli, snowlease::cli::EnvSources) {
         .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
     match parsed {
         Ok((cli, matches)) => (cli, snowlease::cli::EnvSources::of(&root, &matches)),
-        Err(err) if err.use_stderr() => snowlease::cli::explain(err, &root, &argv).exit(),
+        Err(err) if err.use_stderr() => {
+            root.build();
+            snowlease::cli::explain(err, &root, &argv).exit()
+        }
         Err(err) => err.exit(),
     }
 }
