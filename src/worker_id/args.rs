@@ -13,8 +13,11 @@ use crate::cli::{
 use crate::connection::RedisTarget;
 use crate::eviction::EvictionArgs;
 use crate::http::{ConnectionLimits, HttpArgs};
+use crate::worker_id::keys::{LeaseKeys, MintKeys};
+use crate::worker_id::mint::MintParams;
 use crate::worker_id::mint::args::{MintArgs, MintConfig};
 use crate::worker_id::range::WorkerRange;
+use crate::worker_id::state::Mode;
 
 pub(crate) use crate::published::DEFAULT_OUTPUT_FILE;
 
@@ -213,6 +216,30 @@ pub struct WorkerConfig {
     pub max_clock_skew: Duration,
     /// Mint mode (`--mint`): the sidecar mints the IDs; `None` publishes the worker ID.
     pub mint: Option<MintConfig>,
+}
+
+impl WorkerConfig {
+    /// Publishing the worker ID, or minting with it (`--mint`).
+    pub(crate) fn mode(&self) -> Mode {
+        match self.mint {
+            Some(_) => Mode::Mint,
+            None => Mode::Publish,
+        }
+    }
+
+    /// The parameters of mint mode; `None` without `--mint`.
+    pub(crate) fn mint_params(&self) -> Option<MintParams> {
+        let (prefix, app) = (&self.lease.key_prefix, &self.app);
+        Some(MintParams {
+            config: self.mint.clone()?,
+            lease_keys: LeaseKeys::new(prefix, app),
+            mint_keys: MintKeys::new(prefix, app),
+            call_timeout: self.lease.call_timeout(),
+            min_replicas_ack: self.min_replicas_ack,
+            max_clock_skew: self.max_clock_skew,
+            limits: self.http,
+        })
+    }
 }
 
 /// The lease parameters the worker loop needs, nothing else.

@@ -8,7 +8,9 @@
 //! - `claiming`: the claim phase (re-adopt, else lowest free ID, backoff).
 //! - `setup`: what Redis must allow before a claim (ACL probe, eviction).
 //! - `holding`: publish and renew until shutdown or loss.
-//! - `gate`: the one check a claim and a renew pass before they publish.
+//! - `gate`: the keeper's side of the one check a claim and a renew pass
+//!   before they publish (`worker_id::gate` holds the checks; mint mode's
+//!   reservation passes them too).
 //! - `advice`: diagnosis and advice for operators (missing guard, holders,
 //!   replica count, clock skew).
 //! - `release`: the stop: unpublish, then remove every key of ours.

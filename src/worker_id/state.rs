@@ -81,13 +81,21 @@ pub(crate) struct HeldLease {
     pub app_until: Option<BootInstant>,
 }
 
-/// What the sidecar does with the worker ID it holds.
+/// What the sidecar does with the worker ID it holds: the one switch between the modes,
+/// passed to the keeper's gate, the file publisher and the routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Publishes it to the app (ID file, `GET /id`).
     Publish,
     /// Mints the Snowflake IDs itself (`--mint`).
     Mint,
+}
+
+impl Mode {
+    /// The mode a state file records (its `mint` field).
+    pub(crate) fn recorded(mint: bool) -> Self {
+        if mint { Self::Mint } else { Self::Publish }
+    }
 }
 
 impl HeldLease {
@@ -117,8 +125,8 @@ pub(crate) struct RecordedLease {
     /// The earlier process stopped publishing it without a confirmed
     /// release (`StateFile::release_unconfirmed`): no ID file of it stands.
     pub release_unconfirmed: bool,
-    /// The earlier process minted with it (`--mint`) instead of publishing it.
-    pub mint: bool,
+    /// What the earlier process did with it: published it, or minted with it (`--mint`).
+    pub mode: Mode,
 }
 
 impl RecordedLease {
@@ -130,7 +138,7 @@ impl RecordedLease {
     /// deadline more than one validity span away was never written by a
     /// sidecar and counts as one span from now.
     pub(crate) fn app_deadline(&self, ttl: Duration) -> Option<BootInstant> {
-        if self.mint {
+        if self.mode == Mode::Mint {
             return None;
         }
         let (now, until) = self.recorded_until()?;
@@ -172,7 +180,7 @@ mod tests {
 
     fn recorded(valid_until_ms: u64, valid_until_boot: Option<BootInstant>) -> RecordedLease {
         RecordedLease {
-            mint: false,
+            mode: Mode::Publish,
             worker_id: 3,
             owner: "10.0.0.1#00".into(),
             valid_until_ms,

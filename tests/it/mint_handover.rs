@@ -112,7 +112,7 @@ async fn handover(settled: bool) {
     old.claim(&mut c, &keys, &lease, 0).await;
     let minted_old = old.mint(&mut c, &keys, &lease, 20_000).await;
     if settled {
-        let ended = old.minter.stop(Standby::Draining).unwrap();
+        let ended = old.minter.stop(Standby::Stopping).unwrap();
         let s = settle(
             &mut c,
             &keys,

@@ -10,7 +10,6 @@ use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{error, info, warn};
 
 use super::advice::log_paused;
-use super::gate::{GateRefusal, Write};
 use super::{Worker, WorkerError};
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, classify};
@@ -19,6 +18,7 @@ use crate::identity::Owner;
 use crate::lease::{self, RenewOutcome};
 use crate::timing::{bounded, ms, spread};
 use crate::worker_id::claim::{ClaimOutcome, GuardFound};
+use crate::worker_id::gate::{GateRefusal, Write};
 use crate::worker_id::keeper::schedule::{self, ClaimBackoff};
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, Mode, RecordedLease, WorkerState};

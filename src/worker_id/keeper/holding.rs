@@ -7,12 +7,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::Worker;
-use super::gate::{GateRefusal, Write};
 use crate::boot_clock::{self, BootInstant};
 use crate::connection::{Failure, Readable, classify};
 use crate::eviction::EvictingRedis;
 use crate::lease::{self, OnFailure, RenewOutcome, on_failure};
 use crate::timing::bounded;
+use crate::worker_id::gate::{GateRefusal, Write};
 use crate::worker_id::keeper::schedule;
 use crate::worker_id::metrics::WorkerMetrics;
 use crate::worker_id::state::{HeldLease, WorkerState};

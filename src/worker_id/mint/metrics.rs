@@ -25,7 +25,7 @@ pub(crate) const UNAVAILABLE_STATES: [&str; 12] = [
     "evicting",
     "readopting",
     "lost",
-    "draining",
+    "stopping",
     "clock_behind",
     "reserving",
     "expired",
@@ -125,7 +125,7 @@ mod tests {
             Standby::Evicting,
             Standby::Readopting,
             Standby::Lost,
-            Standby::Draining,
+            Standby::Stopping,
         ];
         let refusals = standbys.map(MintRefusal::NoLease).into_iter().chain([
             MintRefusal::ClockBehind { wait_ms: 1 },

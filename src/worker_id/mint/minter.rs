@@ -23,8 +23,9 @@ pub enum Standby {
     Readopting,
     /// The lease was lost; reclaiming.
     Lost,
-    /// Shutdown: minting stopped for good, the last timestamp is being recorded.
-    Draining,
+    /// Shutdown: minting stopped for good, the last timestamp is being recorded (`/readyz`
+    /// says `stopping` too).
+    Stopping,
 }
 
 /// Where the monotonic clock meets the wall clock: both read together (at claim, or at a
@@ -92,7 +93,7 @@ impl MintRefusal {
             Self::NoLease(Standby::Evicting) => "evicting",
             Self::NoLease(Standby::Readopting) => "readopting",
             Self::NoLease(Standby::Lost) => "lost",
-            Self::NoLease(Standby::Draining) => "draining",
+            Self::NoLease(Standby::Stopping) => "stopping",
             Self::ClockBehind { .. } => "clock_behind",
             Self::NeedsReservation => "reserving",
             Self::LeaseInvalid => "expired",

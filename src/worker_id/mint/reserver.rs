@@ -3,7 +3,12 @@
 //! its validity deadline; a reservation (`reserve.lua`) raises its ceiling ahead of the
 //! clock; every state without a valid lease stops it; shutdown stops it for good and
 //! records the last minted timestamp (`settle.lua`) before the keeper releases the key
-//! (docs/worker.md, "Mint mode").
+//! (docs/worker.md, "Mint mode"). Started by [`super::spawn`]; its one error, another ID
+//! format recorded for the app, ends the sidecar (exit 2).
+//!
+//! A reservation passes the keeper's gate (`worker_id::gate`, as a renewal does) before it
+//! raises the ceiling; failed calls back off with the timing kit's [`Backoff`] and are read
+//! with the connection's table ([`classify`]).
 //!
 //! A reservation that is refused or fails never stops minting: the minter keeps minting up
 //! to the ceiling Redis already confirmed and until the lease's validity deadline, both of
@@ -14,11 +19,10 @@
 //! reached. An idle sidecar makes no Redis calls beyond its renewals; its first request
 //! after a pause waits for one reservation.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::args::MintConfig;
@@ -26,12 +30,11 @@ use super::desk::MintDesk;
 use super::layout::wall_now_ms;
 use super::metrics::MintMetrics;
 use super::minter::{Anchor, Grant, LeaseTicket, Standby};
-use super::script;
+use super::{MintError, MintParams, script};
 use crate::boot_clock::{self, BootInstant};
-use crate::connection::{Readable, Redis};
-use crate::lease;
-use crate::timing::{bounded, ms};
-use crate::worker_id::keys::LeaseKeys;
+use crate::connection::{Failure, Readable, Redis, classify};
+use crate::timing::{Backoff, bounded, ms};
+use crate::worker_id::gate::{GateRefusal, WrittenKey};
 use crate::worker_id::keys::MintKeys;
 use crate::worker_id::state::{HeldLease, WorkerState};
 
@@ -45,52 +48,36 @@ impl Reserver {
     /// (a forward re-anchor); with the window alone a clock ahead within the skew could
     /// find every reservation behind it and never mint again.
     fn reservation_cap(&self) -> Duration {
-        self.config.max_lead() + self.max_clock_skew
+        self.params.config.max_lead() + self.params.max_clock_skew
     }
 
     /// How far above Redis' TIME a mark this node cannot vouch for is raised: past every
     /// reservation an earlier holder can have made (the cap) on a Redis clock up to
     /// `--max-clock-skew` ahead of this one.
     fn rollback_lead(&self) -> Duration {
-        self.reservation_cap() + self.max_clock_skew
+        self.reservation_cap() + self.params.max_clock_skew
     }
 }
 
-/// First wait after a failed mark read or reservation; doubles up to [`RETRY_MAX`].
-const RETRY_FIRST: Duration = Duration::from_millis(50);
-
-/// Longest wait between two tries of a failing call.
-const RETRY_MAX: Duration = Duration::from_secs(1);
+/// The waits between tries of a failing format check, mark read or reservation: 50 ms
+/// doubling up to 1 s, no jitter (one reserver per sidecar, each on its own worker ID).
+const RETRY: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 /// Longest the settle call at shutdown may take: the release waits for it.
 const SETTLE_LIMIT: Duration = Duration::from_secs(1);
 
-/// What the reserver needs besides the state channel.
-pub(crate) struct Reserver {
+/// What the reserver needs besides the state channel ([`super::spawn`] builds it).
+pub(super) struct Reserver {
     /// The minter the handlers mint from.
     pub desk: Arc<MintDesk>,
     /// The mark's lead is set here.
     pub metrics: Arc<MintMetrics>,
     /// A clone of the keeper's connection (its own `WAIT` bookkeeping).
     pub conn: Redis,
-    /// The app's lease keys.
-    pub lease_keys: LeaseKeys,
-    /// The app's mark keys.
-    pub mint_keys: MintKeys,
-    /// Reservation window and lead cap.
-    pub config: MintConfig,
-    /// Bound of one Redis call.
-    pub call_timeout: Duration,
-    /// `--min-replicas-ack`: a reservation counts once that many replicas have it.
-    pub min_replicas_ack: u32,
-    /// `--max-clock-skew`: the wall clock is trusted for a forward re-anchor only within it.
-    pub max_clock_skew: Duration,
+    /// Keys, window, call bound, replicas, skew.
+    pub params: MintParams,
     /// Makes the keeper renew at once (a reservation found the lease key not ours).
     pub renew_now: Arc<Notify>,
-    /// Stops the sidecar: cancelled when the app's recorded ID format is another.
-    pub stop: CancellationToken,
-    /// Why the sidecar stopped minting for good: the recorded format differs from ours.
-    pub format_refused: Arc<OnceLock<String>>,
     /// The recorded format equals ours (`format.lua`): checked at start, else once here
     /// before the first mint.
     pub format_checked: bool,
@@ -114,8 +101,8 @@ struct ReserverSession {
     held: HeldLease,
     /// No reservation before this instant (backoff after a failure).
     next_try: BootInstant,
-    /// The current backoff.
-    backoff: Duration,
+    /// Reservations failed in a row: the step of [`RETRY`] the next failure waits.
+    failures: u32,
     /// The minter's last timestamp at the last confirmed reservation. Minting since then
     /// makes a reservation due at the low water.
     reserved_at_last: ReservedAt,
@@ -126,9 +113,15 @@ struct ReserverSession {
 impl Reserver {
     /// Runs until the keeper's state is `Stopping` (or its channel ends), then stops the
     /// minter for good and settles. The keeper releases only after this returns.
-    pub(crate) async fn run(mut self, mut state: watch::Receiver<WorkerState>) {
+    ///
+    /// Errors: [`MintError::FormatRefused`], another ID format is recorded for the app: the
+    /// minter is stopped for good before its first ID.
+    pub(super) async fn run(
+        mut self,
+        mut state: watch::Receiver<WorkerState>,
+    ) -> Result<(), MintError> {
         let mut session: Option<ReserverSession> = None;
-        loop {
+        let ended = loop {
             let current = state.borrow_and_update().clone();
             match current {
                 WorkerState::Held(held) => {
@@ -139,18 +132,18 @@ impl Reserver {
                             s.held = held;
                         }
                         None => {
-                            session = self.begin(held, &mut state).await;
-                            // The state moved on while the floor was read: look again now.
-                            if session.is_none() {
-                                if state.has_changed().is_err() {
-                                    break;
-                                }
-                                continue;
+                            session = None;
+                            match self.begin(held, &mut state).await {
+                                Ok(Some(begun)) => session = Some(begun),
+                                // The state moved on while the floor was read: look again now.
+                                Ok(None) if state.has_changed().is_err() => break Ok(()),
+                                Ok(None) => continue,
+                                Err(refused) => break Err(refused),
                             }
                         }
                     }
                 }
-                WorkerState::Stopping => break,
+                WorkerState::Stopping => break Ok(()),
                 other => {
                     self.desk.update(|m| m.stop(standby_of(&other)));
                     session = None;
@@ -163,56 +156,51 @@ impl Reserver {
             self.metrics
                 .set_mark_lead(self.desk.read(|m| m.mark_lead_ms(now_ms())));
             if !changed {
-                break;
+                break Ok(());
             }
-        }
+        };
         self.settle(session).await;
+        ended
     }
 
-    /// Starts a session for a newly claimed lease: reads the floor (`mark.lua`), retrying
-    /// with a doubling backoff (50 ms to 1 s; a renewal of the same lease meanwhile keeps
-    /// it, and only the first failure is a warning) until it is read or the keeper's state
-    /// leaves this lease (then `None`; the caller looks again).
+    /// Starts a session for a newly claimed lease: checks the app's ID format unless done,
+    /// then reads the floor (`mark.lua`), retrying with [`RETRY`] (a renewal of the same
+    /// lease meanwhile keeps it, and only the first failed read is a warning) until it is
+    /// read or the keeper's state leaves this lease (then `None`; the caller looks again).
+    ///
+    /// Errors: [`MintError::FormatRefused`].
     async fn begin(
         &mut self,
         mut held: HeldLease,
         state: &mut watch::Receiver<WorkerState>,
-    ) -> Option<ReserverSession> {
+    ) -> Result<Option<ReserverSession>, MintError> {
         // Nothing of an earlier lease mints while the new one's floor is read.
         self.desk.update(|m| m.stop(Standby::Claiming));
-        let lease_key = self.lease_keys.id(held.worker_id);
-        let mut backoff = RETRY_FIRST;
+        let lease_key = self.params.lease_keys.id(held.worker_id);
+        let mut attempt = 0;
         let mut warned = false;
         loop {
-            match self.format_agrees().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    // The keeper stops; minting never starts.
-                    let _ = state.changed().await;
-                    return None;
-                }
-                Err(failed) => {
-                    warn!(worker_id = held.worker_id, error = %failed, "cannot check the app's ID format; not minting yet");
-                    tokio::select! {
-                        changed = state.changed() => {
-                            let _ = changed;
-                            return None;
-                        }
-                        () = tokio::time::sleep(backoff) => {}
+            if let Err(failed) = self.format_agrees().await? {
+                warn!(worker_id = held.worker_id, error = %failed, failure = failed.failure(), "cannot check the app's ID format; not minting yet");
+                tokio::select! {
+                    changed = state.changed() => {
+                        let _ = changed;
+                        return Ok(None);
                     }
-                    backoff = (backoff * 2).min(RETRY_MAX);
-                    continue;
+                    () = tokio::time::sleep(RETRY.step(attempt)) => {}
                 }
+                attempt += 1;
+                continue;
             }
             let rollback_lead = self.rollback_lead();
             let read = script::read_mark(
                 &mut self.conn,
-                &self.mint_keys,
+                &self.params.mint_keys,
                 &lease_key,
                 &held.owner,
                 rollback_lead,
             );
-            let failed = match bounded(self.call_timeout, read).await {
+            let failed = match bounded(self.params.call_timeout, read).await {
                 Ok(read) if read.ours => {
                     let anchor = Anchor {
                         boot_ms: now_ms(),
@@ -241,35 +229,35 @@ impl Reserver {
                         mark_unix_ms = read.mark_unix_ms,
                         "minting above the high-water mark"
                     );
-                    return Some(ReserverSession {
+                    return Ok(Some(ReserverSession {
                         ticket,
                         lease_key,
                         held,
                         next_try: BootInstant::now(),
-                        backoff: RETRY_FIRST,
+                        failures: 0,
                         reserved_at_last: ReservedAt::NotYet,
                         wanted: false,
-                    });
+                    }));
                 }
                 Ok(_) => {
                     self.renew_now.notify_one();
-                    "the lease key does not hold our owner string".to_owned()
+                    Unconfirmed::NotOurs
                 }
-                Err(err) => Readable(&err).to_string(),
+                Err(err) => Unconfirmed::Failed(err),
             };
             if warned {
-                debug!(worker_id = held.worker_id, error = %failed, "cannot read the high-water mark again");
+                debug!(worker_id = held.worker_id, error = %failed, failure = failed.failure(), "cannot read the high-water mark again");
             } else {
-                warn!(worker_id = held.worker_id, error = %failed, "cannot read the high-water mark; not minting yet");
+                warn!(worker_id = held.worker_id, error = %failed, failure = failed.failure(), "cannot read the high-water mark; not minting yet");
                 warned = true;
             }
-            let retry = tokio::time::sleep(backoff);
+            let retry = tokio::time::sleep(RETRY.step(attempt));
             tokio::pin!(retry);
             loop {
                 tokio::select! {
                     changed = state.changed() => {
                         if changed.is_err() {
-                            return None;
+                            return Ok(None);
                         }
                         // A renewal of this lease moves its deadline only; anything else
                         // (a loss, another claim, the stop) is the caller's to look at.
@@ -277,37 +265,43 @@ impl Reserver {
                             WorkerState::Held(renewed) if renewed.claimed == held.claimed => {
                                 held = renewed.clone();
                             }
-                            _ => return None,
+                            _ => return Ok(None),
                         }
                     }
                     () = &mut retry => break,
                 }
             }
-            backoff = (backoff * 2).min(RETRY_MAX);
+            attempt += 1;
         }
     }
 
-    /// Whether the app's recorded ID format is ours ([`format_refusal`]); another stops the
-    /// sidecar (exit 2, [`Self::format_refused`]) before it mints.
-    async fn format_agrees(&mut self) -> Result<bool, String> {
+    /// Whether the app's recorded ID format is ours ([`format_refusal`]): `Ok(Ok(()))` when
+    /// it is, `Ok(Err(_))` when Redis did not say.
+    ///
+    /// Errors: [`MintError::FormatRefused`], another format is recorded: the sidecar stops
+    /// (exit 2) before it mints.
+    async fn format_agrees(&mut self) -> Result<Result<(), Unconfirmed>, MintError> {
         if self.format_checked {
-            return Ok(true);
+            return Ok(Ok(()));
         }
-        let refusal = format_refusal(
+        let params = &self.params;
+        let checked = format_refusal(
             &mut self.conn,
-            &self.mint_keys,
-            &self.config,
-            self.call_timeout,
-        )
-        .await?;
-        let Some(why) = refusal else {
-            self.format_checked = true;
-            return Ok(true);
-        };
-        error!(reason = %why, "refusing to mint: another ID format is recorded for this app; stopping");
-        let _ = self.format_refused.set(why);
-        self.stop.cancel();
-        Ok(false)
+            &params.mint_keys,
+            &params.config,
+            params.call_timeout,
+        );
+        match checked.await {
+            Ok(None) => {
+                self.format_checked = true;
+                Ok(Ok(()))
+            }
+            Ok(Some(why)) => {
+                error!(reason = %why, "refusing to mint: another ID format is recorded for this app; stopping");
+                Err(MintError::FormatRefused(why))
+            }
+            Err(err) => Ok(Err(Unconfirmed::Failed(err))),
+        }
     }
 
     /// Reserves whenever the minter's ceiling falls below the low water (or a request
@@ -351,7 +345,9 @@ impl Reserver {
     /// How long until a reservation is due by the clock (`lead`: the ceiling's lead over
     /// it, ms), at most [`LOOK_EVERY`].
     fn until_due(&self, lead: Option<i64>) -> Duration {
-        let left = lead.map_or(0, |lead| lead - self.config.window.low_water_ms as i64);
+        let left = lead.map_or(0, |lead| {
+            lead - self.params.config.window.low_water_ms as i64
+        });
         Duration::from_millis(left.max(1) as u64).min(LOOK_EVERY)
     }
 
@@ -364,89 +360,95 @@ impl Reserver {
         let (cap, rollback_lead) = (self.reservation_cap(), self.rollback_lead());
         let call = script::reserve(
             &mut self.conn,
-            &self.mint_keys,
+            &self.params.mint_keys,
             &s.lease_key,
             &s.held.owner,
             target,
             cap,
             rollback_lead,
         );
-        let failure = match bounded(self.call_timeout, call).await {
+        let failed = match bounded(self.params.call_timeout, call).await {
             Ok(r) if r.ours => {
-                if !self.conn.confirm_primary().await {
-                    "the node is no longer the primary".to_owned()
-                } else if !lease::acknowledged(
-                    &mut self.conn,
-                    &s.lease_key,
-                    self.min_replicas_ack,
-                    self.call_timeout,
-                    s.held.remaining(),
-                )
-                .await
-                {
-                    "too few replicas acknowledged the reservation".to_owned()
-                } else {
-                    let reply_wall = wall_now_ms();
-                    let trusted = wall_agrees(
-                        [sent_wall, reply_wall],
-                        r.redis_ms,
-                        self.max_clock_skew + sent.elapsed(),
-                    );
-                    let anchor = Anchor {
-                        boot_ms: now_ms(),
-                        unix_ms: reply_wall,
-                    };
-                    let last = self.desk.update(|m| {
-                        m.raise_ceiling(s.ticket, r.mark_unix_ms);
-                        if trusted && m.reanchor(s.ticket, anchor) {
-                            debug!(
-                                unix_ms = reply_wall,
-                                "minting clock moved forward to the wall clock"
-                            );
-                        }
-                        m.last_minted()
-                    });
-                    s.reserved_at_last = ReservedAt::Minted(last);
-                    s.wanted = false;
-                    s.backoff = RETRY_FIRST;
-                    s.next_try = BootInstant::now();
-                    return;
+                let written = WrittenKey {
+                    key: &s.lease_key,
+                    replicas: self.params.min_replicas_ack,
+                    call_timeout: self.params.call_timeout,
+                    remaining: s.held.remaining(),
+                };
+                match written.reservation(&mut self.conn).await {
+                    Ok(()) => return self.reserved(s, r, sent_wall, sent),
+                    Err(refusal) => Unconfirmed::Gate(refusal),
                 }
             }
             Ok(_) => {
                 self.renew_now.notify_one();
-                "the lease key does not hold our owner string".to_owned()
+                Unconfirmed::NotOurs
             }
-            Err(err) => Readable(&err).to_string(),
+            Err(err) => Unconfirmed::Failed(err),
         };
-        let first = s.backoff == RETRY_FIRST;
-        if first {
-            warn!(worker_id = s.held.worker_id, error = %failure, "reservation failed; minting on up to the confirmed mark");
+        if s.failures == 0 {
+            warn!(worker_id = s.held.worker_id, error = %failed, failure = failed.failure(), "reservation failed; minting on up to the confirmed mark");
         } else {
-            debug!(worker_id = s.held.worker_id, error = %failure, "reservation failed again");
+            debug!(worker_id = s.held.worker_id, error = %failed, failure = failed.failure(), "reservation failed again");
         }
-        s.next_try = BootInstant::now() + s.backoff;
-        s.backoff = (s.backoff * 2).min(RETRY_MAX);
+        s.next_try = BootInstant::now() + RETRY.step(s.failures);
+        s.failures = s.failures.saturating_add(1);
+    }
+
+    /// A reservation Redis confirmed and the gate passed: raises the ceiling, and moves the
+    /// minting clock forward to the wall clock when it agreed with Redis' TIME before and
+    /// after the call (sent at `sent_wall`, Unix ms, and `sent`).
+    fn reserved(
+        &mut self,
+        s: &mut ReserverSession,
+        r: script::Reserved,
+        sent_wall: u64,
+        sent: BootInstant,
+    ) {
+        let reply_wall = wall_now_ms();
+        let trusted = wall_agrees(
+            [sent_wall, reply_wall],
+            r.redis_ms,
+            self.params.max_clock_skew + sent.elapsed(),
+        );
+        let anchor = Anchor {
+            boot_ms: now_ms(),
+            unix_ms: reply_wall,
+        };
+        let last = self.desk.update(|m| {
+            m.raise_ceiling(s.ticket, r.mark_unix_ms);
+            if trusted && m.reanchor(s.ticket, anchor) {
+                debug!(
+                    unix_ms = reply_wall,
+                    "minting clock moved forward to the wall clock"
+                );
+            }
+            m.last_minted()
+        });
+        s.reserved_at_last = ReservedAt::Minted(last);
+        s.wanted = false;
+        s.failures = 0;
+        s.next_try = BootInstant::now();
     }
 
     /// Stops minting for good and records the last minted timestamp, so the next holder
     /// mints at once instead of waiting for our reservation to pass. A failed settle leaves
     /// the mark as the next floor: later, never wrong.
     async fn settle(mut self, session: Option<ReserverSession>) {
-        let ended = self.desk.update(|m| m.stop(Standby::Draining));
+        let ended = self.desk.update(|m| m.stop(Standby::Stopping));
         let (Some(s), Some(ended)) = (session, ended) else {
             return;
         };
         let rollback_lead = self.rollback_lead();
         let call = script::settle(
             &mut self.conn,
-            &self.mint_keys,
+            &self.params.mint_keys,
             &s.lease_key,
             &s.held.owner,
             ended.settled_unix_ms,
             rollback_lead,
         );
-        match bounded(self.call_timeout.min(SETTLE_LIMIT), call).await {
+        match bounded(self.params.call_timeout.min(SETTLE_LIMIT), call).await {
             Ok(settled) if settled.ours => info!(
                 worker_id = ended.worker_id,
                 settled_unix_ms = settled.settled_unix_ms,
@@ -456,11 +458,56 @@ impl Reserver {
                 worker_id = ended.worker_id,
                 "the lease key was no longer ours; the mark stays the next floor"
             ),
-            Err(err) => warn!(
-                worker_id = ended.worker_id,
-                error = %Readable(&err),
-                "cannot record the last minted timestamp; the next holder waits for the mark"
-            ),
+            Err(err) => {
+                let failed = Unconfirmed::Failed(err);
+                warn!(
+                    worker_id = ended.worker_id,
+                    error = %failed,
+                    failure = failed.failure(),
+                    "cannot record the last minted timestamp; the next holder waits for the mark"
+                );
+            }
+        }
+    }
+}
+
+/// Why a call of the reserver confirmed nothing, as it is logged.
+enum Unconfirmed {
+    /// The call failed; the connection's table ([`classify`]) says how.
+    Failed(redis::RedisError),
+    /// The lease key does not hold our owner string.
+    NotOurs,
+    /// Redis confirmed the reservation; the keeper's gate did not.
+    Gate(GateRefusal),
+}
+
+impl Unconfirmed {
+    /// The `failure` field of its log line: the row of the connection's table a failed call
+    /// falls in (`transient`, `refused`: this client's password, ACL or certificate,
+    /// `permanent`), or `answered` when Redis answered. Each is retried alike: minting goes
+    /// on up to the confirmed mark and the lease's deadline whatever Redis says now.
+    fn failure(&self) -> &'static str {
+        match self {
+            Self::Failed(err) => match classify(err).failure {
+                Failure::Transient => "transient",
+                Failure::Refused => "refused",
+                Failure::Permanent => "permanent",
+            },
+            Self::NotOurs | Self::Gate(_) => "answered",
+        }
+    }
+}
+
+impl std::fmt::Display for Unconfirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failed(err) => Readable(err).fmt(f),
+            Self::NotOurs => f.write_str("the lease key does not hold our owner string"),
+            Self::Gate(GateRefusal::NotPrimary) => f.write_str("the node is no longer the primary"),
+            Self::Gate(GateRefusal::Unacknowledged) => {
+                f.write_str("too few replicas acknowledged the reservation")
+            }
+            Self::Gate(other) => write!(f, "the keeper's gate refused it: {other:?}"),
         }
     }
 }
@@ -472,18 +519,16 @@ impl Reserver {
 /// `--datacenter-id` holds the same worker IDs on this Redis, so the app's datacenter is
 /// fixed like its layout.
 ///
-/// Errors: the Redis call failed or timed out (`call_timeout`), as text.
-pub(crate) async fn format_refusal(
+/// Errors: the Redis call failed or timed out (`call_timeout`).
+pub(super) async fn format_refusal(
     conn: &mut Redis,
     keys: &MintKeys,
     config: &MintConfig,
     call_timeout: Duration,
-) -> Result<Option<String>, String> {
+) -> redis::RedisResult<Option<String>> {
     let ours = config.layout.format(config.epoch);
     let call = script::record_format(conn, keys, &ours);
-    let recorded = bounded(call_timeout, call)
-        .await
-        .map_err(|err| Readable(&err).to_string())?;
+    let recorded = bounded(call_timeout, call).await?;
     Ok((recorded != ours).then(|| {
         format!(
             "this app mints IDs in the format {recorded} (layout@epoch ms[,datacenter=ID], recorded in {}), this sidecar in {ours}: minting in both could give one ID twice; keep --id-layout, --epoch and --datacenter-id of the app, or mint under a new --app",
@@ -502,7 +547,7 @@ fn standby_of(state: &WorkerState) -> Standby {
         WorkerState::Handover(_) => Standby::Handover,
         WorkerState::Evicting(_) => Standby::Evicting,
         WorkerState::Lost | WorkerState::Held(_) => Standby::Lost,
-        WorkerState::Stopping => Standby::Draining,
+        WorkerState::Stopping => Standby::Stopping,
     }
 }
 
@@ -569,7 +614,7 @@ mod tests {
         assert_eq!(standby_of(&WorkerState::Claiming), Standby::Claiming);
         assert_eq!(standby_of(&WorkerState::Lost), Standby::Lost);
         assert_eq!(standby_of(&WorkerState::ClockSkewed(5)), Standby::ClockSkew);
-        assert_eq!(standby_of(&WorkerState::Stopping), Standby::Draining);
+        assert_eq!(standby_of(&WorkerState::Stopping), Standby::Stopping);
         let soon = BootInstant::now();
         assert_eq!(
             standby_of(&WorkerState::GuardClosed(soon)),

@@ -11,12 +11,12 @@ use tracing::warn;
 
 use crate::boot_clock;
 use crate::published::{StateFile, lock_path, state_path};
-use crate::worker_id::state::{HeldLease, RecordedLease};
+use crate::worker_id::state::{HeldLease, Mode, RecordedLease};
 
 impl StateFile {
-    /// The record of a lease held now (not marked `release_unconfirmed`); `mint` in mint
-    /// mode.
-    pub(crate) fn held(app: &str, held: &HeldLease, mint: bool) -> Self {
+    /// The record of a lease held now (not marked `release_unconfirmed`); marked `mint` in
+    /// mint mode.
+    pub(crate) fn held(app: &str, held: &HeldLease, mode: Mode) -> Self {
         Self {
             app: app.to_owned(),
             worker_id: held.worker_id,
@@ -25,7 +25,7 @@ impl StateFile {
             valid_until_boot_ms: Some(held.valid_until.as_millis()),
             boot_id: boot_clock::boot_id().map(str::to_owned),
             release_unconfirmed: false,
-            mint,
+            mint: mode == Mode::Mint,
             stopped: false,
         }
     }
@@ -102,7 +102,7 @@ pub(crate) fn read_state(output_file: &Path, app: &str) -> Option<RecordedLease>
         owner: state.owner,
         valid_until_ms: state.valid_until_ms,
         release_unconfirmed: state.release_unconfirmed,
-        mint: state.mint,
+        mode: Mode::recorded(state.mint),
     })
 }
 

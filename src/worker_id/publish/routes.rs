@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::http::{HttpError, encode_metrics, liveness_routes};
-use crate::worker_id::state::WorkerState;
+use crate::worker_id::state::{Mode, WorkerState};
 
 /// What the worker-mode handlers read.
 #[derive(Clone)]
@@ -25,8 +25,8 @@ pub(crate) struct WorkerHttp {
     pub state: watch::Receiver<WorkerState>,
     /// Metrics registry, encoded on each scrape.
     pub registry: Arc<Registry>,
-    /// Mint mode (`--mint`): `/id` answers 409, the worker ID is not offered.
-    pub mint: bool,
+    /// In mint mode (`--mint`) `/id` answers 409: the worker ID is not offered.
+    pub mode: Mode,
 }
 
 /// Routes of the worker sidecar. Pure: tests drive it with `oneshot`.
@@ -44,7 +44,7 @@ pub(crate) fn worker_router(http: WorkerHttp) -> Router {
 /// otherwise; 409 `{"state": "minting"}` in mint mode, whatever the lease:
 /// an app minting with the worker ID would duplicate the sidecar's IDs.
 async fn worker_id(State(http): State<WorkerHttp>, headers: HeaderMap) -> Response {
-    if http.mint {
+    if http.mode == Mode::Mint {
         return HttpError::new(
             StatusCode::CONFLICT,
             "mint mode (--mint): this sidecar mints the IDs itself and offers no worker ID; use GET /next",
@@ -155,7 +155,7 @@ mod tests {
             app: "orders".into(),
             state: rx,
             registry: Arc::new(Registry::default()),
-            mint,
+            mode: if mint { Mode::Mint } else { Mode::Publish },
         })
     }
 

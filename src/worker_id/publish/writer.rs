@@ -15,7 +15,7 @@ use tracing::{error, warn};
 
 use crate::atomic_file::{Folder, Stamp};
 use crate::published::{StateFile, state_path};
-use crate::worker_id::state::{HeldLease, WorkerState};
+use crate::worker_id::state::{HeldLease, Mode, WorkerState};
 
 /// Keeps the files in step with the worker state until shutdown: writes
 /// them while a lease is valid, removes the ID file at the validity deadline
@@ -26,7 +26,7 @@ use crate::worker_id::state::{HeldLease, WorkerState};
 /// and removal goes relative to it, so a write needs one new descriptor
 /// (the temporary file) and a check none.
 ///
-/// In mint mode (`mint`) only the state file is written, marked `mint`:
+/// In mint mode only the state file is written, marked `mint`:
 /// the worker ID is not offered to the app (it would mint with it twice),
 /// and an ID file an earlier process left is removed.
 pub(crate) async fn run_publisher(
@@ -34,7 +34,7 @@ pub(crate) async fn run_publisher(
     folder: Folder,
     output_file: &Path,
     app: String,
-    mint: bool,
+    mode: Mode,
 ) {
     let name = |path: &Path| path.file_name().map(OsStr::to_owned).unwrap_or_default();
     let mut files = Files {
@@ -43,7 +43,7 @@ pub(crate) async fn run_publisher(
         state: name(&state_path(output_file)),
         published: None,
         record: None,
-        mint,
+        mode,
         stopped: false,
     };
     loop {
@@ -89,7 +89,7 @@ struct Files {
     /// The state file this process wrote last.
     record: Option<StateFile>,
     /// Mint mode: the state file only, never an ID file.
-    mint: bool,
+    mode: Mode,
     /// The sidecar is stopping: the record it leaves is marked `stopped`.
     stopped: bool,
 }
@@ -107,11 +107,11 @@ impl Files {
         // State first: a crash between the two leaves a record, not an ID.
         // No ID without its deadline beside it: a reader takes an ID file
         // without a state file as published with no deadline at all.
-        if !self.write_state(StateFile::held(app, held, self.mint)) {
+        if !self.write_state(StateFile::held(app, held, self.mode)) {
             self.unpublish();
             return;
         }
-        if self.mint {
+        if self.mode == Mode::Mint {
             self.remove_id_file();
             return;
         }

@@ -226,18 +226,18 @@ fn standby_refuses_and_a_stop_leaves_the_last_timestamp() {
 
     let mut m = minting(DEFAULT_LAYOUT, WALL - 100, WALL + 5_000);
     assert_eq!(
-        m.clone().stop(Standby::Draining),
+        m.clone().stop(Standby::Stopping),
         Some(Ended {
             worker_id: 7,
             settled_unix_ms: WALL - 100
         })
     );
     one(&mut m, BOOT + 20).unwrap();
-    let ended = m.stop(Standby::Draining).unwrap();
+    let ended = m.stop(Standby::Stopping).unwrap();
     assert_eq!(ended.settled_unix_ms, WALL + 20);
     assert_eq!(
         one(&mut m, BOOT + 21),
-        Err(MintRefusal::NoLease(Standby::Draining))
+        Err(MintRefusal::NoLease(Standby::Stopping))
     );
     assert_eq!(m.reservation_due(BOOT + 21), None);
 }
