@@ -126,7 +126,7 @@ enum KeeperPhase {
     /// The lease of this ID was lost; `--on-loss` says what next.
     Lost(u16),
     /// Stop: the ID held at shutdown, if any, or why the loop ended.
-    Draining(Result<Option<u16>, WorkerError>),
+    Stopping(Result<Option<u16>, WorkerError>),
 }
 
 /// Which keys may hold our owner string: those a claim call of ours was
@@ -255,15 +255,15 @@ impl Worker {
         loop {
             phase = match phase {
                 KeeperPhase::Claiming => tokio::select! {
-                    _ = shutdown.cancelled() => KeeperPhase::Draining(Ok(None)),
+                    _ = shutdown.cancelled() => KeeperPhase::Stopping(Ok(None)),
                     claimed = self.claiming() => match claimed {
                         Ok(held) => KeeperPhase::Holding(held),
-                        Err(err) => KeeperPhase::Draining(Err(err)),
+                        Err(err) => KeeperPhase::Stopping(Err(err)),
                     },
                 },
                 KeeperPhase::Holding(held) => after_hold(self.holding(held, shutdown).await),
                 KeeperPhase::Lost(worker_id) => after_loss(worker_id, self.params.on_loss),
-                KeeperPhase::Draining(result) => return result,
+                KeeperPhase::Stopping(result) => return result,
             };
         }
     }
@@ -320,9 +320,9 @@ impl Worker {
 /// again (and is refused until it is safe).
 fn after_hold(end: HoldEnd) -> KeeperPhase {
     match end {
-        HoldEnd::Shutdown(held) => KeeperPhase::Draining(Ok(Some(held.worker_id))),
+        HoldEnd::Shutdown(held) => KeeperPhase::Stopping(Ok(Some(held.worker_id))),
         HoldEnd::Lost(worker_id) => KeeperPhase::Lost(worker_id),
-        HoldEnd::Refused(err) => KeeperPhase::Draining(Err(WorkerError::Redis(err))),
+        HoldEnd::Refused(err) => KeeperPhase::Stopping(Err(WorkerError::Redis(err))),
         HoldEnd::GaveUp => KeeperPhase::Claiming,
     }
 }
@@ -331,7 +331,7 @@ fn after_hold(end: HoldEnd) -> KeeperPhase {
 /// else a new claim.
 fn after_loss(worker_id: u16, on_loss: OnLoss) -> KeeperPhase {
     match on_loss {
-        OnLoss::Exit => KeeperPhase::Draining(Err(WorkerError::LeaseLost { worker_id })),
+        OnLoss::Exit => KeeperPhase::Stopping(Err(WorkerError::LeaseLost { worker_id })),
         OnLoss::Reclaim => {
             info!("on-loss reclaim: claiming a worker ID again");
             KeeperPhase::Claiming
@@ -361,7 +361,7 @@ mod tests {
     fn each_end_of_a_hold_leads_to_its_phase() {
         let shutdown = after_hold(HoldEnd::Shutdown(lease(3)));
         assert!(
-            matches!(shutdown, KeeperPhase::Draining(Ok(Some(3)))),
+            matches!(shutdown, KeeperPhase::Stopping(Ok(Some(3)))),
             "{shutdown:?}"
         );
         assert!(matches!(after_hold(HoldEnd::Lost(5)), KeeperPhase::Lost(5)));
@@ -369,7 +369,7 @@ mod tests {
             redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"));
         let refused = after_hold(HoldEnd::Refused(refused));
         assert!(
-            matches!(refused, KeeperPhase::Draining(Err(WorkerError::Redis(_)))),
+            matches!(refused, KeeperPhase::Stopping(Err(WorkerError::Redis(_)))),
             "{refused:?}"
         );
         assert!(matches!(after_hold(HoldEnd::GaveUp), KeeperPhase::Claiming));
@@ -382,7 +382,7 @@ mod tests {
         assert!(
             matches!(
                 exit,
-                KeeperPhase::Draining(Err(WorkerError::LeaseLost { worker_id: 7 }))
+                KeeperPhase::Stopping(Err(WorkerError::LeaseLost { worker_id: 7 }))
             ),
             "{exit:?}"
         );
