@@ -225,6 +225,9 @@ fn the_stop_releases_only_the_windows_it_claimed_in() {
             let args: Vec<String> = redis::from_redis_value(fields.get(3)?.clone()).ok()?;
             (args.first()?.eq_ignore_ascii_case("evalsha")).then(|| args.get(2)?.parse().ok())?
         })
+        // One-key scripts are not the release: a renewal or the ranges record sent right
+        // after the lease came may land after the reset.
+        .filter(|keys| *keys > 1)
         .collect();
     assert_eq!(key_counts.len(), 1, "one release call: {key_counts:?}");
     assert!(
