@@ -56,6 +56,15 @@ impl Failure {
     pub(crate) fn retried_while_held(self) -> bool {
         self != Self::Permanent
     }
+
+    /// Its name in logs (`failure` fields): `transient`, `refused`, `permanent`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Refused => "refused",
+            Self::Permanent => "permanent",
+        }
+    }
 }
 
 /// What one failed call means: how the caller treats it, and whether the

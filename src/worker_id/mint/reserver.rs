@@ -32,7 +32,7 @@ use super::metrics::MintMetrics;
 use super::minter::{Anchor, Grant, LeaseTicket, Standby};
 use super::{MintError, MintParams, script};
 use crate::boot_clock::{self, BootInstant};
-use crate::connection::{Failure, Readable, Redis, classify};
+use crate::connection::{Readable, Redis, classify};
 use crate::timing::{Backoff, bounded, ms};
 use crate::worker_id::gate::{GateRefusal, WrittenKey};
 use crate::worker_id::keys::MintKeys;
@@ -488,11 +488,7 @@ impl Unconfirmed {
     /// on up to the confirmed mark and the lease's deadline whatever Redis says now.
     fn failure(&self) -> &'static str {
         match self {
-            Self::Failed(err) => match classify(err).failure {
-                Failure::Transient => "transient",
-                Failure::Refused => "refused",
-                Failure::Permanent => "permanent",
-            },
+            Self::Failed(err) => classify(err).failure.label(),
             Self::NotOurs | Self::Gate(_) => "answered",
         }
     }
