@@ -52,7 +52,6 @@ use self::keeper::sizing;
 use self::keeper::{Worker, WorkerParams};
 use self::metrics::WorkerMetrics;
 use self::mint::KeeperLink;
-use self::mint::socket::MintSocket;
 use self::publish::routes::WorkerHttp;
 use self::publish::{files, routes, writer};
 use crate::config_error::ConfigError;
@@ -119,13 +118,6 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let (folder, _output_lock) = open_output(&config.output_file)?;
     let listener = http::bind(config.listen)
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
-    let mint_socket = match config.mint.as_ref().and_then(|m| m.socket.as_deref()) {
-        Some(path) => Some(
-            MintSocket::bind(path)
-                .with_context(|| format!("cannot listen on --mint-socket {}", path.display()))?,
-        ),
-        None => None,
-    };
     let conn = config.redis.connect(config.lease.call_timeout())?;
 
     let metrics = Arc::new(WorkerMetrics::default());
@@ -153,7 +145,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
                 renew_now: worker.renew_signal(),
             };
             let stops = (shutdown.clone(), http_stop.clone());
-            Some(mint::spawn(params, conn, keeper, mint_socket, &mut registry, stops).await?)
+            Some(mint::spawn(params, conn, keeper, &mut registry, stops).await?)
         }
         None => None,
     };

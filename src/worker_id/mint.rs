@@ -137,10 +137,10 @@ impl MintHandle {
     }
 }
 
-/// Starts mint mode on the keeper's state: checks the app's ID format (a sidecar of another
-/// format stops here, before the keeper claims; when Redis does not answer, the reserver
-/// checks before the first mint), registers the metrics, serves `socket` until `http_stop`,
-/// and spawns the reserver. The reserver ends after the keeper's `Stopping` (recording the
+/// Starts mint mode on the keeper's state: binds `--mint-socket` (before any Redis call),
+/// checks the app's ID format (a sidecar of another format stops here, before the keeper
+/// claims; when Redis does not answer, the reserver checks before the first mint), registers
+/// the metrics, serves the socket until `http_stop`, and spawns the reserver. The reserver ends after the keeper's `Stopping` (recording the
 /// last minted timestamp), or at once on a format refusal, when it stops the minter for good
 /// and cancels `shutdown` so the keeper unpublishes and releases; its [`MintError`] is the
 /// exit.
@@ -148,16 +148,22 @@ impl MintHandle {
 /// `stops`: `shutdown`, the sidecar's (cancelled on a refusal), and `http_stop`, the HTTP
 /// servers' (fired after the keeper released).
 ///
-/// Errors: a format refusal at start ([`ConfigError`], exit 2; `socket` closed and removed);
-/// the socket's thread could not start.
+/// Errors: the socket cannot be bound; a format refusal at start ([`ConfigError`], exit 2;
+/// the socket closed and removed); the socket's thread could not start.
 pub(crate) async fn spawn(
     params: MintParams,
     conn: Redis,
     keeper: KeeperLink,
-    socket: Option<MintSocket>,
     registry: &mut Registry,
     (shutdown, http_stop): (CancellationToken, CancellationToken),
 ) -> anyhow::Result<(MintHandle, JoinHandle<Result<(), MintError>>)> {
+    let socket = match params.config.socket.as_deref() {
+        Some(path) => Some(
+            MintSocket::bind(path)
+                .with_context(|| format!("cannot listen on --mint-socket {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut probe = conn.clone();
     let checked = format_refusal(
         &mut probe,
