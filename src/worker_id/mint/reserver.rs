@@ -585,6 +585,32 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker_id::mint::minter::MintRefusal;
+    use crate::worker_id::publish::routes::state_name;
+
+    /// One set of state names: while no lease is held, `/next` answers the state `/readyz`
+    /// names (its 503 at shutdown said `draining` where `/readyz` said `stopping`).
+    #[test]
+    fn next_names_the_states_readyz_names() {
+        let at = BootInstant::now();
+        let evicting = crate::eviction::EvictingRedis {
+            policy: "allkeys-lru".into(),
+            maxmemory: 1,
+        };
+        for state in [
+            WorkerState::Claiming,
+            WorkerState::Readopting(at),
+            WorkerState::GuardClosed(at),
+            WorkerState::ClockSkewed(900),
+            WorkerState::Handover(at),
+            WorkerState::Evicting(evicting),
+            WorkerState::Lost,
+            WorkerState::Stopping,
+        ] {
+            let next = MintRefusal::NoLease(standby_of(&state)).state();
+            assert_eq!(next, state_name(&state), "{state:?}");
+        }
+    }
 
     /// The wall clock moves the minting clock only when it agrees with Redis before and after
     /// the call: a step during the call (seen once as 30 s of `503 reserving`) does not.

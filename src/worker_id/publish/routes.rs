@@ -102,7 +102,9 @@ fn unpublished(state: &WorkerState) -> serde_json::Value {
     }
 }
 
-fn state_name(state: &WorkerState) -> &'static str {
+/// The `state` `/readyz` (and `/id`) answers while no lease is valid; `/next` names the same
+/// states alike (a unit test of the reserver keeps them equal).
+pub(crate) fn state_name(state: &WorkerState) -> &'static str {
     match state {
         WorkerState::Claiming => "claiming",
         WorkerState::GuardClosed(_) => "guard_closed",
