@@ -1080,7 +1080,7 @@ fn apply(
     rng: &mut StdRng,
 ) -> Option<usize> {
     if let Backend::Cluster(topo) = &mut *redis
-        && let Some(()) = apply_cluster(kind, topo, slots[target].ttl_ms, rng)
+        && apply_cluster(kind, topo, slots[target].ttl_ms, rng)
     {
         return None;
     }
@@ -1193,19 +1193,14 @@ fn apply(
 }
 
 /// The Redis-wide faults on a Cluster, on the shard of a random ID's key (ScriptFlush: a random
-/// primary); None for the sidecar faults, which [`apply`] runs as on every setup.
-fn apply_cluster(
-    kind: Kind,
-    topo: &mut ClusterTopology,
-    ttl_ms: u64,
-    rng: &mut StdRng,
-) -> Option<()> {
-    use Kind::*;
+/// primary); false for the sidecar faults, which [`apply`] runs as on every setup.
+fn apply_cluster(kind: Kind, topo: &mut ClusterTopology, ttl_ms: u64, rng: &mut StdRng) -> bool {
+    // Decided before the draw below: a sidecar fault draws nothing here (seeds replay).
     if !matches!(
         kind,
-        RedisRestart | ScriptFlush | Overwrite | LaggingFailover
+        Kind::RedisRestart | Kind::ScriptFlush | Kind::Overwrite | Kind::LaggingFailover
     ) {
-        return None;
+        return false;
     }
     let max_id = Setup::Cluster { mint: false }.max_id();
     let id = rng.random_range(0..=max_id);
@@ -1240,9 +1235,9 @@ fn apply_cluster(
             let missed = ms(rng.random_range(300..ttl_ms * 3 / 2));
             cluster_lagging_failover(topo, &shard, missed);
         }
-        _ => return None,
+        _ => unreachable!("not a Redis fault"),
     }
-    Some(())
+    true
 }
 
 /// The shard serving one ID's key: its primary's port and the hash tag that routes the
@@ -1261,10 +1256,15 @@ impl Shard {
         }
     }
 
-    /// `base` in this shard's slot (on standalone Redis, `base` itself).
+    /// `base` in this shard's slot.
     fn key(&self, base: &str) -> String {
         format!("{base}:{}", self.tag)
     }
+}
+
+/// A marker key of the harness: in `shard`'s slot on a Cluster, `base` itself on one server.
+fn marker(shard: Option<&Shard>, base: &str) -> String {
+    shard.map_or(base.to_owned(), |s| s.key(base))
 }
 
 /// [`lagging_failover`] on a Cluster shard: its replica SIGSTOPped and its link cut, a key set
@@ -1333,7 +1333,7 @@ impl Snapshot {
             }
             _ => unreachable!("only standalone and Cluster runs restart Redis from a snapshot"),
         };
-        let key = |base: &str| shard.as_ref().map_or(base.to_owned(), |s| s.key(base));
+        let key = |base: &str| marker(shard.as_ref(), base);
         let taken = elapsed_marker();
         let _: () = server.query(redis::cmd("SET").arg(key(SNAPSHOT_TAKEN)).arg(&taken));
         let _: () = server.query(&mut redis::cmd("SAVE"));
@@ -1360,7 +1360,7 @@ impl Snapshot {
             }
             _ => unreachable!("a snapshot restarted on another setup"),
         };
-        let key = |base: &str| self.shard.as_ref().map_or(base.to_owned(), |s| s.key(base));
+        let key = |base: &str| marker(self.shard.as_ref(), base);
         assert_eq!(
             server.get(&key(SNAPSHOT_TAKEN)).as_deref(),
             Some(self.taken.as_str()),
