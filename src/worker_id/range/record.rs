@@ -116,8 +116,11 @@ impl RangeRecorder {
         let mut failed_once = false;
         loop {
             let held = tokio::select! {
-                held = state.wait_for(|s| s.valid_lease().is_some()) => held.is_ok(),
+                // The stop first: a lease still held when it is asked gets no record (a call
+                // that landed after the release at a stop right after the claim).
+                biased;
                 () = stop.cancelled() => false,
+                held = state.wait_for(|s| s.valid_lease().is_some()) => held.is_ok(),
             };
             if !held {
                 return;
