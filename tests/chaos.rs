@@ -991,18 +991,7 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: 
 /// Opens the per-ID claim guards of IDs 0..=`max_id` on the Cluster at `url` (`snowlease guard
 /// open`), as an established deployment has them, so the first claims do not wait one TTL.
 fn open_guards(url: &str, max_id: u32) {
-    let max = max_id.to_string();
-    let args = [
-        "guard",
-        "open",
-        "--app",
-        APP,
-        "--max-worker-id",
-        &max,
-        "--redis-url",
-        url,
-    ];
-    let run = run_snowlease(&args, &[], secs(30));
+    let run = guard_open(url, APP, &["--max-worker-id", &max_id.to_string()]);
     assert_eq!(run.code, Some(0), "guard open: {run:?}");
 }
 
