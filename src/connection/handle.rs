@@ -14,8 +14,10 @@
 //!   Sentinels name is used only when the node answers `ROLE` as master;
 //!   which node the Sentinels name: the majority rule of `sentinel.rs`;
 //! - a command that never left because the connection was already closed
-//!   (e.g. the server's `timeout` closed it while idle) is sent at once on a
-//!   new connection and is not an error;
+//!   (e.g. the server's `timeout` closed it while idle), or that met a close
+//!   after a silence of [`IDLE_CLOSE_MIN`] (the close and the command
+//!   crossed), is sent once more at once on a new connection and is not an
+//!   error;
 //! - TCP keepalive and `TCP_USER_TIMEOUT` are set on every socket;
 //! - each new connection bumps a generation number callers can watch
 //!   ([`Redis::reconnects`]), and [`Redis::confirm_primary`] tells whether the
@@ -33,7 +35,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::classify::leaves_connection;
-use super::open::{Live, Primary, ServerKind, Shared};
+use super::open::{Activity, Live, Primary, ServerKind, Shared};
 use super::route::Conn;
 use super::sentinel::Sentinels;
 use super::target::{RedisTarget, Topology};
@@ -311,22 +313,29 @@ impl Redis {
                 generation: live.generation,
                 armed: !fresh,
             };
+            let silent = live.activity.touch();
             let mut request = pin!(send(live.conn));
             let first = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
-            let result = match first {
-                // Failed before the driver took it: it never left (e.g. the
-                // server had closed the idle connection).
-                Poll::Ready(Err(err)) if !resent && err.is_connection_dropped() => {
-                    shared.mark_broken(live.generation);
-                    suspect.armed = false;
-                    resent = true;
-                    continue;
+            // Failed before the driver took it: it never left (the server had
+            // closed the connection and the driver had seen it).
+            let (result, never_left) = match first {
+                Poll::Ready(result) => (result, true),
+                Poll::Pending => {
+                    let result = timeout_at(deadline, request).await;
+                    (
+                        result.unwrap_or_else(|_| Err(timed_out(shared.timeout))),
+                        false,
+                    )
                 }
-                Poll::Ready(result) => result,
-                Poll::Pending => timeout_at(deadline, request)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out(shared.timeout))),
             };
+            let dropped = result.as_ref().is_err_and(|e| e.is_connection_dropped());
+            if dropped && !resent && (never_left || silent >= IDLE_CLOSE_MIN) {
+                shared.mark_broken(live.generation);
+                suspect.armed = false;
+                resent = true;
+                continue;
+            }
+            live.activity.touch();
             suspect.armed = false;
             if leaves_connection(result.as_ref().map(Replies::values)) {
                 shared.mark_broken(live.generation);
@@ -416,11 +425,29 @@ impl Shared {
             conn,
             generation,
             primary,
+            activity: Arc::new(Activity::new()),
         };
         *self.slot.lock().expect("slot lock") = Some(live.clone());
         Ok(live)
     }
 }
+
+/// The shortest silence after which a server or the network may close a
+/// connection for idleness: Redis' `timeout` is whole seconds (at least 1,
+/// 0 = never) and closes a client only when its last request is older
+/// than that (redis.conf; `clientsCronHandleTimeout`), NATs and load
+/// balancers wait minutes. A request sent after such a silence whose
+/// connection then drops before any reply may have crossed that close (the
+/// server's FIN on its way while the request left): the close came before
+/// the server read it, so it did not run, and it is sent again once on a
+/// new connection. Were the drop something else (a crash right after the
+/// request ran), the repeat meets what the first one left and nothing is
+/// handed out twice: a claim or a lock acquire answers "already ours",
+/// renewals and releases check the owner, fences only count up, a pool
+/// acquire with a request id is replayed (without one a second id is
+/// leased and the first lease ends by its deadline), a budget take is
+/// charged twice (never a lease without its charge).
+const IDLE_CLOSE_MIN: Duration = Duration::from_secs(1);
 
 /// Least time a connect may take in the background (several round trips).
 const CONNECT_MIN: Duration = Duration::from_secs(2);

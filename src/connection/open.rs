@@ -2,6 +2,7 @@
 //! detects for `redis://`), the primary check of one server and of the
 //! node the Sentinels name, and a Cluster with our copy of its slot owners.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, TlsMode, Value};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::route::Conn;
 use super::sentinel::{Node, Sentinels, in_failover, show};
@@ -46,6 +48,33 @@ pub(super) struct Live {
     pub(super) generation: u64,
     /// Sentinel: the primary as the Sentinels named it.
     pub(super) primary: Option<Primary>,
+    /// When a request was last sent or answered on this connection.
+    pub(super) activity: Arc<Activity>,
+}
+
+/// When a connection last carried a request or a reply (ms since it
+/// opened, tokio's clock): a request sent after a long enough silence may
+/// cross a close for idleness (see `handle.rs`, `IDLE_CLOSE_MIN`).
+pub(super) struct Activity {
+    opened: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    pub(super) fn new() -> Activity {
+        Activity {
+            opened: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Records activity now; returns how long the connection was silent
+    /// before it.
+    pub(super) fn touch(&self) -> Duration {
+        let now = ms(self.opened.elapsed());
+        let last = self.last_ms.fetch_max(now, Ordering::Relaxed);
+        Duration::from_millis(now.saturating_sub(last))
+    }
 }
 
 /// Sentinel: the primary as the Sentinels named it, and the connection to

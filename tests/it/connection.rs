@@ -130,6 +130,44 @@ fn idle_timeout_is_not_a_failed_renewal() {
     assert_eq!(worker.count_log("renew failed"), 0);
 }
 
+/// A request that crosses a close after an idle spell (a server's `timeout`, a NAT or load
+/// balancer dropping idle connections) is sent again at once on a new connection: the proxy
+/// holds the renew sent after 2 s of silence and resets the connection under it, three times;
+/// no renewal fails.
+#[test]
+fn a_request_cut_off_after_an_idle_spell_is_sent_again() {
+    let redis = RedisServer::start();
+    assert_eq!(guard_open(&redis.url(), "orders", &[]).code, Some(0));
+    let proxy = FaultProxy::for_redis(&redis);
+    let worker = Sidecar::worker_at(&proxy.url(), "orders")
+        .flag("--ttl", "10s")
+        .flag("--renew-interval", "2s")
+        .spawn();
+    worker.wait_for_lease(secs(10));
+    let renewed = || worker.metric(RENEWED).unwrap_or(0.0);
+    for round in 0..3 {
+        let before = renewed();
+        assert!(
+            poll_until(secs(5), || renewed() > before),
+            "round {round}: no renewal"
+        );
+        // Past the eviction check that follows a renewal: the next request is the renew.
+        std::thread::sleep(ms(500));
+        let before = renewed();
+        proxy.freeze_existing();
+        let held = proxy
+            .wait_queued_up(1, secs(5))
+            .unwrap_or_else(|| panic!("round {round}: no request held"));
+        proxy.set_conn_mode(held.id, Mode::Reset);
+        assert!(
+            poll_until(secs(5), || renewed() > before),
+            "round {round}: no renewal after the reset"
+        );
+    }
+    assert_eq!(worker.metric(FAILED).unwrap_or(0.0), 0.0);
+    assert_eq!(worker.count_log("renew failed"), 0);
+}
+
 /// A URL that does not parse cleanly exits 2, suggests percent-encoding and
 /// echoes no part of it.
 #[test]
