@@ -23,11 +23,17 @@ pub(crate) use limit::{CountLimit, DurationLimit, REDIS_TIMEOUT};
 /// Parses `500ms`, `2s`, `1m`, `1h` (humantime syntax) into a [`Duration`].
 ///
 /// Errors: a message with examples in the docs' form (`10s`, `500ms`) when
-/// `text` is not a duration; a bare number is told to take a unit.
+/// `text` is not a duration; a bare number is told to take a unit, a
+/// negative one that durations are not negative (every duration flag takes
+/// values starting with `-`, `allow_hyphen_values`, so that this is said
+/// instead of clap's "unexpected argument").
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|_| {
         let number = text.trim();
-        if !number.is_empty() && number.chars().all(|c| c.is_ascii_digit()) {
+        if number.starts_with('-') {
+            "a duration is not negative; write a number and a unit, e.g. 10s, 500ms, 2m, 1h"
+                .to_owned()
+        } else if !number.is_empty() && number.chars().all(|c| c.is_ascii_digit()) {
             format!("a duration needs a unit, e.g. {number}s or {number}ms (units: ms, s, m, h)")
         } else {
             "not a duration; write a number and a unit, e.g. 10s, 500ms, 2m, 1h".to_owned()
@@ -180,7 +186,7 @@ pub(crate) struct RedisArgs {
     pub redis: RedisUrlArg,
 
     /// Timeout of one Redis call (10ms-60s).
-    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = REDIS_TIMEOUT.default, value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = REDIS_TIMEOUT.default, value_parser = parse_duration, allow_hyphen_values = true)]
     pub redis_timeout: Duration,
 
     /// `--allow-evicting-redis`.

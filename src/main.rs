@@ -79,7 +79,7 @@ enum Command {
 #[derive(clap::Args)]
 struct SleepArgs {
     /// How long to wait (0s-1h), e.g. 20s.
-    #[arg(value_parser = parse_duration)]
+    #[arg(value_parser = parse_duration, allow_hyphen_values = true)]
     duration: Duration,
 }
 
@@ -317,4 +317,32 @@ fn report(text: String) {
         let _ = done.send(());
     });
     let _ = wait.recv_timeout(Duration::from_millis(500));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every duration flag of every command takes a value starting with `-`, so that a
+    /// negative one meets `parse_duration`'s explanation, not clap's "unexpected argument".
+    #[test]
+    fn every_duration_flag_takes_a_leading_hyphen() {
+        fn walk(cmd: &clap::Command, path: &str, found: &mut Vec<String>, seen: &mut usize) {
+            for arg in cmd.get_arguments() {
+                if arg.get_value_parser().type_id() == std::any::TypeId::of::<Duration>() {
+                    *seen += 1;
+                    if !arg.is_allow_hyphen_values_set() {
+                        found.push(format!("{path} --{}", arg.get_id()));
+                    }
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), found, seen);
+            }
+        }
+        let (mut found, mut seen) = (Vec::new(), 0);
+        walk(&Cli::command(), "snowlease", &mut found, &mut seen);
+        assert!(seen >= 30, "only {seen} duration flags found");
+        assert!(found.is_empty(), "without allow_hyphen_values: {found:?}");
+    }
 }

@@ -79,11 +79,11 @@ pub struct CarryArgs {
     /// The old app's --mint-window (100ms-60s): a mark of the old app this Redis node did not
     /// write in its current life (a restart or failover since) counts as Redis TIME + this +
     /// twice --max-clock-skew, as its sidecars would raise it.
-    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration, allow_hyphen_values = true)]
     pub mint_window: Duration,
 
     /// The old app's --max-clock-skew (10ms-60s; see --mint-window).
-    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration, allow_hyphen_values = true)]
     pub max_clock_skew: Duration,
 
     /// Where Redis is.

@@ -421,6 +421,25 @@ fn bad_mint_flags_are_refused_naming_the_flag_and_nothing_is_written() {
         assert_eq!(run.code, Some(2), "{flags:?}: {}", run.stderr);
         assert!(run.stderr.contains(named), "{flags:?}: {}", run.stderr);
     }
+    // Mint flags without --mint, and a negative window, are refused the same way.
+    let cases: [(&[&str], &str); 4] = [
+        (&["--mint-window", "3s"], "--mint"),
+        (&["--epoch", "0"], "--mint"),
+        (&["--id-layout", "41:10:12"], "--mint"),
+        (&["--mint", "--mint-window", "-1s"], "--mint-window"),
+    ];
+    for (flags, named) in cases {
+        let mut args = vec!["worker", "--app", APP, "--redis-url", &url];
+        args.extend_from_slice(flags);
+        let run = run_snowlease(&args, &[], secs(10));
+        assert_eq!(run.code, Some(2), "{flags:?}: {}", run.stderr);
+        assert!(run.stderr.contains(named), "{flags:?}: {}", run.stderr);
+        assert!(
+            !run.stderr.contains("unexpected argument"),
+            "{}",
+            run.stderr
+        );
+    }
     assert_eq!(redis.dbsize(), 0, "nothing written");
 }
 

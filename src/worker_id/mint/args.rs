@@ -34,7 +34,7 @@ pub struct MintArgs {
     pub next_on_listen: bool,
 
     /// Bits of an ID, TIMESTAMP:WORKER:SEQUENCE or TIMESTAMP:DATACENTER:WORKER:SEQUENCE (e.g. 41:5:5:12), each at least 1 (datacenter 0-16), together at most 63.
-    #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT)]
+    #[arg(long, env = "SNOWLEASE_ID_LAYOUT", default_value = DEFAULT_LAYOUT, requires = "mint")]
     pub id_layout: String,
 
     /// With --mint: datacenter ID put into every minted ID, 0 to 2^D-1 for the D datacenter bits of --id-layout (only 0 without them); fixed for the app like the layout.
@@ -43,11 +43,11 @@ pub struct MintArgs {
     pub datacenter_id: u16,
 
     /// Where timestamps count from: RFC 3339 or Unix ms, not in the future [default: Twitter's].
-    #[arg(long, env = "SNOWLEASE_EPOCH")]
+    #[arg(long, env = "SNOWLEASE_EPOCH", requires = "mint")]
     pub epoch: Option<String>,
 
     /// Reserve timestamps this far ahead of the clock in Redis (100ms-60s; below --ttl - --max-clock-skew).
-    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
+    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration, allow_hyphen_values = true, requires = "mint")]
     pub mint_window: Duration,
 }
 
