@@ -34,6 +34,11 @@ pub(crate) enum WorkerState {
     /// it), or IDs minted up to its high-water mark (before handing it to
     /// an app). Not published, not minted with; claims go on until then.
     Handover(BootInstant),
+    /// An ID was claimed (the key is ours) but fewer replicas than
+    /// `--min-replicas-ack` (the number given) acknowledged it in time
+    /// (`WAIT`): not published, since a failover could lose it; claims go
+    /// on and re-adopt the key.
+    Unacknowledged(u32),
     /// No ID claimed or published: Redis may evict lease keys
     /// ([`crate::eviction`]); claims go on (and are refused) until it is
     /// set to `noeviction`.

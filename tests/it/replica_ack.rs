@@ -2,6 +2,8 @@
 //! replicas acknowledged it (`WAIT`). The replica of a real Sentinel topology is SIGSTOPped,
 //! so the primary's `WAIT` really times out.
 
+use serde_json::json;
+
 use crate::harness::*;
 
 const APP: &str = "acked";
@@ -10,6 +12,15 @@ fn acked_sidecar(topo: &SentinelTopology) -> Sidecar {
     Sidecar::worker_at(&topo.url(), APP)
         .flag("--min-replicas-ack", "1")
         .spawn()
+}
+
+/// The body of `/readyz` (JSON while unready).
+fn unready(sidecar: &Sidecar) -> serde_json::Value {
+    let url = format!("http://{}/readyz", sidecar.http_addr());
+    match ureq::get(&url).timeout(secs(2)).call() {
+        Err(ureq::Error::Status(503, reply)) => reply.into_json().expect("JSON"),
+        other => panic!("/readyz: {:?}", other.map(|r| r.status())),
+    }
 }
 
 fn metric_or_zero(sidecar: &Sidecar, series: &str) -> f64 {
@@ -40,6 +51,10 @@ fn claim_is_published_only_once_a_replica_acknowledged_it() {
         assert_eq!(sidecar.read_output_file(), None);
         std::thread::sleep(ms(50));
     }
+    assert_eq!(
+        unready(&sidecar),
+        json!({"state": "unacknowledged", "min_replicas_ack": 1})
+    );
     topo.nodes()[replica].resume();
     let lease = sidecar.wait_for_lease(secs(10));
     assert_eq!(lease.worker_id, 0, "the key claimed before is re-adopted");
@@ -66,6 +81,12 @@ fn unacknowledged_renewals_unpublish_by_the_deadline() {
     assert!(
         poll_until(secs(3), || sidecar.read_output_file().is_none()),
         "ID file removed"
+    );
+    // Lost, then claimed again and not acknowledged: /readyz names the replicas, not the loss.
+    assert!(
+        poll_until(secs(5), || unready(&sidecar)["state"] == "unacknowledged"),
+        "{}",
+        unready(&sidecar)
     );
     topo.nodes()[replica].resume();
     let again = sidecar.wait_for_lease(secs(15));

@@ -136,6 +136,7 @@ impl Worker {
                     "claim not confirmed on the primary the Sentinels name; claiming again"
                 );
                 phase.detail = "claim not confirmed on the primary the Sentinels name".into();
+                self.set_state(WorkerState::Claiming);
             }
             GateRefusal::ClockSkewed(skew_ms) => {
                 WorkerMetrics::count(&self.metrics.claim_attempts, "clock_skew");
@@ -166,6 +167,7 @@ impl Worker {
                     replicas, "claim not acknowledged by enough replicas in time; claiming again"
                 );
                 phase.detail = format!("claim not acknowledged by {replicas} replica(s)");
+                self.set_state(WorkerState::Unacknowledged(replicas));
             }
         }
         if refusal.claim_backs_off() {

@@ -17,12 +17,13 @@ pub(crate) struct StateLabel {
 
 /// Every state a `/next` 503 names ([`super::minter::MintRefusal::state`]), exported at 0 from
 /// the start so an alert's `increase()` sees the first one.
-pub(crate) const UNAVAILABLE_STATES: [&str; 12] = [
+pub(crate) const UNAVAILABLE_STATES: [&str; 13] = [
     "claiming",
     "guard_closed",
     "clock_skew",
     "handover",
     "evicting",
+    "unacknowledged",
     "readopting",
     "lost",
     "stopping",
@@ -123,6 +124,7 @@ mod tests {
             Standby::ClockSkew,
             Standby::Handover,
             Standby::Evicting,
+            Standby::Unacknowledged,
             Standby::Readopting,
             Standby::Lost,
             Standby::Stopping,

@@ -542,6 +542,7 @@ fn standby_of(state: &WorkerState) -> Standby {
         WorkerState::ClockSkewed(_) => Standby::ClockSkew,
         WorkerState::Handover(_) => Standby::Handover,
         WorkerState::Evicting(_) => Standby::Evicting,
+        WorkerState::Unacknowledged(_) => Standby::Unacknowledged,
         WorkerState::Lost | WorkerState::Held(_) => Standby::Lost,
         WorkerState::Stopping => Standby::Stopping,
     }
@@ -604,6 +605,7 @@ mod tests {
             WorkerState::ClockSkewed(900),
             WorkerState::Handover(at),
             WorkerState::Evicting(evicting),
+            WorkerState::Unacknowledged(1),
             WorkerState::Lost,
             WorkerState::Stopping,
         ] {

@@ -92,6 +92,10 @@ fn unpublished(state: &WorkerState) -> serde_json::Value {
             "state": state_name(state),
             "handover_in_ms": crate::timing::ms(until.remaining()),
         }),
+        WorkerState::Unacknowledged(replicas) => json!({
+            "state": state_name(state),
+            "min_replicas_ack": replicas,
+        }),
         WorkerState::Evicting(evicting) => json!({
             "state": state_name(state),
             "maxmemory_policy": evicting.policy,
@@ -111,6 +115,7 @@ pub(crate) fn state_name(state: &WorkerState) -> &'static str {
         WorkerState::ClockSkewed(_) => "clock_skew",
         WorkerState::Handover(_) => "handover",
         WorkerState::Evicting(_) => "evicting",
+        WorkerState::Unacknowledged(_) => "unacknowledged",
         WorkerState::Readopting(_) => "readopting",
         WorkerState::Held(_) => "expired",
         WorkerState::Lost => "lost",
