@@ -56,6 +56,12 @@ const IMAGE: &str = "localhost/snowlease:it";
 /// Held while scripts/build-image.sh stages target/image/ (the build and the recipe test).
 static STAGING: Mutex<()> = Mutex::new(());
 
+/// Held by a pod whose emptyDir is podman's named volume `snowlease` (the plain and the native
+/// sidecar pods): podman 4.3 names an emptyDir's volume after the manifest's volume, so two
+/// such pods played at once race to create it ("volume already exists", seen in CI) or share
+/// one, and a volume left by an earlier pod would hand its state files to the next.
+static SNOWLEASE_VOLUME: Mutex<()> = Mutex::new(());
+
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -498,6 +504,8 @@ fn run_pod(test: &str, folder: &str, prefix: &str, first: Option<&str>) {
         Ok(p) => p,
         Err(why) => return skip(test, &why),
     };
+    let _volume = SNOWLEASE_VOLUME.lock().unwrap_or_else(|e| e.into_inner());
+    podman.run(&["volume", "rm", "-f", "snowlease"], secs(60));
     let redis = RedisServer::start();
     redis.open_claim_guard("orders");
     let listen = format!("127.0.0.1:{}", free_port());
