@@ -24,7 +24,7 @@ use super::keys::LeaseKeys;
 use super::keys::MintKeys;
 use crate::cli::{ConfigError, RedisUrlArg};
 use crate::connection::{Keyspace, Redis, RedisTarget};
-use crate::lease::TOMBSTONE_PREFIX;
+use crate::lease::{TOMBSTONE_PREFIX, node};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::range::WorkerRange;
 
@@ -119,6 +119,11 @@ pub(crate) enum ClaimGuard {
     Unreadable,
     /// The guard key has another type: claims fail until it is removed.
     WrongType,
+    /// Written on another Redis node or in an earlier life of this one (a
+    /// restart, a failover; or before node stamps): it may be older than
+    /// lease keys a rollback lost, so the next claim that reaches a free ID
+    /// closes it for one TTL (`claim.lua`, docs/rollback-design.md).
+    WrittenElsewhere,
     /// Cluster: one guard per ID, in the ID key's slot, summarised.
     PerId(GuardSummary),
 }
@@ -138,6 +143,9 @@ pub(crate) struct GuardSummary {
     pub missing: u32,
     /// Guards holding something that is not a number, or of another type.
     pub unreadable: u32,
+    /// Guards written on another node or in an earlier life of their
+    /// node: the next claim of such an ID closes its guard for one TTL.
+    pub written_elsewhere: u32,
 }
 
 /// One ID that is not free.
@@ -207,6 +215,7 @@ pub(crate) async fn read(
     }
     pipe.cmd("TIME");
     let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    let stamps = node::primary_stamps(conn).await;
     let Some(time) = replies.pop() else {
         return Err(short_reply());
     };
@@ -216,7 +225,7 @@ pub(crate) async fn read(
     };
     let mut found = replies
         .drain(first_guard..)
-        .map(|guard| claim_guard(guard, now_ms))
+        .map(|guard| claim_guard(guard, now_ms, stamps.as_deref()))
         .collect::<RedisResult<Vec<_>>>()?;
     let claim_guard = match keyspace {
         Keyspace::Slots => ClaimGuard::PerId(summarise(&found)),
@@ -268,7 +277,7 @@ pub(crate) async fn read(
             entry.mark_unix_ms = mark
                 .as_ref()
                 .ok()
-                .and_then(|m| crate::lease::node::integer_part(m.as_deref()?));
+                .and_then(|m| node::integer_part(m.as_deref()?));
             entry.mark_lead_ms = entry.mark_unix_ms.map(|m| m as i64 - now_ms as i64);
             match value.clone() {
                 Ok(owner) => entry.owner = owner,
@@ -322,20 +331,35 @@ fn summarise(guards: &[ClaimGuard]) -> GuardSummary {
                 *soonest = (*soonest).min(*opens_in_ms);
             }
             ClaimGuard::Missing => summary.missing += 1,
+            ClaimGuard::WrittenElsewhere => summary.written_elsewhere += 1,
             _ => summary.unreadable += 1,
         }
     }
     summary
 }
 
-/// Reads one guard's value against Redis' time `now_ms`.
-fn claim_guard(guard: RedisResult<Value>, now_ms: u64) -> RedisResult<ClaimGuard> {
+/// Reads one guard's value against Redis' time `now_ms` and the stamps of
+/// the primaries now (`None`: not known, e.g. `INFO` refused; then a
+/// guard's stamp is not judged). A guard whose stamp is none of them was
+/// written before a restart or failover (on Cluster: of any primary, not
+/// only its slot's, so a guard moved with its slot passes as open).
+fn claim_guard(
+    guard: RedisResult<Value>,
+    now_ms: u64,
+    stamps: Option<&[String]>,
+) -> RedisResult<ClaimGuard> {
     let value: Option<String> = match guard {
         Ok(value) => redis::from_redis_value(value)?,
         Err(err) if err.code() == Some("WRONGTYPE") => return Ok(ClaimGuard::WrongType),
         Err(err) => return Err(err),
     };
-    Ok(match value.map(|v| crate::lease::node::integer_part(&v)) {
+    if let (Some(value), Some(stamps)) = (&value, stamps) {
+        let here = node::stamp_part(value).is_some_and(|s| stamps.iter().any(|n| n == s));
+        if node::integer_part(value).is_some() && !here {
+            return Ok(ClaimGuard::WrittenElsewhere);
+        }
+    }
+    Ok(match value.map(|v| node::integer_part(&v)) {
         None => ClaimGuard::Missing,
         Some(None) => ClaimGuard::Unreadable,
         Some(Some(open_at)) if open_at > now_ms => ClaimGuard::Closed {

@@ -156,6 +156,35 @@ fn status_shows_the_claim_guard() {
     drop(sidecar);
 }
 
+/// An open guard shows as open while Redis runs the life that wrote it (status computes
+/// node.lua's stamp in Rust: the two agree), and as written elsewhere after a restart from the
+/// snapshot that holds it; the next claim closes it for one TTL, as status said.
+#[test]
+fn status_names_a_guard_written_before_a_restart() {
+    let mut redis = RedisServer::start();
+    assert_eq!(guard_open(&redis.url(), "orders", &[]).code, Some(0));
+    let state = |redis: &RedisServer| {
+        let run = status(&redis.url(), &["--json"]);
+        let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+        report["claim_guard"]["state"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(state(&redis), "open");
+    let _: () = redis.query(&mut redis::cmd("SAVE"));
+    redis.restart();
+    assert_eq!(state(&redis), "written_elsewhere");
+    let run = status(&redis.url(), &[]);
+    assert!(
+        run.stdout
+            .contains("claim guard written before a Redis restart or failover"),
+        "{run:?}"
+    );
+    let sidecar = Sidecar::worker(&redis, "orders")
+        .flag("--ttl", "30s")
+        .spawn();
+    assert!(poll_until(secs(10), || state(&redis) == "closed"));
+    drop(sidecar);
+}
+
 /// Bad flags exit 2 naming the flag; an unreachable Redis exits 1 with the URL, password hidden.
 #[test]
 fn status_bad_input_and_unreachable_redis() {

@@ -38,7 +38,7 @@ impl PersistenceReport {
 
 /// The per-ID guards of a Cluster, one line; nothing while all are open.
 fn render_summary(out: &mut String, s: &GuardSummary) {
-    if s.closed == 0 && s.missing == 0 && s.unreadable == 0 {
+    if s.closed == 0 && s.missing == 0 && s.unreadable == 0 && s.written_elsewhere == 0 {
         return;
     }
     let _ = write!(out, "claim guards (one per ID): {} open", s.open);
@@ -59,6 +59,13 @@ fn render_summary(out: &mut String, s: &GuardSummary) {
     }
     if s.unreadable > 0 {
         let _ = write!(out, ", {} unreadable or of another type", s.unreadable);
+    }
+    if s.written_elsewhere > 0 {
+        let _ = write!(
+            out,
+            ", {} written before a restart or failover of their shard (a claim of such an ID closes its guard for one TTL)",
+            s.written_elsewhere
+        );
     }
     out.push('\n');
 }
@@ -101,6 +108,9 @@ pub(super) fn render(report: &Report, redis: &str) -> String {
         ClaimGuard::WrongType => {
             out.push_str("claim guard has the wrong type: claims fail until the key is removed\n");
         }
+        ClaimGuard::WrittenElsewhere => out.push_str(
+            "claim guard written before a Redis restart or failover (it may be older than leases a rollback lost): the next claim closes it for one TTL\n",
+        ),
     }
     if report.leases.is_empty() {
         return out;
