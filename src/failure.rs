@@ -31,6 +31,12 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
             WorkerError::Redis(_) => FAILURE,
         };
     }
+    if err
+        .downcast_ref::<crate::persistence::durable::NotDurable>()
+        .is_some()
+    {
+        return UNAVAILABLE;
+    }
     if err.downcast_ref::<BudgetDenied>().is_some() {
         return BUDGET_DENIED;
     }

@@ -7,7 +7,11 @@
 //! docs/rollback-design.md: claims close for one TTL after a restart or a
 //! failover), so this only informs: where `CONFIG` is refused (an ACL
 //! without `+config|get`, a managed service that renames or removes it)
-//! nothing is said beyond a debug line, and nothing fails.
+//! nothing is said beyond a debug line, and nothing fails. One-off steps
+//! whose writes must outlast a rollback (`mint carry-over`) wait for them
+//! to be durable: [`durable`].
+
+pub(crate) mod durable;
 
 use redis::{ErrorKind, RedisError, RedisResult, Value};
 use serde::Serialize;

@@ -21,10 +21,11 @@ use super::mint::script::record_format;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::cli::{parse_duration, whole};
 use crate::connection::RedisTarget;
+use crate::persistence::durable::{Durability, make_durable};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::keys::LeaseKeys;
-use crate::worker_id::limits::{MAX_CLOCK_SKEW, MINT_WINDOW};
+use crate::worker_id::limits::{DURABLE_WAIT, MAX_CLOCK_SKEW, MINT_WINDOW};
 use crate::worker_id::mint::args::DATACENTER_ID_MAX;
 use crate::worker_id::range::WorkerRange;
 
@@ -86,6 +87,10 @@ pub struct CarryArgs {
     #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration, allow_hyphen_values = true)]
     pub max_clock_skew: Duration,
 
+    /// How long to wait for the raised floors to reach every replica and a snapshot (1s-1h); exit 3 after it (written, not yet durable: run again).
+    #[arg(long, env = "SNOWLEASE_DURABLE_WAIT", default_value = DURABLE_WAIT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    pub durable_wait: Duration,
+
     /// Where Redis is.
     #[command(flatten)]
     pub redis: RedisUrlArg,
@@ -106,6 +111,8 @@ pub struct CarryConfig {
     redis: RedisTarget,
     /// --mint-window + 2 x --max-clock-skew of the old app.
     rollback_lead: Duration,
+    /// --durable-wait.
+    durable_wait: Duration,
 }
 
 impl CarryArgs {
@@ -131,6 +138,7 @@ impl CarryArgs {
         layout.check_lasts(epoch, now)?;
         MINT_WINDOW.check(self.mint_window)?;
         MAX_CLOCK_SKEW.check(self.max_clock_skew)?;
+        DURABLE_WAIT.check(self.durable_wait)?;
         let prefix = &keys.key_prefix;
         Ok(CarryConfig {
             from: LeaseKeys::new(prefix, &self.from_app),
@@ -144,6 +152,7 @@ impl CarryArgs {
             epoch,
             redis: self.redis.target()?,
             rollback_lead: self.mint_window + 2 * self.max_clock_skew,
+            durable_wait: self.durable_wait,
         })
     }
 }
@@ -206,8 +215,12 @@ pub(crate) fn floor_after(
 
 /// Runs `mint carry-over` and prints one JSON line.
 ///
+/// Then waits until the writes are durable (`persistence::durable`: on every replica, in each
+/// primary's snapshot or AOF), up to `--durable-wait`.
+///
 /// Errors: `CarryRefused` (exit 5, nothing written); a format record of the old app that
-/// cannot be read; a Redis error.
+/// cannot be read; a Redis error; `NotDurable` (exit 3: written, not yet durable; running it
+/// again is safe: it raises the same floors).
 pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
     let mut conn = config.redis.connect(COMMAND_CALL_TIMEOUT)?;
     let context = || format!("redis {}", config.redis);
@@ -291,6 +304,20 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
             .await
             .with_context(context)?;
     }
+    // The raised floors must outlast a rollback before the new app may start: a restart
+    // from an earlier snapshot or a failover to a lagging replica would lose them, and the
+    // new app's marks would then be raised only to Redis TIME + its window (vouch.lua),
+    // below the floor when the new epoch is later.
+    let durability = make_durable(&mut conn, config.durable_wait)
+        .await
+        .with_context(context)?;
+    let (durable, unchecked) = match &durability {
+        Durability::Held(how) => (Some(how.as_str()), None),
+        Durability::Unchecked(why) => {
+            eprintln!("warning: the carry-over is written but its durability is unchecked: {why}");
+            (None, Some(why.as_str()))
+        }
+    };
     let line = serde_json::json!({
         "from_app": config.from_app,
         "app": config.app,
@@ -299,6 +326,8 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
         "floor_unix_ms": floor,
         "wait_ms": floor.saturating_sub(wall_now_ms()),
         "worker_ids": config.worker_ids.len(),
+        "durable": durable,
+        "durability_unchecked": unchecked,
     });
     stdout_line(&line.to_string())
 }

@@ -103,6 +103,14 @@ pub(crate) const MINT_WINDOW: DurationLimit = DurationLimit {
     min: Duration::from_millis(100),
     max: Duration::from_secs(60),
 };
+/// `--durable-wait` (`mint carry-over`): how long it waits for its writes to reach every
+/// replica and a snapshot, 1 s to 1 h (a `BGSAVE` of a large dataset takes minutes).
+pub(crate) const DURABLE_WAIT: DurationLimit = DurationLimit {
+    flag: "--durable-wait",
+    default: "60s",
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(3600),
+};
 
 #[cfg(test)]
 mod tests {
@@ -147,7 +155,7 @@ mod tests {
     #[test]
     fn carry_over_follows_the_table() {
         let command = CarryArgs::augment_args(Command::new("carry-over"));
-        for limit in [MINT_WINDOW, MAX_CLOCK_SKEW] {
+        for limit in [MINT_WINDOW, MAX_CLOCK_SKEW, DURABLE_WAIT] {
             check::duration(&command, &limit);
         }
     }

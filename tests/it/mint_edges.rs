@@ -288,6 +288,83 @@ fn a_format_change_as_the_docs_give_it_never_mints_an_old_id() {
     assert!(oldest_new > newest_old, "{oldest_new} <= {newest_old}");
 }
 
+/// `mint carry-over` waits until its raised floors are on every replica before it says done:
+/// with the replica of a Sentinel topology stopped (SIGSTOP) it exits 3 naming the replicas'
+/// offsets (written, not durable: a failover to that replica would lose the floors); run
+/// again once the replica runs, it exits 0 and says what holds the writes.
+#[test]
+fn carry_over_waits_for_its_floors_to_reach_every_replica() {
+    let topo = SentinelTopology::start_small();
+    let carry = |wait: &str| {
+        run_snowlease(
+            &[
+                "mint",
+                "carry-over",
+                "--from-app",
+                APP,
+                "--app",
+                "fmt-next",
+                "--epoch",
+                "1288834984657",
+                "--redis-url",
+                &topo.url(),
+                "--durable-wait",
+                wait,
+            ],
+            &[],
+            secs(90),
+        )
+    };
+    topo.wait_replicas_in_sync();
+    let replica = 1 - topo.primary_index();
+    topo.nodes()[replica].pause();
+    let run = carry("2s");
+    topo.nodes()[replica].resume();
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(run.stderr.contains("replicas did not catch up"), "{run:?}");
+    assert!(run.stderr.contains("safe to run again"), "{run:?}");
+    let run = carry("10s");
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("JSON");
+    assert!(
+        line["durable"]
+            .as_str()
+            .unwrap()
+            .contains("1 replica(s) have the writes"),
+        "{line}"
+    );
+}
+
+/// On a Cluster `mint carry-over` waits for the replica of every shard (its floors spread
+/// over the shards by worker ID) and says so.
+#[test]
+fn carry_over_on_a_cluster_waits_for_every_shards_replica() {
+    let cluster = ClusterTopology::start();
+    let run = run_snowlease(
+        &[
+            "mint",
+            "carry-over",
+            "--from-app",
+            APP,
+            "--app",
+            "fmt-next",
+            "--redis-url",
+            &cluster.url(),
+        ],
+        &[],
+        secs(60),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("JSON");
+    assert!(
+        line["durable"]
+            .as_str()
+            .unwrap()
+            .contains("3 replica(s) have the writes"),
+        "{line}"
+    );
+}
+
 /// `mint carry-over` refuses while the old app holds an ID (its pods may still mint): exit 5,
 /// nothing written for the new app.
 #[test]

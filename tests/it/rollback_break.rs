@@ -8,15 +8,16 @@
 //!   again, while the first holder runs on.
 //! - Worker IDs: `guard open` (run on every deploy, as docs/worker.md allows) finds no guard
 //!   and no lease key and opens the guard, so a newcomer takes an ID a holder still publishes.
-//! - `mint carry-over`: reads the old app's marks without vouching for them, and its floor is
-//!   lost with a rollback after it; either way the new app mints IDs the old app minted.
+//! - `mint carry-over` read the old app's marks without vouching for them, and its floor was
+//!   lost with a rollback after it; either way the new app minted IDs the old app minted
+//!   (both fixed: it vouches for them, and waits for a snapshot and the replicas).
 //! - Node stamps: a Sentinel failover back to the old primary before it was turned into a
 //!   replica keeps its `run_id` and `master_replid`, so the rollback (the writes made on the
 //!   other node) goes unseen.
 //!
-//! Every test here fails on the product as it is, each run (3 of 3 runs each): known limits
+//! The ignored tests fail on the product as it is, each run (3 of 3 runs each): known limits
 //! (docs/rollback-design.md, "What is still not covered"), ignored until fixed; run them with
-//! `cargo test --test it -- rollback_break --ignored`.
+//! `cargo test --test it -- rollback_break --ignored`. The others ran so once and are fixed.
 
 use std::fs;
 use std::path::Path;
@@ -273,7 +274,14 @@ enum CarryRollback {
 /// crash-restart from a snapshot taken after the old app's first batch. Returns how many IDs of
 /// the new app the old app had minted.
 fn format_change_with_a_rollback(when: CarryRollback) -> (usize, usize) {
-    let mut redis = RedisServer::start();
+    // Debian's redis.conf snapshots (`save 3600 1 300 100 60 10000`): a crash-restart loads the
+    // last snapshot, the one `SAVE` below takes (nothing changes often enough for another).
+    let mut redis = RedisServer::start_with(RedisOptions {
+        args: ["--save", "3600 1 300 100 60 10000"]
+            .map(String::from)
+            .to_vec(),
+        ..RedisOptions::default()
+    });
     let url = redis.url();
     let (old_app, new_app) = ("carry-old", "carry-new");
     let minter = |app: &str, epoch: &str| {
@@ -364,12 +372,13 @@ fn carry_over_after_a_rollback_never_mints_an_old_id() {
     );
 }
 
-/// A rollback right after `mint carry-over` (its floor and the new app's format record lost
-/// with the snapshot): the new app's first reservation finds no mark and raises it to
-/// TIME + window + skew, not to the carried floor, so with an epoch 10 s later it mints IDs
-/// the old app minted in its last seconds.
+/// A crash-restart right after `mint carry-over`: its floor and the new app's format record
+/// were lost with the snapshot (taken before it), and the new app's first reservation found
+/// no mark and raised it to TIME + window + skew, not to the carried floor, so with an epoch
+/// 10 s later it minted IDs the old app minted in its last seconds (43,264-871,680). Now
+/// carry-over returns only once a snapshot taken after its writes finished (`BGSAVE
+/// SCHEDULE`; and every replica has them), so the restart loads the floor.
 #[test]
-#[ignore = "known limit (docs/rollback-design.md, What is still not covered): fails today"]
 fn carry_over_lost_in_a_rollback_never_mints_an_old_id() {
     let (twice, of) = format_change_with_a_rollback(CarryRollback::AfterCarry);
     assert_eq!(

@@ -1,0 +1,243 @@
+//! Making the writes a one-off step made outlast a rollback before the step reports success:
+//! every replica of every primary has them (its replication offset reached the primary's,
+//! read after the writes), and each primary's own persistence holds them (a snapshot that
+//! finished after them, `BGSAVE SCHEDULE`; an AOF fsynced). `mint carry-over` uses it: its
+//! raised floor, lost to a restart from an earlier snapshot or a failover to a lagging
+//! replica, would let the new app mint IDs the old one minted (docs/rollback-design.md).
+//!
+//! Offsets rather than `WAIT`: `WAIT` counts the writes of its own connection, and a
+//! reconnect between the writes and the `WAIT` would make it answer at once.
+
+use std::time::Duration;
+
+use redis::{RedisResult, Value};
+use tokio::time::Instant;
+
+use super::read;
+use crate::connection::Redis;
+use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
+
+/// How often a replica's offset or a snapshot is looked at again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How long an AOF with `appendfsync everysec` may take to fsync a write: Redis fsyncs once a
+/// second and postpones an fsync by up to 2 s while the previous one still runs (redis.conf,
+/// "APPEND ONLY MODE").
+const EVERYSEC_FSYNC: Duration = Duration::from_secs(3);
+
+/// How far the writes reach beyond the primaries' memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// On every replica and in each primary's persistence; says how.
+    Held(String),
+    /// Not checked where Redis refused to say (`CONFIG`, `INFO` or `BGSAVE` refused, e.g. a
+    /// managed service) or cannot promise (`appendfsync no`); says what to do instead.
+    Unchecked(String),
+}
+
+/// The writes were not made durable within the limit: says which node lacks what.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; the step is safe to run again")]
+pub(crate) struct NotDurable(String);
+
+/// Waits (up to `limit`) until every replica of every primary has the writes this process
+/// made so far and each primary's persistence holds them.
+///
+/// Errors: [`NotDurable`] when a replica did not catch up or a snapshot did not finish (or
+/// failed) within `limit`; a Redis error of the replication check.
+pub(crate) async fn make_durable(conn: &mut Redis, limit: Duration) -> anyhow::Result<Durability> {
+    let deadline = Instant::now() + limit;
+    let replicas = replicas_caught_up(conn, deadline).await?;
+    let persisted = match persisted(conn, deadline).await? {
+        Durability::Held(how) => how,
+        unchecked => return Ok(unchecked),
+    };
+    Ok(Durability::Held(format!("{replicas}; {persisted}")))
+}
+
+/// Every replica's offset at or past its primary's offset read now. Says how many replicas.
+async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Result<String> {
+    let targets: Vec<(Option<String>, u64)> = info(conn, "replication")
+        .await?
+        .into_iter()
+        .map(|(node, text)| Ok((node, field(&text, "master_repl_offset")?.parse()?)))
+        .collect::<anyhow::Result<_>>()?;
+    loop {
+        let now = info(conn, "replication").await?;
+        let mut behind = Vec::new();
+        let mut count = 0;
+        for (node, target) in &targets {
+            let text = now.iter().find(|(n, _)| n == node).map(|(_, t)| t.as_str());
+            for offset in text.map(replica_offsets).unwrap_or_default() {
+                count += 1;
+                if offset < *target {
+                    behind.push(format!("{} {offset} < {target}", show(node)));
+                }
+            }
+        }
+        if behind.is_empty() {
+            return Ok(format!("{count} replica(s) have the writes"));
+        }
+        if Instant::now() >= deadline {
+            return Err(NotDurable(format!(
+                "replicas did not catch up in time (offsets: {}): a failover to one of them would lose the writes",
+                behind.join(", ")
+            ))
+            .into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Each primary's persistence holds the writes: a snapshot that finished after them where
+/// RDB is what a restart loads, an fsync where the AOF is.
+async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durability> {
+    let nodes = match read(conn).await {
+        Ok(nodes) => nodes,
+        Err(err) => {
+            return Ok(Durability::Unchecked(format!(
+                "the persistence settings could not be read ({err}): take a snapshot (BGSAVE) or wait for your provider's before the next step"
+            )));
+        }
+    };
+    let aof = |n: &&super::NodePersistence| n.settings.appendonly.eq_ignore_ascii_case("yes");
+    if let Some(node) = nodes
+        .iter()
+        .filter(aof)
+        .find(|n| n.settings.appendfsync.eq_ignore_ascii_case("no"))
+    {
+        return Ok(Durability::Unchecked(format!(
+            "{}: appendfsync no leaves the flush of the AOF to the kernel (about 30 s on Linux): wait that long before the next step",
+            show(&node.node)
+        )));
+    }
+    let snapshot = nodes
+        .iter()
+        .any(|n| !aof(&n) && !n.settings.save.trim().is_empty());
+    let mut how = Vec::new();
+    if snapshot {
+        match snapshot_taken(conn, deadline).await? {
+            Ok(()) => how.push("a snapshot finished after them"),
+            Err(refused) => return Ok(Durability::Unchecked(refused)),
+        }
+    }
+    if nodes
+        .iter()
+        .filter(aof)
+        .any(|n| n.settings.appendfsync.eq_ignore_ascii_case("everysec"))
+    {
+        tokio::time::sleep(EVERYSEC_FSYNC).await;
+        how.push("the AOF fsynced them (everysec)");
+    }
+    if how.is_empty() {
+        how.push("nothing to roll back to (appendfsync always, or no persistence: a restart comes back empty, which the claim guard covers)");
+    }
+    Ok(Durability::Held(how.join(", ")))
+}
+
+/// `BGSAVE SCHEDULE` on every primary, then waits until each finished a snapshot it started
+/// after. The inner `Err`: BGSAVE refused, with what to do instead.
+async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Result<(), String>> {
+    // rdb_saves counts snapshots since start (Redis 7); before it, the time of the last one (s).
+    let saves = |text: &str| {
+        let count = field(text, "rdb_saves").or_else(|_| field(text, "rdb_last_save_time"));
+        count.ok().and_then(|v| v.parse::<u64>().ok())
+    };
+    let before: Vec<(Option<String>, Option<u64>)> = info(conn, "persistence")
+        .await?
+        .into_iter()
+        .map(|(node, text)| (node, saves(&text)))
+        .collect();
+    let mut cmd = redis::cmd("BGSAVE");
+    cmd.arg("SCHEDULE");
+    let started = bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await?;
+    if let Some((node, err)) = started
+        .into_iter()
+        .find_map(|(node, reply)| reply.extract_error().err().map(|e| (node, e)))
+    {
+        return Ok(Err(format!(
+            "{}: BGSAVE refused ({err}): take a snapshot or wait for your provider's before the next step",
+            show(&node)
+        )));
+    }
+    loop {
+        let now = info(conn, "persistence").await?;
+        let mut waiting = Vec::new();
+        for (node, text) in &now {
+            if field(text, "rdb_last_bgsave_status").is_ok_and(|s| s != "ok") {
+                return Err(
+                    NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into(),
+                );
+            }
+            let was = before.iter().find(|(n, _)| n == node).and_then(|(_, s)| *s);
+            let running = field(text, "rdb_bgsave_in_progress").is_ok_and(|v| v != "0");
+            if running || saves(text) <= was {
+                waiting.push(show(node));
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(Ok(()));
+        }
+        if Instant::now() >= deadline {
+            return Err(NotDurable(format!(
+                "the snapshot (BGSAVE) did not finish in time on {}",
+                waiting.join(", ")
+            ))
+            .into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// `INFO <section>` of every primary, as text.
+async fn info(conn: &mut Redis, section: &str) -> anyhow::Result<Vec<(Option<String>, String)>> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg(section);
+    let replies = bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await?;
+    replies
+        .into_iter()
+        .map(|(node, reply)| -> RedisResult<_> {
+            let reply: Value = reply.extract_error()?;
+            Ok((node, redis::from_redis_value(reply)?))
+        })
+        .collect::<RedisResult<_>>()
+        .map_err(Into::into)
+}
+
+/// The value of `name:` in an `INFO` text.
+fn field<'a>(text: &'a str, name: &str) -> anyhow::Result<&'a str> {
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+        .ok_or_else(|| anyhow::anyhow!("INFO has no {name}"))
+}
+
+/// The `offset=` of every `slaveN:` line of an `INFO replication` text.
+fn replica_offsets(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter(|line| line.starts_with("slave") && line.contains("offset="))
+        .filter_map(|line| {
+            let offset = line.split(',').find_map(|kv| kv.strip_prefix("offset="))?;
+            offset.trim().parse().ok()
+        })
+        .collect()
+}
+
+fn show(node: &Option<String>) -> String {
+    node.clone().unwrap_or_else(|| "the primary".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_offsets_and_fields_are_read_from_info() {
+        let text = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+            slave0:ip=127.0.0.1,port=6380,state=online,offset=120,lag=0\r\n\
+            slave1:ip=127.0.0.1,port=6381,state=wait_bgsave,offset=0,lag=1\r\n\
+            master_repl_offset:140\r\nslave_read_repl_offset:0\r\n";
+        assert_eq!(replica_offsets(text), [120, 0]);
+        assert_eq!(field(text, "master_repl_offset").unwrap(), "140");
+        assert!(field(text, "rdb_saves").is_err());
+    }
+}
