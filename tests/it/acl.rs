@@ -202,6 +202,51 @@ fn worker_without_wait_fails_at_start_with_min_replicas_ack() {
         .wait_for_lease(secs(10));
 }
 
+/// `mint carry-over` with the worker rule plus `+config|get +bgsave` (docs/operations.md)
+/// on a Redis with snapshots: nothing denied, and it says a snapshot holds its writes. With
+/// the worker rule alone it still exits 0, saying the durability is unchecked and what to do.
+#[test]
+fn carry_over_runs_with_the_documented_rule() {
+    let redis = RedisServer::start_with(RedisOptions {
+        args: ["--save", "3600 1"].map(String::from).to_vec(),
+        ..RedisOptions::default()
+    });
+    let carry = |url: &str| {
+        run_snowlease(
+            &[
+                "mint",
+                "carry-over",
+                "--from-app",
+                "old",
+                "--app",
+                "new",
+                "--redis-url",
+                url,
+            ],
+            &[],
+            secs(30),
+        )
+    };
+    let rule = format!("{WORKER_RULES} +config|get +bgsave");
+    let run = carry(&acl_user(&redis, "carrier", &rule));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert!(
+        line["durable"]
+            .as_str()
+            .unwrap()
+            .contains("a snapshot finished after them"),
+        "{line}"
+    );
+    assert_eq!(acl_log(&redis), Vec::<String>::new(), "nothing denied");
+
+    let run = carry(&acl_user(&redis, "plain", WORKER_RULES));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert!(line["durable"].is_null(), "{line}");
+    assert!(run.stderr.contains("durability is unchecked"), "{run:?}");
+}
+
 /// `status` works with read-only key access (`%R~`), and that user cannot write a lease key.
 #[test]
 fn status_runs_with_a_read_only_acl() {
