@@ -78,6 +78,15 @@ fn explain(target: &RedisTarget, err: RedisError, ran_before: bool) -> RedisErro
     err
 }
 
+/// The value of `name` in an `INFO` text (`name:value` lines, CRLF-ended;
+/// Redis docs, INFO), the one place that reads one; `None` without it.
+pub(crate) fn info_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|line| {
+        let (key, value) = line.trim_end().split_once(':')?;
+        (key == name).then_some(value)
+    })
+}
+
 /// A redis-rs error for people, the one place that renders one: what
 /// redis-rs' `Display` says without the kind's debug name (`- InvalidClientConfig`,
 /// `NoPerm:`, `Server(NoPerm)`), a server's refusal as Redis wrote it
@@ -125,6 +134,16 @@ impl fmt::Display for Readable<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `INFO` fields are read by name, whole: `rdb_saves` is not `rdb_saves_x`, a value keeps
+    /// its colons, CR is dropped.
+    #[test]
+    fn info_fields_are_read_by_whole_name() {
+        let text = "# Persistence\r\nrdb_saves_x:9\r\nrdb_saves:3\r\nslave0:ip=::1,port=1\r\n";
+        assert_eq!(info_field(text, "rdb_saves"), Some("3"));
+        assert_eq!(info_field(text, "slave0"), Some("ip=::1,port=1"));
+        assert_eq!(info_field(text, "rdb"), None);
+    }
     use classify::server_error;
 
     /// redis-rs' `Display` names its kinds ("Server(NoPerm): NoPerm: ...",

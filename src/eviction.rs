@@ -50,15 +50,10 @@ impl MemorySettings {
     /// Parses the `maxmemory:` and `maxmemory_policy:` lines of `INFO memory`.
     /// `None` when either is missing (a server that does not report them).
     pub(crate) fn parse(info: &str) -> Option<Self> {
-        let field = |name: &str| {
-            info.lines().find_map(|line| {
-                let (key, value) = line.trim_end().split_once(':')?;
-                (key == name).then(|| value.to_owned())
-            })
-        };
+        let field = |name: &str| crate::connection::info_field(info, name);
         Some(Self {
             maxmemory: field("maxmemory")?.parse().ok()?,
-            policy: field("maxmemory_policy")?,
+            policy: field("maxmemory_policy")?.to_owned(),
         })
     }
 

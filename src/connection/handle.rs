@@ -199,8 +199,7 @@ impl Redis {
         info.arg("replication");
         let value = self.call_on_key_node(&info, key).await?;
         let text: String = redis::from_redis_value(value.extract_error()?)?;
-        text.lines()
-            .find_map(|line| line.strip_prefix("connected_slaves:"))
+        super::info_field(&text, "connected_slaves")
             .and_then(|count| count.trim().parse().ok())
             .ok_or_else(|| {
                 RedisError::from((

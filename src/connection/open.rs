@@ -156,7 +156,7 @@ impl Shared {
             .query_async(&mut conn)
             .await;
         let cluster = match info {
-            Ok(info) => info.lines().any(|l| l.trim() == "cluster_enabled:1"),
+            Ok(info) => super::info_field(&info, "cluster_enabled") == Some("1"),
             // No +info for this user: trust the URL's form.
             Err(err) if super::is_permission_error(&err) => want_cluster,
             Err(err) => return Err(err),

@@ -4,7 +4,7 @@
 
 use redis::Script;
 
-use crate::connection::Redis;
+use crate::connection::{Redis, info_field};
 
 /// `node.lua`: `node_stamp()`, `unstamp()`, `stamped()`, `stamped_here()`,
 /// `node_gate()`, `lift_fence()`; for scripts built from several parts.
@@ -60,15 +60,8 @@ pub(crate) async fn primary_stamps(conn: &mut Redis) -> Option<Vec<String>> {
 /// first 12 hex digits of SHA1(`run_id:master_replid`). `None` when either
 /// field is missing. (A test on a real server keeps the two equal.)
 pub(crate) fn stamp_from_info(server: &str, replication: &str) -> Option<String> {
-    let field = |text: &str, name: &str| -> Option<String> {
-        text.lines()
-            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-            .map(str::to_owned)
-    };
-    let (run_id, replid) = (
-        field(server, "run_id")?,
-        field(replication, "master_replid")?,
-    );
+    let run_id = info_field(server, "run_id")?;
+    let replid = info_field(replication, "master_replid")?;
     let digest = sha1_smol::Sha1::from(format!("{run_id}:{replid}"))
         .digest()
         .to_string();

@@ -14,7 +14,7 @@ use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
 use super::read;
-use crate::connection::Redis;
+use crate::connection::{Redis, info_field};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
 /// How often a replica's offset or a snapshot is looked at again.
@@ -204,11 +204,9 @@ async fn info(conn: &mut Redis, section: &str) -> anyhow::Result<Vec<(Option<Str
         .map_err(Into::into)
 }
 
-/// The value of `name:` in an `INFO` text.
+/// The value of `name:` in an `INFO` text ([`info_field`]); an error without it.
 fn field<'a>(text: &'a str, name: &str) -> anyhow::Result<&'a str> {
-    text.lines()
-        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-        .ok_or_else(|| anyhow::anyhow!("INFO has no {name}"))
+    info_field(text, name).ok_or_else(|| anyhow::anyhow!("INFO has no {name}"))
 }
 
 /// The `offset=` of every `slaveN:` line of an `INFO replication` text.
