@@ -62,8 +62,7 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
         .into_iter()
         .map(|(node, text)| Ok((node, field(&text, "master_repl_offset")?.parse()?)))
         .collect::<anyhow::Result<_>>()?;
-    loop {
-        let now = info(conn, "replication").await?;
+    poll_info(conn, "replication", deadline, |now| {
         let mut behind = Vec::new();
         let mut count = 0;
         for (node, target) in &targets {
@@ -75,18 +74,15 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
                 }
             }
         }
-        if behind.is_empty() {
-            return Ok(format!("{count} replica(s) have the writes"));
-        }
-        if Instant::now() >= deadline {
-            return Err(NotDurable(format!(
+        Ok(match behind.is_empty() {
+            true => Ok(format!("{count} replica(s) have the writes")),
+            false => Err(format!(
                 "replicas did not catch up in time (offsets: {}): a failover to one of them would lose the writes",
                 behind.join(", ")
-            ))
-            .into());
-        }
-        tokio::time::sleep(POLL).await;
-    }
+            )),
+        })
+    })
+    .await
 }
 
 /// Each primary's persistence holds the writes: a snapshot that finished after them where
@@ -160,10 +156,9 @@ async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<R
             show(&node)
         )));
     }
-    loop {
-        let now = info(conn, "persistence").await?;
+    poll_info(conn, "persistence", deadline, |now| {
         let mut waiting = Vec::new();
-        for (node, text) in &now {
+        for (node, text) in now {
             if field(text, "rdb_last_bgsave_status").is_ok_and(|s| s != "ok") {
                 return Err(
                     NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into(),
@@ -175,15 +170,33 @@ async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<R
                 waiting.push(show(node));
             }
         }
-        if waiting.is_empty() {
-            return Ok(Ok(()));
-        }
-        if Instant::now() >= deadline {
-            return Err(NotDurable(format!(
+        Ok(match waiting.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
                 "the snapshot (BGSAVE) did not finish in time on {}",
                 waiting.join(", ")
-            ))
-            .into());
+            )),
+        })
+    })
+    .await
+    .map(Ok)
+}
+
+/// Reads `INFO <section>` of every primary every [`POLL`] until `look` says done (`Ok(Ok)`)
+/// or fails; at `deadline` what it says still waits (`Ok(Err)`) is the [`NotDurable`].
+async fn poll_info<T>(
+    conn: &mut Redis,
+    section: &str,
+    deadline: Instant,
+    mut look: impl FnMut(&[(Option<String>, String)]) -> anyhow::Result<Result<T, String>>,
+) -> anyhow::Result<T> {
+    loop {
+        let waiting = match look(&info(conn, section).await?)? {
+            Ok(done) => return Ok(done),
+            Err(waiting) => waiting,
+        };
+        if Instant::now() >= deadline {
+            return Err(NotDurable(waiting).into());
         }
         tokio::time::sleep(POLL).await;
     }

@@ -295,44 +295,17 @@ fn a_format_change_as_the_docs_give_it_never_mints_an_old_id() {
 #[test]
 fn carry_over_waits_for_its_floors_to_reach_every_replica() {
     let topo = SentinelTopology::start_small();
-    let carry = |wait: &str| {
-        run_snowlease(
-            &[
-                "mint",
-                "carry-over",
-                "--from-app",
-                APP,
-                "--app",
-                "fmt-next",
-                "--epoch",
-                "1288834984657",
-                "--redis-url",
-                &topo.url(),
-                "--durable-wait",
-                wait,
-            ],
-            &[],
-            secs(90),
-        )
-    };
+    let url = topo.url();
     topo.wait_replicas_in_sync();
     let replica = 1 - topo.primary_index();
     topo.nodes()[replica].pause();
-    let run = carry("2s");
+    let run = carry_over(&url, &["--durable-wait", "2s"]);
     topo.nodes()[replica].resume();
     assert_eq!(run.code, Some(3), "{run:?}");
     assert!(run.stderr.contains("replicas did not catch up"), "{run:?}");
     assert!(run.stderr.contains("safe to run again"), "{run:?}");
-    let run = carry("10s");
-    assert_eq!(run.code, Some(0), "{run:?}");
-    let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("JSON");
-    assert!(
-        line["durable"]
-            .as_str()
-            .unwrap()
-            .contains("1 replica(s) have the writes"),
-        "{line}"
-    );
+    let run = carry_over(&url, &["--durable-wait", "10s"]);
+    assert_durable(&run, "1 replica(s) have the writes");
 }
 
 /// On a Cluster `mint carry-over` waits for the replica of every shard (its floors spread
@@ -340,29 +313,34 @@ fn carry_over_waits_for_its_floors_to_reach_every_replica() {
 #[test]
 fn carry_over_on_a_cluster_waits_for_every_shards_replica() {
     let cluster = ClusterTopology::start();
-    let run = run_snowlease(
-        &[
-            "mint",
-            "carry-over",
-            "--from-app",
-            APP,
-            "--app",
-            "fmt-next",
-            "--redis-url",
-            &cluster.url(),
-        ],
-        &[],
-        secs(60),
-    );
+    let run = carry_over(&cluster.url(), &[]);
+    assert_durable(&run, "3 replica(s) have the writes");
+}
+
+/// `snowlease mint carry-over --from-app APP --app fmt-next` (epoch 10 s later) on `url`.
+fn carry_over(url: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "mint",
+        "carry-over",
+        "--from-app",
+        APP,
+        "--app",
+        "fmt-next",
+        "--epoch",
+        "1288834984657",
+        "--redis-url",
+        url,
+    ];
+    args.extend_from_slice(extra);
+    run_snowlease(&args, &[], secs(90))
+}
+
+/// Exit 0, and the line's `durable` says `says`.
+fn assert_durable(run: &Run, says: &str) {
     assert_eq!(run.code, Some(0), "{run:?}");
     let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("JSON");
-    assert!(
-        line["durable"]
-            .as_str()
-            .unwrap()
-            .contains("3 replica(s) have the writes"),
-        "{line}"
-    );
+    let durable = line["durable"].as_str().unwrap_or_default();
+    assert!(durable.contains(says), "{line}");
 }
 
 /// `mint carry-over` refuses while the old app holds an ID (its pods may still mint): exit 5,
@@ -375,20 +353,7 @@ fn carry_over_refuses_while_the_old_app_holds_ids() {
         .flag("--max-worker-id", "0")
         .spawn();
     _old.wait_for_log("minting above the high-water mark", secs(10));
-    let run = run_snowlease(
-        &[
-            "mint",
-            "carry-over",
-            "--from-app",
-            APP,
-            "--app",
-            "fmt-next",
-            "--redis-url",
-            &redis.url(),
-        ],
-        &[],
-        secs(10),
-    );
+    let run = carry_over(&redis.url(), &[]);
     assert_eq!(run.code, Some(5), "{run:?}");
     assert!(run.stderr.contains("still holds 1 worker ID"), "{run:?}");
     assert!(
