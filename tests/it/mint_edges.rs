@@ -361,3 +361,79 @@ fn carry_over_refuses_while_the_old_app_holds_ids() {
         "nothing written"
     );
 }
+
+/// Breaker, failing: with `save ""` and AOF off, `mint carry-over` says "nothing to roll back
+/// to" and exits 0, but Redis still loads a `dump.rdb` left in its dir at a restart (a manual
+/// `BGSAVE`, a backup, or the file a replica writes at its full sync, which stays on disk
+/// after a failover promotes it). A crash-restart then brings the new app's format and floors
+/// back to before the carry-over.
+#[test]
+fn carry_over_with_save_off_survives_a_restart_from_a_snapshot_on_disk() {
+    let mut redis = RedisServer::start();
+    let _: () = redis.query(&mut redis::cmd("SAVE"));
+    let run = run_snowlease(
+        &[
+            "mint",
+            "carry-over",
+            "--from-app",
+            "old",
+            "--app",
+            "new",
+            "--redis-url",
+            &redis.url(),
+        ],
+        &[],
+        secs(30),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(redis.exists("snowflake:worker:new:format"), "{run:?}");
+    redis.restart();
+    assert!(
+        redis.exists("snowflake:worker:new:format"),
+        "carry-over said durable ({}) but a restart lost its writes",
+        run.stdout.trim()
+    );
+}
+
+/// Breaker, failing: a snapshot already running when `mint carry-over` sends `BGSAVE
+/// SCHEDULE` (Redis answers "Background save already in progress" even with SCHEDULE while
+/// an RDB child runs: an automatic save, a replica's full sync, an operator's BGSAVE) is
+/// taken for a Redis that refuses BGSAVE: exit 0, `durability_unchecked`, nothing waited for.
+#[test]
+fn carry_over_waits_for_a_snapshot_when_one_is_already_running() {
+    let redis = RedisServer::start_with(RedisOptions {
+        args: ["--save", "3600 1"].map(String::from).to_vec(),
+        ..RedisOptions::default()
+    });
+    for i in 0..50 {
+        let _: () = redis.query(redis::cmd("SET").arg(format!("filler:{i}")).arg(i));
+    }
+    // 50 keys x 40 ms: the snapshot runs about 2 s.
+    let _: () = redis.query(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("rdb-key-save-delay")
+            .arg(40_000),
+    );
+    let _: String = redis.query(&mut redis::cmd("BGSAVE"));
+    let run = run_snowlease(
+        &[
+            "mint",
+            "carry-over",
+            "--from-app",
+            "old",
+            "--app",
+            "new",
+            "--redis-url",
+            &redis.url(),
+            "--durable-wait",
+            "30s",
+        ],
+        &[],
+        secs(60),
+    );
+    assert!(
+        run.code == Some(3) || (run.code == Some(0) && run.stdout.contains("\"durable\":\"")),
+        "a running snapshot was taken for a refused BGSAVE: {run:?}"
+    );
+}
