@@ -119,6 +119,8 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let listener = http::bind(config.listen)
         .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
     let conn = config.redis.connect(config.lease.call_timeout())?;
+    // Claims and renewals answer their own repeat (a claim "already ours").
+    conn.resend_after_idle();
 
     let metrics = Arc::new(WorkerMetrics::default());
     metrics

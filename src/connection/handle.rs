@@ -14,10 +14,11 @@
 //!   Sentinels name is used only when the node answers `ROLE` as master;
 //!   which node the Sentinels name: the majority rule of `sentinel.rs`;
 //! - a command that never left because the connection was already closed
-//!   (e.g. the server's `timeout` closed it while idle), or that met a close
-//!   after a silence of [`IDLE_CLOSE_MIN`] (the close and the command
-//!   crossed), is sent once more at once on a new connection and is not an
-//!   error;
+//!   (e.g. the server's `timeout` closed it while idle) is sent once more at
+//!   once on a new connection and is not an error; so is one that met a
+//!   close after a silence of [`IDLE_CLOSE_MIN`] (the close and the command
+//!   crossed) on one server, where the caller asked
+//!   ([`Redis::resend_after_idle`]);
 //! - TCP keepalive and `TCP_USER_TIMEOUT` are set on every socket;
 //! - each new connection bumps a generation number callers can watch
 //!   ([`Redis::reconnects`]), and [`Redis::confirm_primary`] tells whether the
@@ -25,6 +26,7 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -82,6 +84,7 @@ impl RedisTarget {
             generation: watch::Sender::new(0),
             mode: OnceLock::new(),
             sentinel,
+            resend_idle: AtomicBool::new(false),
         };
         Ok(Redis {
             shared: Arc::new(shared),
@@ -93,6 +96,20 @@ impl RedisTarget {
 // === what callers ask beyond commands ===
 
 impl Redis {
+    /// Lets every clone send a command once more on a new connection when it
+    /// met a close after a silence of [`IDLE_CLOSE_MIN`] on one server (not
+    /// on a Cluster: redis-rs' cluster client retries such a command itself,
+    /// and both together ran one up to 4 times). Only for callers whose
+    /// every command answers its own repeat without handing anything out
+    /// twice (the worker: claims answer "already ours", renewals check the
+    /// owner; `lock`: acquires answer "already ours"): a repeat of a command
+    /// that did run, its reply lost, meets what the first one left, so a
+    /// pool acquire without a request id or a budget take would answer "no
+    /// id due" or "denied" for a lease or charge that was made.
+    pub(crate) fn resend_after_idle(&self) {
+        self.shared.resend_idle.store(true, Ordering::Relaxed);
+    }
+
     /// Watches the connection generation: it grows by one with every new
     /// connection (first connect, reconnect, new primary, new cluster view).
     pub(crate) fn reconnects(&self) -> watch::Receiver<u64> {
@@ -313,6 +330,7 @@ impl Redis {
                 armed: !fresh,
             };
             let silent = live.activity.touch();
+            let one_server = matches!(live.conn, Conn::Node(_));
             let mut request = pin!(send(live.conn));
             let first = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
             // Failed before the driver took it: it never left (the server had
@@ -328,7 +346,10 @@ impl Redis {
                 }
             };
             let dropped = result.as_ref().is_err_and(|e| e.is_connection_dropped());
-            if dropped && !resent && (never_left || silent >= IDLE_CLOSE_MIN) {
+            let crossed = silent >= IDLE_CLOSE_MIN
+                && shared.resend_idle.load(Ordering::Relaxed)
+                && one_server;
+            if dropped && !resent && (never_left || crossed) {
                 shared.mark_broken(live.generation);
                 suspect.armed = false;
                 resent = true;
@@ -439,13 +460,10 @@ impl Shared {
 /// connection then drops before any reply may have crossed that close (the
 /// server's FIN on its way while the request left): the close came before
 /// the server read it, so it did not run, and it is sent again once on a
-/// new connection. Were the drop something else (a crash right after the
-/// request ran), the repeat meets what the first one left and nothing is
-/// handed out twice: a claim or a lock acquire answers "already ours",
-/// renewals and releases check the owner, fences only count up, a pool
-/// acquire with a request id is replayed (without one a second id is
-/// leased and the first lease ends by its deadline), a budget take is
-/// charged twice (never a lease without its charge).
+/// new connection, for the callers that asked ([`Redis::resend_after_idle`]:
+/// the worker and `lock`, whose commands answer their own repeat, so a
+/// drop that was something else, a crash right after the request ran,
+/// hands nothing out twice either).
 const IDLE_CLOSE_MIN: Duration = Duration::from_secs(1);
 
 /// Least time a connect may take in the background (several round trips).

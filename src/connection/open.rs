@@ -2,7 +2,7 @@
 //! detects for `redis://`), the primary check of one server and of the
 //! node the Sentinels name, and a Cluster with our copy of its slot owners.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ pub(super) struct Shared {
     /// Decided at the first connect (`INFO cluster` for `redis://`).
     pub(super) mode: OnceLock<ServerKind>,
     pub(super) sentinel: Option<Sentinels>,
+    /// Whether a command that met a close after a silence is sent again
+    /// ([`super::Redis::resend_after_idle`]); off unless asked for.
+    pub(super) resend_idle: AtomicBool,
 }
 
 /// What the Redis turned out to be at the first connect; the URL's scheme

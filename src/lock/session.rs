@@ -38,6 +38,8 @@ impl Session {
         timeout: Duration,
     ) -> anyhow::Result<Self> {
         let conn = redis.connect(timeout)?;
+        // Acquires answer their own repeat ("already ours"), renewals check the owner.
+        conn.resend_after_idle();
         Ok(Self {
             conn,
             owner,

@@ -168,6 +168,60 @@ fn a_request_cut_off_after_an_idle_spell_is_sent_again() {
     assert_eq!(worker.count_log("renew failed"), 0);
 }
 
+/// `pool serve` never sends an acquire a second time: after 2 s of silence an acquire reaches
+/// Redis and runs, its reply is lost and the connection reset. Sent again, it would lease a
+/// second id (the first one leased to a token nobody has) and answer 201 for it; it answers
+/// an error, and Redis holds the one lease the acquire made.
+#[test]
+fn pool_serve_does_not_repeat_an_acquire_whose_reply_was_lost() {
+    let redis = RedisServer::start();
+    init_pool(&redis.url());
+    let proxy = FaultProxy::for_redis(&redis);
+    let serve = SidecarBuilder::new("pool")
+        .without("--listen")
+        .without("--log-format")
+        .switch("serve")
+        .flag("--listen", "127.0.0.1:0")
+        .flag("--log-format", "json")
+        .flag("--redis-url", &proxy.url())
+        .flag("--redis-timeout", "2s")
+        // No reaper round in the silence before the acquire.
+        .flag("--reap-interval", "1h")
+        .flag("--pool", "proxies")
+        .name("pool serve")
+        .spawn();
+    assert!(poll_until(secs(10), || serve.readyz() == 200));
+    let leases = || redis.query::<u64>(redis::cmd("ZCARD").arg("{proxies}:leases"));
+    let acquire = || {
+        let url = format!("http://{}/pools/proxies/leases", serve.http_addr());
+        match ureq::post(&url)
+            .timeout(secs(5))
+            .send_json(json!({"ttl_ms": 60_000}))
+        {
+            Ok(reply) => reply.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(_) => 0,
+        }
+    };
+    // A first acquire loads the script (else the one below meets NOSCRIPT, which runs nothing).
+    assert_eq!(acquire(), 201);
+    std::thread::sleep(ms(2000));
+    proxy.set_mode(Mode::DropReplies);
+    let status = std::thread::scope(|scope| {
+        let acquire = scope.spawn(acquire);
+        let ran = poll_until(secs(5), || leases() == 2);
+        proxy.release();
+        for conn in proxy.open_connections() {
+            proxy.set_conn_mode(conn.id, Mode::Reset);
+        }
+        assert!(ran, "the acquire ran in Redis");
+        acquire.join().unwrap()
+    });
+    std::thread::sleep(ms(500));
+    assert_ne!(status, 201, "an acquire sent again leased a second id");
+    assert_eq!(leases(), 2, "one acquire, one lease");
+}
+
 /// A URL that does not parse cleanly exits 2, suggests percent-encoding and
 /// echoes no part of it.
 #[test]
