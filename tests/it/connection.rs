@@ -183,7 +183,7 @@ fn pool_serve_does_not_repeat_an_acquire_whose_reply_was_lost() {
         .switch("serve")
         .flag("--listen", "127.0.0.1:0")
         .flag("--log-format", "json")
-        .flag("--redis-url", &proxy.url())
+        .flag("--redis-url", proxy.url())
         .flag("--redis-timeout", "2s")
         // No reaper round in the silence before the acquire.
         .flag("--reap-interval", "1h")
