@@ -14,6 +14,7 @@ use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
 use super::read;
+use crate::cli::show_duration;
 use crate::connection::{Redis, info_field};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
@@ -85,101 +86,167 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
     .await
 }
 
-/// Each primary's persistence holds the writes: a snapshot that finished after them where
-/// RDB is what a restart loads, an fsync where the AOF is.
+/// Each primary's persistence holds the writes. Without AOF a restart loads `dump.rdb`
+/// whenever one is on disk, whatever `save` says (a manual `BGSAVE`, a backup, the file a
+/// replica wrote at its full sync and keeps after a promotion): so a snapshot that started
+/// after the writes must finish. With AOF the AOF is what a restart loads: `appendfsync`
+/// (`CONFIG GET`) says how long a write may wait for its fsync.
 async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durability> {
-    let nodes = match read(conn).await {
-        Ok(nodes) => nodes,
-        Err(err) => {
+    let infos = match info(conn, "persistence").await {
+        Ok(infos) => infos,
+        Err(err) => return Ok(unchecked(format!("INFO persistence refused ({err})"))),
+    };
+    let aof = |text: &str| info_field(text, "aof_enabled") == Some("1");
+    let mut how = Vec::new();
+    if infos.iter().any(|(_, text)| !aof(text)) {
+        match snapshot_taken(conn, deadline).await? {
+            Ok(()) => how.push("a snapshot started after them finished"),
+            Err(refused) => return Ok(unchecked(refused)),
+        }
+    }
+    if let Some((node, _)) = infos
+        .iter()
+        .find(|(_, text)| aof(text) && info_field(text, "aof_last_write_status") != Some("ok"))
+    {
+        return Err(NotDurable(format!("{}: the AOF write is failing", show(node))).into());
+    }
+    if infos.iter().any(|(_, text)| aof(text)) {
+        let nodes = match read(conn).await {
+            Ok(nodes) => nodes,
+            Err(err) => {
+                return Ok(unchecked(format!(
+                    "AOF is on and its appendfsync could not be read ({err})"
+                )));
+            }
+        };
+        let fsync = |policy: &str| {
+            nodes.iter().find(|n| {
+                n.settings.appendonly.eq_ignore_ascii_case("yes")
+                    && n.settings.appendfsync.eq_ignore_ascii_case(policy)
+            })
+        };
+        if let Some(node) = fsync("no") {
             return Ok(Durability::Unchecked(format!(
-                "the persistence settings could not be read ({err}): take a snapshot (BGSAVE) or wait for your provider's before the next step"
+                "{}: appendfsync no leaves the flush of the AOF to the kernel (about 30 s on Linux): wait that long before the next step",
+                show(&node.node)
             )));
         }
-    };
-    let aof = |n: &&super::NodePersistence| n.settings.appendonly.eq_ignore_ascii_case("yes");
-    if let Some(node) = nodes
-        .iter()
-        .filter(aof)
-        .find(|n| n.settings.appendfsync.eq_ignore_ascii_case("no"))
-    {
-        return Ok(Durability::Unchecked(format!(
-            "{}: appendfsync no leaves the flush of the AOF to the kernel (about 30 s on Linux): wait that long before the next step",
-            show(&node.node)
-        )));
-    }
-    let snapshot = nodes
-        .iter()
-        .any(|n| !aof(&n) && !n.settings.save.trim().is_empty());
-    let mut how = Vec::new();
-    if snapshot {
-        match snapshot_taken(conn, deadline).await? {
-            Ok(()) => how.push("a snapshot finished after them"),
-            Err(refused) => return Ok(Durability::Unchecked(refused)),
+        if fsync("everysec").is_some() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < EVERYSEC_FSYNC {
+                return Err(NotDurable(format!(
+                    "appendfsync everysec may take {} to fsync a write, more than what is left of the wait",
+                    show_duration(EVERYSEC_FSYNC)
+                ))
+                .into());
+            }
+            tokio::time::sleep(EVERYSEC_FSYNC).await;
+            how.push("the AOF fsynced them (everysec)");
+        } else {
+            how.push("the AOF fsyncs before it replies (always)");
         }
-    }
-    if nodes
-        .iter()
-        .filter(aof)
-        .any(|n| n.settings.appendfsync.eq_ignore_ascii_case("everysec"))
-    {
-        tokio::time::sleep(EVERYSEC_FSYNC).await;
-        how.push("the AOF fsynced them (everysec)");
-    }
-    if how.is_empty() {
-        how.push("nothing to roll back to (appendfsync always, or no persistence: a restart comes back empty, which the claim guard covers)");
     }
     Ok(Durability::Held(how.join(", ")))
 }
 
-/// `BGSAVE SCHEDULE` on every primary, then waits until each finished a snapshot it started
-/// after. The inner `Err`: BGSAVE refused, with what to do instead.
+/// Durability not checked because `why`: what to do instead.
+fn unchecked(why: String) -> Durability {
+    Durability::Unchecked(format!(
+        "{why}: take a snapshot (BGSAVE) or wait for your provider's before the next step"
+    ))
+}
+
+/// What `snapshot_taken` knows of one primary.
+#[derive(Default)]
+struct Snapshot {
+    /// Seen with no snapshot running: any that starts after that started after the writes.
+    quiet: bool,
+    /// Snapshots counted then (`rdb_saves`; none before Redis 7).
+    quiet_saves: Option<u64>,
+    /// Our `BGSAVE` forked (it answered "started").
+    started: bool,
+    /// Our `BGSAVE` waits behind an AOF rewrite (it answered "scheduled").
+    scheduled: bool,
+}
+
+/// Waits until every primary finished a snapshot that started after the writes: one
+/// running at the first look may have started before them, so it waits for that one to end
+/// and sends `BGSAVE SCHEDULE` (again while Redis answers "already in progress"). The inner
+/// `Err`: BGSAVE refused, saying so.
 async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Result<(), String>> {
-    // rdb_saves counts snapshots since start (Redis 7); before it, the time of the last one (s).
-    let saves = |text: &str| {
-        let count = field(text, "rdb_saves").or_else(|_| field(text, "rdb_last_save_time"));
-        count.ok().and_then(|v| v.parse::<u64>().ok())
-    };
-    let before: Vec<(Option<String>, Option<u64>)> = info(conn, "persistence")
-        .await?
-        .into_iter()
-        .map(|(node, text)| (node, saves(&text)))
-        .collect();
-    let mut cmd = redis::cmd("BGSAVE");
-    cmd.arg("SCHEDULE");
-    let started = bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await?;
-    if let Some((node, err)) = started
-        .into_iter()
-        .find_map(|(node, reply)| reply.extract_error().err().map(|e| (node, e)))
-    {
-        return Ok(Err(format!(
-            "{}: BGSAVE refused ({err}): take a snapshot or wait for your provider's before the next step",
-            show(&node)
-        )));
-    }
-    poll_info(conn, "persistence", deadline, |now| {
-        let mut waiting = Vec::new();
-        for (node, text) in now {
-            if field(text, "rdb_last_bgsave_status").is_ok_and(|s| s != "ok") {
+    // rdb_saves counts snapshots since start (Redis 7); older ones are judged by our own.
+    let saves = |text: &str| info_field(text, "rdb_saves").and_then(|v| v.parse::<u64>().ok());
+    let mut nodes: Vec<(Option<String>, Snapshot)> = Vec::new();
+    loop {
+        let now = info(conn, "persistence").await?;
+        let (mut send, mut waiting) = (false, Vec::new());
+        for (node, text) in &now {
+            let at = match nodes.iter().position(|(n, _)| n == node) {
+                Some(at) => at,
+                None => {
+                    nodes.push((node.clone(), Snapshot::default()));
+                    nodes.len() - 1
+                }
+            };
+            let state = &mut nodes[at].1;
+            let running = info_field(text, "rdb_bgsave_in_progress").is_some_and(|v| v != "0");
+            if !state.quiet {
+                if !running {
+                    (state.quiet, state.quiet_saves) = (true, saves(text));
+                    send = true;
+                }
+                waiting.push(show(node));
+                continue;
+            }
+            let counted = state.quiet_saves.is_some() && saves(text) > state.quiet_saves;
+            if counted || (state.started && !running && last_save_ok(text)) {
+                continue;
+            }
+            if state.started && !running {
                 return Err(
                     NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into(),
                 );
             }
-            let was = before.iter().find(|(n, _)| n == node).and_then(|(_, s)| *s);
-            let running = field(text, "rdb_bgsave_in_progress").is_ok_and(|v| v != "0");
-            if running || saves(text) <= was {
-                waiting.push(show(node));
+            send |= !running && !state.started && !state.scheduled;
+            waiting.push(show(node));
+        }
+        if waiting.is_empty() {
+            return Ok(Ok(()));
+        }
+        if send {
+            let mut cmd = redis::cmd("BGSAVE");
+            cmd.arg("SCHEDULE");
+            for (node, reply) in bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await? {
+                let Some((_, state)) = nodes.iter_mut().find(|(n, _)| *n == node) else {
+                    continue;
+                };
+                match reply.extract_error() {
+                    Ok(Value::SimpleString(said)) if said.contains("scheduled") => {
+                        state.scheduled = true
+                    }
+                    Ok(_) => state.started = true,
+                    // Another snapshot started meanwhile: waited for like the first one.
+                    Err(err) if err.to_string().contains("already in progress") => {}
+                    Err(err) => {
+                        return Ok(Err(format!("{}: BGSAVE refused ({err})", show(&node))));
+                    }
+                }
             }
         }
-        Ok(match waiting.is_empty() {
-            true => Ok(()),
-            false => Err(format!(
+        if Instant::now() >= deadline {
+            return Err(NotDurable(format!(
                 "the snapshot (BGSAVE) did not finish in time on {}",
                 waiting.join(", ")
-            )),
-        })
-    })
-    .await
-    .map(Ok)
+            ))
+            .into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The last snapshot succeeded (`rdb_last_bgsave_status:ok`).
+fn last_save_ok(text: &str) -> bool {
+    info_field(text, "rdb_last_bgsave_status") == Some("ok")
 }
 
 /// Reads `INFO <section>` of every primary every [`POLL`] until `look` says done (`Ok(Ok)`)

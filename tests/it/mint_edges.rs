@@ -317,6 +317,21 @@ fn carry_over_on_a_cluster_waits_for_every_shards_replica() {
     assert_durable(&run, "3 replica(s) have the writes");
 }
 
+/// With AOF on (`appendfsync everysec`, the default) carry-over waits out the fsync within
+/// `--durable-wait`: a wait too short for it is exit 3, not a sleep past the wait.
+#[test]
+fn carry_over_with_aof_waits_for_the_fsync_within_the_wait() {
+    let redis = RedisServer::start_with(RedisOptions {
+        args: ["--appendonly", "yes"].map(String::from).to_vec(),
+        ..RedisOptions::default()
+    });
+    let run = carry_over(&redis.url(), &["--durable-wait", "2s"]);
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(run.stderr.contains("appendfsync everysec"), "{run:?}");
+    let run = carry_over(&redis.url(), &[]);
+    assert_durable(&run, "the AOF fsynced them (everysec)");
+}
+
 /// `snowlease mint carry-over --from-app APP --app fmt-next` (epoch 10 s later) on `url`.
 fn carry_over(url: &str, extra: &[&str]) -> Run {
     let mut args = vec![
@@ -362,11 +377,11 @@ fn carry_over_refuses_while_the_old_app_holds_ids() {
     );
 }
 
-/// Breaker, failing: with `save ""` and AOF off, `mint carry-over` says "nothing to roll back
-/// to" and exits 0, but Redis still loads a `dump.rdb` left in its dir at a restart (a manual
-/// `BGSAVE`, a backup, or the file a replica writes at its full sync, which stays on disk
-/// after a failover promotes it). A crash-restart then brings the new app's format and floors
-/// back to before the carry-over.
+/// With `save ""` and AOF off Redis still loads a `dump.rdb` left in its dir at a restart (a
+/// manual `BGSAVE`, a backup, or the file a replica writes at its full sync, which stays on
+/// disk after a failover promotes it). `mint carry-over` said "nothing to roll back to" and
+/// a crash-restart brought the new app's format and floors back to before it; now it takes a
+/// snapshot there too.
 #[test]
 fn carry_over_with_save_off_survives_a_restart_from_a_snapshot_on_disk() {
     let mut redis = RedisServer::start();
@@ -395,10 +410,11 @@ fn carry_over_with_save_off_survives_a_restart_from_a_snapshot_on_disk() {
     );
 }
 
-/// Breaker, failing: a snapshot already running when `mint carry-over` sends `BGSAVE
-/// SCHEDULE` (Redis answers "Background save already in progress" even with SCHEDULE while
-/// an RDB child runs: an automatic save, a replica's full sync, an operator's BGSAVE) is
-/// taken for a Redis that refuses BGSAVE: exit 0, `durability_unchecked`, nothing waited for.
+/// A snapshot already running when `mint carry-over` sends `BGSAVE SCHEDULE` (Redis answers
+/// "Background save already in progress" even with SCHEDULE while an RDB child runs: an
+/// automatic save, a replica's full sync, an operator's BGSAVE) was taken for a Redis that
+/// refuses BGSAVE (exit 0, `durability_unchecked`, nothing waited for); now carry-over waits
+/// for it to end and takes its own.
 #[test]
 fn carry_over_waits_for_a_snapshot_when_one_is_already_running() {
     let redis = RedisServer::start_with(RedisOptions {
@@ -432,8 +448,5 @@ fn carry_over_waits_for_a_snapshot_when_one_is_already_running() {
         &[],
         secs(60),
     );
-    assert!(
-        run.code == Some(3) || (run.code == Some(0) && run.stdout.contains("\"durable\":\"")),
-        "a running snapshot was taken for a refused BGSAVE: {run:?}"
-    );
+    assert_durable(&run, "a snapshot started after them finished");
 }
