@@ -301,9 +301,23 @@ impl Redis {
             .await
     }
 
+    /// Positions in `keys` grouped by the node that serves them: one group on
+    /// one server; on a Cluster by the slot owners `CLUSTER SLOTS` named at
+    /// connect (one group per key without them). For a command per node
+    /// ([`Redis::call_on_key_node`] with a group's first key).
+    ///
+    /// Errors: the first connect failed.
+    pub(crate) async fn node_groups(&self, keys: &[String]) -> RedisResult<Vec<Vec<usize>>> {
+        let live = bounded(self.shared.timeout, self.shared.live()).await?;
+        Ok(match &live.conn {
+            Conn::Node(_) => vec![(0..keys.len()).collect()],
+            Conn::Cluster(_, view) => view.groups(keys),
+        })
+    }
+
     /// A command without keys on the node that holds `key` (on a Cluster
     /// the primary of its slot).
-    async fn call_on_key_node(&mut self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+    pub(crate) async fn call_on_key_node(&mut self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         self.call(|mut conn| async move { conn.on_key_node(cmd, key).await })
             .await
     }

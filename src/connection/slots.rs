@@ -150,6 +150,14 @@ impl SlotView {
     fn owners(&self) -> Option<Arc<SlotOwners>> {
         self.state.lock().expect("view lock").owners.clone()
     }
+
+    /// Positions in `keys` grouped by the primary serving them in this view,
+    /// each group in key order; one group per key without a view.
+    pub(super) fn groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        self.owners()
+            .and_then(|owners| owners.groups(keys))
+            .unwrap_or_else(|| (0..keys.len()).map(|i| vec![i]).collect())
+    }
 }
 
 /// Sends `MGET key` for each of `keys` (single-key `MGET`: nil for a key of

@@ -34,23 +34,24 @@ pub(crate) fn stamp_part(value: &str) -> Option<&str> {
     (!stamp.is_empty() && stamp.bytes().all(|b| b.is_ascii_digit())).then_some(stamp)
 }
 
-/// The stamps of the primaries now (one server: one; Cluster: each
-/// primary's), as `node.lua` computes them there; `None` when a primary's
-/// `INFO` is refused or unreadable (then no stamp is judged).
-pub(crate) async fn primary_stamps(conn: &mut Redis) -> Option<Vec<String>> {
-    let section = |name: &str| {
-        let mut cmd = redis::cmd("INFO");
-        cmd.arg(name);
-        cmd
-    };
-    let servers = conn.on_every_primary(&section("server")).await.ok()?;
-    let replications = conn.on_every_primary(&section("replication")).await.ok()?;
-    let mut stamps = Vec::new();
-    for (node, server) in servers {
-        let replication = replications.iter().find(|(n, _)| *n == node)?;
-        let server: String = redis::from_redis_value(server).ok()?;
-        let replication: String = redis::from_redis_value(replication.1.clone()).ok()?;
-        stamps.push(stamp_from_info(&server, &replication)?);
+/// The stamp of the node that serves each of `keys` (one server: its one
+/// stamp for all; Cluster: each slot owner's, one `INFO` pair per node);
+/// `None` when an `INFO` is refused or unreadable (then no stamp is judged).
+pub(crate) async fn stamps_of_key_nodes(conn: &mut Redis, keys: &[String]) -> Option<Vec<String>> {
+    let mut stamps = vec![String::new(); keys.len()];
+    for group in conn.node_groups(keys).await.ok()? {
+        let key = &keys[*group.first()?];
+        let mut texts = Vec::new();
+        for section in ["server", "replication"] {
+            let mut cmd = redis::cmd("INFO");
+            cmd.arg(section);
+            let reply = conn.call_on_key_node(&cmd, key).await.ok()?;
+            texts.push(redis::from_redis_value::<String>(reply.extract_error().ok()?).ok()?);
+        }
+        let stamp = stamp_from_info(&texts[0], &texts[1])?;
+        for at in group {
+            stamps[at].clone_from(&stamp);
+        }
     }
     Some(stamps)
 }

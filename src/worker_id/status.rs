@@ -99,6 +99,10 @@ pub(crate) struct Report {
     /// The app's claim guard (`<prefix><app>:guard`) on one server; on
     /// Cluster a summary of the per-ID guards (`<prefix><app>:guard:{<key>}`).
     pub claim_guard: ClaimGuard,
+    /// Whether the guards' node stamps were judged: false where `INFO` is
+    /// refused, so a guard written before a restart or failover shows as
+    /// open or closed by its time alone.
+    pub claim_guard_stamps_checked: bool,
 }
 
 /// The claim guard as `status` sees it (docs/worker.md, "Claim guard").
@@ -215,7 +219,7 @@ pub(crate) async fn read(
     }
     pipe.cmd("TIME");
     let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
-    let stamps = node::primary_stamps(conn).await;
+    let stamps = node::stamps_of_key_nodes(conn, &guards).await;
     let Some(time) = replies.pop() else {
         return Err(short_reply());
     };
@@ -225,7 +229,11 @@ pub(crate) async fn read(
     };
     let mut found = replies
         .drain(first_guard..)
-        .map(|guard| claim_guard(guard, now_ms, stamps.as_deref()))
+        .enumerate()
+        .map(|(at, guard)| {
+            let stamp = stamps.as_ref().map(|s| s[at].as_str());
+            claim_guard(guard, now_ms, stamp)
+        })
         .collect::<RedisResult<Vec<_>>>()?;
     let claim_guard = match keyspace {
         Keyspace::Slots => ClaimGuard::PerId(summarise(&found)),
@@ -310,6 +318,7 @@ pub(crate) async fn read(
         free: ids - held - released - wrong_type,
         leases,
         claim_guard,
+        claim_guard_stamps_checked: stamps.is_some(),
     })
 }
 
@@ -338,23 +347,23 @@ fn summarise(guards: &[ClaimGuard]) -> GuardSummary {
     summary
 }
 
-/// Reads one guard's value against Redis' time `now_ms` and the stamps of
-/// the primaries now (`None`: not known, e.g. `INFO` refused; then a
-/// guard's stamp is not judged). A guard whose stamp is none of them was
-/// written before a restart or failover (on Cluster: of any primary, not
-/// only its slot's, so a guard moved with its slot passes as open).
+/// Reads one guard's value against Redis' time `now_ms` and the stamp of
+/// the node that serves it now (`None`: not known, e.g. `INFO` refused;
+/// then its stamp is not judged). A guard with another stamp was written
+/// before a restart or failover, or on another node (a slot moved since),
+/// as `claim.lua` judges it.
 fn claim_guard(
     guard: RedisResult<Value>,
     now_ms: u64,
-    stamps: Option<&[String]>,
+    stamp: Option<&str>,
 ) -> RedisResult<ClaimGuard> {
     let value: Option<String> = match guard {
         Ok(value) => redis::from_redis_value(value)?,
         Err(err) if err.code() == Some("WRONGTYPE") => return Ok(ClaimGuard::WrongType),
         Err(err) => return Err(err),
     };
-    if let (Some(value), Some(stamps)) = (&value, stamps) {
-        let here = node::stamp_part(value).is_some_and(|s| stamps.iter().any(|n| n == s));
+    if let (Some(value), Some(stamp)) = (&value, stamp) {
+        let here = node::stamp_part(value) == Some(stamp);
         if node::integer_part(value).is_some() && !here {
             return Ok(ClaimGuard::WrittenElsewhere);
         }

@@ -279,6 +279,25 @@ fn status_runs_with_a_read_only_acl() {
     assert!(write.is_err(), "the status user cannot write");
 }
 
+/// `status` where `INFO` is refused cannot judge the guard's node stamp: it says so (text and
+/// `claim_guard_stamps_checked: false`) instead of showing the guard as plainly open.
+#[test]
+fn status_without_info_says_the_guard_stamps_are_unchecked() {
+    let redis = RedisServer::start();
+    assert_eq!(guard_open(&redis.url(), "orders", &[]).code, Some(0));
+    let url = acl_user(&redis, "blind", &STATUS_RULES.replace(" +info", ""));
+    let run = |extra: &[&str]| {
+        let mut args = vec!["status", "--app", "orders", "--redis-url", &url];
+        args.extend_from_slice(extra);
+        run_snowlease(&args, &[], secs(15))
+    };
+    let json = run(&["--json"]);
+    assert_eq!(json.code, Some(0), "{json:?}");
+    let report: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(report["claim_guard_stamps_checked"], false, "{json:?}");
+    assert!(run(&[]).stdout.contains("claim guard stamps not checked"));
+}
+
 /// `status` with a user lacking PTTL: exit 1 with an error naming the command.
 #[test]
 fn status_without_permission_names_the_command() {

@@ -185,6 +185,34 @@ fn status_names_a_guard_written_before_a_restart() {
     drop(sidecar);
 }
 
+/// On a Cluster each per-ID guard is judged by the stamp of the primary that serves its slot
+/// now: after the slot of ID 5's guard moved to another primary, status names that guard
+/// written elsewhere (a claim of ID 5 closes it) and the other 7 open. It compared with any
+/// primary's stamp and said all 8 open.
+#[test]
+fn status_judges_each_cluster_guard_by_its_slot_owner() {
+    let topo = ClusterTopology::start();
+    let url = topo.url();
+    assert_eq!(
+        guard_open(&url, "orders", &["--max-worker-id", "7"]).code,
+        Some(0)
+    );
+    let guard = format!("{PREFIX}orders:guard:{{{}}}", worker_key("orders", 5));
+    let slot = topo.keyslot(&guard);
+    let from = topo.owner_of_slot(slot).port;
+    let to = topo
+        .primaries()
+        .into_iter()
+        .find(|n| n.port != from)
+        .unwrap();
+    topo.migrate_slot(slot, to.port);
+    let run = status(&url, &["--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
+    let guards = &report["claim_guard"];
+    assert_eq!(guards["written_elsewhere"], 1, "{run:?}");
+    assert_eq!(guards["open"], 7, "{run:?}");
+}
+
 /// Bad flags exit 2 naming the flag; an unreachable Redis exits 1 with the URL, password hidden.
 #[test]
 fn status_bad_input_and_unreachable_redis() {

@@ -112,6 +112,9 @@ pub(super) fn render(report: &Report, redis: &str) -> String {
             "claim guard written before a Redis restart or failover (it may be older than leases a rollback lost): the next claim closes it for one TTL\n",
         ),
     }
+    if !report.claim_guard_stamps_checked {
+        out.push_str("claim guard stamps not checked (INFO refused): a guard written before a Redis restart or failover shows by its time alone\n");
+    }
     if report.leases.is_empty() {
         return out;
     }
@@ -193,6 +196,7 @@ mod tests {
                 },
             ],
             claim_guard: ClaimGuard::Closed { opens_in_ms: 1500 },
+            claim_guard_stamps_checked: true,
         };
         let text = render(&report, "redis://10.0.0.9:6379/0");
         assert!(
