@@ -24,9 +24,8 @@ pub(crate) use limit::{CountLimit, DurationLimit, REDIS_TIMEOUT};
 ///
 /// Errors: a message with examples in the docs' form (`10s`, `500ms`) when
 /// `text` is not a duration; a bare number is told to take a unit, a
-/// negative one that durations are not negative (every duration flag takes
-/// values starting with `-`, `allow_hyphen_values`, so that this is said
-/// instead of clap's "unexpected argument").
+/// negative one (from the environment: on the command line clap stops it
+/// first, and [`explain`] adds the tip) that durations are not negative.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|_| {
         let number = text.trim();
@@ -186,7 +185,7 @@ pub(crate) struct RedisArgs {
     pub redis: RedisUrlArg,
 
     /// Timeout of one Redis call (10ms-60s).
-    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = REDIS_TIMEOUT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_REDIS_TIMEOUT", default_value = REDIS_TIMEOUT.default, value_parser = parse_duration)]
     pub redis_timeout: Duration,
 
     /// `--allow-evicting-redis`.
@@ -266,6 +265,9 @@ pub fn explain(mut err: clap::Error, root: &clap::Command, argv: &[String]) -> c
             );
         }
     }
+    if let Some(tip) = negative_duration(&err, leaf, argv) {
+        tips.push(tip);
+    }
     if let (ErrorKind::UnknownArgument, "exec" | "lock", Some(ContextValue::String(word))) = (
         err.kind(),
         leaf.get_name(),
@@ -289,6 +291,33 @@ pub fn explain(mut err: clap::Error, root: &clap::Command, argv: &[String]) -> c
         err.insert(ContextKind::Usage, ContextValue::StyledStr(usage));
     }
     err
+}
+
+/// A tip for a negative duration: clap reads `--ttl -1s` as the flag without
+/// a value followed by the unknown flag `-1` (a duration flag does not take
+/// values starting with `-`, so that `--ttl --` and `--ttl --other` still
+/// say that the value is missing).
+fn negative_duration(err: &clap::Error, leaf: &clap::Command, argv: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let (ErrorKind::UnknownArgument, Some(ContextValue::String(word))) =
+        (err.kind(), err.get(ContextKind::InvalidArg))
+    else {
+        return None;
+    };
+    let digits = word.strip_prefix('-')?;
+    if !digits.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    let at = argv.iter().position(|a| a.starts_with(word.as_str()))?;
+    let flag = argv.get(at.checked_sub(1)?)?;
+    let arg = leaf
+        .get_arguments()
+        .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == *flag))?;
+    (arg.get_value_parser().type_id() == std::any::TypeId::of::<Duration>()).then(|| {
+        format!(
+            "{flag} takes a duration, which is not negative: a number and a unit, e.g. 10s, 500ms"
+        )
+    })
 }
 
 /// The subcommand `argv` names (`root` when none), walking names up to `--`.

@@ -79,7 +79,7 @@ enum Command {
 #[derive(clap::Args)]
 struct SleepArgs {
     /// How long to wait (0s-1h), e.g. 20s.
-    #[arg(value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(value_parser = parse_duration)]
     duration: Duration,
 }
 
@@ -323,26 +323,41 @@ fn report(text: String) {
 mod tests {
     use super::*;
 
-    /// Every duration flag of every command takes a value starting with `-`, so that a
-    /// negative one meets `parse_duration`'s explanation, not clap's "unexpected argument".
+    /// A negative value of every duration flag of every command is explained: clap's
+    /// "unexpected argument '-1'" gets the tip that a duration is not negative.
     #[test]
-    fn every_duration_flag_takes_a_leading_hyphen() {
-        fn walk(cmd: &clap::Command, path: &str, found: &mut Vec<String>, seen: &mut usize) {
+    fn every_duration_flag_explains_a_negative_value() {
+        fn walk(cmd: &clap::Command, path: &[String], found: &mut Vec<String>, seen: &mut usize) {
             for arg in cmd.get_arguments() {
-                if arg.get_value_parser().type_id() == std::any::TypeId::of::<Duration>() {
-                    *seen += 1;
-                    if !arg.is_allow_hyphen_values_set() {
-                        found.push(format!("{path} --{}", arg.get_id()));
-                    }
+                let Some(long) = arg.get_long() else { continue };
+                if arg.get_value_parser().type_id() != std::any::TypeId::of::<Duration>() {
+                    continue;
+                }
+                *seen += 1;
+                let mut argv = path.to_vec();
+                argv.extend([format!("--{long}"), "-1s".to_owned()]);
+                let mut root = Cli::command();
+                let Err(err) = root.try_get_matches_from_mut(
+                    std::iter::once("snowlease".to_owned()).chain(argv.iter().cloned()),
+                ) else {
+                    found.push(format!("{argv:?}: parsed"));
+                    continue;
+                };
+                root.build();
+                let text = snowlease::cli::explain(err, &root, &argv).to_string();
+                if !text.contains("which is not negative") {
+                    found.push(format!("{argv:?}: {text}"));
                 }
             }
             for sub in cmd.get_subcommands() {
-                walk(sub, &format!("{path} {}", sub.get_name()), found, seen);
+                let mut path = path.to_vec();
+                path.push(sub.get_name().to_owned());
+                walk(sub, &path, found, seen);
             }
         }
         let (mut found, mut seen) = (Vec::new(), 0);
-        walk(&Cli::command(), "snowlease", &mut found, &mut seen);
+        walk(&Cli::command(), &[], &mut found, &mut seen);
         assert!(seen >= 30, "only {seen} duration flags found");
-        assert!(found.is_empty(), "without allow_hyphen_values: {found:?}");
+        assert!(found.is_empty(), "not explained: {found:#?}");
     }
 }

@@ -75,7 +75,7 @@ pub struct TakeArgs {
     pub cost: u64,
 
     /// Retry a denial for this long (0s-24h), sleeping retry_after_ms plus a spread; then exit 6.
-    #[arg(long, env = "SNOWLEASE_BUDGET_WAIT", default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_BUDGET_WAIT", default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
 }
 
@@ -87,7 +87,7 @@ pub struct PenalizeArgs {
     pub target: BudgetTarget,
 
     /// No take before now + this (1ms-1d, whole ms): the target's Retry-After.
-    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, value_parser = parse_duration)]
     pub penalty: Duration,
 }
 

@@ -37,15 +37,15 @@ pub struct ExecArgs {
     pub env: String,
 
     /// How long to wait for a published ID before giving up (exit 3); 0s-24h.
-    #[arg(long, env = "SNOWLEASE_EXEC_WAIT", default_value = WAIT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_EXEC_WAIT", default_value = WAIT.default, value_parser = parse_duration)]
     pub wait: Duration,
 
     /// How often to re-read the published ID while waiting and while the command runs; 10ms-1m.
-    #[arg(long, env = "SNOWLEASE_EXEC_POLL", default_value = POLL.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_EXEC_POLL", default_value = POLL.default, value_parser = parse_duration)]
     pub poll: Duration,
 
     /// SIGTERM this long before the lease's deadline (SIGKILL at it), or before SIGKILL after a loss; keep well below TTL - renew interval; 0s-10m.
-    #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = GRACE.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_EXEC_GRACE", default_value = GRACE.default, value_parser = parse_duration)]
     pub grace: Duration,
 
     /// Log format.
@@ -117,7 +117,7 @@ pub struct IdArgs {
     pub source: SourceArgs,
 
     /// How long to wait for a published ID (exit 3 when none); 0s-24h, 0s checks once.
-    #[arg(long, env = "SNOWLEASE_ID_WAIT", default_value = ID_WAIT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_ID_WAIT", default_value = ID_WAIT.default, value_parser = parse_duration)]
     pub wait: Duration,
 }
 

@@ -17,7 +17,7 @@ pub struct HttpArgs {
     pub max_connections: u32,
 
     /// Longest a connection may go without a complete request header (100ms-10m): from connect, and between keep-alive requests.
-    #[arg(long, env = "SNOWLEASE_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_HTTP_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub http_header_timeout: Duration,
 }
 

@@ -27,15 +27,15 @@ pub struct LockArgs {
     pub key_prefix: String,
 
     /// Lease TTL in Redis (PX), renewed every ttl/3: 1s-1h.
-    #[arg(long, env = "SNOWLEASE_LOCK_TTL", default_value = TTL.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_LOCK_TTL", default_value = TTL.default, value_parser = parse_duration)]
     pub ttl: Duration,
 
     /// How long to wait for the lock (exit 69 when not acquired); 0s tries once; 0s-24h.
-    #[arg(long, env = "SNOWLEASE_LOCK_WAIT", default_value = WAIT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_LOCK_WAIT", default_value = WAIT.default, value_parser = parse_duration)]
     pub wait: Duration,
 
     /// SIGTERM this long before the lease's deadline (SIGKILL at it), or before SIGKILL after a loss; at most a quarter of TTL - margin is used; 0s-10m.
-    #[arg(long, env = "SNOWLEASE_LOCK_GRACE", default_value = GRACE.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_LOCK_GRACE", default_value = GRACE.default, value_parser = parse_duration)]
     pub grace: Duration,
 
     /// Log format.

@@ -100,7 +100,7 @@ pub(crate) struct StrikeArgs {
     pub max_strikes: Option<u64>,
 
     /// The window strikes are counted in (1s-30d); give it with --max-strikes.
-    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true, requires = "max_strikes")]
+    #[arg(long, value_parser = parse_duration, requires = "max_strikes")]
     pub strike_window: Option<Duration>,
 }
 
@@ -152,7 +152,7 @@ pub(crate) struct AcquireArgs {
     pub target: PoolTarget,
 
     /// Lease time: the deadline is Redis now + ttl. Whole ms, 1ms-10m, at most --max-lease.
-    #[arg(long, env = "SNOWLEASE_POOL_TTL", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_TTL", value_parser = parse_duration)]
     pub ttl: Duration,
 
     /// Not a cooldown after your own lease (give that at release): before it leases, acquire
@@ -163,12 +163,12 @@ pub(crate) struct AcquireArgs {
         alias = "cooldown",
         env = "SNOWLEASE_POOL_RECLAIM_COOLDOWN",
         default_value = "0s",
-        value_parser = parse_duration, allow_hyphen_values = true
+        value_parser = parse_duration
     )]
     pub reclaim_cooldown: Duration,
 
     /// Retry for this long (0s-24h), backing off by the next-due hint; then exit 3.
-    #[arg(long, env = "SNOWLEASE_POOL_WAIT", default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_WAIT", default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
 
     /// Idempotency key (1-64 chars of [A-Za-z0-9_-]): a retry with it answers the same lease.
@@ -176,7 +176,7 @@ pub(crate) struct AcquireArgs {
     pub request_id: Option<String>,
 
     /// Longest total lease time, extends included (1ms-24h).
-    #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration)]
     pub max_lease: Duration,
 
     /// `--budget`: lease only together with a charge to a rate budget.
@@ -208,11 +208,11 @@ pub(crate) struct ReleaseArgs {
     pub lease: LeaseRef,
 
     /// The id is due again after this cooldown (0s-10m).
-    #[arg(long, env = "SNOWLEASE_POOL_COOLDOWN", default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
     pub cooldown: Duration,
 
     /// Put the id out of rotation for this long instead (1ms-30d, whole ms): the resource is bad.
-    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, value_parser = parse_duration)]
     pub quarantine: Option<Duration>,
 
     /// Why, for operators (at most 200 bytes, no control characters); needs --quarantine.
@@ -232,11 +232,11 @@ pub(crate) struct ExtendArgs {
     pub lease: LeaseRef,
 
     /// New deadline: Redis now + ttl. Whole ms, 1ms-10m.
-    #[arg(long, env = "SNOWLEASE_POOL_TTL", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_TTL", value_parser = parse_duration)]
     pub ttl: Duration,
 
     /// Longest total lease time from its acquire (1ms-24h).
-    #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration)]
     pub max_lease: Duration,
 }
 
@@ -253,7 +253,7 @@ pub(crate) struct ReapArgs {
     pub limit: usize,
 
     /// Reclaimed ids are due again after this cooldown (0s-10m).
-    #[arg(long, env = "SNOWLEASE_POOL_COOLDOWN", default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
     pub cooldown: Duration,
 }
 
@@ -295,15 +295,15 @@ pub(crate) struct ServeArgs {
     pub http: crate::http::HttpArgs,
 
     /// Time between background reaper rounds per pool (10ms-1h).
-    #[arg(long, env = "SNOWLEASE_POOL_REAP_INTERVAL", default_value = "1s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_REAP_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub reap_interval: Duration,
 
     /// Cooldown the reaper gives the ids of expired leases (0s-10m).
-    #[arg(long, env = "SNOWLEASE_POOL_REAP_COOLDOWN", default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_REAP_COOLDOWN", default_value = "0s", value_parser = parse_duration)]
     pub reap_cooldown: Duration,
 
     /// Longest total lease time, extends included (1ms-24h).
-    #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_POOL_MAX_LEASE", default_value = "10m", value_parser = parse_duration)]
     pub max_lease: Duration,
 }
 

@@ -118,11 +118,11 @@ pub struct WorkerArgs {
     pub identity: Option<String>,
 
     /// Lease TTL in Redis (PX): 1s-1h, e.g. 120s.
-    #[arg(long, env = "SNOWLEASE_TTL", default_value = TTL.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_TTL", default_value = TTL.default, value_parser = parse_duration)]
     pub ttl: Duration,
 
     /// Time between renewals: 100ms-ttl/2.
-    #[arg(long, env = "SNOWLEASE_RENEW_INTERVAL", default_value = RENEW_INTERVAL.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_RENEW_INTERVAL", default_value = RENEW_INTERVAL.default, value_parser = parse_duration)]
     pub renew_interval: Duration,
 
     /// Retries of a failed renew round (0-10), with doubling backoff.
@@ -151,11 +151,11 @@ pub struct WorkerArgs {
     pub on_loss: OnLoss,
 
     /// Give up (exit 3) when no ID could be claimed for this long (1s-24h).
-    #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = CLAIM_TIMEOUT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_CLAIM_TIMEOUT", default_value = CLAIM_TIMEOUT.default, value_parser = parse_duration)]
     pub claim_timeout: Duration,
 
     /// At SIGTERM, keep the released ID blocked this long (100ms-60s): at least twice the clock skew you allow between nodes.
-    #[arg(long, env = "SNOWLEASE_HANDOVER_DELAY", default_value = HANDOVER_DELAY.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_HANDOVER_DELAY", default_value = HANDOVER_DELAY.default, value_parser = parse_duration)]
     pub handover_delay: Duration,
 
     /// Publish a claimed or renewed ID only once this many replicas acknowledged the write (`WAIT`), 0-16; 0: do not wait. Needs `+wait` in the ACL when >= 1.
@@ -164,7 +164,7 @@ pub struct WorkerArgs {
     pub min_replicas_ack: u32,
 
     /// Largest difference between this node's wall clock and Redis' TIME (10ms-60s) at which a newly claimed ID is published.
-    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
     pub max_clock_skew: Duration,
 
     /// `--allow-evicting-redis`.

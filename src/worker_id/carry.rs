@@ -80,15 +80,15 @@ pub struct CarryArgs {
     /// The old app's --mint-window (100ms-60s): a mark of the old app this Redis node did not
     /// write in its current life (a restart or failover since) counts as Redis TIME + this +
     /// twice --max-clock-skew, as its sidecars would raise it.
-    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration)]
     pub mint_window: Duration,
 
     /// The old app's --max-clock-skew (10ms-60s; see --mint-window).
-    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_MAX_CLOCK_SKEW", default_value = MAX_CLOCK_SKEW.default, value_parser = parse_duration)]
     pub max_clock_skew: Duration,
 
     /// How long to wait for the raised floors to reach every replica and a snapshot (1s-1h); exit 3 after it (written, not yet durable: run again).
-    #[arg(long, env = "SNOWLEASE_DURABLE_WAIT", default_value = DURABLE_WAIT.default, value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "SNOWLEASE_DURABLE_WAIT", default_value = DURABLE_WAIT.default, value_parser = parse_duration)]
     pub durable_wait: Duration,
 
     /// Where Redis is.

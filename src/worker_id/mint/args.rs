@@ -47,7 +47,7 @@ pub struct MintArgs {
     pub epoch: Option<String>,
 
     /// Reserve timestamps this far ahead of the clock in Redis (100ms-60s; below --ttl - --max-clock-skew).
-    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration, allow_hyphen_values = true, requires = "mint")]
+    #[arg(long, env = "SNOWLEASE_MINT_WINDOW", default_value = MINT_WINDOW.default, value_parser = parse_duration, requires = "mint")]
     pub mint_window: Duration,
 }
 
