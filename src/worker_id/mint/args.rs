@@ -93,6 +93,23 @@ impl MintArgs {
         max_clock_skew: Duration,
     ) -> Result<Option<MintConfig>, ConfigError> {
         if !self.mint {
+            // clap's `requires = "mint"` counts `SNOWLEASE_MINT=false` as given.
+            let set = [
+                ("--epoch", self.epoch.is_some()),
+                ("--mint-socket", self.mint_socket.is_some()),
+                ("--id-layout", self.id_layout != DEFAULT_LAYOUT),
+                (
+                    "--mint-window",
+                    self.mint_window != MINT_WINDOW.default_value(),
+                ),
+                ("--datacenter-id", self.datacenter_id != 0),
+            ];
+            if let Some((flag, _)) = set.into_iter().find(|(_, set)| *set) {
+                return Err(ConfigError::new(
+                    flag,
+                    "only with --mint (SNOWLEASE_MINT is false or unset): without it nothing is minted and the flag would be ignored",
+                ));
+            }
             return Ok(None);
         }
         let now = wall_now_ms();
@@ -183,6 +200,23 @@ mod tests {
             (2000, 1000)
         );
         assert_eq!(config.socket, None);
+    }
+
+    /// `SNOWLEASE_MINT=false` passes clap's `requires`; a mint flag set beside it is refused.
+    #[test]
+    fn a_mint_flag_with_mint_false_is_refused() {
+        let args = Cli::try_parse_from(["snowlease", "--epoch", "0"]).err();
+        assert!(args.is_some(), "clap refuses --epoch without --mint");
+        let mut args = Cli::try_parse_from(["snowlease"]).unwrap().mint;
+        args.epoch = Some("0".into());
+        let refused = args
+            .validate(
+                WorkerRange::up_to(31),
+                Duration::from_secs(120),
+                Duration::from_millis(500),
+            )
+            .unwrap_err();
+        assert_eq!(refused.flag, "--epoch");
     }
 
     #[test]
