@@ -124,7 +124,7 @@ mod tests {
             Standby::ClockSkew,
             Standby::Handover,
             Standby::Evicting,
-            Standby::Unacknowledged,
+            Standby::Unacknowledged(1),
             Standby::Readopting,
             Standby::Lost,
             Standby::Stopping,

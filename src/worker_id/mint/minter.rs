@@ -17,8 +17,8 @@ pub enum Standby {
     ClockSkew,
     /// Redis may evict keys; nothing claimed.
     Evicting,
-    /// The claim is not acknowledged by `--min-replicas-ack` replicas yet.
-    Unacknowledged,
+    /// The claim is not acknowledged by `--min-replicas-ack` (this many) replicas yet.
+    Unacknowledged(u32),
     /// The worker ID was last published to an app that may still run on it.
     Handover,
     /// Re-adopting a lease recorded by an earlier process.
@@ -93,7 +93,7 @@ impl MintRefusal {
             Self::NoLease(Standby::ClockSkew) => "clock_skew",
             Self::NoLease(Standby::Handover) => "handover",
             Self::NoLease(Standby::Evicting) => "evicting",
-            Self::NoLease(Standby::Unacknowledged) => "unacknowledged",
+            Self::NoLease(Standby::Unacknowledged(_)) => "unacknowledged",
             Self::NoLease(Standby::Readopting) => "readopting",
             Self::NoLease(Standby::Lost) => "lost",
             Self::NoLease(Standby::Stopping) => "stopping",

@@ -542,7 +542,7 @@ fn standby_of(state: &WorkerState) -> Standby {
         WorkerState::ClockSkewed(_) => Standby::ClockSkew,
         WorkerState::Handover(_) => Standby::Handover,
         WorkerState::Evicting(_) => Standby::Evicting,
-        WorkerState::Unacknowledged(_) => Standby::Unacknowledged,
+        WorkerState::Unacknowledged(replicas) => Standby::Unacknowledged(*replicas),
         WorkerState::Lost | WorkerState::Held(_) => Standby::Lost,
         WorkerState::Stopping => Standby::Stopping,
     }

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::desk::MintDesk;
 use super::metrics::MintMetrics;
-use super::minter::MintRefusal;
+use super::minter::{MintRefusal, Standby};
 
 /// Most IDs one request may ask for (`count`): one ms of the default layout's sequence.
 pub(crate) const MAX_COUNT: usize = 4096;
@@ -155,14 +155,21 @@ fn answer(ids: &[u64], batch: bool, text: bool) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// 503 `{"state": ...}` (plus `wait_ms` while the clock is behind the mark) with
+/// 503 `{"state": ...}` (plus `wait_ms` while the clock is behind the mark,
+/// `min_replicas_ack` while a claim is unacknowledged, as `/readyz` says) with
 /// `Retry-After` in whole seconds, at least 1.
 fn unavailable(refusal: MintRefusal) -> Response {
     let mut body = json!({ "state": refusal.state() });
     let mut retry_ms = 1_000;
-    if let MintRefusal::ClockBehind { wait_ms } = refusal {
-        body["wait_ms"] = wait_ms.into();
-        retry_ms = wait_ms;
+    match refusal {
+        MintRefusal::ClockBehind { wait_ms } => {
+            body["wait_ms"] = wait_ms.into();
+            retry_ms = wait_ms;
+        }
+        MintRefusal::NoLease(Standby::Unacknowledged(replicas)) => {
+            body["min_replicas_ack"] = replicas.into();
+        }
+        _ => {}
     }
     (
         StatusCode::SERVICE_UNAVAILABLE,

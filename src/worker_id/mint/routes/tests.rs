@@ -249,3 +249,16 @@ async fn answers_are_serde_jsons_bytes() {
     assert_eq!(headers[header::CONTENT_TYPE], "text/plain");
     assert_eq!(text, strings.join("\n") + "\n");
 }
+
+/// An unacknowledged claim's 503 names the replicas it waits for, as `/readyz` does.
+#[tokio::test]
+async fn an_unacknowledged_claim_names_the_replicas() {
+    let response = unavailable(MintRefusal::NoLease(Standby::Unacknowledged(2)));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"state": "unacknowledged", "min_replicas_ack": 2})
+    );
+}
