@@ -211,22 +211,7 @@ fn carry_over_runs_with_the_documented_rule() {
         args: ["--save", "3600 1"].map(String::from).to_vec(),
         ..RedisOptions::default()
     });
-    let carry = |url: &str| {
-        run_snowlease(
-            &[
-                "mint",
-                "carry-over",
-                "--from-app",
-                "old",
-                "--app",
-                "new",
-                "--redis-url",
-                url,
-            ],
-            &[],
-            secs(30),
-        )
-    };
+    let carry = |url: &str| crate::mint_edges::carry_over(url, &[]);
     let rule = format!("{WORKER_RULES} +bgsave");
     let run = carry(&acl_user(&redis, "carrier", &rule));
     assert_eq!(run.code, Some(0), "{run:?}");

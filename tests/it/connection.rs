@@ -12,8 +12,9 @@ use crate::harness::*;
 const RENEWED: &str = "snowlease_renewals_total{outcome=\"renewed\"}";
 const FAILED: &str = "snowlease_renewals_total{outcome=\"failed\"}";
 
-/// `snowlease pool serve --pool proxies` on `url`, reaping every 200 ms.
-pub(crate) fn pool_serve(url: &str) -> Sidecar {
+/// `snowlease pool serve` on `url`, listening on a free loopback port, JSON logs; add its
+/// pools and settings.
+pub(crate) fn pool_serve_on(url: &str) -> SidecarBuilder {
     SidecarBuilder::new("pool")
         .without("--listen")
         .without("--log-format")
@@ -21,12 +22,17 @@ pub(crate) fn pool_serve(url: &str) -> Sidecar {
         .flag("--listen", "127.0.0.1:0")
         .flag("--log-format", "json")
         .flag("--redis-url", url)
+        .name("pool serve")
+}
+
+/// `snowlease pool serve --pool proxies` on `url`, reaping every 200 ms.
+pub(crate) fn pool_serve(url: &str) -> Sidecar {
+    pool_serve_on(url)
         .flag("--redis-timeout", "500ms")
         .flag("--reap-interval", "200ms")
         .flag("--pool", "proxies")
         // Short: after a failover acquires are closed for the max lease (the rollback gate).
         .flag("--max-lease", "2s")
-        .name("pool serve")
         .spawn()
 }
 
@@ -177,18 +183,11 @@ fn pool_serve_does_not_repeat_an_acquire_whose_reply_was_lost() {
     let redis = RedisServer::start();
     init_pool(&redis.url());
     let proxy = FaultProxy::for_redis(&redis);
-    let serve = SidecarBuilder::new("pool")
-        .without("--listen")
-        .without("--log-format")
-        .switch("serve")
-        .flag("--listen", "127.0.0.1:0")
-        .flag("--log-format", "json")
-        .flag("--redis-url", proxy.url())
+    let serve = pool_serve_on(&proxy.url())
         .flag("--redis-timeout", "2s")
         // No reaper round in the silence before the acquire.
         .flag("--reap-interval", "1h")
         .flag("--pool", "proxies")
-        .name("pool serve")
         .spawn();
     assert!(poll_until(secs(10), || serve.readyz() == 200));
     let leases = || redis.query::<u64>(redis::cmd("ZCARD").arg("{proxies}:leases"));

@@ -333,7 +333,7 @@ fn carry_over_with_aof_waits_for_the_fsync_within_the_wait() {
 }
 
 /// `snowlease mint carry-over --from-app APP --app fmt-next` (epoch 10 s later) on `url`.
-fn carry_over(url: &str, extra: &[&str]) -> Run {
+pub(crate) fn carry_over(url: &str, extra: &[&str]) -> Run {
     let mut args = vec![
         "mint",
         "carry-over",
@@ -386,25 +386,12 @@ fn carry_over_refuses_while_the_old_app_holds_ids() {
 fn carry_over_with_save_off_survives_a_restart_from_a_snapshot_on_disk() {
     let mut redis = RedisServer::start();
     let _: () = redis.query(&mut redis::cmd("SAVE"));
-    let run = run_snowlease(
-        &[
-            "mint",
-            "carry-over",
-            "--from-app",
-            "old",
-            "--app",
-            "new",
-            "--redis-url",
-            &redis.url(),
-        ],
-        &[],
-        secs(30),
-    );
+    let run = carry_over(&redis.url(), &[]);
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert!(redis.exists("snowflake:worker:new:format"), "{run:?}");
+    assert!(redis.exists("snowflake:worker:fmt-next:format"), "{run:?}");
     redis.restart();
     assert!(
-        redis.exists("snowflake:worker:new:format"),
+        redis.exists("snowflake:worker:fmt-next:format"),
         "carry-over said durable ({}) but a restart lost its writes",
         run.stdout.trim()
     );
@@ -432,21 +419,6 @@ fn carry_over_waits_for_a_snapshot_when_one_is_already_running() {
             .arg(40_000),
     );
     let _: String = redis.query(&mut redis::cmd("BGSAVE"));
-    let run = run_snowlease(
-        &[
-            "mint",
-            "carry-over",
-            "--from-app",
-            "old",
-            "--app",
-            "new",
-            "--redis-url",
-            &redis.url(),
-            "--durable-wait",
-            "30s",
-        ],
-        &[],
-        secs(60),
-    );
+    let run = carry_over(&redis.url(), &["--durable-wait", "30s"]);
     assert_durable(&run, "a snapshot started after them finished");
 }

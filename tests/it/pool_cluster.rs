@@ -181,16 +181,9 @@ fn pool_add_batches_and_serve_two_pools_on_different_primaries() {
     assert_eq!(zset(&on_a, &PoolKeys::new(a).ready).len(), 4000);
     cli(&["pool", "init", "--pool", b, "--ids", "x,y"]);
 
-    let serve = SidecarBuilder::new("pool")
-        .without("--listen")
-        .without("--log-format")
-        .switch("serve")
-        .flag("--listen", "127.0.0.1:0")
-        .flag("--log-format", "json")
-        .flag("--redis-url", &url)
+    let serve = crate::connection::pool_serve_on(&url)
         .flag("--reap-interval", "200ms")
         .flag("--pool", format!("{a},{b}"))
-        .name("pool serve")
         .spawn();
     assert!(poll_until(secs(15), || serve.readyz() == 200));
     for (name, on) in [(a, &on_a), (b, &on_b)] {
