@@ -212,10 +212,7 @@ impl Redis {
     /// Errors: as any call (`NOPERM` without `+info`); a reply without the
     /// field is a parse error.
     pub(crate) async fn connected_replicas(&mut self, key: &str) -> RedisResult<u32> {
-        let mut info = redis::cmd("INFO");
-        info.arg("replication");
-        let value = self.call_on_key_node(&info, key).await?;
-        let text: String = redis::from_redis_value(value.extract_error()?)?;
+        let text = self.info_on_key_node("replication", key).await?;
         super::info_field(&text, "connected_slaves")
             .and_then(|count| count.trim().parse().ok())
             .ok_or_else(|| {
@@ -315,9 +312,25 @@ impl Redis {
         })
     }
 
+    /// `INFO <section>` of the node that holds `key` (on a Cluster the
+    /// primary of its slot), as text; read its fields with
+    /// [`super::info_field`]. `default` names Redis' default sections.
+    ///
+    /// Errors: as any call (`NOPERM` without `+info`), an error reply.
+    pub(crate) async fn info_on_key_node(
+        &mut self,
+        section: &str,
+        key: &str,
+    ) -> RedisResult<String> {
+        let mut info = redis::cmd("INFO");
+        info.arg(section);
+        let value = self.call_on_key_node(&info, key).await?;
+        Ok(redis::from_redis_value(value.extract_error()?)?)
+    }
+
     /// A command without keys on the node that holds `key` (on a Cluster
     /// the primary of its slot).
-    pub(crate) async fn call_on_key_node(&mut self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+    async fn call_on_key_node(&mut self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         self.call(|mut conn| async move { conn.on_key_node(cmd, key).await })
             .await
     }

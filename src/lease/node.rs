@@ -35,20 +35,15 @@ pub(crate) fn stamp_part(value: &str) -> Option<&str> {
 }
 
 /// The stamp of the node that serves each of `keys` (one server: its one
-/// stamp for all; Cluster: each slot owner's, one `INFO` pair per node);
-/// `None` when an `INFO` is refused or unreadable (then no stamp is judged).
+/// stamp for all; Cluster: each slot owner's, one `INFO default` per node:
+/// its server and replication sections in one round trip); `None` when an
+/// `INFO` is refused or unreadable (then no stamp is judged).
 pub(crate) async fn stamps_of_key_nodes(conn: &mut Redis, keys: &[String]) -> Option<Vec<String>> {
     let mut stamps = vec![String::new(); keys.len()];
     for group in conn.node_groups(keys).await.ok()? {
         let key = &keys[*group.first()?];
-        let mut texts = Vec::new();
-        for section in ["server", "replication"] {
-            let mut cmd = redis::cmd("INFO");
-            cmd.arg(section);
-            let reply = conn.call_on_key_node(&cmd, key).await.ok()?;
-            texts.push(redis::from_redis_value::<String>(reply.extract_error().ok()?).ok()?);
-        }
-        let stamp = stamp_from_info(&texts[0], &texts[1])?;
+        let text = conn.info_on_key_node("default", key).await.ok()?;
+        let stamp = stamp_from_info(&text)?;
         for at in group {
             stamps[at].clone_from(&stamp);
         }
@@ -56,13 +51,13 @@ pub(crate) async fn stamps_of_key_nodes(conn: &mut Redis, keys: &[String]) -> Op
     Some(stamps)
 }
 
-/// The stamp `node.lua`'s `node_stamp()` computes on the node whose `INFO
-/// server` and `INFO replication` texts are given: 15 decimal digits of the
-/// first 12 hex digits of SHA1(`run_id:master_replid`). `None` when either
-/// field is missing. (A test on a real server keeps the two equal.)
-pub(crate) fn stamp_from_info(server: &str, replication: &str) -> Option<String> {
-    let run_id = info_field(server, "run_id")?;
-    let replid = info_field(replication, "master_replid")?;
+/// The stamp `node.lua`'s `node_stamp()` computes on the node whose `INFO`
+/// text (its server and replication sections) is given: 15 decimal digits
+/// of the first 12 hex digits of SHA1(`run_id:master_replid`). `None` when
+/// either field is missing. (A test on a real server keeps the two equal.)
+pub(crate) fn stamp_from_info(info: &str) -> Option<String> {
+    let run_id = info_field(info, "run_id")?;
+    let replid = info_field(info, "master_replid")?;
     let digest = sha1_smol::Sha1::from(format!("{run_id}:{replid}"))
         .digest()
         .to_string();
@@ -88,10 +83,10 @@ mod tests {
         let replication = "# Replication\r\nmaster_replid:def\r\nmaster_replid2:000\r\n";
         // SHA1("abc:def") = 0ce84d8d01f2..., and 0x0ce84d8d01f2 = 14191873032690.
         assert_eq!(
-            stamp_from_info(server, replication).as_deref(),
+            stamp_from_info(&format!("{server}{replication}")).as_deref(),
             Some("014191873032690")
         );
-        assert_eq!(stamp_from_info(server, "# Replication\r\n"), None);
+        assert_eq!(stamp_from_info(&format!("{server}# Replication\r\n")), None);
     }
 
     /// Stamped and plain integers read alike; anything else is unreadable.
