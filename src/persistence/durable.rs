@@ -63,7 +63,8 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
         .into_iter()
         .map(|(node, text)| Ok((node, field(&text, "master_repl_offset")?.parse()?)))
         .collect::<anyhow::Result<_>>()?;
-    poll_info(conn, "replication", deadline, |now| {
+    poll(conn, deadline, async |conn| {
+        let now = info(conn, "replication").await?;
         let mut behind = Vec::new();
         let mut count = 0;
         for (node, target) in &targets {
@@ -177,7 +178,7 @@ async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<R
     // rdb_saves counts snapshots since start (Redis 7); older ones are judged by our own.
     let saves = |text: &str| info_field(text, "rdb_saves").and_then(|v| v.parse::<u64>().ok());
     let mut nodes: Vec<(Option<String>, Snapshot)> = Vec::new();
-    loop {
+    poll(conn, deadline, async |conn| {
         let now = info(conn, "persistence").await?;
         let (mut send, mut waiting) = (false, Vec::new());
         for (node, text) in &now {
@@ -211,7 +212,7 @@ async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<R
             waiting.push(show(node));
         }
         if waiting.is_empty() {
-            return Ok(Ok(()));
+            return Ok(Ok(Ok(())));
         }
         if send {
             let mut cmd = redis::cmd("BGSAVE");
@@ -228,20 +229,17 @@ async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<R
                     // Another snapshot started meanwhile: waited for like the first one.
                     Err(err) if err.to_string().contains("already in progress") => {}
                     Err(err) => {
-                        return Ok(Err(format!("{}: BGSAVE refused ({err})", show(&node))));
+                        return Ok(Ok(Err(format!("{}: BGSAVE refused ({err})", show(&node)))));
                     }
                 }
             }
         }
-        if Instant::now() >= deadline {
-            return Err(NotDurable(format!(
-                "the snapshot (BGSAVE) did not finish in time on {}",
-                waiting.join(", ")
-            ))
-            .into());
-        }
-        tokio::time::sleep(POLL).await;
-    }
+        Ok(Err(format!(
+            "the snapshot (BGSAVE) did not finish in time on {}",
+            waiting.join(", ")
+        )))
+    })
+    .await
 }
 
 /// The last snapshot succeeded (`rdb_last_bgsave_status:ok`).
@@ -249,16 +247,15 @@ fn last_save_ok(text: &str) -> bool {
     info_field(text, "rdb_last_bgsave_status") == Some("ok")
 }
 
-/// Reads `INFO <section>` of every primary every [`POLL`] until `look` says done (`Ok(Ok)`)
-/// or fails; at `deadline` what it says still waits (`Ok(Err)`) is the [`NotDurable`].
-async fn poll_info<T>(
+/// Runs `step` every [`POLL`] until it says done (`Ok(Ok)`) or fails; at `deadline` what it
+/// says still waits (`Ok(Err)`) is the [`NotDurable`].
+async fn poll<T>(
     conn: &mut Redis,
-    section: &str,
     deadline: Instant,
-    mut look: impl FnMut(&[(Option<String>, String)]) -> anyhow::Result<Result<T, String>>,
+    mut step: impl AsyncFnMut(&mut Redis) -> anyhow::Result<Result<T, String>>,
 ) -> anyhow::Result<T> {
     loop {
-        let waiting = match look(&info(conn, section).await?)? {
+        let waiting = match step(conn).await? {
             Ok(done) => return Ok(done),
             Err(waiting) => waiting,
         };
