@@ -571,13 +571,7 @@ async fn claim_past_a_migrating_slot(move_guard: bool) {
     setup(&url, app, (0..=MAX).filter(|id| ![x, y].contains(id))).await;
     let keys = LeaseKeys::new(PREFIX, app);
     let slot = topo.keyslot(&keys.id(x));
-    let from = topo.owner_of_slot(slot).port;
-    let to = topo
-        .primaries()
-        .iter()
-        .find(|p| p.port != from)
-        .unwrap()
-        .port;
+    let to = topo.other_primary_than_owner(slot);
     let mut migration = topo.begin_migration(slot, to);
     if move_guard {
         assert!(migration.move_keys(100) > 0, "the guard of {x} moved");
@@ -637,13 +631,7 @@ fn a_sidecar_claims_past_a_free_id_whose_slot_is_migrating() {
     });
     let keys = LeaseKeys::new(PREFIX, app);
     let slot = topo.keyslot(&keys.id(x));
-    let from = topo.owner_of_slot(slot).port;
-    let to = topo
-        .primaries()
-        .iter()
-        .find(|p| p.port != from)
-        .unwrap()
-        .port;
+    let to = topo.other_primary_than_owner(slot);
     let migration = topo.begin_migration(slot, to);
     let mut sidecar = (0..5)
         .find_map(|n| {

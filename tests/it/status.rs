@@ -199,13 +199,7 @@ fn status_judges_each_cluster_guard_by_its_slot_owner() {
     );
     let guard = format!("{PREFIX}orders:guard:{{{}}}", worker_key("orders", 5));
     let slot = topo.keyslot(&guard);
-    let from = topo.owner_of_slot(slot).port;
-    let to = topo
-        .primaries()
-        .into_iter()
-        .find(|n| n.port != from)
-        .unwrap();
-    topo.migrate_slot(slot, to.port);
+    topo.migrate_slot(slot, topo.other_primary_than_owner(slot));
     let run = status(&url, &["--json"]);
     let report: Value = serde_json::from_str(&run.stdout).expect("JSON report");
     let guards = &report["claim_guard"];

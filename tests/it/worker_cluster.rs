@@ -148,12 +148,7 @@ fn worker_on_cluster_through_a_migration_and_an_empty_shard() {
     let key = worker_key(app, leases[0].worker_id);
     let slot = topo.keyslot(&key);
     let from = topo.owner_of_slot(slot).port;
-    let to = topo
-        .primaries()
-        .into_iter()
-        .find(|p| p.port != from)
-        .unwrap()
-        .port;
+    let to = topo.other_primary_than_owner(slot);
     let addrs: Vec<SocketAddr> = movers.iter().map(Sidecar::http_addr).collect();
     let ((), gaps) = sample_through(&addrs, || {
         let mut m = topo.begin_migration(slot, to);

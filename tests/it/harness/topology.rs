@@ -697,6 +697,15 @@ impl ClusterTopology {
             .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
     }
 
+    /// The port of a primary that does not serve `slot`: where a test moves it.
+    pub fn other_primary_than_owner(&self, slot: u16) -> u16 {
+        self.primaries()
+            .into_iter()
+            .find(|n| !n.owns(slot))
+            .unwrap_or_else(|| panic!("every primary serves slot {slot}"))
+            .port
+    }
+
     /// The primary serving `key`.
     pub fn owner_of_key(&self, key: &str) -> ClusterNode {
         self.owner_of_slot(self.keyslot(key))
