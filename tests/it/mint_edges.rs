@@ -332,6 +332,31 @@ fn carry_over_with_aof_waits_for_the_fsync_within_the_wait() {
     assert_durable(&run, "the AOF fsynced them (everysec)");
 }
 
+/// With AOF `always` nothing is waited for (the AOF is fsynced before Redis replies); with
+/// `no` durability cannot be promised: exit 0, `durability_unchecked` and a warning naming it.
+#[test]
+fn carry_over_with_aof_always_or_no_says_so() {
+    for (fsync, expect) in [("always", Some("(always)")), ("no", None)] {
+        let redis = RedisServer::start_with(RedisOptions {
+            args: ["--appendonly", "yes", "--appendfsync", fsync]
+                .map(String::from)
+                .to_vec(),
+            ..RedisOptions::default()
+        });
+        let run = carry_over(&redis.url(), &[]);
+        match expect {
+            Some(says) => assert_durable(&run, says),
+            None => {
+                assert_eq!(run.code, Some(0), "{run:?}");
+                let line: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+                let why = line["durability_unchecked"].as_str().unwrap_or_default();
+                assert!(why.contains("appendfsync no"), "{line}");
+                assert!(run.stderr.contains("warning:"), "{run:?}");
+            }
+        }
+    }
+}
+
 /// `snowlease mint carry-over --from-app APP --app fmt-next` (epoch 10 s later) on `url`.
 pub(crate) fn carry_over(url: &str, extra: &[&str]) -> Run {
     let mut args = vec![
