@@ -5,8 +5,11 @@
 //! raised floor, lost to a restart from an earlier snapshot or a failover to a lagging
 //! replica, would let the new app mint IDs the old one minted (docs/rollback-design.md).
 //!
-//! Offsets rather than `WAIT`: `WAIT` counts the writes of its own connection, and a
-//! reconnect between the writes and the `WAIT` would make it answer at once.
+//! Offsets rather than `WAIT` ([`Redis::wait_replicas`]): `WAIT` counts only the writes of
+//! its own connection, so after a reconnect between the writes and the `WAIT` it proves
+//! nothing (that method then answers 0, and no later `WAIT` could say yes), while the
+//! offsets hold whatever connection wrote; and each shard of a Cluster is read with its own
+//! replicas.
 
 use std::time::Duration;
 
