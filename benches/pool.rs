@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use snowlease::connection::{Redis as Handle, RedisTarget};
 use snowlease::pool::{AcquireRequest, Acquired, Pool, PoolOptions, PoolScript, Released};
 
 #[path = "support/redis_server.rs"]
@@ -34,12 +34,12 @@ fn median(mut rates: Vec<f64>) -> f64 {
     rates[rates.len() / 2]
 }
 
-async fn flush(conn: &mut ConnectionManager) {
+async fn flush(conn: &mut Handle) {
     let _: () = redis::cmd("FLUSHALL").query_async(conn).await.unwrap();
 }
 
 /// A fresh pool `name` of `n` ids.
-async fn fresh_pool(conn: &ConnectionManager, name: &str, n: u64) -> Pool<ConnectionManager> {
+async fn fresh_pool(conn: &Handle, name: &str, n: u64) -> Pool<Handle> {
     let pool = Pool::new(conn.clone(), name, PoolOptions::default()).unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("id-{i}")).collect();
     assert_eq!(pool.init(&ids).await.unwrap(), n);
@@ -48,7 +48,7 @@ async fn fresh_pool(conn: &ConnectionManager, name: &str, n: u64) -> Pool<Connec
 
 /// Acquire+release cycles per second with `tasks` concurrent tasks for
 /// [`CYCLE_TIME`], on a pool of 1000 ids.
-async fn cycles(conn: &ConnectionManager, tasks: usize) -> f64 {
+async fn cycles(conn: &Handle, tasks: usize) -> f64 {
     let mut admin = conn.clone();
     flush(&mut admin).await;
     let pool = fresh_pool(conn, "cycles", 1000).await;
@@ -85,7 +85,7 @@ async fn cycles(conn: &ConnectionManager, tasks: usize) -> f64 {
 
 /// The client's acquire-only rate: [`ACQUIRES`] acquires by 50 tasks on
 /// one multiplexed connection, on a fresh pool of as many ids.
-async fn client_acquires(conn: &ConnectionManager) -> f64 {
+async fn client_acquires(conn: &Handle) -> f64 {
     let mut admin = conn.clone();
     flush(&mut admin).await;
     let pool = fresh_pool(conn, "bench", ACQUIRES).await;
@@ -124,7 +124,7 @@ async fn client_acquires(conn: &ConnectionManager) -> f64 {
 /// work: a reclaim step that finds nothing expired, then a real lease
 /// (ZRANGEBYSCORE, ZREM, INCR, HSET x2, ZADD). The client's run above uses
 /// the same pool size, call count, concurrency and argument lengths.
-async fn benchmark_acquires(conn: &ConnectionManager, port: u16) -> f64 {
+async fn benchmark_acquires(conn: &Handle, port: u16) -> f64 {
     let mut admin = conn.clone();
     flush(&mut admin).await;
     let pool = fresh_pool(conn, "bench", ACQUIRES).await;
@@ -256,11 +256,9 @@ fn main() {
     let conn = runtime.block_on(async {
         // FLUSHALL of a 100,000-id pool can outlast the default 500 ms
         // response timeout on a loaded machine.
-        let config = ConnectionManagerConfig::new().set_response_timeout(Some(FLUSH_TIMEOUT));
-        redis::Client::open(redis.url())
+        RedisTarget::parse(&redis.url())
             .unwrap()
-            .get_connection_manager_with_config(config)
-            .await
+            .connect(FLUSH_TIMEOUT)
             .unwrap()
     });
     let started = Instant::now();

@@ -83,6 +83,7 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
     }
     match err.downcast_ref::<PoolError>() {
         Some(err) if err.is_bad_input() => BAD_INPUT,
+        Some(PoolError::NotDurable { .. }) => UNAVAILABLE,
         _ => FAILURE,
     }
 }

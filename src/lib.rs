@@ -56,7 +56,7 @@ pub mod lock;
 pub mod logging;
 pub(crate) mod names;
 pub mod open_files;
-pub(crate) mod persistence;
+pub mod persistence;
 pub mod pool;
 pub(crate) mod published;
 pub mod shutdown;

@@ -9,14 +9,44 @@
 //! without `+config|get`, a managed service that renames or removes it)
 //! nothing is said beyond a debug line, and nothing fails. One-off steps
 //! whose writes must outlast a rollback (`mint carry-over`) wait for them
-//! to be durable: [`durable`].
+//! to be durable: `durable.rs`.
 
 pub(crate) mod durable;
 
+use std::time::Duration;
+
+pub use durable::Durability;
+use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, Value};
 use serde::Serialize;
 
 use crate::connection::Redis;
+
+/// A connection that can wait until the writes this process made so far would outlast a
+/// Redis rollback (a restart from the last snapshot or AOF, a failover to a replica): on
+/// every replica and in each primary's persistence (`persistence/durable.rs`). A store's first record
+/// is made durable this way before the store opens (`lease/node_open.lua`).
+pub trait WaitDurable: ConnectionLike + Send {
+    /// Waits up to `limit` (1 s to 1 h in the CLI's `--durable-wait`).
+    ///
+    /// Errors: `NotDurable` (exit 3) when a replica or a snapshot did not get there
+    /// within `limit`; a Redis error. Where Redis refuses to say (a managed service's
+    /// `BGSAVE`, `CONFIG`) or cannot promise it (`appendfsync no`), the answer is
+    /// [`Durability::Unchecked`], not an error.
+    fn wait_durable(
+        &mut self,
+        limit: Duration,
+    ) -> impl Future<Output = anyhow::Result<Durability>> + Send;
+}
+
+impl WaitDurable for Redis {
+    fn wait_durable(
+        &mut self,
+        limit: Duration,
+    ) -> impl Future<Output = anyhow::Result<Durability>> + Send {
+        durable::make_durable(self, limit)
+    }
+}
 
 /// The persistence settings of one Redis primary, as `CONFIG GET` gives them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -58,7 +58,7 @@ end
 -- holders may have (ms), and when hand-outs open (Redis ms), stamped by the node that
 -- wrote it.
 --
--- node_gate(record, bound, now, active) -> open_at, new_record, rolled_back
+-- node_gate(record, bound, now, active) -> open_at, new_record, rolled_back, new_store
 --   record   the stored record, or false (missing)
 --   bound    this caller's longest lease, ms (pool: max_lease_ms, lock: the TTL)
 --   now      Redis TIME, ms
@@ -68,8 +68,13 @@ end
 -- a rollback lost and whose holders still run: each of those was last granted or renewed
 -- before now, for at most the longest bound any caller used, so it ends by now + that
 -- bound. Until then nothing may be handed out (open_at = now + bound) and the caller must
--- lift its fence (lift_fence). A missing record in a store that never handed anything out
--- is a new store: stamped, open at once. new_record is nil when nothing changes.
+-- lift its fence (lift_fence).
+-- A missing record in a store that shows no activity is a new store, or one whose first
+-- use a rollback lost with everything else (a snapshot older than that use): nothing
+-- tells the two apart. So it is closed the same way (new_store = true, the fence lifted
+-- too), and the caller may open it at once once the record is durable (node_open.lua):
+-- a later rollback then brings the record back, and it is seen. new_record is nil when
+-- nothing changes.
 local function node_gate(record, bound, now, active)
   local known, rest = nil, nil
   if type(record) == 'string' then
@@ -80,15 +85,12 @@ local function node_gate(record, bound, now, active)
   local open_at, stamp = unstamp(rest)
   if open_at ~= nil and stamped_here(stamp) then
     if bound > known then
-      return open_at, string.format('%d:%s', widest, stamped(open_at)), false
+      return open_at, string.format('%d:%s', widest, stamped(open_at)), false, false
     end
-    return open_at, nil, false
-  end
-  if record == false and not active then
-    return now, string.format('%d:%s', widest, stamped(now)), false
+    return open_at, nil, false, false
   end
   open_at = now + widest
-  return open_at, string.format('%d:%s', widest, stamped(open_at)), true
+  return open_at, string.format('%d:%s', widest, stamped(open_at)), true, record == false and not active
 end
 
 -- Raises the fence counter at `key` to at least Redis TIME in microseconds (now_ms * 1000)

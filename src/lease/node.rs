@@ -2,9 +2,14 @@
 //! them, so a script sees that Redis rolled back (`node.lua`,
 //! docs/rollback-design.md).
 
+use std::sync::LazyLock;
+use std::time::Duration;
+
 use redis::Script;
 
 use crate::connection::{Redis, info_field};
+use crate::persistence::{Durability, WaitDurable};
+use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
 /// `node.lua`: `node_stamp()`, `unstamp()`, `stamped()`, `stamped_here()`,
 /// `node_gate()`, `lift_fence()`; for scripts built from several parts.
@@ -13,6 +18,74 @@ pub(crate) const PRELUDE: &str = include_str!("node.lua");
 /// A script with `node.lua` put in front of `body`.
 pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
+}
+
+/// How long a store's first use waits for its first record to be durable before it gives
+/// up and leaves the store closed until the record's own time (one bound: a lock's TTL, a
+/// pool's max lease, the app's TTL): the default of `mint carry-over --durable-wait`.
+pub(crate) const FIRST_USE_WAIT: Duration = Duration::from_secs(60);
+
+static OPEN: LazyLock<Script> = LazyLock::new(|| script(include_str!("node_open.lua")));
+
+/// A new store's first record as its script wrote it: closed for one bound, as after a
+/// rollback, because a missing record may be one a rollback lost (`node_gate` in
+/// node.lua); [`open_first_use`] opens it once it is durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FirstRecord {
+    /// The key that holds the record.
+    pub key: String,
+    /// Its hash field; `None` for a string key.
+    pub field: Option<&'static str>,
+    /// The store's fence counter (lifted when the record was written), if it has one.
+    pub fence: Option<String>,
+    /// What the fence counter goes back to when the store opens: `""` deletes it.
+    pub fence_reset: &'static str,
+    /// The record as written: `"[<bound_ms>:]<open_at_ms>.<stamp>"`.
+    pub written: String,
+}
+
+/// What [`open_first_use`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FirstUse {
+    /// The records are durable; `opened` of them were still closed as written and opened
+    /// now (the others opened by their own time, or were changed meanwhile: the caller
+    /// reads the store again).
+    Opened {
+        /// How many records opened now.
+        opened: usize,
+    },
+    /// Redis could not say whether they are durable (why): they stay closed until their
+    /// own time, at most one bound from their first use.
+    Unchecked(String),
+}
+
+/// Waits (up to `limit`) until the records this process wrote would outlast a rollback,
+/// then opens each one that is still closed as written (`node_open.lua`).
+///
+/// Errors: `NotDurable` (not there within `limit`; the records stay closed until their
+/// own time, and running the step again is safe); a Redis error.
+pub(crate) async fn open_first_use<C: WaitDurable>(
+    conn: &mut C,
+    records: &[FirstRecord],
+    limit: Duration,
+) -> anyhow::Result<FirstUse> {
+    if let Durability::Unchecked(why) = conn.wait_durable(limit).await? {
+        return Ok(FirstUse::Unchecked(why));
+    }
+    let mut opened = 0;
+    for record in records {
+        let mut open = OPEN.prepare_invoke();
+        open.key(&record.key);
+        if let Some(fence) = &record.fence {
+            open.key(fence);
+        }
+        open.arg(record.field.unwrap_or(""))
+            .arg(&record.written)
+            .arg(record.fence_reset);
+        let done: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
+        opened += usize::from(done == 1);
+    }
+    Ok(FirstUse::Opened { opened })
 }
 
 /// The integer part of a stored "<integer>.<stamp>" or of a plain

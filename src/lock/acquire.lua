@@ -18,6 +18,10 @@
 --               (-1: the key has no expiry)
 --   {3, wait}   closed after Redis restarted or failed over (see below):
 --               nothing acquired for wait ms
+--   {4, wait, record}
+--               a new lock (no record, no fence, no key), written closed
+--               for wait ms as below; the caller may open it at once once
+--               `record` is durable (lease/node_open.lua)
 -- Errors (nothing written): a key of another type, a fence that is not an
 -- integer, a bad TTL, INFO refused (node.lua).
 --
@@ -29,7 +33,9 @@
 -- renewed before now, for at most its TTL, so nobody acquires (not even an
 -- owner whose key survived: it may have expired and been taken since) until
 -- now + the largest TTL seen, and the fence is lifted above every fence
--- handed out before (lift_fence).
+-- handed out before (lift_fence). A lock with no record, fence or key is new,
+-- or its first use was lost with a rollback to a snapshot older than it:
+-- closed the same way, until its caller has made the record durable.
 local ttl = tonumber(ARGV[2])
 if ttl == nil or ttl < 1 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR lock: ttl must be an integer >= 1 ms')
@@ -56,9 +62,12 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local active = fence_type ~= 'none' or lock_type ~= 'none'
-local open_at, record, rolled_back = node_gate(redis.call('GET', KEYS[3]), ttl, now, active)
+local open_at, record, rolled_back, new_store = node_gate(redis.call('GET', KEYS[3]), ttl, now, active)
 if record then redis.call('SET', KEYS[3], record) end
 if rolled_back then lift_fence(KEYS[2], now) end
+if new_store then
+  return {4, open_at - now, record}
+end
 if open_at > now then
   return {3, open_at - now}
 end

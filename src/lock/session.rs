@@ -13,6 +13,7 @@ use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, Redis, RedisTarget};
 use crate::eviction::Eviction;
 use crate::identity::Owner;
+use crate::lease::node::{FirstRecord, FirstUse};
 use crate::lease::{self, RenewOutcome};
 use crate::timing;
 
@@ -71,6 +72,31 @@ impl Session {
     pub(crate) async fn eviction(&mut self, limit: Duration) -> RedisResult<Eviction> {
         let check = crate::eviction::check(&mut self.conn);
         timing::bounded(limit, check).await.map(Eviction::from)
+    }
+
+    /// Opens a new lock once its first record is durable (`lease::node::open_first_use`),
+    /// waiting up to `limit` for that. Logs what came of it: where the record could not be
+    /// seen durable the lock stays closed until its own time (one TTL from the first use).
+    pub(crate) async fn open_first_use(&mut self, record: FirstRecord, limit: Duration) {
+        let lock = self.keys.name().to_owned();
+        match lease::node::open_first_use(&mut self.conn, &[record], limit).await {
+            Ok(FirstUse::Opened { .. }) => {
+                info!(
+                    lock,
+                    "new lock: its first record is durable, so it opens now"
+                )
+            }
+            Ok(FirstUse::Unchecked(why)) => warn!(
+                lock,
+                why = %why,
+                "new lock: Redis did not say whether its first record would outlast a restart or failover, so it opens one TTL after its first use, as after a rollback (docs/lock.md)"
+            ),
+            Err(err) => warn!(
+                lock,
+                error = %err,
+                "new lock: its first record was not seen durable, so it opens one TTL after its first use, as after a rollback (docs/lock.md)"
+            ),
+        }
     }
 
     /// One run of `acquire.lua`, sent now.

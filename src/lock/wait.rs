@@ -9,9 +9,14 @@ use super::acquire::LockAcquired;
 use super::session::Session;
 use crate::boot_clock::BootInstant;
 use crate::connection::{Readable, classify};
+use crate::lease::node;
 use crate::shutdown::Signals;
 use crate::supervise::child;
 use crate::timing;
+
+/// The least time a new lock's first use waits for its record to be durable (one snapshot
+/// of a small Redis), even under a shorter `--wait`.
+const FIRST_USE_MIN: Duration = Duration::from_secs(5);
 
 /// How the wait for the lock ended.
 #[derive(Debug)]
@@ -65,8 +70,20 @@ pub(crate) async fn wait(
                 Err(err) => Err(err),
             }
         };
-        let held = matches!(reply, Ok(LockAcquired::Held(_) | LockAcquired::Closed(_)));
+        let held = matches!(
+            reply,
+            Ok(LockAcquired::Held(_) | LockAcquired::Closed(_) | LockAcquired::New { .. })
+        );
         let (reason, hint) = match reply {
+            Ok(LockAcquired::New { record, .. }) => {
+                // At least FIRST_USE_MIN for a snapshot even with a short --wait.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let limit = left.max(FIRST_USE_MIN).min(node::FIRST_USE_WAIT);
+                session.open_first_use(record, limit).await;
+                // Tried again at once, even past --wait: the lock is open now, or closed
+                // (one TTL at most), which the next attempt says.
+                continue;
+            }
             Ok(LockAcquired::Ours { fence }) => {
                 return (Ok(LockWaited::Acquired { fence, sent }), true);
             }

@@ -17,7 +17,6 @@ use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
 use super::read;
-use crate::cli::show_duration;
 use crate::connection::{Redis, info_field};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
@@ -31,7 +30,7 @@ const EVERYSEC_FSYNC: Duration = Duration::from_secs(3);
 
 /// How far the writes reach beyond the primaries' memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Durability {
+pub enum Durability {
     /// On every replica and in each primary's persistence; says how.
     Held(String),
     /// Not checked where Redis refused to say (`CONFIG`, `INFO` or `BGSAVE` refused, e.g. a
@@ -66,28 +65,38 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
         .into_iter()
         .map(|(node, text)| Ok((node, field(&text, "master_repl_offset")?.parse()?)))
         .collect::<anyhow::Result<_>>()?;
-    poll(conn, deadline, async |conn| {
-        let now = info(conn, "replication").await?;
-        let mut behind = Vec::new();
-        let mut count = 0;
-        for (node, target) in &targets {
-            let text = now.iter().find(|(n, _)| n == node).map(|(_, t)| t.as_str());
-            for offset in text.map(replica_offsets).unwrap_or_default() {
-                count += 1;
-                if offset < *target {
-                    behind.push(format!("{} {offset} < {target}", show(node)));
-                }
+    loop {
+        match replicas_step(conn, &targets).await? {
+            Ok(done) => return Ok(done),
+            Err(waiting) => wait_more(deadline, waiting).await?,
+        }
+    }
+}
+
+/// One look at the replicas' offsets: done (how many replicas), or who is behind.
+async fn replicas_step(
+    conn: &mut Redis,
+    targets: &[(Option<String>, u64)],
+) -> anyhow::Result<Result<String, String>> {
+    let now = info(conn, "replication").await?;
+    let mut behind = Vec::new();
+    let mut count = 0;
+    for (node, target) in targets {
+        let text = now.iter().find(|(n, _)| n == node).map(|(_, t)| t.as_str());
+        for offset in text.map(replica_offsets).unwrap_or_default() {
+            count += 1;
+            if offset < *target {
+                behind.push(format!("{} {offset} < {target}", show(node)));
             }
         }
-        Ok(match behind.is_empty() {
-            true => Ok(format!("{count} replica(s) have the writes")),
-            false => Err(format!(
-                "replicas did not catch up in time (offsets: {}): a failover to one of them would lose the writes",
-                behind.join(", ")
-            )),
-        })
+    }
+    Ok(match behind.is_empty() {
+        true => Ok(format!("{count} replica(s) have the writes")),
+        false => Err(format!(
+            "replicas did not catch up in time (offsets: {}): a failover to one of them would lose the writes",
+            behind.join(", ")
+        )),
     })
-    .await
 }
 
 /// Each primary's persistence holds the writes. Without AOF a restart loads `dump.rdb`
@@ -140,7 +149,7 @@ async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durabi
             if left < EVERYSEC_FSYNC {
                 return Err(NotDurable(format!(
                     "appendfsync everysec may take {} to fsync a write, more than what is left of the wait",
-                    show_duration(EVERYSEC_FSYNC)
+                    humantime::format_duration(EVERYSEC_FSYNC)
                 ))
                 .into());
             }
@@ -178,71 +187,80 @@ struct Snapshot {
 /// and sends `BGSAVE SCHEDULE` (again while Redis answers "already in progress"). The inner
 /// `Err`: BGSAVE refused, saying so.
 async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Result<(), String>> {
+    let mut nodes: Vec<(Option<String>, Snapshot)> = Vec::new();
+    loop {
+        match snapshot_step(conn, &mut nodes).await? {
+            Ok(done) => return Ok(done),
+            Err(waiting) => wait_more(deadline, waiting).await?,
+        }
+    }
+}
+
+/// One look at every primary's snapshots (sending `BGSAVE SCHEDULE` where one must start):
+/// done (`Ok(Ok(Ok))`; `Ok(Ok(Err))`: BGSAVE refused), or who is still waited for.
+async fn snapshot_step(
+    conn: &mut Redis,
+    nodes: &mut Vec<(Option<String>, Snapshot)>,
+) -> anyhow::Result<Result<Result<(), String>, String>> {
     // rdb_saves counts snapshots since start (Redis 7); older ones are judged by our own.
     let saves = |text: &str| info_field(text, "rdb_saves").and_then(|v| v.parse::<u64>().ok());
-    let mut nodes: Vec<(Option<String>, Snapshot)> = Vec::new();
-    poll(conn, deadline, async |conn| {
-        let now = info(conn, "persistence").await?;
-        let (mut send, mut waiting) = (false, Vec::new());
-        for (node, text) in &now {
-            let at = match nodes.iter().position(|(n, _)| n == node) {
-                Some(at) => at,
-                None => {
-                    nodes.push((node.clone(), Snapshot::default()));
-                    nodes.len() - 1
-                }
-            };
-            let state = &mut nodes[at].1;
-            let running = info_field(text, "rdb_bgsave_in_progress").is_some_and(|v| v != "0");
-            if !state.quiet {
-                if !running {
-                    (state.quiet, state.quiet_saves) = (true, saves(text));
-                    send = true;
-                }
-                waiting.push(show(node));
-                continue;
+    let now = info(conn, "persistence").await?;
+    let (mut send, mut waiting) = (false, Vec::new());
+    for (node, text) in &now {
+        let at = match nodes.iter().position(|(n, _)| n == node) {
+            Some(at) => at,
+            None => {
+                nodes.push((node.clone(), Snapshot::default()));
+                nodes.len() - 1
             }
-            let counted = state.quiet_saves.is_some() && saves(text) > state.quiet_saves;
-            if counted || (state.started && !running && last_save_ok(text)) {
-                continue;
+        };
+        let state = &mut nodes[at].1;
+        let running = info_field(text, "rdb_bgsave_in_progress").is_some_and(|v| v != "0");
+        if !state.quiet {
+            if !running {
+                (state.quiet, state.quiet_saves) = (true, saves(text));
+                send = true;
             }
-            if state.started && !running {
-                return Err(
-                    NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into(),
-                );
-            }
-            send |= !running && !state.started && !state.scheduled;
             waiting.push(show(node));
+            continue;
         }
-        if waiting.is_empty() {
-            return Ok(Ok(Ok(())));
+        let counted = state.quiet_saves.is_some() && saves(text) > state.quiet_saves;
+        if counted || (state.started && !running && last_save_ok(text)) {
+            continue;
         }
-        if send {
-            let mut cmd = redis::cmd("BGSAVE");
-            cmd.arg("SCHEDULE");
-            for (node, reply) in bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await? {
-                let Some((_, state)) = nodes.iter_mut().find(|(n, _)| *n == node) else {
-                    continue;
-                };
-                match reply.extract_error() {
-                    Ok(Value::SimpleString(said)) if said.contains("scheduled") => {
-                        state.scheduled = true
-                    }
-                    Ok(_) => state.started = true,
-                    // Another snapshot started meanwhile: waited for like the first one.
-                    Err(err) if err.to_string().contains("already in progress") => {}
-                    Err(err) => {
-                        return Ok(Ok(Err(format!("{}: BGSAVE refused ({err})", show(&node)))));
-                    }
+        if state.started && !running {
+            return Err(NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into());
+        }
+        send |= !running && !state.started && !state.scheduled;
+        waiting.push(show(node));
+    }
+    if waiting.is_empty() {
+        return Ok(Ok(Ok(())));
+    }
+    if send {
+        let mut cmd = redis::cmd("BGSAVE");
+        cmd.arg("SCHEDULE");
+        for (node, reply) in bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await? {
+            let Some((_, state)) = nodes.iter_mut().find(|(n, _)| *n == node) else {
+                continue;
+            };
+            match reply.extract_error() {
+                Ok(Value::SimpleString(said)) if said.contains("scheduled") => {
+                    state.scheduled = true
+                }
+                Ok(_) => state.started = true,
+                // Another snapshot started meanwhile: waited for like the first one.
+                Err(err) if err.to_string().contains("already in progress") => {}
+                Err(err) => {
+                    return Ok(Ok(Err(format!("{}: BGSAVE refused ({err})", show(&node)))));
                 }
             }
         }
-        Ok(Err(format!(
-            "the snapshot (BGSAVE) did not finish in time on {}",
-            waiting.join(", ")
-        )))
-    })
-    .await
+    }
+    Ok(Err(format!(
+        "the snapshot (BGSAVE) did not finish in time on {}",
+        waiting.join(", ")
+    )))
 }
 
 /// The last snapshot succeeded (`rdb_last_bgsave_status:ok`).
@@ -250,23 +268,14 @@ fn last_save_ok(text: &str) -> bool {
     info_field(text, "rdb_last_bgsave_status") == Some("ok")
 }
 
-/// Runs `step` every [`POLL`] until it says done (`Ok(Ok)`) or fails; at `deadline` what it
-/// says still waits (`Ok(Err)`) is the [`NotDurable`].
-async fn poll<T>(
-    conn: &mut Redis,
-    deadline: Instant,
-    mut step: impl AsyncFnMut(&mut Redis) -> anyhow::Result<Result<T, String>>,
-) -> anyhow::Result<T> {
-    loop {
-        let waiting = match step(conn).await? {
-            Ok(done) => return Ok(done),
-            Err(waiting) => waiting,
-        };
-        if Instant::now() >= deadline {
-            return Err(NotDurable(waiting).into());
-        }
-        tokio::time::sleep(POLL).await;
+/// A step still waits for `waiting`: the [`NotDurable`] at `deadline`, else a pause of
+/// [`POLL`] before the next look.
+async fn wait_more(deadline: Instant, waiting: String) -> anyhow::Result<()> {
+    if Instant::now() >= deadline {
+        return Err(NotDurable(waiting).into());
     }
+    tokio::time::sleep(POLL).await;
+    Ok(())
 }
 
 /// `INFO <section>` of every primary, as text.

@@ -14,7 +14,10 @@
 --          next_due_in_ms = -1 means no id will become due by itself;
 --          {0, open_in_ms, now_ms, 1} when acquires are closed after Redis
 --          restarted or failed over (it may have rolled back; see below):
---          nothing is leased or replayed for open_in_ms.
+--          nothing is leased or replayed for open_in_ms;
+--          {0, open_in_ms, now_ms, 2, record} when the pool is new (see
+--          below): closed as after a rollback, and the caller may open it
+--          once `record` is durable (lease/node_open.lua).
 -- First it reclaims expired leases and ends quarantines whose time has
 -- come (LIMITS.reclaim_per_acquire of each). A due id is leased only when
 -- it is not disabled, not quarantined and nobody holds it (not in leases);
@@ -30,8 +33,10 @@
 -- or extended before now and ends by its cap, at most max_lease after: so
 -- nothing is leased (nor a lease replayed: it may have been released and
 -- leased again since) until now + the largest max_lease_ms seen, and the
--- fence is lifted above every fence handed out before. A pool that never
--- leased (fence 0, no leases) is stamped without closing; init stamps it.
+-- fence is lifted above every fence handed out before. A pool with no record
+-- that never leased (fence 0, no leases) is new, or its first lease was lost
+-- with a rollback to a snapshot older than it: closed the same way, until its
+-- caller has made the record durable (init does the same).
 
 local K, err = pool_keys({
   'ready', 'leases', 'owners', 'fence', 'meta', 'disabled', 'requests', 'parked', 'quarantine', 'reasons',
@@ -60,9 +65,12 @@ local now = now_ms()
 
 local active = tonumber(redis.call('GET', K.fence) or '0') > 0
     or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
-local open_at, record, rolled_back = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, active)
+local open_at, record, rolled_back, new_store = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, active)
 if record then redis.call('HSET', K.meta, '~node', record) end
 if rolled_back then lift_fence(K.fence, now) end
+if new_store then
+  return { 0, open_at - now, now, 2, record }
+end
 if open_at > now then
   return { 0, open_at - now, now, 1 }
 end

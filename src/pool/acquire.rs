@@ -7,11 +7,14 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 use super::limits::{self, COOLDOWN_MS, TTL_MS};
 use super::script::Reply;
 use super::{Pool, PoolError, PoolLease, PoolScript};
 use crate::connection::Redis;
+use crate::lease::node::{self, FirstRecord, FirstUse};
+use crate::persistence::WaitDurable;
 use crate::timing;
 
 /// What one acquire asks for.
@@ -68,9 +71,11 @@ pub enum Acquired<C = Redis> {
         at_ms: u64,
         /// True when acquires are closed because Redis restarted or failed
         /// over since the pool was last stamped (it may have rolled back and
-        /// lost leases whose holders still run): `next_due_in` is when they
-        /// open, at most the largest max lease seen (docs/pool.md, "After a
-        /// Redis rollback").
+        /// lost leases whose holders still run), or because the pool is new
+        /// and its first record was not seen durable (closed as after a
+        /// rollback, docs/rollback-design.md "First use"): `next_due_in` is
+        /// when they open, at most the largest max lease seen (docs/pool.md,
+        /// "After a Redis rollback").
         after_rollback: bool,
     },
 }
@@ -103,7 +108,7 @@ pub(crate) enum AcquireReply<C> {
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + WaitDurable + Clone + Send + Sync,
 {
     /// One acquire: reclaims at most 100 expired leases, then leases the
     /// first due id, or answers [`Acquired::Empty`] with the next-due hint.
@@ -126,6 +131,12 @@ where
     /// `head` then acquire.lua's ARGV; its replies decoded as acquire's,
     /// any other first integer answered as [`AcquireReply::Other`] (the
     /// budget's acquire with a charge).
+    ///
+    /// A new pool (no record, never leased; or its first lease was lost with
+    /// a rollback) answers closed until its first record is durable: this
+    /// waits for that (up to [`node::FIRST_USE_WAIT`]), opens it, and tries
+    /// once more; where that cannot be seen, the answer stays closed (one
+    /// max lease from the first acquire, as after a rollback; logged).
     pub(crate) async fn acquire_through(
         &self,
         req: &AcquireRequest,
@@ -133,6 +144,43 @@ where
         extra_keys: &[String],
         head: &[String],
     ) -> Result<AcquireReply<C>, PoolError> {
+        let (reply, first) = self.acquire_once(req, script, extra_keys, head).await?;
+        let Some(written) = first else {
+            return Ok(reply);
+        };
+        let record = FirstRecord {
+            key: self.keys.meta.clone(),
+            field: Some("~node"),
+            fence: Some(self.keys.fence.clone()),
+            fence_reset: "0",
+            written,
+        };
+        let mut conn = self.conn.clone();
+        match node::open_first_use(&mut conn, &[record], node::FIRST_USE_WAIT).await {
+            Ok(FirstUse::Opened { .. }) => {
+                info!(pool = %self.name, "new pool: its first record is durable, so it opens now");
+            }
+            Ok(FirstUse::Unchecked(why)) => {
+                warn!(pool = %self.name, why = %why, "new pool: Redis did not say whether its first record would outlast a restart or failover, so it opens one max lease after its first acquire, as after a rollback (docs/pool.md)");
+                return Ok(reply);
+            }
+            Err(err) => {
+                warn!(pool = %self.name, error = %err, "new pool: its first record was not seen durable, so it opens one max lease after its first acquire, as after a rollback (docs/pool.md)");
+                return Ok(reply);
+            }
+        }
+        Ok(self.acquire_once(req, script, extra_keys, head).await?.0)
+    }
+
+    /// One run of an acquire script; with the record of a new pool as its
+    /// script wrote it (closed), if it was one.
+    async fn acquire_once(
+        &self,
+        req: &AcquireRequest,
+        script: &redis::Script,
+        extra_keys: &[String],
+        head: &[String],
+    ) -> Result<(AcquireReply<C>, Option<String>), PoolError> {
         let ttl = limits::millis("ttl", req.ttl, TTL_MS)?;
         if req.ttl > self.options.max_lease {
             return Err(PoolError::bad(
@@ -172,13 +220,19 @@ where
                 let hint = reply.int()?;
                 let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
                 let at_ms = reply.uint()?;
-                // A fourth item only when closed after a rollback.
-                let after_rollback = reply.int().is_ok_and(|closed| closed == 1);
-                Ok(AcquireReply::Acquired(Acquired::Empty {
+                // A fourth item only when closed: 1 after a rollback, 2 a new pool
+                // (closed as after one; then its record comes fifth).
+                let closed = reply.int().unwrap_or(0);
+                let first = match closed {
+                    2 => Some(reply.string()?),
+                    _ => None,
+                };
+                let empty = Acquired::Empty {
                     next_due_in,
                     at_ms,
-                    after_rollback,
-                }))
+                    after_rollback: closed > 0,
+                };
+                Ok((AcquireReply::Acquired(empty), first))
             }
             1 => {
                 let id = reply.string()?;
@@ -187,21 +241,15 @@ where
                 let fence = reply.uint()?;
                 reply.uint()?; // Redis now: the lease start, unless replayed
                 let replayed = reply.int()? == 1;
-                Ok(AcquireReply::Acquired(Acquired::Leased(PoolLease::new(
-                    self.clone(),
-                    id,
-                    token,
-                    deadline_ms,
-                    fence,
-                    replayed,
-                ))))
+                let lease = PoolLease::new(self.clone(), id, token, deadline_ms, fence, replayed);
+                Ok((AcquireReply::Acquired(Acquired::Leased(lease)), None))
             }
             code => {
                 let mut rest = Vec::new();
                 while let Ok(n) = reply.uint() {
                     rest.push(n);
                 }
-                Ok(AcquireReply::Other { code, rest })
+                Ok((AcquireReply::Other { code, rest }, None))
             }
         }
     }

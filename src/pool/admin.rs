@@ -3,12 +3,15 @@
 
 use std::time::Duration;
 
-use redis::Value;
 use redis::aio::ConnectionLike;
+use redis::{RedisError, Value};
+use tracing::warn;
 
 use super::limits::{self, COOLDOWN_MS, IDS_PER_CALL, MAX_STRIKES, REAP_LIMIT, STRIKE_WINDOW_MS};
 use super::script::Reply;
 use super::{Pool, PoolError, PoolScript};
+use crate::lease::node::{self, FirstRecord, FirstUse};
+use crate::persistence::WaitDurable;
 
 /// The pool's strike setting: an id quarantined `max_strikes` times within
 /// `window` is disabled, until `enable`. Stored in `{P}:config`.
@@ -48,7 +51,7 @@ pub struct Reaped {
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + WaitDurable + Clone + Send + Sync,
 {
     /// Runs `script` with `head` and then `ids` as ARGV; answers its count.
     async fn batch<S: AsRef<str>>(
@@ -93,15 +96,47 @@ where
         let strikes = StrikePolicy::args(strikes)?;
         let mut chunks = ids.chunks(IDS_PER_CALL.max as usize);
         let mut inv = self.invocation(PoolScript::Init);
-        inv.arg(&strikes[0]).arg(&strikes[1]);
+        inv.arg(&strikes[0]).arg(&strikes[1]).arg(self.max_lease_ms);
         for id in chunks.next().unwrap_or_default() {
             inv.arg(id.as_ref());
         }
-        let mut added = count_reply(PoolScript::Init, self.run(&inv).await?)?;
+        let (added, written) = init_reply(self.run(&inv).await?)?;
+        let mut added = added;
         for chunk in chunks {
             added += self.batch(PoolScript::Add, &[], chunk).await?;
         }
+        self.open_first_use(written).await?;
         Ok(added)
+    }
+
+    /// Opens the pool `init` wrote closed once its record is durable
+    /// (`lease::node::open_first_use`): where Redis cannot say, it stays
+    /// closed until its own time (logged); not durable in time is
+    /// [`PoolError::NotDurable`].
+    async fn open_first_use(&self, written: String) -> Result<(), PoolError> {
+        let record = FirstRecord {
+            key: self.keys.meta.clone(),
+            field: Some("~node"),
+            fence: Some(self.keys.fence.clone()),
+            fence_reset: "0",
+            written,
+        };
+        let mut conn = self.conn.clone();
+        let not_durable = |detail: String| PoolError::NotDurable {
+            pool: self.name.to_string(),
+            detail,
+        };
+        match node::open_first_use(&mut conn, &[record], node::FIRST_USE_WAIT).await {
+            Ok(FirstUse::Opened { .. }) => Ok(()),
+            Ok(FirstUse::Unchecked(why)) => {
+                warn!(pool = %self.name, why = %why, "new pool: Redis did not say whether its first record would outlast a restart or failover, so it opens one max lease after the init, as after a rollback (docs/pool.md)");
+                Ok(())
+            }
+            Err(err) => Err(match err.downcast::<RedisError>() {
+                Ok(err) => PoolError::Redis(err),
+                Err(err) => not_durable(format!("{err:#}")),
+            }),
+        }
     }
 
     /// Adds new `ids` to the pool, due at once, in calls of at most 1000
@@ -221,6 +256,24 @@ where
 }
 
 /// A script's count reply.
+/// init.lua's `{added, record}`.
+fn init_reply(value: Value) -> Result<(u64, String), PoolError> {
+    let bad = |detail: String| PoolError::Reply {
+        script: PoolScript::Init.name(),
+        detail,
+    };
+    match value {
+        Value::Array(items) => match &items[..] {
+            [Value::Int(n), record] if *n >= 0 => Ok((
+                *n as u64,
+                redis::from_redis_value_ref(record).map_err(|e| bad(e.to_string()))?,
+            )),
+            other => Err(bad(format!("expected {{added, record}}, got {other:?}"))),
+        },
+        other => Err(bad(format!("expected {{added, record}}, got {other:?}"))),
+    }
+}
+
 fn count_reply(script: PoolScript, value: Value) -> Result<u64, PoolError> {
     match value {
         Value::Int(n) if n >= 0 => Ok(n as u64),

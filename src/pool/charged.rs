@@ -80,7 +80,7 @@ pub async fn acquire_charged<C>(
     charge: &Charge,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
 {
     let (keys, head) = charge.checked(pool.name()).map_err(pool_error)?;
     match pool.acquire_through(req, &SCRIPT, &keys, &head).await? {
@@ -115,7 +115,7 @@ pub async fn acquire_charged_wait<C>(
     stop: &CancellationToken,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
 {
     let start = Instant::now();
     let mut attempt: u32 = 0;

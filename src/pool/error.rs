@@ -62,6 +62,20 @@ pub enum PoolError {
     /// run.
     #[error("redis: {}", crate::connection::Readable(.0))]
     Redis(#[source] RedisError),
+    /// `init` wrote the pool, but did not see its first record durable (on
+    /// every replica and in the primary's snapshot or AOF) within the wait
+    /// (60 s): the pool stays closed, as after a Redis rollback, until it
+    /// opens by itself one max lease after the init (docs/pool.md, "After a
+    /// Redis rollback"). Exit 3.
+    #[error(
+        "pool {pool} written, but its first record was not seen durable ({detail}); it opens by itself one max lease after the init, as after a Redis rollback"
+    )]
+    NotDurable {
+        /// The pool name.
+        pool: String,
+        /// What was not durable in time, or the error of the check.
+        detail: String,
+    },
     /// A script answered something this version does not understand.
     #[error("unexpected reply from the pool {script} script: {detail}")]
     Reply {

@@ -7,6 +7,7 @@
 //! what keeps a newcomer from taking an ID a holder still publishes.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -14,9 +15,11 @@ use redis::Script;
 
 use super::args::AppKeysArgs;
 use super::keys::LeaseKeys;
+use super::limits::TTL;
 use super::range::WorkerRange;
-use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
+use crate::cli::{ConfigError, RedisUrlArg, parse_duration, stdout_line};
 use crate::connection::{Keyspace, RedisTarget};
+use crate::lease::node::{self, FirstRecord, FirstUse};
 use crate::timing::{self, COMMAND_CALL_TIMEOUT};
 
 static OPEN: LazyLock<Script> =
@@ -53,6 +56,10 @@ pub struct OpenArgs {
     #[command(flatten)]
     pub eviction: crate::eviction::EvictionArgs,
 
+    /// The sidecars' --ttl (the longest, if they differ): a guard written here stays closed that long unless it is seen durable (on every replica and in Redis' snapshot or AOF) within 60 s; 1s-1h.
+    #[arg(long, env = "SNOWLEASE_TTL", default_value = TTL.default, value_parser = parse_duration)]
+    pub ttl: Duration,
+
     /// Open even while lease keys exist or the guard is closed. Dangerous after a Redis data loss: a newcomer may take an ID that a holder still publishes until its next renew; use it only if no sidecar of the app held an ID on this Redis in the last TTL.
     #[arg(long)]
     pub force: bool,
@@ -67,6 +74,7 @@ pub struct OpenConfig {
     redis: RedisTarget,
     force: bool,
     allow_evicting_redis: bool,
+    ttl: Duration,
 }
 
 impl GuardArgs {
@@ -74,7 +82,9 @@ impl GuardArgs {
     pub fn validate(&self) -> Result<OpenConfig, ConfigError> {
         let GuardCommand::Open(open) = &self.command;
         let keys = open.keys.validate()?;
+        TTL.check(open.ttl)?;
         Ok(OpenConfig {
+            ttl: open.ttl,
             keys: LeaseKeys::new(&keys.key_prefix, &keys.app),
             worker_ids: keys.worker_ids,
             app: keys.app,
@@ -211,6 +221,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     };
     let (mut refused, mut already_open, mut total, mut at_ms) =
         (false, true, OpenFindings::default(), 0);
+    let mut written: Vec<FirstRecord> = Vec::new();
     for batch in &batches {
         let mut invocation = OPEN.prepare_invoke();
         for (key, guard) in *batch {
@@ -218,10 +229,22 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         }
         invocation
             .arg(if config.force { "1" } else { "0" })
-            .arg(beyond);
-        let call = invocation.invoke_async::<(i64, u64, i64, u64, i64)>(&mut conn);
-        let (opened, at, held, closed_ms, other_node) =
+            .arg(beyond)
+            .arg(timing::ttl_ms(config.ttl));
+        let call = invocation.invoke_async::<(i64, u64, i64, u64, i64, String)>(&mut conn);
+        let (opened, at, held, closed_ms, other_node, guard_written) =
             bounded(config, call).await.with_context(context)?;
+        if opened == 1 {
+            for (_, guard) in *batch {
+                written.push(FirstRecord {
+                    key: guard.clone(),
+                    field: None,
+                    fence: None,
+                    fence_reset: "",
+                    written: guard_written.clone(),
+                });
+            }
+        }
         if held < 0 {
             anyhow::bail!(
                 "the claim guard {} has another type than string; remove it by hand",
@@ -236,9 +259,10 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         at_ms = at_ms.max(at);
     }
     if refused {
+        // On Cluster guards written before an ID's refusal stay closed (one TTL).
         return Err(total.refusal(config).expect("the script refused").into());
     }
-    let line = serde_json::json!({
+    let mut line = serde_json::json!({
         "app": config.app,
         "opened_at_ms": at_ms,
         "already_open": already_open,
@@ -246,6 +270,24 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         "guards": batches.len(),
         "redis": config.redis.to_string(),
     });
+    if !written.is_empty() {
+        let first_use = node::open_first_use(&mut conn, &written, node::FIRST_USE_WAIT).await;
+        let unchecked = |why: &str| {
+            format!(
+                "the guard stays closed until {} ms (one TTL), as after a data loss: {why}",
+                at_ms + timing::ms(config.ttl)
+            )
+        };
+        match first_use.with_context(|| unchecked("not seen durable"))? {
+            FirstUse::Opened { .. } => {}
+            FirstUse::Unchecked(why) => {
+                let said = unchecked(&why);
+                eprintln!("warning: durability unchecked: {said}");
+                line["opened_at_ms"] = serde_json::json!(at_ms + timing::ms(config.ttl));
+                line["durability_unchecked"] = serde_json::json!(said);
+            }
+        }
+    }
     stdout_line(&line.to_string())
 }
 

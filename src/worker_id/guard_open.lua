@@ -10,10 +10,14 @@
 --             (--force); "0": refuse then
 -- ARGV[2]     lease keys the caller found outside KEYS (one server: IDs
 --             beyond --max-worker-id), counted with `held`; "0" if none
+-- ARGV[3]     the app's TTL, ms (--ttl): how long a guard written here stays
+--             closed unless the caller opens it (below)
 --
--- Returns {opened, at_ms, held, closed_ms, other_node}:
---   opened     1 = every guard named now holds Redis' TIME (ms): claims are
---              open; 2 = every guard named is already open (holds a time
+-- Returns {opened, at_ms, held, closed_ms, other_node, written} (written is
+-- "" unless opened = 1):
+--   opened     1 = every guard named is written closed until Redis' TIME +
+--              ARGV[3] (`written`); the caller opens them once they are
+--              durable (lease/node_open.lua); 2 = every guard named is already open (holds a time
 --              not after now), with or without lease keys: nothing to do,
 --              nothing written (so a deploy hook may run this on every
 --              deploy);
@@ -33,7 +37,12 @@
 --              (node.lua): it may have rolled back since, and holders from
 --              before may still publish IDs whose keys it lost; such a guard
 --              is not open, and only --force opens it. Else 0
--- A guard opened here holds "<now>.<node stamp>".
+-- A guard written here holds "<now + ttl>.<node stamp>": closed, as a claim
+-- that found no guard closes it, until the caller has seen it durable and
+-- opened it. Why: a guard opened at once and then lost with a rollback (a
+-- restart from a snapshot older than this call) looks new again, and this
+-- command run again (a deploy hook) would open it while holders that claimed
+-- behind the lost guard still publish their IDs.
 if #KEYS == 0 or #KEYS % 2 ~= 0 then
   return redis.error_reply('ERR guard open: KEYS must be (lease key, guard) pairs')
 end
@@ -51,7 +60,7 @@ for i = 1, #KEYS, 2 do
   if not guards[guard] then
     local kind = redis.call('TYPE', guard).ok
     if kind ~= 'none' and kind ~= 'string' then
-      return {0, now, -1, 0, 0}
+      return {0, now, -1, 0, 0, ''}
     end
     local open_at, stamp = unstamp(redis.call('GET', guard))
     if open_at ~= nil and not stamped_here(stamp) then
@@ -69,12 +78,17 @@ for i = 1, #KEYS, 2 do
   end
 end
 if ARGV[1] ~= '1' and all_open then
-  return {2, open_since, held, 0, 0}
+  return {2, open_since, held, 0, 0, ''}
 end
 if (held > 0 or closed > 0 or other_node == 1) and ARGV[1] ~= '1' then
-  return {0, now, held, closed, other_node}
+  return {0, now, held, closed, other_node, ''}
 end
+local ttl = tonumber(ARGV[3])
+if ttl == nil or ttl < 1 then
+  return redis.error_reply('ERR guard open: ARGV[3] must be the TTL in ms')
+end
+local written = stamped(now + ttl)
 for guard in pairs(guards) do
-  redis.call('SET', guard, stamped(now))
+  redis.call('SET', guard, written)
 end
-return {1, now, held, closed, other_node}
+return {1, now, held, closed, other_node, written}

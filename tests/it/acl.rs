@@ -17,9 +17,9 @@ pub(crate) const STATUS_RULES: &str =
 const BUDGET_RULES: &str = "resetkeys ~snowlease:budget:* resetchannels -@all +evalsha +script|load \
     +info +role +time +type +get +set";
 
-const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
+pub(crate) const POOL_RULES: &str = "resetkeys ~{proxies}:* resetchannels -@all +evalsha +script|load \
     +info +role +time +type +exists +get +set +incr +hget +hset +hdel +hexists +hlen +hgetall +sadd +srem \
-    +scard +sismember +smembers +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore";
+    +scard +sismember +smembers +zadd +zrem +zcard +zcount +zrange +zrangebyscore +zscore +bgsave";
 
 /// Creates ACL user `user` (password `pw`) with `rules` and returns a URL that logs in as it.
 pub(crate) fn acl_user(redis: &RedisServer, user: &str, rules: &str) -> String {
@@ -502,7 +502,7 @@ fn budgets_and_pool_serve_run_with_the_documented_rules() {
 
 /// The rule of the deploy steps (docs/kubernetes.md, "Deploy, step by step", step 2), read
 /// from the `ACL SETUSER snowlease on >PASSWORD ...` line of README.md or of a file under docs/.
-fn deploy_steps_rule() -> String {
+pub(crate) fn deploy_steps_rule() -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![root.join("README.md")];
     if let Ok(docs) = std::fs::read_dir(root.join("docs")) {

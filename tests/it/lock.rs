@@ -594,8 +594,8 @@ fn exit_code_passes_through_and_sigterm_reaches_the_command() {
 
 /// `lock`, as documented in docs/lock.md: scripts by SHA, the commands they call, only
 /// the lock keys.
-const LOCK_RULES: &str = "resetkeys ~snowlease:lock:* resetchannels -@all +evalsha \
-    +script|load +type +get +set +pexpire +pttl +incr +del +time +info +role";
+pub(crate) const LOCK_RULES: &str = "resetkeys ~snowlease:lock:* resetchannels -@all +evalsha \
+    +script|load +type +get +set +pexpire +pttl +incr +del +time +info +role +bgsave";
 
 /// The documented ACL covers a whole lock: probe, acquire with fence, a waiter's attempts,
 /// renewals, release; Redis denies nothing on the way.

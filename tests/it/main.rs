@@ -45,6 +45,8 @@ mod eviction;
 mod examples;
 /// `exec` and `id`: the app runs only while an ID is published; stopped by the deadline.
 mod exec;
+/// A store's first record where Redis cannot say whether it is durable (no `+bgsave`).
+mod first_record;
 /// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
 mod first_use;
 /// A claim whose reply was lost is adopted (the handover tombstone: `scenarios`).

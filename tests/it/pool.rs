@@ -561,7 +561,7 @@ async fn bad_input_is_refused_and_writes_nothing() {
 
     let fresh_keys = PoolScript::Init.keys(&PoolKeys::new("fresh"));
     let init = |args: &[&str]| {
-        let mut full = vec!["off", "off"];
+        let mut full = vec!["off", "off", "600000"];
         full.extend_from_slice(args);
         raw(&redis, PoolScript::Init, &fresh_keys, &full)
     };
@@ -576,7 +576,7 @@ async fn bad_input_is_refused_and_writes_nothing() {
             &redis,
             PoolScript::Init,
             &k(PoolScript::Init),
-            &["off", "off", "z"]
+            &["off", "off", "600000", "z"]
         ),
         Err(PoolError::AlreadyInitialized { .. })
     ));

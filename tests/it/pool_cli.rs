@@ -62,8 +62,9 @@ fn cli_round_trip_from_an_ids_file() {
     let init = pool_json(&redis, &["init", "--pool", "proxies", "--ids-file", &first]);
     assert_eq!(
         script_runs(&redis) - runs_before,
-        3,
-        "init from 2500 ids: one init and two adds of at most 1000 ids each"
+        4,
+        "init from 2500 ids: one init, two adds of at most 1000 ids each, and the open of the \
+         new pool once its record is durable (lease/node_open.lua)"
     );
     assert_eq!(init["added"], 2500);
     let ready = zset(&redis, &keys.ready);

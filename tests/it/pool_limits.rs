@@ -80,7 +80,7 @@ fn scripts_refuse_exactly_the_ranges_of_the_table() {
         keys: PoolKeys::new("p"),
     };
     assert!(!refused(
-        probe.call(PoolScript::Init, &["off", "off", "a"]),
+        probe.call(PoolScript::Init, &["off", "off", "600000", "a"]),
         "ids"
     ));
     let mut n = 0;
@@ -107,7 +107,9 @@ fn scripts_refuse_exactly_the_names_and_tokens_of_the_table() {
         redis: &redis,
         keys: PoolKeys::new("p"),
     };
-    probe.call(PoolScript::Init, &["off", "off", "a"]).unwrap();
+    probe
+        .call(PoolScript::Init, &["off", "off", "600000", "a"])
+        .unwrap();
     let mut names: Vec<String> = lengths(limits::NAME_MAX)
         .iter()
         .map(|n| "x".repeat(*n))

@@ -68,7 +68,6 @@ fn process_exists(pid: u64) -> bool {
 /// command runs on with fence 1. The same happens after a failover to a replica that missed
 /// the first acquire.
 #[test]
-#[ignore = "known limit (docs/rollback-design.md, What is still not covered): fails today"]
 fn lock_first_used_after_the_snapshot_is_not_handed_out_twice() {
     let mut redis = RedisServer::start();
     let url = redis.url();
@@ -135,7 +134,6 @@ fn lock_first_used_after_the_snapshot_is_not_handed_out_twice() {
 /// it leases `a` again at once, with fence 1 again, to a second token while the first holder's
 /// 30 s lease runs.
 #[test]
-#[ignore = "known limit (docs/rollback-design.md, What is still not covered): fails today"]
 fn plain_pool_first_leased_after_the_snapshot_is_not_leased_twice() {
     let mut redis = RedisServer::start();
     let _: () = redis.query(redis::cmd("ZADD").arg("{p}:ready").arg(0).arg("a"));
@@ -170,7 +168,6 @@ fn plain_pool_first_leased_after_the_snapshot_is_not_leased_twice() {
 /// acquire leases `a` with fence 1 at once while the holder from before the restart still
 /// holds `a` with fence 1 for 30 s.
 #[test]
-#[ignore = "known limit (docs/rollback-design.md, What is still not covered): fails today"]
 fn pool_initialised_after_the_snapshot_is_not_leased_twice_after_init_again() {
     let mut redis = RedisServer::start();
     let _: () = redis.query(&mut redis::cmd("SAVE"));
@@ -187,13 +184,10 @@ fn pool_initialised_after_the_snapshot_is_not_leased_twice_after_init_again() {
     let first = pool_json(&redis, &acquire);
     assert_eq!((&first["id"], &first["fence"]), (&json!("a"), &json!(1)));
     redis.restart();
-    assert_eq!(redis.dbsize(), 0, "the restart lost the pool");
+    // Before first records were made durable the restart lost the pool, and the deploy
+    // step re-created it (exit 0); now init waited for a snapshot, which the restart loads.
     let init = pool_cmd(&redis, &["init", "--pool", "p", "--ids", "a"], &[]);
-    assert_eq!(
-        init.code,
-        Some(0),
-        "the deploy step re-creates it: {init:?}"
-    );
+    eprintln!("init again: {init:?}");
     let run = pool_cmd(&redis, &acquire, &[]);
     assert_eq!(
         run.code,
@@ -227,7 +221,6 @@ fn sample_both(a: &Sidecar, b: &Sidecar, how_long: std::time::Duration) -> Vec<S
 /// takes the Redis for a fresh one and opens the guard (exit 0, not 5), and B claims ID 0 at
 /// once; both publish it until A's next renew finds B's key.
 #[test]
-#[ignore = "known limit (docs/rollback-design.md, What is still not covered): fails today"]
 fn guard_open_as_a_deploy_hook_after_a_rollback_never_publishes_one_id_twice() {
     const APP: &str = "hooked";
     let mut redis = RedisServer::start();
@@ -246,7 +239,9 @@ fn guard_open_as_a_deploy_hook_after_a_rollback_never_publishes_one_id_twice() {
     let a = sidecar("a").spawn();
     a.wait_for_lease(secs(10));
     redis.restart();
-    assert_eq!(redis.dbsize(), 0, "the restart loaded the older snapshot");
+    // Before the guard was made durable the restart loaded the older snapshot (no guard, no
+    // lease key) and the hook opened a new guard; now the hook's first run waited for a
+    // snapshot with its guard, which the restart loads.
     // The next deploy: the hook, then a new pod.
     let hook = guard_open(&url, APP, &["--max-worker-id", "0"]);
     let b = sidecar("b").spawn();
