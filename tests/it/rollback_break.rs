@@ -2,12 +2,14 @@
 //! Redis crash-restart from a snapshot taken *before* something was first written, and a
 //! Sentinel ping-pong failover.
 //!
-//! - Lock and pool: `node.lua`'s `node_gate` takes a store with no node record and no sign of
-//!   past activity for a new one and opens it at once; after such a rollback that is exactly
-//!   what a lost first use looks like, so the same lock or pool id goes out again, fence 1
-//!   again, while the first holder runs on.
-//! - Worker IDs: `guard open` (run on every deploy, as docs/worker.md allows) finds no guard
-//!   and no lease key and opens the guard, so a newcomer takes an ID a holder still publishes.
+//! - Lock and pool: `node.lua`'s `node_gate` took a store with no node record and no sign of
+//!   past activity for a new one and opened it at once; after such a rollback that is exactly
+//!   what a lost first use looks like, so the same lock or pool id went out again, fence 1
+//!   again, while the first holder ran on. Fixed: a missing record is closed as after a
+//!   rollback and opened only once it is durable ("First use").
+//! - Worker IDs: `guard open` (run on every deploy, as docs/worker.md allows) found no guard
+//!   and no lease key and opened the guard, so a newcomer took an ID a holder still
+//!   published. Fixed the same way: the hook's first run waits for a snapshot with its guard.
 //! - `mint carry-over` read the old app's marks without vouching for them, and its floor was
 //!   lost with a rollback after it; either way the new app minted IDs the old app minted
 //!   (both fixed: it vouches for them, and waits for a snapshot and the replicas).
@@ -15,9 +17,9 @@
 //!   replica keeps its `run_id` and `master_replid`, so the rollback (the writes made on the
 //!   other node) goes unseen.
 //!
-//! The ignored tests fail on the product as it is, each run (3 of 3 runs each): known limits
-//! (docs/rollback-design.md, "What is still not covered"), ignored until fixed; run them with
-//! `cargo test --test it -- rollback_break --ignored`. The others ran so once and are fixed.
+//! The ignored test fails on the product as it is, each run (3 of 3 runs): a known limit
+//! (docs/rollback-design.md, "What is still not covered"), ignored until fixed; run it with
+//! `cargo test --test it -- rollback_break --ignored`. The others failed so before their fix.
 
 use std::fs;
 use std::path::Path;
@@ -63,7 +65,7 @@ fn process_exists(pid: u64) -> bool {
 /// Redis is SIGKILLed and restarts from the snapshot, which has no lock key, no fence and no
 /// node record. A second `lock` of the same name must be refused while `a`'s command may still
 /// run (as `lock.rs`'s `a_restart_from_an_older_snapshot_closes_the_lock_for_one_ttl` shows for
-/// a lock used once before the snapshot). It is not: `acquire.lua` sees "no record, no fence,
+/// a lock used once before the snapshot). It was not, before first records were made durable: `acquire.lua` saw "no record, no fence,
 /// no key" as a new lock, takes it at once and hands out fence 1 a second time while `a`'s
 /// command runs on with fence 1. The same happens after a failover to a replica that missed
 /// the first acquire.
@@ -130,7 +132,7 @@ fn lock_first_used_after_the_snapshot_is_not_handed_out_twice() {
 /// A pool written with plain commands (docs/pool.md's compatibility promise: `ZADD
 /// '{p}:ready' 0 a`, no `pool init`) whose first acquire came after the last snapshot: the
 /// restart loses that lease (id `a`, fence 1) and the next acquire must be closed for the max
-/// lease. It is not: no node record, fence 0, no leases look like a pool that never leased, so
+/// lease. It was not, before first records were made durable: no node record, fence 0, no leases look like a pool that never leased, so
 /// it leases `a` again at once, with fence 1 again, to a second token while the first holder's
 /// 30 s lease runs.
 #[test]
@@ -217,7 +219,7 @@ fn sample_both(a: &Sidecar, b: &Sidecar, how_long: std::time::Duration) -> Vec<S
 /// does not fail"): the hook opens the guard, sidecar A claims ID 0, Redis crash-restarts from
 /// the snapshot (no guard, no lease key), the next deploy runs the hook again and sidecar B
 /// starts. B must not publish ID 0 while A does (without the hook B's claim finds the guard
-/// missing and closes it for one TTL). It does: the hook finds no guard and no lease key,
+/// missing and closes it for one TTL). It did, before first records were made durable: the hook found no guard and no lease key,
 /// takes the Redis for a fresh one and opens the guard (exit 0, not 5), and B claims ID 0 at
 /// once; both publish it until A's next renew finds B's key.
 #[test]
