@@ -60,10 +60,16 @@ pub(crate) async fn make_durable(conn: &mut Redis, limit: Duration) -> anyhow::R
 
 /// Every replica's offset at or past its primary's offset read now. Says how many replicas.
 async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Result<String> {
-    let targets: Vec<(Option<String>, u64)> = info(conn, "replication")
+    // Each primary's offset, and the replicas it has now: one dropped during the wait (a
+    // stalled link, after repl-timeout) never got the writes, yet a failover may pick it.
+    let targets: Vec<Target> = info(conn, "replication")
         .await?
         .into_iter()
-        .map(|(node, text)| Ok((node, field(&text, "master_repl_offset")?.parse()?)))
+        .map(|(node, text)| {
+            let offset = field(&text, "master_repl_offset")?.parse()?;
+            let replicas = replicas(&text).into_iter().map(|(id, _)| id).collect();
+            Ok((node, offset, replicas))
+        })
         .collect::<anyhow::Result<_>>()?;
     loop {
         match replicas_step(conn, &targets).await? {
@@ -76,17 +82,23 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
 /// One look at the replicas' offsets: done (how many replicas), or who is behind.
 async fn replicas_step(
     conn: &mut Redis,
-    targets: &[(Option<String>, u64)],
+    targets: &[Target],
 ) -> anyhow::Result<Result<String, String>> {
     let now = info(conn, "replication").await?;
     let mut behind = Vec::new();
     let mut count = 0;
-    for (node, target) in targets {
+    for (node, target, before) in targets {
         let text = now.iter().find(|(n, _)| n == node).map(|(_, t)| t.as_str());
-        for offset in text.map(replica_offsets).unwrap_or_default() {
+        let seen = text.map(replicas).unwrap_or_default();
+        for (id, offset) in &seen {
             count += 1;
-            if offset < *target {
-                behind.push(format!("{} {offset} < {target}", show(node)));
+            if offset < target {
+                behind.push(format!("{} {id} {offset} < {target}", show(node)));
+            }
+        }
+        for id in before {
+            if !seen.iter().any(|(now, _)| now == id) {
+                behind.push(format!("{}: replica {id} dropped", show(node)));
             }
         }
     }
@@ -224,11 +236,13 @@ async fn snapshot_step(
             waiting.push(show(node));
             continue;
         }
+        // rdb_saves counts a snapshot when its child forks, not when it is on disk: one
+        // counted or ours is done only once none runs, and only if it succeeded.
         let counted = state.quiet_saves.is_some() && saves(text) > state.quiet_saves;
-        if counted || (state.started && !running && last_save_ok(text)) {
-            continue;
-        }
-        if state.started && !running {
+        if (counted || state.started) && !running {
+            if last_save_ok(text) {
+                continue;
+            }
             return Err(NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into());
         }
         send |= !running && !state.started && !state.scheduled;
@@ -298,13 +312,19 @@ fn field<'a>(text: &'a str, name: &str) -> anyhow::Result<&'a str> {
     info_field(text, name).ok_or_else(|| anyhow::anyhow!("INFO has no {name}"))
 }
 
-/// The `offset=` of every `slaveN:` line of an `INFO replication` text.
-fn replica_offsets(text: &str) -> Vec<u64> {
+/// A primary (`None`: the one server), its `master_repl_offset` after the writes, and the
+/// replicas it had then (`ip:port`).
+type Target = (Option<String>, u64, Vec<String>);
+
+/// Every `slaveN:` line of an `INFO replication` text: the replica (`ip:port`) and its
+/// `offset=`.
+fn replicas(text: &str) -> Vec<(String, u64)> {
     text.lines()
-        .filter(|line| line.starts_with("slave") && line.contains("offset="))
-        .filter_map(|line| {
-            let offset = line.split(',').find_map(|kv| kv.strip_prefix("offset="))?;
-            offset.trim().parse().ok()
+        .filter_map(|line| line.strip_prefix("slave")?.split_once(':'))
+        .filter_map(|(_, rest)| {
+            let value = |key: &str| rest.split(',').find_map(|kv| kv.strip_prefix(key));
+            let offset = value("offset=")?.trim().parse().ok()?;
+            Some((format!("{}:{}", value("ip=")?, value("port=")?), offset))
         })
         .collect()
 }
@@ -323,7 +343,13 @@ mod tests {
             slave0:ip=127.0.0.1,port=6380,state=online,offset=120,lag=0\r\n\
             slave1:ip=127.0.0.1,port=6381,state=wait_bgsave,offset=0,lag=1\r\n\
             master_repl_offset:140\r\nslave_read_repl_offset:0\r\n";
-        assert_eq!(replica_offsets(text), [120, 0]);
+        assert_eq!(
+            replicas(text),
+            [
+                ("127.0.0.1:6380".to_owned(), 120),
+                ("127.0.0.1:6381".to_owned(), 0)
+            ]
+        );
         assert_eq!(field(text, "master_repl_offset").unwrap(), "140");
         assert!(field(text, "rdb_saves").is_err());
     }

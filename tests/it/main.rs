@@ -49,6 +49,8 @@ mod exec;
 mod first_record;
 /// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
 mod first_use;
+/// First use broken on purpose: snapshots that started but never finished.
+mod first_use_break;
 /// A claim whose reply was lost is adopted (the handover tombstone: `scenarios`).
 mod handover;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
