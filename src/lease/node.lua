@@ -58,7 +58,8 @@ end
 -- holders may have (ms), and when hand-outs open (Redis ms), stamped by the node that
 -- wrote it.
 --
--- node_gate(record, bound, now, active) -> open_at, new_record, rolled_back, new_store
+-- node_gate(record, bound, now, active) -> open_at, new_record, rolled_back, new_store, stored
+--   (stored: with new_store, the record as it is now stored, for node_open.lua)
 --   record   the stored record, or false (missing)
 --   bound    this caller's longest lease, ms (pool: max_lease_ms, lock: the TTL)
 --   now      Redis TIME, ms
@@ -71,26 +72,42 @@ end
 -- lift its fence (lift_fence).
 -- A missing record in a store that shows no activity is a new store, or one whose first
 -- use a rollback lost with everything else (a snapshot older than that use): nothing
--- tells the two apart. So it is closed the same way (new_store = true, the fence lifted
--- too), and the caller may open it at once once the record is durable (node_open.lua):
--- a later rollback then brings the record back, and it is seen. new_record is nil when
--- nothing changes.
+-- tells the two apart. So it is closed the same way, the fence lifted too, and marked new
+-- (NEW_RECORD at its end): new_store = true, for this caller and every later one while
+-- the mark stays. A new record never opens by its time: only a caller that saw it durable
+-- opens it (node_open.lua), after which no rollback can lose it (a later one brings it
+-- back with an old stamp, and it is seen); one that could not check durability (Redis
+-- refuses to say) drops the mark, and the record opens by its time. Why never by time
+-- otherwise: a record opened so and lost with a rollback leaves a missing record again,
+-- whose next first use, durable at once, would open at once while a holder from before
+-- still runs. new_record is nil when nothing changes.
+local NEW_RECORD = ':new'
+
 local function node_gate(record, bound, now, active)
   local known, rest = nil, nil
+  local marked_new = false
   if type(record) == 'string' then
+    marked_new = string.sub(record, -#NEW_RECORD) == NEW_RECORD
+    if marked_new then record = string.sub(record, 1, -#NEW_RECORD - 1) end
     known, rest = string.match(record, '^(%d+):(.+)$')
   end
   known = tonumber(known) or 0
   local widest = math.max(bound, known)
   local open_at, stamp = unstamp(rest)
   if open_at ~= nil and stamped_here(stamp) then
+    if marked_new then
+      return now + widest, nil, false, true, record .. NEW_RECORD
+    end
     if bound > known then
       return open_at, string.format('%d:%s', widest, stamped(open_at)), false, false
     end
     return open_at, nil, false, false
   end
   open_at = now + widest
-  return open_at, string.format('%d:%s', widest, stamped(open_at)), true, record == false and not active
+  local new_store = record == false and not active
+  local written = string.format('%d:%s', widest, stamped(open_at))
+  if new_store then written = written .. NEW_RECORD end
+  return open_at, written, true, new_store, written
 end
 
 -- Raises the fence counter at `key` to at least Redis TIME in microseconds (now_ms * 1000)

@@ -40,7 +40,7 @@ pub(crate) struct FirstRecord {
     pub fence: Option<String>,
     /// What the fence counter goes back to when the store opens: `""` deletes it.
     pub fence_reset: &'static str,
-    /// The record as written: `"[<bound_ms>:]<open_at_ms>.<stamp>"`.
+    /// The record as stored: `"[<bound_ms>:]<open_at_ms>.<stamp>[:new]"`.
     pub written: String,
 }
 
@@ -54,24 +54,28 @@ pub(crate) enum FirstUse {
         /// How many records opened now.
         opened: usize,
     },
-    /// Redis could not say whether they are durable (why): they stay closed until their
-    /// own time, at most one bound from their first use.
+    /// Redis could not say whether they are durable (why): their new-store mark is dropped,
+    /// so they open by their own time, one bound from their first use.
     Unchecked(String),
 }
 
 /// Waits (up to `limit`) until the records this process wrote would outlast a rollback,
-/// then opens each one that is still closed as written (`node_open.lua`).
+/// then opens each one that is still closed as written (`node_open.lua`); where Redis will
+/// not say, lets them open by their time instead.
 ///
-/// Errors: `NotDurable` (not there within `limit`; the records stay closed until their
-/// own time, and running the step again is safe); a Redis error.
+/// Errors: `NotDurable` (not there within `limit`: the records stay closed and marked new,
+/// so the next user of the store tries again; running the step again is safe); a Redis
+/// error.
 pub(crate) async fn open_first_use<C: WaitDurable>(
     conn: &mut C,
     records: &[FirstRecord],
     limit: Duration,
 ) -> anyhow::Result<FirstUse> {
-    if let Durability::Unchecked(why) = conn.wait_durable(limit).await? {
-        return Ok(FirstUse::Unchecked(why));
-    }
+    let durability = conn.wait_durable(limit).await?;
+    let mode = match durability {
+        Durability::Held(_) => "durable",
+        Durability::Unchecked(_) => "unchecked",
+    };
     let mut opened = 0;
     for record in records {
         let mut open = OPEN.prepare_invoke();
@@ -81,11 +85,15 @@ pub(crate) async fn open_first_use<C: WaitDurable>(
         }
         open.arg(record.field.unwrap_or(""))
             .arg(&record.written)
-            .arg(record.fence_reset);
+            .arg(record.fence_reset)
+            .arg(mode);
         let done: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
         opened += usize::from(done == 1);
     }
-    Ok(FirstUse::Opened { opened })
+    Ok(match durability {
+        Durability::Held(_) => FirstUse::Opened { opened },
+        Durability::Unchecked(why) => FirstUse::Unchecked(why),
+    })
 }
 
 /// The integer part of a stored "<integer>.<stamp>" or of a plain

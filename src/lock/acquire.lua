@@ -20,8 +20,9 @@
 --               nothing acquired for wait ms
 --   {4, wait, record}
 --               a new lock (no record, no fence, no key), written closed
---               for wait ms as below; the caller may open it at once once
---               `record` is durable (lease/node_open.lua)
+--               and marked new (node.lua's node_gate), or one still marked
+--               so: nothing acquired; the caller opens it once `record` is
+--               durable (lease/node_open.lua), else it stays closed
 -- Errors (nothing written): a key of another type, a fence that is not an
 -- integer, a bad TTL, INFO refused (node.lua).
 --
@@ -62,11 +63,11 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local active = fence_type ~= 'none' or lock_type ~= 'none'
-local open_at, record, rolled_back, new_store = node_gate(redis.call('GET', KEYS[3]), ttl, now, active)
+local open_at, record, rolled_back, new_store, stored = node_gate(redis.call('GET', KEYS[3]), ttl, now, active)
 if record then redis.call('SET', KEYS[3], record) end
 if rolled_back then lift_fence(KEYS[2], now) end
 if new_store then
-  return {4, open_at - now, record}
+  return {4, open_at - now, stored}
 end
 if open_at > now then
   return {3, open_at - now}

@@ -75,27 +75,35 @@ impl Session {
     }
 
     /// Opens a new lock once its first record is durable (`lease::node::open_first_use`),
-    /// waiting up to `limit` for that. Logs what came of it: where the record could not be
-    /// seen durable the lock stays closed until its own time (one TTL from the first use).
-    pub(crate) async fn open_first_use(&mut self, record: FirstRecord, limit: Duration) {
+    /// waiting up to `limit` for that; true when it opened. Logs what came of it: where
+    /// Redis would not say, the lock opens one TTL after its first use; where the record
+    /// was not durable in time, it stays closed and the next attempt tries again.
+    pub(crate) async fn open_first_use(&mut self, record: FirstRecord, limit: Duration) -> bool {
         let lock = self.keys.name().to_owned();
         match lease::node::open_first_use(&mut self.conn, &[record], limit).await {
             Ok(FirstUse::Opened { .. }) => {
                 info!(
                     lock,
                     "new lock: its first record is durable, so it opens now"
-                )
+                );
+                true
             }
-            Ok(FirstUse::Unchecked(why)) => warn!(
-                lock,
-                why = %why,
-                "new lock: Redis did not say whether its first record would outlast a restart or failover, so it opens one TTL after its first use, as after a rollback (docs/lock.md)"
-            ),
-            Err(err) => warn!(
-                lock,
-                error = %err,
-                "new lock: its first record was not seen durable, so it opens one TTL after its first use, as after a rollback (docs/lock.md)"
-            ),
+            Ok(FirstUse::Unchecked(why)) => {
+                warn!(
+                    lock,
+                    why = %why,
+                    "new lock: Redis did not say whether its first record would outlast a restart or failover, so it opens one TTL after its first use, as after a rollback (docs/lock.md)"
+                );
+                false
+            }
+            Err(err) => {
+                warn!(
+                    lock,
+                    error = %err,
+                    "new lock: its first record was not seen durable, so it stays closed; the next attempt tries again (docs/lock.md)"
+                );
+                false
+            }
         }
     }
 

@@ -75,14 +75,21 @@ pub(crate) async fn wait(
             Ok(LockAcquired::Held(_) | LockAcquired::Closed(_) | LockAcquired::New { .. })
         );
         let (reason, hint) = match reply {
-            Ok(LockAcquired::New { record, .. }) => {
+            Ok(LockAcquired::New { record, wait }) => {
                 // At least FIRST_USE_MIN for a snapshot even with a short --wait.
                 let left = deadline.saturating_duration_since(Instant::now());
                 let limit = left.max(FIRST_USE_MIN).min(node::FIRST_USE_WAIT);
-                session.open_first_use(record, limit).await;
-                // Tried again at once, even past --wait: the lock is open now, or closed
-                // (one TTL at most), which the next attempt says.
-                continue;
+                if session.open_first_use(record, limit).await {
+                    // Open now: tried again at once, even past --wait.
+                    continue;
+                }
+                (
+                    format!(
+                        "a new lock whose first record was not seen durable: closed (for {} ms where Redis cannot say; else until an attempt sees it durable: docs/lock.md, \"First use\")",
+                        timing::ms(wait)
+                    ),
+                    Some(wait.min(Duration::from_secs(1))),
+                )
             }
             Ok(LockAcquired::Ours { fence }) => {
                 return (Ok(LockWaited::Acquired { fence, sent }), true);

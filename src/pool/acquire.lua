@@ -65,11 +65,11 @@ local now = now_ms()
 
 local active = tonumber(redis.call('GET', K.fence) or '0') > 0
     or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
-local open_at, record, rolled_back, new_store = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, active)
+local open_at, record, rolled_back, new_store, stored = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, active)
 if record then redis.call('HSET', K.meta, '~node', record) end
 if rolled_back then lift_fence(K.fence, now) end
 if new_store then
-  return { 0, open_at - now, now, 2, record }
+  return { 0, open_at - now, now, 2, stored }
 end
 if open_at > now then
   return { 0, open_at - now, now, 1 }

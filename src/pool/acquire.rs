@@ -135,8 +135,9 @@ where
     /// A new pool (no record, never leased; or its first lease was lost with
     /// a rollback) answers closed until its first record is durable: this
     /// waits for that (up to [`node::FIRST_USE_WAIT`]), opens it, and tries
-    /// once more; where that cannot be seen, the answer stays closed (one
-    /// max lease from the first acquire, as after a rollback; logged).
+    /// once more; where Redis will not say, the pool opens one max lease
+    /// after its first use, as after a rollback; not durable in time, it
+    /// stays closed and the next acquire tries again (both logged).
     pub(crate) async fn acquire_through(
         &self,
         req: &AcquireRequest,
@@ -165,7 +166,7 @@ where
                 return Ok(reply);
             }
             Err(err) => {
-                warn!(pool = %self.name, error = %err, "new pool: its first record was not seen durable, so it opens one max lease after its first acquire, as after a rollback (docs/pool.md)");
+                warn!(pool = %self.name, error = %err, "new pool: its first record was not seen durable, so it stays closed; the next acquire tries again (docs/pool.md)");
                 return Ok(reply);
             }
         }

@@ -64,11 +64,11 @@ pub enum PoolError {
     Redis(#[source] RedisError),
     /// `init` wrote the pool, but did not see its first record durable (on
     /// every replica and in the primary's snapshot or AOF) within the wait
-    /// (60 s): the pool stays closed, as after a Redis rollback, until it
-    /// opens by itself one max lease after the init (docs/pool.md, "After a
-    /// Redis rollback"). Exit 3.
+    /// (60 s): the pool stays closed, and the first acquire that sees the
+    /// record durable opens it (docs/pool.md, "First use"); running init
+    /// again is refused (the pool exists) and not needed. Exit 3.
     #[error(
-        "pool {pool} written, but its first record was not seen durable ({detail}); it opens by itself one max lease after the init, as after a Redis rollback"
+        "pool {pool} written, but its first record was not seen durable ({detail}); it stays closed, and the first acquire that sees the record durable opens it (init need not run again)"
     )]
     NotDurable {
         /// The pool name.

@@ -11,8 +11,9 @@
 -- Refused (POOLEXISTS) when any of the keys exists; BADARG, DUPID, KEYTYPE
 -- as in common.lua.
 --
--- The pool is written closed for max_lease_ms, its fence lifted, as after a
--- rollback (node.lua's node_gate): a pool lost with a rollback to a snapshot
+-- The pool is written closed, its fence lifted, and marked new, as a first
+-- acquire does (node.lua's node_gate; max_lease_ms is the time it opens by
+-- where durability cannot be checked): a pool lost with a rollback to a snapshot
 -- older than this init looks new again, and init run again (a deploy step)
 -- must not lease its ids while holders of the lost pool's leases may still
 -- use them. The caller opens it (lease/node_open.lua: fence back to 0) once
@@ -47,7 +48,7 @@ end
 local now = now_ms()
 redis.call('SET', K.fence, 0)
 lift_fence(K.fence, now)
-local record = string.format('0:%s', stamped(now + max_lease))
+local record = string.format('0:%s', stamped(now + max_lease)) .. NEW_RECORD
 redis.call('HSET', K.meta, '~node', record)
 set_strikes(K, max, window)
 return { #ARGV - 3, record }
