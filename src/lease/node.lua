@@ -3,11 +3,15 @@
 -- (claim, guard open, the mint marks, pool acquire, lock acquire).
 --
 -- A node stamp names the server process and its replication history: 15 decimal digits
--- of SHA1(run_id .. ':' .. master_replid) (INFO server, INFO replication). run_id is new
--- at every start of redis-server (so a restart from an older RDB or AOF changes it), and
--- master_replid is new at every promotion of a replica (so a failover, also back to a
--- node that was primary before and demoted in between, changes it; a failover back to a
--- primary never demoted keeps it: docs/rollback-design.md, "What is still not covered"). A value written with the stamp of the node
+-- of SHA1(run_id .. ':' .. master_replid), with ':' .. n appended when n > 0 REPLICAOF
+-- (SLAVEOF) commands ran on it (INFO server, INFO replication, INFO commandstats). run_id
+-- is new at every start of redis-server (so a restart from an older RDB or AOF changes
+-- it), master_replid at every promotion of a replica (so a failover, also back to a node
+-- that was primary before and demoted in between, changes it), and the REPLICAOF count at
+-- every promotion Sentinel makes (it sends REPLICAOF NO ONE to the node it promotes, in
+-- the same MULTI that kills its clients): a failover back to a primary that was never
+-- demoted keeps run_id and master_replid, as REPLICAOF NO ONE changes nothing on a
+-- primary, but not the count (docs/rollback-design.md). A value written with the stamp of the node
 -- that runs this script now was written on this node in this life: no rollback can have
 -- taken its later writes away without changing the stamp. Any other stamp, or none, means
 -- the value may be older than what was handed out: the caller treats it as after a loss.
@@ -18,8 +22,20 @@
 
 local node_stamp_memo = nil
 
--- The stamp of the node that runs this script; INFO is read once per script (two INFO
--- sections cost about 15 us of Redis time, so callers ask only on the paths that hand out).
+-- How many REPLICAOF (or SLAVEOF, its old name) commands ran on this node since its start
+-- or the last CONFIG RESETSTAT (INFO commandstats; renamed commands count under their
+-- own name).
+local function replicaof_calls()
+  local stats = redis.call('INFO', 'commandstats')
+  local n = 0
+  for _, name in ipairs({'slaveof', 'replicaof'}) do
+    n = n + (tonumber(string.match(stats, 'cmdstat_' .. name .. ':calls=(%d+)')) or 0)
+  end
+  return n
+end
+
+-- The stamp of the node that runs this script; INFO is read once per script (three INFO
+-- sections cost about 60 us of Redis time, so callers ask only on the paths that hand out).
 local function node_stamp()
   if node_stamp_memo then return node_stamp_memo end
   local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
@@ -27,6 +43,8 @@ local function node_stamp()
   if not run_id or not replid then
     error({err = 'ERR node: INFO shows no run_id or master_replid, so a rollback could not be seen'})
   end
+  local calls = replicaof_calls()
+  if calls > 0 then replid = replid .. ':' .. calls end
   local digest = redis.sha1hex(run_id .. ':' .. replid)
   node_stamp_memo = string.format('%015.0f', tonumber(string.sub(digest, 1, 12), 16))
   return node_stamp_memo

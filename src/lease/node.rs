@@ -116,14 +116,14 @@ pub(crate) fn stamp_part(value: &str) -> Option<&str> {
 }
 
 /// The stamp of the node that serves each of `keys` (one server: its one
-/// stamp for all; Cluster: each slot owner's, one `INFO default` per node:
-/// its server and replication sections in one round trip); `None` when an
+/// stamp for all; Cluster: each slot owner's, one `INFO all` per node: its
+/// server, replication and commandstats sections in one round trip); `None` when an
 /// `INFO` is refused or unreadable (then no stamp is judged).
 pub(crate) async fn stamps_of_key_nodes(conn: &mut Redis, keys: &[String]) -> Option<Vec<String>> {
     let mut stamps = vec![String::new(); keys.len()];
     for group in conn.node_groups(keys).await.ok()? {
         let key = &keys[*group.first()?];
-        let text = conn.info_on_key_node("default", key).await.ok()?;
+        let text = conn.info_on_key_node("all", key).await.ok()?;
         let stamp = stamp_from_info(&text)?;
         for at in group {
             stamps[at].clone_from(&stamp);
@@ -133,12 +133,30 @@ pub(crate) async fn stamps_of_key_nodes(conn: &mut Redis, keys: &[String]) -> Op
 }
 
 /// The stamp `node.lua`'s `node_stamp()` computes on the node whose `INFO`
-/// text (its server and replication sections) is given: 15 decimal digits
-/// of the first 12 hex digits of SHA1(`run_id:master_replid`). `None` when
-/// either field is missing. (A test on a real server keeps the two equal.)
+/// text (its server, replication and commandstats sections) is given: 15
+/// decimal digits of the first 12 hex digits of SHA1(`run_id:master_replid`),
+/// with `:<n>` after the replid when n > 0 `REPLICAOF`/`SLAVEOF` ran there.
+/// `None` when run_id or master_replid is missing. (A test on a real server
+/// keeps the two equal.)
 pub(crate) fn stamp_from_info(info: &str) -> Option<String> {
     let run_id = info_field(info, "run_id")?;
     let replid = info_field(info, "master_replid")?;
+    let calls: u64 = ["slaveof", "replicaof"]
+        .iter()
+        .filter_map(|name| {
+            let stats = info_field(info, &format!("cmdstat_{name}"))?;
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    let replid = match calls {
+        0 => replid.to_owned(),
+        n => format!("{replid}:{n}"),
+    };
     let digest = sha1_smol::Sha1::from(format!("{run_id}:{replid}"))
         .digest()
         .to_string();
@@ -168,6 +186,14 @@ mod tests {
             Some("014191873032690")
         );
         assert_eq!(stamp_from_info(&format!("{server}# Replication\r\n")), None);
+        // Two SLAVEOF and one REPLICAOF ran: SHA1("abc:def:3") = c61bd9c1d7a9...
+        let stats = "# Commandstats\r\ncmdstat_get:calls=9,usec=1\r\n\
+            cmdstat_slaveof:calls=2,usec=40,usec_per_call=20.00\r\n\
+            cmdstat_replicaof:calls=1,usec=20\r\n";
+        assert_eq!(
+            stamp_from_info(&format!("{server}{replication}{stats}")).as_deref(),
+            Some("217822919776169")
+        );
     }
 
     /// Stamped and plain integers read alike; anything else is unreadable.

@@ -15,11 +15,9 @@
 //!   (both fixed: it vouches for them, and waits for a snapshot and the replicas).
 //! - Node stamps: a Sentinel failover back to the old primary before it was turned into a
 //!   replica keeps its `run_id` and `master_replid`, so the rollback (the writes made on the
-//!   other node) goes unseen.
+//!   other node) went unseen. Fixed: the stamp counts the `REPLICAOF NO ONE` Sentinel sends.
 //!
-//! The ignored test fails on the product as it is, each run (3 of 3 runs): a known limit
-//! (docs/rollback-design.md, "What is still not covered"), ignored until fixed; run it with
-//! `cargo test --test it -- rollback_break --ignored`. The others failed so before their fix.
+//! Each test failed on the product before its fix, 3 of 3 runs.
 
 use std::fs;
 use std::path::Path;
@@ -391,12 +389,10 @@ fn carry_over_lost_in_a_rollback_never_mints_an_old_id() {
 /// claim: a rollback. (The guard on node 1 is opened with `guard open --force` before A starts,
 /// as docs/worker.md allows while no sidecar of the app ran.) But its `REPLICAOF NO ONE` was a no-op on a primary, so neither its
 /// `run_id` nor its `master_replid` changed and its node stamp is the one it had before the
-/// first failover: the guard `guard open` wrote there still vouches for itself, claims stay
-/// open, and newcomer B claims ID 0 at once while A publishes it (docs/rollback-design.md:
-/// "a failover back to a node that was primary before ... its replication history is not
-/// [the same]" does not hold here).
+/// first failover: the guard `guard open` wrote there vouched for itself, claims stayed open,
+/// and newcomer B claimed ID 0 at once while A published it. Now the stamp also counts the
+/// `REPLICAOF` commands the node ran, which that no-op still counts.
 #[test]
-#[ignore = "known limit (docs/rollback-design.md, What is still not covered): fails today"]
 fn sentinel_failover_back_before_the_old_primary_turned_replica_never_publishes_one_id_twice() {
     const APP: &str = "pingpong";
     let topo = SentinelTopology::start_small();
