@@ -73,8 +73,38 @@ pub(crate) async fn open_first_use<C: WaitDurable>(
 ) -> anyhow::Result<FirstUse> {
     let durability = conn.wait_durable(limit).await?;
     let mode = match durability {
-        Durability::Held(_) => "durable",
-        Durability::Unchecked(_) => "unchecked",
+        Durability::Held(_) => OpenMode::Durable,
+        Durability::Unchecked(_) => OpenMode::ByTime,
+    };
+    let opened = open_records(conn, records, mode).await?;
+    Ok(match durability {
+        Durability::Held(_) => FirstUse::Opened { opened },
+        Durability::Unchecked(why) => FirstUse::Unchecked(format!(
+            "{why}; grant +bgsave (and +config|get where AOF is on) so that new stores open at once"
+        )),
+    })
+}
+
+/// How [`open_records`] opens the records it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenMode {
+    /// Now: they were seen durable (or `--force` says no holder can be lost).
+    Durable,
+    /// By their own time: Redis would not say whether they are durable.
+    ByTime,
+}
+
+/// Runs `node_open.lua` on each record; how many opened now.
+///
+/// Errors: a Redis error (the records stay as they are).
+pub(crate) async fn open_records<C: WaitDurable>(
+    conn: &mut C,
+    records: &[FirstRecord],
+    mode: OpenMode,
+) -> anyhow::Result<usize> {
+    let mode = match mode {
+        OpenMode::Durable => "durable",
+        OpenMode::ByTime => "unchecked",
     };
     let mut opened = 0;
     for record in records {
@@ -90,10 +120,7 @@ pub(crate) async fn open_first_use<C: WaitDurable>(
         let done: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
         opened += usize::from(done == 1);
     }
-    Ok(match durability {
-        Durability::Held(_) => FirstUse::Opened { opened },
-        Durability::Unchecked(why) => FirstUse::Unchecked(why),
-    })
+    Ok(opened)
 }
 
 /// The integer part of a stored "<integer>.<stamp>" or of a plain

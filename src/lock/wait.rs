@@ -106,14 +106,14 @@ pub(crate) async fn wait(
             ),
             Ok(LockAcquired::Closed(wait)) => {
                 let reason = format!(
-                    "closed for {} ms: Redis restarted or failed over and may have come back without its last writes (an older snapshot, a replica that lagged), so a holder from before may still run; the lock opens once any such holder's TTL has run out (docs/lock.md, \"After a Redis rollback\")",
+                    "closed for {} ms: Redis restarted or failed over and may have come back without its last writes (an older snapshot, a replica that lagged), so a holder from before may still run, or the lock is new and Redis would not say whether its first record is durable; the lock opens once any such holder's TTL has run out (docs/lock.md, \"After a Redis rollback\", \"First use\")",
                     timing::ms(wait)
                 );
                 if !logged_closed {
                     warn!(
                         lock = session.keys().name(),
                         wait_ms = timing::ms(wait),
-                        "lock acquires closed after a Redis restart or failover (it may have rolled back); waiting as for a holder"
+                        "lock acquires closed after a Redis restart or failover (it may have rolled back), or for a new lock whose first record could not be seen durable; waiting as for a holder"
                     );
                     logged_closed = true;
                 }

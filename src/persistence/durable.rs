@@ -43,6 +43,14 @@ pub enum Durability {
 #[error("{0}; the step is safe to run again")]
 pub(crate) struct NotDurable(String);
 
+impl NotDurable {
+    /// Which node lacks what, without the advice to run the step again (a first use is
+    /// retried by the store's next user instead).
+    pub(crate) fn detail(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Waits (up to `limit`) until every replica of every primary has the writes this process
 /// made so far and each primary's persistence holds them.
 ///
@@ -176,9 +184,7 @@ async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durabi
 
 /// Durability not checked because `why`: what to do instead.
 fn unchecked(why: String) -> Durability {
-    Durability::Unchecked(format!(
-        "{why}: take a snapshot (BGSAVE) or wait for your provider's before the next step"
-    ))
+    Durability::Unchecked(why)
 }
 
 /// What `snapshot_taken` knows of one primary.

@@ -69,7 +69,8 @@ local open_at, record, rolled_back, new_store, stored = node_gate(redis.call('HG
 if record then redis.call('HSET', K.meta, '~node', record) end
 if rolled_back then lift_fence(K.fence, now) end
 if new_store then
-  return { 0, open_at - now, now, 2, stored }
+  -- Opened by the first acquire that sees the record durable: come back soon.
+  return { 0, math.min(open_at - now, 1000), now, 2, stored }
 end
 if open_at > now then
   return { 0, open_at - now, now, 1 }

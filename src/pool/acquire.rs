@@ -163,7 +163,7 @@ where
             }
             Ok(FirstUse::Unchecked(why)) => {
                 warn!(pool = %self.name, why = %why, "new pool: Redis did not say whether its first record would outlast a restart or failover, so it opens one max lease after its first acquire, as after a rollback (docs/pool.md)");
-                return Ok(reply);
+                return Ok(self.acquire_once(req, script, extra_keys, head).await?.0);
             }
             Err(err) => {
                 warn!(pool = %self.name, error = %err, "new pool: its first record was not seen durable, so it stays closed; the next acquire tries again (docs/pool.md)");

@@ -68,7 +68,7 @@ pub enum PoolError {
     /// record durable opens it (docs/pool.md, "First use"); running init
     /// again is refused (the pool exists) and not needed. Exit 3.
     #[error(
-        "pool {pool} written, but its first record was not seen durable ({detail}); it stays closed, and the first acquire that sees the record durable opens it (init need not run again)"
+        "pool {pool} written, but its first record was not seen durable ({detail}); it stays closed, and the first acquire that sees the record durable opens it: do not run init again (the pool exists)"
     )]
     NotDurable {
         /// The pool name.

@@ -314,7 +314,9 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
     let (durable, unchecked) = match &durability {
         Durability::Held(how) => (Some(how.as_str()), None),
         Durability::Unchecked(why) => {
-            eprintln!("warning: the carry-over is written but its durability is unchecked: {why}");
+            eprintln!(
+                "warning: the carry-over is written but its durability is unchecked: {why}: take a snapshot (BGSAVE) or wait for your provider's before the new app starts"
+            );
             (None, Some(why.as_str()))
         }
     };

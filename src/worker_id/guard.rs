@@ -19,7 +19,7 @@ use super::limits::TTL;
 use super::range::WorkerRange;
 use crate::cli::{ConfigError, RedisUrlArg, parse_duration, stdout_line};
 use crate::connection::{Keyspace, RedisTarget};
-use crate::lease::node::{self, FirstRecord, FirstUse};
+use crate::lease::node::{self, FirstRecord, FirstUse, OpenMode};
 use crate::timing::{self, COMMAND_CALL_TIMEOUT};
 
 static OPEN: LazyLock<Script> =
@@ -118,7 +118,8 @@ pub(crate) enum GuardRefused {
     #[error(
         "claim guard of app {app} not opened: a sidecar closed it {opens_in_ms} ms before it \
          opens, because it found no guard (a Redis that lost its data, or sidecars that started \
-         before this command); holders from before a data loss may still publish their IDs \
+         before this command), or an earlier guard open wrote it closed and could not see it \
+         durable (its warning or exit 3 said so); holders from before a data loss may still publish their IDs \
          until then. Wait, or use --force only if no sidecar of this app held an ID on this \
          Redis in the last TTL"
     )]
@@ -280,6 +281,14 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         };
         match first_use.with_context(|| unchecked("not seen durable"))? {
             FirstUse::Opened { .. } => {}
+            // --force: the operator says no holder can be lost with the guard.
+            FirstUse::Unchecked(why) if config.force => {
+                node::open_records(&mut conn, &written, OpenMode::Durable)
+                    .await
+                    .with_context(context)?;
+                eprintln!("warning: durability unchecked ({why}); the guard is open now (--force)");
+                line["durability_unchecked"] = serde_json::json!(why);
+            }
             FirstUse::Unchecked(why) => {
                 let said = unchecked(&why);
                 eprintln!("warning: durability unchecked: {said}");

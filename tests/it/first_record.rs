@@ -163,3 +163,24 @@ fn guard_open_without_bgsave_leaves_the_guard_closed_for_its_ttl() {
     sidecar.signal(Signal::SIGTERM);
     assert_eq!(sidecar.wait_exit(secs(5)).and_then(|s| s.code()), Some(0));
 }
+
+/// `--force` where `BGSAVE` is refused: the operator vouches that no holder can be lost with
+/// the guard, so it opens now (it stayed closed for `--ttl`, though docs/worker.md says
+/// `--force` opens it), and says the durability is unchecked.
+#[test]
+fn guard_open_force_without_bgsave_opens_now() {
+    let redis = RedisServer::start();
+    let url = acl_user(
+        &redis,
+        "snowlease",
+        &deploy_steps_rule().replace(" +bgsave", ""),
+    );
+    let open = guard_open(&url, "orders", &["--ttl", "60s", "--force"]);
+    assert_eq!(open.code, Some(0), "{open:?}");
+    assert!(open.stdout.contains("durability_unchecked"), "{open:?}");
+    // Closed, the guard would hold the claim for 60 s.
+    let sidecar = Sidecar::worker_at(&url, "orders")
+        .flag("--ttl", "60s")
+        .spawn();
+    sidecar.wait_for_lease(secs(10));
+}
