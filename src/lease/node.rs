@@ -92,6 +92,8 @@ pub(crate) enum OpenMode {
     Durable,
     /// By their own time: Redis would not say whether they are durable.
     ByTime,
+    /// Not at all: deleted again, as if never written (the caller gives up).
+    Withdraw,
 }
 
 /// Runs `node_open.lua` on each record; how many opened now.
@@ -105,6 +107,7 @@ pub(crate) async fn open_records<C: WaitDurable>(
     let mode = match mode {
         OpenMode::Durable => "durable",
         OpenMode::ByTime => "unchecked",
+        OpenMode::Withdraw => "withdraw",
     };
     let mut opened = 0;
     for record in records {

@@ -15,13 +15,17 @@
 -- ARGV[4]  "durable": the caller saw the record durable: open it now;
 --          "unchecked": Redis would not say: drop the mark, so that the record opens by
 --          its time (one bound after the first use; a rollback that loses it leaves a
---          missing record whose next first use closes again, for one bound from then)
+--          missing record whose next first use closes again, for one bound from then);
+--          "withdraw": the caller gives up (not durable in time) and takes back what it
+--          wrote, as if it had never run (`guard open`: a guard left closed would make
+--          its next run refuse, and nothing was handed out under it)
 --
 -- Returns 1: opened now (the record holds Redis TIME, the fence counter reset: nothing
 --            was handed out while the store was closed);
 --         2: nothing written: a record without the mark opened by its time meanwhile
 --            (fences may have been handed out from the lifted counter; it stays);
 --         3: "unchecked": the mark dropped, the record opens by its time;
+--         4: "withdraw": the record deleted;
 --         0: nothing written, the record is not the one read (another caller changed it,
 --            or Redis restarted or failed over since: its stamp is not this node's any
 --            more; the store stays closed as written).
@@ -47,6 +51,14 @@ if open_at == nil or not stamped_here(stamp) then return 0 end
 if ARGV[4] == 'unchecked' then
   if marked_new then write(record) end
   return 3
+end
+if ARGV[4] == 'withdraw' then
+  if ARGV[1] == '' then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('HDEL', KEYS[1], ARGV[1])
+  end
+  return 4
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

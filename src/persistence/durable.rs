@@ -127,7 +127,10 @@ async fn replicas_step(
 async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durability> {
     let infos = match info(conn, "persistence").await {
         Ok(infos) => infos,
-        Err(err) => return Ok(unchecked(format!("INFO persistence refused ({err})"))),
+        Err(err) if refused(&err) => {
+            return Ok(unchecked(format!("INFO persistence refused ({err})")));
+        }
+        Err(err) => return Err(err),
     };
     let aof = |text: &str| info_field(text, "aof_enabled") == Some("1");
     let mut how = Vec::new();
@@ -146,11 +149,12 @@ async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durabi
     if infos.iter().any(|(_, text)| aof(text)) {
         let nodes = match read(conn).await {
             Ok(nodes) => nodes,
-            Err(err) => {
+            Err(err) if is_refusal(&err) => {
                 return Ok(unchecked(format!(
                     "AOF is on and its appendfsync could not be read ({err})"
                 )));
             }
+            Err(err) => return Err(err.into()),
         };
         let fsync = |policy: &str| {
             nodes.iter().find(|n| {
@@ -180,6 +184,26 @@ async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durabi
         }
     }
     Ok(Durability::Held(how.join(", ")))
+}
+
+/// Redis will not say: an ACL without the command (`NOPERM`), or a managed service that
+/// removed or renamed it (`unknown command`). Only these make the durability unchecked;
+/// any other error (a fork that failed, a timeout, a dropped connection) means the writes
+/// are not durable yet, and a first record keeps its new-store mark (a store opened by its
+/// time and then lost with a rollback is what the mark guards against).
+fn is_refusal(err: &redis::RedisError) -> bool {
+    err.code() == Some("NOPERM")
+        || err
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command")
+}
+
+/// [`is_refusal`] of the Redis error in `err`'s chain, if any.
+fn refused(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<redis::RedisError>())
+        .any(is_refusal)
 }
 
 /// Durability not checked because `why`: what to do instead.
@@ -271,8 +295,14 @@ async fn snapshot_step(
                 Ok(_) => state.started = true,
                 // Another snapshot started meanwhile: waited for like the first one.
                 Err(err) if err.to_string().contains("already in progress") => {}
-                Err(err) => {
+                Err(err) if is_refusal(&err) => {
                     return Ok(Ok(Err(format!("{}: BGSAVE refused ({err})", show(&node)))));
+                }
+                // A fork that failed (memory, process limit): not durable, not unchecked.
+                Err(err) => {
+                    return Err(
+                        NotDurable(format!("{}: BGSAVE failed ({err})", show(&node))).into(),
+                    );
                 }
             }
         }

@@ -279,7 +279,15 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
                 at_ms + timing::ms(config.ttl)
             )
         };
-        match first_use.with_context(|| unchecked("not seen durable"))? {
+        if first_use.is_err() {
+            // Taken back, so that guard open run again (a retried Job) is not refused by
+            // its own closed guard; claims meanwhile find no guard and close it themselves.
+            node::open_records(&mut conn, &written, OpenMode::Withdraw)
+                .await
+                .with_context(context)?;
+        }
+        let not_durable = || "its guard was not seen durable, so it is taken back (no guard, as before this command; running it again is safe)";
+        match first_use.with_context(not_durable)? {
             FirstUse::Opened { .. } => {}
             // --force: the operator says no holder can be lost with the guard.
             FirstUse::Unchecked(why) if config.force => {

@@ -154,3 +154,28 @@ fn pool_init_not_durable_opens_at_the_first_acquire_that_sees_it_durable() {
         (&serde_json::json!("a"), &serde_json::json!(1))
     );
 }
+
+/// `guard open` whose guard is not durable (a snapshot that fails: `dump.rdb` is a folder, as
+/// a full or read-only disk) exits 3 saying "the step is safe to run again". Run again once
+/// the disk is mended (the k8s Job's `backoffLimit: 3` retries after 10, 20, 40 s, within
+/// the default 120 s TTL), it must not be refused: the guard is closed only because guard
+/// open itself wrote it so. It is refused with exit 5 "a sidecar closed it ... because it
+/// found no guard" (no sidecar ran), so the Job, a Helm pre-install or Argo PreSync hook,
+/// failed (3 of 3 runs). Now guard open takes its guard back when it gives up.
+#[test]
+fn guard_open_not_durable_then_run_again_is_not_refused() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let blocker = redis.dir().join("dump.rdb");
+    fs::create_dir_all(blocker.join("x")).unwrap();
+    let first = guard_open(&url, "orders", &["--ttl", "30s"]);
+    assert_eq!(first.code, Some(3), "{first:?}");
+    assert!(first.stderr.contains("safe to run again"), "{first:?}");
+    fs::remove_dir_all(&blocker).unwrap();
+    let again = guard_open(&url, "orders", &["--ttl", "30s"]);
+    assert_eq!(
+        again.code,
+        Some(0),
+        "exit 3 said 'safe to run again', the rerun was refused: {again:?}"
+    );
+}
