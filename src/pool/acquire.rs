@@ -149,13 +149,7 @@ where
         let Some(written) = first else {
             return Ok(reply);
         };
-        let record = FirstRecord {
-            key: self.keys.meta.clone(),
-            field: Some("~node"),
-            fence: Some(self.keys.fence.clone()),
-            fence_reset: "0",
-            written,
-        };
+        let record = self.first_record(written);
         let mut conn = self.conn.clone();
         match node::open_first_use(&mut conn, &[record], node::FIRST_USE_WAIT).await {
             Ok(FirstUse::Opened { .. }) => {
@@ -171,6 +165,18 @@ where
             }
         }
         Ok(self.acquire_once(req, script, extra_keys, head).await?.0)
+    }
+
+    /// The pool's node record as its script wrote it for a new pool (the
+    /// `~node` field of `{P}:meta`; the fence counter goes back to 0).
+    pub(crate) fn first_record(&self, written: String) -> FirstRecord {
+        FirstRecord {
+            key: self.keys.meta.clone(),
+            field: Some("~node"),
+            fence: Some(self.keys.fence.clone()),
+            fence_reset: "0",
+            written,
+        }
     }
 
     /// One run of an acquire script; with the record of a new pool as its

@@ -10,7 +10,7 @@ use tracing::warn;
 use super::limits::{self, COOLDOWN_MS, IDS_PER_CALL, MAX_STRIKES, REAP_LIMIT, STRIKE_WINDOW_MS};
 use super::script::Reply;
 use super::{Pool, PoolError, PoolScript};
-use crate::lease::node::{self, FirstRecord, FirstUse};
+use crate::lease::node::{self, FirstUse};
 use crate::persistence::WaitDurable;
 use crate::persistence::durable::NotDurable;
 
@@ -115,13 +115,7 @@ where
     /// closed until its own time (logged); not durable in time is
     /// [`PoolError::NotDurable`].
     async fn open_first_use(&self, written: String) -> Result<(), PoolError> {
-        let record = FirstRecord {
-            key: self.keys.meta.clone(),
-            field: Some("~node"),
-            fence: Some(self.keys.fence.clone()),
-            fence_reset: "0",
-            written,
-        };
+        let record = self.first_record(written);
         let mut conn = self.conn.clone();
         let not_durable = |detail: String| PoolError::NotDurable {
             pool: self.name.to_string(),

@@ -17,8 +17,8 @@ use crate::pool_cli::pool_cmd;
 /// A fence handed out after the counter was lifted to Redis time in µs.
 const LIFTED: u64 = 1_000_000_000_000_000;
 
-/// `lock` at `url`, its command writing its fence to `out`.
-fn lock_run(url: &str, name: &str, ttl: &str, wait: &str, out: &std::path::Path) -> Run {
+/// `lock` at `url`, its command writing its fence to `out` (30 s at most).
+pub(crate) fn lock_run(url: &str, name: &str, ttl: &str, wait: &str, out: &std::path::Path) -> Run {
     run_snowlease(
         &[
             "lock",

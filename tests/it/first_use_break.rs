@@ -12,13 +12,9 @@ use std::fs;
 use nix::sys::signal::{Signal, kill};
 use tempfile::TempDir;
 
+use crate::first_record::lock_run;
 use crate::harness::*;
-
-const HOLDER_JOB: &str = r#"
-echo "$SNOWLEASE_FENCE" > "$DIR/$ME.fence"
-echo $$ > "$DIR/$ME.pid"
-while [ ! -e "$DIR/$ME.go" ]; do sleep 0.02; done
-"#;
+use crate::rollback_break::holder_lock;
 
 /// A slow snapshot (300 keys x 100 ms: 30 s, as a large data set) and a crash while it runs.
 /// `a` asks for the new lock "job" (`--ttl 10s`, `--wait 12s`): its record was said durable
@@ -42,20 +38,7 @@ fn lock_first_use_during_a_slow_snapshot_then_a_crash_is_not_handed_out_twice() 
             .arg(100_000),
     );
     let dir = TempDir::new().unwrap();
-    let mut a = SidecarBuilder::new("lock")
-        .name("lock a")
-        .without("--listen")
-        .flag("--name", "job")
-        .flag("--redis-url", redis.url())
-        .flag("--ttl", "10s")
-        .flag("--wait", "12s")
-        .env("DIR", dir.path())
-        .env("ME", "a")
-        .switch("--")
-        .switch("sh")
-        .switch("-c")
-        .switch(HOLDER_JOB)
-        .spawn();
+    let mut a = holder_lock(&redis.url(), "job", "10s", "12s", dir.path()).spawn();
     // a's command starts (the bug) or a gives up after --wait.
     let a_fence = dir.path().join("a.fence");
     let a_exit = a.wait_exit(secs(25)).and_then(|s| s.code());
@@ -67,23 +50,7 @@ fn lock_first_use_during_a_slow_snapshot_then_a_crash_is_not_handed_out_twice() 
     }
     redis.restart();
     let b_fence = dir.path().join("b.fence");
-    let run = run_snowlease(
-        &[
-            "lock",
-            "--name",
-            "job",
-            "--redis-url",
-            &redis.url(),
-            "--ttl",
-            "10s",
-            "--",
-            "sh",
-            "-c",
-            "echo \"$SNOWLEASE_FENCE\" > \"$OUT\"",
-        ],
-        &[("OUT", b_fence.to_str().unwrap())],
-        secs(20),
-    );
+    let run = lock_run(&redis.url(), "job", "10s", "0s", &b_fence);
     fs::write(dir.path().join("a.go"), "").unwrap();
     let fence_b = fs::read_to_string(&b_fence).ok();
     assert!(
@@ -105,23 +72,7 @@ fn lock_first_use_with_a_failing_snapshot_stays_closed() {
     let redis = RedisServer::start();
     fs::create_dir_all(redis.dir().join("dump.rdb").join("x")).unwrap();
     let out = redis.dir().join("fence.out");
-    let run = run_snowlease(
-        &[
-            "lock",
-            "--name",
-            "job",
-            "--redis-url",
-            &redis.url(),
-            "--ttl",
-            "20s",
-            "--",
-            "sh",
-            "-c",
-            "echo \"$SNOWLEASE_FENCE\" > \"$OUT\"",
-        ],
-        &[("OUT", out.to_str().unwrap())],
-        secs(30),
-    );
+    let run = lock_run(&redis.url(), "job", "20s", "0s", &out);
     let status = redis.info_field("persistence", "rdb_last_bgsave_status");
     let _ = fs::remove_dir_all(redis.dir().join("dump.rdb"));
     assert_eq!(

@@ -26,6 +26,7 @@ use serde_json::json;
 use snowlease::pool::PoolKeys;
 use tempfile::TempDir;
 
+use crate::first_record::lock_run;
 use crate::harness::*;
 use crate::pool_cli::{pool_cmd, pool_json};
 
@@ -41,6 +42,30 @@ echo "$SNOWLEASE_FENCE" > "$DIR/$ME.fence"
 echo $$ > "$DIR/$ME.pid"
 while [ ! -e "$DIR/$ME.go" ]; do sleep 0.02; done
 "#;
+
+/// `lock a` of `name` (`--ttl`, `--wait`), its command [`HOLDER_JOB`] (files under `dir`),
+/// not spawned.
+pub(crate) fn holder_lock(
+    url: &str,
+    name: &str,
+    ttl: &str,
+    wait: &str,
+    dir: &Path,
+) -> SidecarBuilder {
+    SidecarBuilder::new("lock")
+        .name("lock a")
+        .without("--listen")
+        .flag("--name", name)
+        .flag("--redis-url", url)
+        .flag("--ttl", ttl)
+        .flag("--wait", wait)
+        .env("DIR", dir)
+        .env("ME", "a")
+        .switch("--")
+        .switch("sh")
+        .switch("-c")
+        .switch(HOLDER_JOB)
+}
 
 fn lock_key(name: &str) -> String {
     format!("snowlease:lock:{{{name}}}")
@@ -74,19 +99,7 @@ fn lock_first_used_after_the_snapshot_is_not_handed_out_twice() {
     let dir = TempDir::new().unwrap();
     // The last snapshot: taken before anyone ever used the lock "report".
     let _: () = redis.query(&mut redis::cmd("SAVE"));
-    let _a = SidecarBuilder::new("lock")
-        .name("lock a")
-        .without("--listen")
-        .flag("--name", "report")
-        .flag("--redis-url", &url)
-        .flag("--ttl", "10s")
-        .env("DIR", dir.path())
-        .env("ME", "a")
-        .switch("--")
-        .switch("sh")
-        .switch("-c")
-        .switch(HOLDER_JOB)
-        .spawn();
+    let _a = holder_lock(&url, "report", "10s", "0s", dir.path()).spawn();
     let fence_a = wait_value(&dir.path().join("a.fence")).expect("a runs");
     let pid_a = wait_value(&dir.path().join("a.pid")).expect("a runs");
     assert_eq!(fence_a, 1, "the lock's first use");
@@ -97,23 +110,7 @@ fn lock_first_used_after_the_snapshot_is_not_handed_out_twice() {
     );
 
     let b_fence = dir.path().join("b.fence");
-    let run = run_snowlease(
-        &[
-            "lock",
-            "--name",
-            "report",
-            "--redis-url",
-            &url,
-            "--ttl",
-            "10s",
-            "--",
-            "sh",
-            "-c",
-            "echo \"$SNOWLEASE_FENCE\" > \"$OUT\"",
-        ],
-        &[("OUT", b_fence.to_str().unwrap())],
-        secs(10),
-    );
+    let run = lock_run(&url, "report", "10s", "0s", &b_fence);
     let a_running = process_exists(pid_a) && !dir.path().join("a.go").exists();
     let fence_b = fs::read_to_string(&b_fence).ok();
     fs::write(dir.path().join("a.go"), "").unwrap();
