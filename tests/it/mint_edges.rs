@@ -308,6 +308,33 @@ fn carry_over_waits_for_its_floors_to_reach_every_replica() {
     assert_durable(&run, "1 replica(s) have the writes");
 }
 
+/// A replica the primary drops during the wait (its link stalled past `repl-timeout`, 2 s
+/// here) never got the writes, yet a failover may still pick it: the wait must fail, not
+/// count the replicas left (zero, and so "all caught up", as before the fix).
+#[test]
+fn carry_over_fails_when_a_replica_is_dropped_during_the_wait() {
+    let topo = SentinelTopology::start_small();
+    let url = topo.url();
+    topo.wait_replicas_in_sync();
+    let primary = &topo.nodes()[topo.primary_index()];
+    let replica = 1 - topo.primary_index();
+    let timeout = |secs: &str| {
+        let _: () = primary.query(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("repl-timeout")
+                .arg(secs),
+        );
+    };
+    timeout("2");
+    topo.nodes()[replica].pause();
+    let run = carry_over(&url, &["--durable-wait", "8s"]);
+    topo.nodes()[replica].resume();
+    timeout("60");
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(run.stderr.contains("dropped"), "{run:?}");
+}
+
 /// On a Cluster `mint carry-over` waits for the replica of every shard (its floors spread
 /// over the shards by worker ID) and says so.
 #[test]
