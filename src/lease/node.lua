@@ -101,13 +101,24 @@ end
 -- still runs. new_record is nil when nothing changes.
 local NEW_RECORD = ':new'
 
+-- Splits a stored record "[<bound_ms>:]<open_at_ms>.<stamp>[:new]" (a guard has no bound)
+-- into (record without the mark, bound prefix "<bound_ms>:" or "", the rest, marked new).
+local function read_record(record)
+  local marked_new = string.sub(record, -#NEW_RECORD) == NEW_RECORD
+  if marked_new then record = string.sub(record, 1, -#NEW_RECORD - 1) end
+  local prefix, rest = string.match(record, '^(%d+:)(.+)$')
+  if not prefix then prefix, rest = '', record end
+  return record, prefix, rest, marked_new
+end
+
 local function node_gate(record, bound, now, active)
   local known, rest = nil, nil
   local marked_new = false
   if type(record) == 'string' then
-    marked_new = string.sub(record, -#NEW_RECORD) == NEW_RECORD
-    if marked_new then record = string.sub(record, 1, -#NEW_RECORD - 1) end
-    known, rest = string.match(record, '^(%d+):(.+)$')
+    local prefix
+    record, prefix, rest, marked_new = read_record(record)
+    known = string.match(prefix, '^(%d+)')
+    if not known then rest = nil end
   end
   known = tonumber(known) or 0
   local widest = math.max(bound, known)

@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
+use redis::aio::ConnectionLike;
 
 use crate::connection::{Redis, info_field};
 use crate::persistence::{Durability, WaitDurable};
@@ -47,13 +48,10 @@ pub(crate) struct FirstRecord {
 /// What [`open_first_use`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FirstUse {
-    /// The records are durable; `opened` of them were still closed as written and opened
-    /// now (the others opened by their own time, or were changed meanwhile: the caller
-    /// reads the store again).
-    Opened {
-        /// How many records opened now.
-        opened: usize,
-    },
+    /// The records are durable; those still closed as written opened now (the others
+    /// opened by their own time, or were changed meanwhile: the caller reads the store
+    /// again).
+    Opened,
     /// Redis could not say whether they are durable (why): their new-store mark is dropped,
     /// so they open by their own time, one bound from their first use.
     Unchecked(String),
@@ -76,9 +74,9 @@ pub(crate) async fn open_first_use<C: WaitDurable>(
         Durability::Held(_) => OpenMode::Durable,
         Durability::Unchecked(_) => OpenMode::ByTime,
     };
-    let opened = open_records(conn, records, mode).await?;
+    open_records(conn, records, mode).await?;
     Ok(match durability {
-        Durability::Held(_) => FirstUse::Opened { opened },
+        Durability::Held(_) => FirstUse::Opened,
         Durability::Unchecked(why) => FirstUse::Unchecked(format!(
             "{why}; grant +bgsave (and +config|get where AOF is on) so that new stores open at once"
         )),
@@ -96,20 +94,20 @@ pub(crate) enum OpenMode {
     Withdraw,
 }
 
-/// Runs `node_open.lua` on each record; how many opened now.
+/// Runs `node_open.lua` on each record (what it answers is for the next read of the store
+/// to see, not for the caller).
 ///
 /// Errors: a Redis error (the records stay as they are).
-pub(crate) async fn open_records<C: WaitDurable>(
+pub(crate) async fn open_records<C: ConnectionLike>(
     conn: &mut C,
     records: &[FirstRecord],
     mode: OpenMode,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<()> {
     let mode = match mode {
         OpenMode::Durable => "durable",
         OpenMode::ByTime => "unchecked",
         OpenMode::Withdraw => "withdraw",
     };
-    let mut opened = 0;
     for record in records {
         let mut open = OPEN.prepare_invoke();
         open.key(&record.key);
@@ -120,10 +118,9 @@ pub(crate) async fn open_records<C: WaitDurable>(
             .arg(&record.written)
             .arg(record.fence_reset)
             .arg(mode);
-        let done: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
-        opened += usize::from(done == 1);
+        let _: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
     }
-    Ok(opened)
+    Ok(())
 }
 
 /// The integer part of a stored "<integer>.<stamp>" or of a plain

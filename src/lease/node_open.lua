@@ -41,11 +41,7 @@ local function write(record)
   end
 end
 if read() ~= ARGV[2] then return 0 end
-local record = ARGV[2]
-local marked_new = string.sub(record, -#NEW_RECORD) == NEW_RECORD
-if marked_new then record = string.sub(record, 1, -#NEW_RECORD - 1) end
-local prefix, rest = string.match(record, '^(%d+:)(.+)$')
-if not prefix then prefix, rest = '', record end
+local record, prefix, rest, marked_new = read_record(ARGV[2])
 local open_at, stamp = unstamp(rest)
 if open_at == nil or not stamped_here(stamp) then return 0 end
 if ARGV[4] == 'unchecked' then

@@ -152,7 +152,7 @@ where
         let record = self.first_record(written);
         let mut conn = self.conn.clone();
         match node::open_first_use(&mut conn, &[record], node::FIRST_USE_WAIT).await {
-            Ok(FirstUse::Opened { .. }) => {
+            Ok(FirstUse::Opened) => {
                 info!(pool = %self.name, "new pool: its first record is durable, so it opens now");
             }
             Ok(FirstUse::Unchecked(why)) => {

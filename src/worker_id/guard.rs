@@ -288,7 +288,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         }
         let not_durable = || "its guard was not seen durable, so it is taken back (no guard, as before this command; running it again is safe)";
         match first_use.with_context(not_durable)? {
-            FirstUse::Opened { .. } => {}
+            FirstUse::Opened => {}
             // --force: the operator says no holder can be lost with the guard.
             FirstUse::Unchecked(why) if config.force => {
                 node::open_records(&mut conn, &written, OpenMode::Durable)
