@@ -135,7 +135,7 @@ async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durabi
     let aof = |text: &str| info_field(text, "aof_enabled") == Some("1");
     let mut how = Vec::new();
     if infos.iter().any(|(_, text)| !aof(text)) {
-        match snapshot_taken(conn, deadline).await? {
+        match snapshot_taken(conn, deadline, infos.clone()).await? {
             Ok(()) => how.push("a snapshot started after them finished"),
             Err(refused) => return Ok(unchecked(refused)),
         }
@@ -228,25 +228,36 @@ struct Snapshot {
 /// running at the first look may have started before them, so it waits for that one to end
 /// and sends `BGSAVE SCHEDULE` (again while Redis answers "already in progress"). The inner
 /// `Err`: BGSAVE refused, saying so.
-async fn snapshot_taken(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Result<(), String>> {
+/// `first`: the `INFO persistence` texts the caller just read, for the first look.
+async fn snapshot_taken(
+    conn: &mut Redis,
+    deadline: Instant,
+    first: Vec<(Option<String>, String)>,
+) -> anyhow::Result<Result<(), String>> {
     let mut nodes: Vec<(Option<String>, Snapshot)> = Vec::new();
+    let mut seen = Some(first);
     loop {
-        match snapshot_step(conn, &mut nodes).await? {
+        let now = match seen.take() {
+            Some(first) => first,
+            None => info(conn, "persistence").await?,
+        };
+        match snapshot_step(conn, &mut nodes, now).await? {
             Ok(done) => return Ok(done),
             Err(waiting) => wait_more(deadline, waiting).await?,
         }
     }
 }
 
-/// One look at every primary's snapshots (sending `BGSAVE SCHEDULE` where one must start):
+/// One look at every primary's snapshots, their `INFO persistence` texts `now` (sending
+/// `BGSAVE SCHEDULE` where one must start):
 /// done (`Ok(Ok(Ok))`; `Ok(Ok(Err))`: BGSAVE refused), or who is still waited for.
 async fn snapshot_step(
     conn: &mut Redis,
     nodes: &mut Vec<(Option<String>, Snapshot)>,
+    now: Vec<(Option<String>, String)>,
 ) -> anyhow::Result<Result<Result<(), String>, String>> {
     // rdb_saves counts snapshots since start (Redis 7); older ones are judged by our own.
     let saves = |text: &str| info_field(text, "rdb_saves").and_then(|v| v.parse::<u64>().ok());
-    let now = info(conn, "persistence").await?;
     let (mut send, mut waiting) = (false, Vec::new());
     for (node, text) in &now {
         let at = match nodes.iter().position(|(n, _)| n == node) {

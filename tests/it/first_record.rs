@@ -14,6 +14,15 @@ use crate::harness::*;
 use crate::lock::LOCK_RULES;
 use crate::pool_cli::pool_cmd;
 
+/// The documented deploy-steps user (docs/kubernetes.md) less `+bgsave`: its URL.
+fn deploy_user_without_bgsave(redis: &RedisServer) -> String {
+    acl_user(
+        redis,
+        "snowlease",
+        &deploy_steps_rule().replace(" +bgsave", ""),
+    )
+}
+
 /// A fence handed out after the counter was lifted to Redis time in µs.
 const LIFTED: u64 = 1_000_000_000_000_000;
 
@@ -132,11 +141,7 @@ fn without_bgsave_a_new_pool_stays_closed_for_its_max_lease() {
 #[test]
 fn guard_open_without_bgsave_leaves_the_guard_closed_for_its_ttl() {
     let redis = RedisServer::start();
-    let url = acl_user(
-        &redis,
-        "snowlease",
-        &deploy_steps_rule().replace(" +bgsave", ""),
-    );
+    let url = deploy_user_without_bgsave(&redis);
     let open = guard_open(&url, "orders", &["--ttl", "4s"]);
     assert_eq!(open.code, Some(0), "{open:?}");
     let line: serde_json::Value = serde_json::from_str(&open.stdout).unwrap();
@@ -170,11 +175,7 @@ fn guard_open_without_bgsave_leaves_the_guard_closed_for_its_ttl() {
 #[test]
 fn guard_open_force_without_bgsave_opens_now() {
     let redis = RedisServer::start();
-    let url = acl_user(
-        &redis,
-        "snowlease",
-        &deploy_steps_rule().replace(" +bgsave", ""),
-    );
+    let url = deploy_user_without_bgsave(&redis);
     let open = guard_open(&url, "orders", &["--ttl", "60s", "--force"]);
     assert_eq!(open.code, Some(0), "{open:?}");
     assert!(open.stdout.contains("durability_unchecked"), "{open:?}");
