@@ -15,7 +15,7 @@ pub(crate) mod durable;
 
 use std::time::Duration;
 
-pub use durable::Durability;
+pub use durable::{Durability, Reach};
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, Value};
 use serde::Serialize;
@@ -27,7 +27,8 @@ use crate::connection::Redis;
 /// every replica and in each primary's persistence (`persistence/durable.rs`). A store's first record
 /// is made durable this way before the store opens (`lease/node_open.lua`).
 pub trait WaitDurable: ConnectionLike + Send {
-    /// Waits up to `limit` (1 s to 1 h in the CLI's `--durable-wait`).
+    /// Waits up to `limit` (1 s to 1 h in the CLI's `--durable-wait`) for the primaries
+    /// `reach` names.
     ///
     /// Errors: `NotDurable` (exit 3) when a replica or a snapshot did not get there
     /// within `limit`; a Redis error. Where Redis refuses to say (a managed service's
@@ -35,6 +36,7 @@ pub trait WaitDurable: ConnectionLike + Send {
     /// [`Durability::Unchecked`], not an error.
     fn wait_durable(
         &mut self,
+        reach: &Reach,
         limit: Duration,
     ) -> impl Future<Output = anyhow::Result<Durability>> + Send;
 }
@@ -42,9 +44,10 @@ pub trait WaitDurable: ConnectionLike + Send {
 impl WaitDurable for Redis {
     fn wait_durable(
         &mut self,
+        reach: &Reach,
         limit: Duration,
     ) -> impl Future<Output = anyhow::Result<Durability>> + Send {
-        durable::make_durable(self, limit)
+        durable::make_durable(self, reach, limit)
     }
 }
 

@@ -329,8 +329,10 @@ impl Redis {
     }
 
     /// A command without keys on the node that holds `key` (on a Cluster
-    /// the primary of its slot).
-    async fn call_on_key_node(&mut self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+    /// the primary of its slot). A node's error reply stays a value.
+    ///
+    /// Errors: as any call.
+    pub(crate) async fn call_on_key_node(&mut self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         self.call(|mut conn| async move { conn.on_key_node(cmd, key).await })
             .await
     }

@@ -91,7 +91,7 @@ end
 -- A missing record in a store that shows no activity is a new store, or one whose first
 -- use a rollback lost with everything else (a snapshot older than that use): nothing
 -- tells the two apart. So it is closed the same way, the fence lifted too, and marked new
--- (NEW_RECORD at its end): new_store = true, for this caller and every later one while
+-- (new_mark() at its end): new_store = true, for this caller and every later one while
 -- the mark stays. A new record never opens by its time: only a caller that saw it durable
 -- opens it (node_open.lua), after which no rollback can lose it (a later one brings it
 -- back with an old stamp, and it is seen); one that could not check durability (Redis
@@ -101,22 +101,34 @@ end
 -- still runs. new_record is nil when nothing changes.
 local NEW_RECORD = ':new'
 
--- Splits a stored record "[<bound_ms>:]<open_at_ms>.<stamp>[:new]" (a guard has no bound)
--- into (record without the mark, bound prefix "<bound_ms>:" or "", the rest, marked new).
+-- The new-store mark: NEW_RECORD, then ':<n>' where INFO persistence counts n snapshots
+-- (rdb_saves, Redis 7+: counted when a snapshot's child forks) now. Any snapshot counted
+-- after n started after the record, so a later caller that waits for the record to be
+-- durable (persistence/durable.rs) takes one that an earlier caller's BGSAVE started as
+-- its own: waits that each end before a long snapshot finishes still add up.
+local function new_mark()
+  local saves = string.match(redis.call('INFO', 'persistence'), 'rdb_saves:(%d+)')
+  if saves then return NEW_RECORD .. ':' .. saves end
+  return NEW_RECORD
+end
+
+-- Splits a stored record "[<bound_ms>:]<open_at_ms>.<stamp>[:new[:<n>]]" (a guard has no
+-- bound) into (record without the mark, bound prefix "<bound_ms>:" or "", the rest, the
+-- mark or nil).
 local function read_record(record)
-  local marked_new = string.sub(record, -#NEW_RECORD) == NEW_RECORD
-  if marked_new then record = string.sub(record, 1, -#NEW_RECORD - 1) end
+  local mark = string.match(record, '(' .. NEW_RECORD .. ':%d+)$')
+    or string.match(record, '(' .. NEW_RECORD .. ')$')
+  if mark then record = string.sub(record, 1, -#mark - 1) end
   local prefix, rest = string.match(record, '^(%d+:)(.+)$')
   if not prefix then prefix, rest = '', record end
-  return record, prefix, rest, marked_new
+  return record, prefix, rest, mark
 end
 
 local function node_gate(record, bound, now, active)
-  local known, rest = nil, nil
-  local marked_new = false
+  local known, rest, mark = nil, nil, nil
   if type(record) == 'string' then
     local prefix
-    record, prefix, rest, marked_new = read_record(record)
+    record, prefix, rest, mark = read_record(record)
     known = string.match(prefix, '^(%d+)')
     if not known then rest = nil end
   end
@@ -124,8 +136,8 @@ local function node_gate(record, bound, now, active)
   local widest = math.max(bound, known)
   local open_at, stamp = unstamp(rest)
   if open_at ~= nil and stamped_here(stamp) then
-    if marked_new then
-      return now + widest, nil, false, true, record .. NEW_RECORD
+    if mark then
+      return now + widest, nil, false, true, record .. mark
     end
     if bound > known then
       return open_at, string.format('%d:%s', widest, stamped(open_at)), false, false
@@ -135,7 +147,7 @@ local function node_gate(record, bound, now, active)
   open_at = now + widest
   local new_store = record == false and not active
   local written = string.format('%d:%s', widest, stamped(open_at))
-  if new_store then written = written .. NEW_RECORD end
+  if new_store then written = written .. new_mark() end
   return open_at, written, true, new_store, written
 end
 

@@ -9,7 +9,7 @@ use redis::Script;
 use redis::aio::ConnectionLike;
 
 use crate::connection::{Redis, info_field};
-use crate::persistence::{Durability, WaitDurable};
+use crate::persistence::{Durability, Reach, WaitDurable};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
 /// `node.lua`: `node_stamp()`, `unstamp()`, `stamped()`, `stamped_here()`,
@@ -41,8 +41,17 @@ pub(crate) struct FirstRecord {
     pub fence: Option<String>,
     /// What the fence counter goes back to when the store opens: `""` deletes it.
     pub fence_reset: &'static str,
-    /// The record as stored: `"[<bound_ms>:]<open_at_ms>.<stamp>[:new]"`.
+    /// The record as stored: `"[<bound_ms>:]<open_at_ms>.<stamp>[:new[:<n>]]"`.
     pub written: String,
+}
+
+impl FirstRecord {
+    /// How many snapshots its node had counted when the record was written (`<n>` of its
+    /// new-store mark, `rdb_saves`; `None` without one, as before Redis 7): any snapshot
+    /// counted after that started after the record.
+    fn snapshots_before(&self) -> Option<u64> {
+        self.written.rsplit_once(":new:")?.1.parse().ok()
+    }
 }
 
 /// What [`open_first_use`] did.
@@ -57,8 +66,8 @@ pub(crate) enum FirstUse {
     Unchecked(String),
 }
 
-/// Waits (up to `limit`) until the records this process wrote would outlast a rollback,
-/// then opens each one that is still closed as written (`node_open.lua`); where Redis will
+/// Waits (up to `limit`) until the records this process wrote would outlast a rollback
+/// (on the primaries that hold them, and their replicas), then opens each one that is still closed as written (`node_open.lua`); where Redis will
 /// not say, lets them open by their time instead.
 ///
 /// Errors: `NotDurable` (not there within `limit`: the records stay closed and marked new,
@@ -69,7 +78,13 @@ pub(crate) async fn open_first_use<C: WaitDurable>(
     records: &[FirstRecord],
     limit: Duration,
 ) -> anyhow::Result<FirstUse> {
-    let durability = conn.wait_durable(limit).await?;
+    let reach = Reach::Keys(
+        records
+            .iter()
+            .map(|record| (record.key.clone(), record.snapshots_before()))
+            .collect(),
+    );
+    let durability = conn.wait_durable(&reach, limit).await?;
     let mode = match durability {
         Durability::Held(_) => OpenMode::Durable,
         Durability::Unchecked(_) => OpenMode::ByTime,
@@ -221,6 +236,29 @@ mod tests {
             stamp_from_info(&format!("{server}{replication}{stats}")).as_deref(),
             Some("217822919776169")
         );
+    }
+
+    /// The snapshot count a new-store mark carries; none without one.
+    #[test]
+    fn a_first_record_names_the_snapshots_before_it() {
+        let record = |written: &str| FirstRecord {
+            key: "k".into(),
+            field: None,
+            fence: None,
+            fence_reset: "",
+            written: written.into(),
+        };
+        assert_eq!(
+            record("30000:1796412036000.123456789012345:new:7").snapshots_before(),
+            Some(7)
+        );
+        for none in [
+            "30000:1796412036000.123456789012345:new",
+            "1796412036000.123456789012345",
+            "30000:1796412036000.123456789012345:new:x",
+        ] {
+            assert_eq!(record(none).snapshots_before(), None, "{none:?}");
+        }
     }
 
     /// Stamped and plain integers read alike; anything else is unreadable.

@@ -10,7 +10,7 @@
 -- KEYS[1]  the key holding the record (a string, or a hash with the field ARGV[1])
 -- KEYS[2]  optional: the store's fence counter, lifted when the record was written
 -- ARGV[1]  hash field of the record, "" for a string key
--- ARGV[2]  the record as the caller read it: "[<bound_ms>:]<open_at_ms>.<stamp>[:new]"
+-- ARGV[2]  the record as the caller read it: "[<bound_ms>:]<open_at_ms>.<stamp>[:new[:<n>]]"
 -- ARGV[3]  what the fence counter goes back to: "" = deleted, else this integer
 -- ARGV[4]  "durable": the caller saw the record durable: open it now;
 --          "unchecked": Redis would not say: drop the mark, so that the record opens by
@@ -41,11 +41,11 @@ local function write(record)
   end
 end
 if read() ~= ARGV[2] then return 0 end
-local record, prefix, rest, marked_new = read_record(ARGV[2])
+local record, prefix, rest, mark = read_record(ARGV[2])
 local open_at, stamp = unstamp(rest)
 if open_at == nil or not stamped_here(stamp) then return 0 end
 if ARGV[4] == 'unchecked' then
-  if marked_new then write(record) end
+  if mark then write(record) end
   return 3
 end
 if ARGV[4] == 'withdraw' then
@@ -58,7 +58,7 @@ if ARGV[4] == 'withdraw' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if open_at <= now and not marked_new then return 2 end
+if open_at <= now and not mark then return 2 end
 write(prefix .. stamped(now))
 if KEYS[2] then
   if ARGV[3] == '' then

@@ -17,7 +17,7 @@ use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
 use super::read;
-use crate::connection::{Redis, info_field};
+use crate::connection::{Keyspace, Redis, info_field};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
 /// How often a replica's offset or a snapshot is looked at again.
@@ -38,6 +38,70 @@ pub enum Durability {
     Unchecked(String),
 }
 
+/// Which primaries a wait covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reach {
+    /// Every primary (the one server; each shard of a Cluster): writes spread over the
+    /// keyspace (`mint carry-over`'s marks).
+    EveryPrimary,
+    /// The primaries that hold these keys (a store's first record), each with the number of
+    /// snapshots its primary had counted when the key was written (`rdb_saves`, Redis 7+;
+    /// `None` when unknown): a snapshot counted after that started after the write, so a
+    /// wait need not start its own (one an earlier wait started counts).
+    Keys(Vec<(String, Option<u64>)>),
+}
+
+/// The primaries a wait asks: each one's name in messages (`None`: the one server), the
+/// key that routes to it (`None`: every primary at once) and its snapshot count at the
+/// write, if known.
+struct Nodes(Vec<(Option<String>, Option<String>, Option<u64>)>);
+
+impl Nodes {
+    /// Groups `reach`'s keys by the node that serves them (on a Cluster the slot owners
+    /// named at connect): one entry per node, its count the largest of its keys' (all
+    /// unknown if one is).
+    async fn of(conn: &Redis, reach: &Reach) -> anyhow::Result<Self> {
+        let keys = match reach {
+            Reach::EveryPrimary => return Ok(Self(vec![(None, None, None)])),
+            Reach::Keys(keys) => keys,
+        };
+        let names: Vec<String> = keys.iter().map(|(key, _)| key.clone()).collect();
+        let whole = conn.keyspace().await? == Keyspace::Whole;
+        let mut nodes = Vec::new();
+        for group in conn.node_groups(&names).await? {
+            let Some(&first) = group.first() else {
+                continue;
+            };
+            let key = names[first].clone();
+            let saves = group
+                .iter()
+                .map(|&at| keys[at].1)
+                .collect::<Option<Vec<u64>>>()
+                .and_then(|counts| counts.into_iter().max());
+            let name = (!whole).then(|| format!("the primary of {key}"));
+            nodes.push((name, Some(key), saves));
+        }
+        Ok(Self(nodes))
+    }
+
+    /// `cmd` (a command without keys) on each node: `(name, reply)`, a node's error reply
+    /// kept as a value.
+    async fn ask(
+        &self,
+        conn: &mut Redis,
+        cmd: &redis::Cmd,
+    ) -> RedisResult<Vec<(Option<String>, Value)>> {
+        let mut replies = Vec::new();
+        for (name, key, _) in &self.0 {
+            match key {
+                None => replies.extend(conn.on_every_primary(cmd).await?),
+                Some(key) => replies.push((name.clone(), conn.call_on_key_node(cmd, key).await?)),
+            }
+        }
+        Ok(replies)
+    }
+}
+
 /// The writes were not made durable within the limit: says which node lacks what.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}; the step is safe to run again")]
@@ -51,15 +115,20 @@ impl NotDurable {
     }
 }
 
-/// Waits (up to `limit`) until every replica of every primary has the writes this process
-/// made so far and each primary's persistence holds them.
+/// Waits (up to `limit`) until every replica of each primary `reach` names has the writes
+/// this process made so far and that primary's persistence holds them.
 ///
 /// Errors: [`NotDurable`] when a replica did not catch up or a snapshot did not finish (or
 /// failed) within `limit`; a Redis error of the replication check.
-pub(crate) async fn make_durable(conn: &mut Redis, limit: Duration) -> anyhow::Result<Durability> {
+pub(crate) async fn make_durable(
+    conn: &mut Redis,
+    reach: &Reach,
+    limit: Duration,
+) -> anyhow::Result<Durability> {
     let deadline = Instant::now() + limit;
-    let replicas = replicas_caught_up(conn, deadline).await?;
-    let persisted = match persisted(conn, deadline).await? {
+    let nodes = Nodes::of(conn, reach).await?;
+    let replicas = replicas_caught_up(conn, &nodes, deadline).await?;
+    let persisted = match persisted(conn, &nodes, deadline).await? {
         Durability::Held(how) => how,
         unchecked => return Ok(unchecked),
     };
@@ -67,10 +136,14 @@ pub(crate) async fn make_durable(conn: &mut Redis, limit: Duration) -> anyhow::R
 }
 
 /// Every replica's offset at or past its primary's offset read now. Says how many replicas.
-async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Result<String> {
+async fn replicas_caught_up(
+    conn: &mut Redis,
+    nodes: &Nodes,
+    deadline: Instant,
+) -> anyhow::Result<String> {
     // Each primary's offset, and the replicas it has now: one dropped during the wait (a
     // stalled link, after repl-timeout) never got the writes, yet a failover may pick it.
-    let targets: Vec<Target> = info(conn, "replication")
+    let targets: Vec<Target> = info(conn, nodes, "replication")
         .await?
         .into_iter()
         .map(|(node, text)| {
@@ -80,7 +153,7 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
         })
         .collect::<anyhow::Result<_>>()?;
     loop {
-        match replicas_step(conn, &targets).await? {
+        match replicas_step(conn, nodes, &targets).await? {
             Ok(done) => return Ok(done),
             Err(waiting) => wait_more(deadline, waiting).await?,
         }
@@ -90,9 +163,10 @@ async fn replicas_caught_up(conn: &mut Redis, deadline: Instant) -> anyhow::Resu
 /// One look at the replicas' offsets: done (how many replicas), or who is behind.
 async fn replicas_step(
     conn: &mut Redis,
+    nodes: &Nodes,
     targets: &[Target],
 ) -> anyhow::Result<Result<String, String>> {
-    let now = info(conn, "replication").await?;
+    let now = info(conn, nodes, "replication").await?;
     let mut behind = Vec::new();
     let mut count = 0;
     for (node, target, before) in targets {
@@ -124,8 +198,12 @@ async fn replicas_step(
 /// replica wrote at its full sync and keeps after a promotion): so a snapshot that started
 /// after the writes must finish. With AOF the AOF is what a restart loads: `appendfsync`
 /// (`CONFIG GET`) says how long a write may wait for its fsync.
-async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durability> {
-    let infos = match info(conn, "persistence").await {
+async fn persisted(
+    conn: &mut Redis,
+    nodes: &Nodes,
+    deadline: Instant,
+) -> anyhow::Result<Durability> {
+    let infos = match info(conn, nodes, "persistence").await {
         Ok(infos) => infos,
         Err(err) if refused(&err) => {
             return Ok(unchecked(format!("INFO persistence refused ({err})")));
@@ -135,7 +213,7 @@ async fn persisted(conn: &mut Redis, deadline: Instant) -> anyhow::Result<Durabi
     let aof = |text: &str| info_field(text, "aof_enabled") == Some("1");
     let mut how = Vec::new();
     if infos.iter().any(|(_, text)| !aof(text)) {
-        match snapshot_taken(conn, deadline, infos.clone()).await? {
+        match snapshot_taken(conn, nodes, deadline, infos.clone()).await? {
             Ok(()) => how.push("a snapshot started after them finished"),
             Err(refused) => return Ok(unchecked(refused)),
         }
@@ -225,23 +303,37 @@ struct Snapshot {
 }
 
 /// Waits until every primary finished a snapshot that started after the writes: one
-/// running at the first look may have started before them, so it waits for that one to end
-/// and sends `BGSAVE SCHEDULE` (again while Redis answers "already in progress"). The inner
-/// `Err`: BGSAVE refused, saying so.
+/// running at the first look may have started before them (unless its primary's count at
+/// the write says otherwise), so it waits for that one to end and sends `BGSAVE SCHEDULE`
+/// (again while Redis answers "already in progress"). The inner `Err`: BGSAVE refused,
+/// saying so.
 /// `first`: the `INFO persistence` texts the caller just read, for the first look.
 async fn snapshot_taken(
     conn: &mut Redis,
+    nodes: &Nodes,
     deadline: Instant,
     first: Vec<(Option<String>, String)>,
 ) -> anyhow::Result<Result<(), String>> {
-    let mut nodes: Vec<(Option<String>, Snapshot)> = Vec::new();
+    // A count read when the writes were made stands for a quiet look then.
+    let mut states: Vec<(Option<String>, Snapshot)> = nodes
+        .0
+        .iter()
+        .filter_map(|(name, _, saves)| {
+            let quiet = Snapshot {
+                quiet: true,
+                quiet_saves: Some((*saves)?),
+                ..Snapshot::default()
+            };
+            Some((name.clone(), quiet))
+        })
+        .collect();
     let mut seen = Some(first);
     loop {
         let now = match seen.take() {
             Some(first) => first,
-            None => info(conn, "persistence").await?,
+            None => info(conn, nodes, "persistence").await?,
         };
-        match snapshot_step(conn, &mut nodes, now).await? {
+        match snapshot_step(conn, nodes, &mut states, now).await? {
             Ok(done) => return Ok(done),
             Err(waiting) => wait_more(deadline, waiting).await?,
         }
@@ -253,6 +345,7 @@ async fn snapshot_taken(
 /// done (`Ok(Ok(Ok))`; `Ok(Ok(Err))`: BGSAVE refused), or who is still waited for.
 async fn snapshot_step(
     conn: &mut Redis,
+    targets: &Nodes,
     nodes: &mut Vec<(Option<String>, Snapshot)>,
     now: Vec<(Option<String>, String)>,
 ) -> anyhow::Result<Result<Result<(), String>, String>> {
@@ -278,13 +371,18 @@ async fn snapshot_step(
             continue;
         }
         // rdb_saves counts a snapshot when its child forks, not when it is on disk: one
-        // counted or ours is done only once none runs, and only if it succeeded.
+        // counted or ours is done only once none runs, and only if it succeeded (one that
+        // failed before ours started is followed by ours).
         let counted = state.quiet_saves.is_some() && saves(text) > state.quiet_saves;
         if (counted || state.started) && !running {
             if last_save_ok(text) {
                 continue;
             }
-            return Err(NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into());
+            if state.started {
+                return Err(
+                    NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into(),
+                );
+            }
         }
         send |= !running && !state.started && !state.scheduled;
         waiting.push(show(node));
@@ -295,7 +393,7 @@ async fn snapshot_step(
     if send {
         let mut cmd = redis::cmd("BGSAVE");
         cmd.arg("SCHEDULE");
-        for (node, reply) in bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await? {
+        for (node, reply) in bounded(COMMAND_CALL_TIMEOUT, targets.ask(conn, &cmd)).await? {
             let Some((_, state)) = nodes.iter_mut().find(|(n, _)| *n == node) else {
                 continue;
             };
@@ -339,11 +437,15 @@ async fn wait_more(deadline: Instant, waiting: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `INFO <section>` of every primary, as text.
-async fn info(conn: &mut Redis, section: &str) -> anyhow::Result<Vec<(Option<String>, String)>> {
+/// `INFO <section>` of each node, as text.
+async fn info(
+    conn: &mut Redis,
+    nodes: &Nodes,
+    section: &str,
+) -> anyhow::Result<Vec<(Option<String>, String)>> {
     let mut cmd = redis::cmd("INFO");
     cmd.arg(section);
-    let replies = bounded(COMMAND_CALL_TIMEOUT, conn.on_every_primary(&cmd)).await?;
+    let replies = bounded(COMMAND_CALL_TIMEOUT, nodes.ask(conn, &cmd)).await?;
     replies
         .into_iter()
         .map(|(node, reply)| -> RedisResult<_> {

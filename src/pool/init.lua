@@ -48,7 +48,7 @@ end
 local now = now_ms()
 redis.call('SET', K.fence, 0)
 lift_fence(K.fence, now)
-local record = string.format('0:%s', stamped(now + max_lease)) .. NEW_RECORD
+local record = string.format('0:%s', stamped(now + max_lease)) .. new_mark()
 redis.call('HSET', K.meta, '~node', record)
 set_strikes(K, max, window)
 return { #ARGV - 3, record }

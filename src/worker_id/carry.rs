@@ -21,7 +21,7 @@ use super::mint::script::record_format;
 use crate::cli::{ConfigError, RedisUrlArg, stdout_line};
 use crate::cli::{parse_duration, whole};
 use crate::connection::RedisTarget;
-use crate::persistence::durable::{Durability, make_durable};
+use crate::persistence::durable::{Durability, Reach, make_durable};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 use crate::worker_id::args::{AppKeysArgs, validate_app};
 use crate::worker_id::keys::LeaseKeys;
@@ -308,7 +308,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
     // from an earlier snapshot or a failover to a lagging replica would lose them, and the
     // new app's marks would then be raised only to Redis TIME + its window (vouch.lua),
     // below the floor when the new epoch is later.
-    let durability = make_durable(&mut conn, config.durable_wait)
+    let durability = make_durable(&mut conn, &Reach::EveryPrimary, config.durable_wait)
         .await
         .with_context(context)?;
     let (durable, unchecked) = match &durability {

@@ -51,6 +51,8 @@ mod first_record;
 mod first_use;
 /// First use broken on purpose: snapshots that started but never finished.
 mod first_use_break;
+/// The first-use wait: only the record's shard; long snapshots add up across attempts.
+mod first_use_wait;
 /// A claim whose reply was lost is adopted (the handover tombstone: `scenarios`).
 mod handover;
 /// Redis servers, sidecar processes, polling helpers (shared by every module).
