@@ -6,6 +6,8 @@
 //! snapshot that fails, left nothing on disk while the store already opened at fence 1 (and,
 //! that fixed, a record not durable in time opened by its own time, with the same end).
 //! Both failed 3 of 3 runs before their fixes.
+//! And a `BGSAVE` whose fork fails was taken for Redis refusing to say (the store opened by
+//! its time, with nothing on disk).
 
 use std::fs;
 
@@ -129,4 +131,107 @@ fn guard_open_not_durable_then_run_again_is_not_refused() {
         Some(0),
         "exit 3 said 'safe to run again', the rerun was refused: {again:?}"
     );
+}
+
+/// A redis-server run as `nobody` with as many processes allowed (`RLIMIT_NPROC`) as its own
+/// threads need: every fork fails (`BGSAVE` answers `ERR`, the log says "fork: Resource
+/// temporarily unavailable"), as on a host out of memory or PIDs. Killed on drop.
+struct ForklessRedis {
+    child: std::process::Child,
+    url: String,
+    _dir: TempDir,
+}
+
+impl ForklessRedis {
+    /// `None` when this machine cannot run one (no `prlimit`/`setpriv`, or a fork still
+    /// succeeds).
+    fn start() -> Option<ForklessRedis> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::{Command, Stdio};
+        let dir = TempDir::new().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        // The fewest processes it starts with: its threads; a fork is then one too many.
+        for nproc in 2..=12 {
+            let port = free_port();
+            let mut child = Command::new("prlimit")
+                .arg(format!("--nproc={nproc}:{nproc}"))
+                .args([
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                ])
+                .args([
+                    "redis-server",
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
+                .args(["--save", "", "--appendonly", "no", "--dir"])
+                .arg(dir.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            let url = format!("redis://127.0.0.1:{port}");
+            let up = poll_until(secs(3), || {
+                matches!(child.try_wait(), Ok(Some(_)))
+                    || redis::Client::open(url.as_str())
+                        .and_then(|c| c.get_connection_with_timeout(ms(200)))
+                        .is_ok()
+            });
+            if !up || matches!(child.try_wait(), Ok(Some(_))) {
+                let _ = child.kill();
+                let _ = child.wait();
+                continue;
+            }
+            let redis = ForklessRedis {
+                child,
+                url,
+                _dir: dir,
+            };
+            let mut conn = redis::Client::open(redis.url.as_str())
+                .ok()?
+                .get_connection()
+                .ok()?;
+            let forked: redis::RedisResult<String> = redis::cmd("BGSAVE").query(&mut conn);
+            return forked.is_err().then_some(redis);
+        }
+        None
+    }
+}
+
+impl Drop for ForklessRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `BGSAVE` whose fork fails (`ERR`, no `NOPERM`): Redis did not refuse to say, the snapshot
+/// just did not happen. It was taken for "Redis will not say" (unchecked): the new lock's
+/// mark was dropped and it opened by its time, 3 s after its first use, with nothing on disk
+/// (the breaker's shell run, session 16; this test, with the refusal check widened back to
+/// any BGSAVE error, exits 0 with a fence). Now the lock stays closed: exit 69.
+#[test]
+fn a_new_lock_whose_snapshot_cannot_fork_stays_closed() {
+    let Some(redis) = ForklessRedis::start() else {
+        skip(
+            "first_use_break::a_new_lock_whose_snapshot_cannot_fork_stays_closed",
+            "no redis-server whose fork fails could be started (prlimit, setpriv as nobody)",
+        );
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    let out = dir.path().join("fence");
+    let run = lock_run(&redis.url, "job", "3s", "8s", &out);
+    assert_eq!(
+        run.code,
+        Some(69),
+        "the snapshot could not fork, yet the new lock opened: fence {:?}; {run:?}",
+        fs::read_to_string(&out).ok()
+    );
+    assert!(run.stderr.contains("BGSAVE"), "{run:?}");
 }

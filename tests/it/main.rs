@@ -49,7 +49,7 @@ mod exec;
 mod first_record;
 /// First use in a pod: default listen ports against common app and sidecar ports, `sleep`.
 mod first_use;
-/// First use broken on purpose: snapshots that started but never finished.
+/// First use broken on purpose: snapshots that started but never finished, or never forked.
 mod first_use_break;
 /// The first-use wait: only the record's shard; long snapshots add up across attempts.
 mod first_use_wait;
