@@ -21,9 +21,10 @@ pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
 }
 
-/// How long a store's first use waits for its first record to be durable before it gives
-/// up and leaves the store closed until the record's own time (one bound: a lock's TTL, a
-/// pool's max lease, the app's TTL): the default of `mint carry-over --durable-wait`.
+/// How long a store's first use waits at most for its first record to be durable before it
+/// gives up and leaves the store closed and marked new (its next user tries again): the
+/// default of `mint carry-over --durable-wait` (a test in worker_id/limits.rs keeps them
+/// equal).
 pub(crate) const FIRST_USE_WAIT: Duration = Duration::from_secs(60);
 
 static OPEN: LazyLock<Script> = LazyLock::new(|| script(include_str!("node_open.lua")));

@@ -152,6 +152,16 @@ mod tests {
 
     /// `mint carry-over` takes the old app's `--mint-window` and `--max-clock-skew` with the
     /// sidecar's ranges and defaults.
+    /// A store's first use waits as long as carry-over does by default (lease/node.rs
+    /// cannot read this table: worker_id builds on lease).
+    #[test]
+    fn first_use_waits_the_default_durable_wait() {
+        assert_eq!(
+            humantime::parse_duration(DURABLE_WAIT.default).unwrap(),
+            crate::lease::node::FIRST_USE_WAIT
+        );
+    }
+
     #[test]
     fn carry_over_follows_the_table() {
         let command = CarryArgs::augment_args(Command::new("carry-over"));
