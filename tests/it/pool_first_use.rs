@@ -3,15 +3,17 @@
 //! before it opens the pool. That wait is bounded by what is left of the caller's wait
 //! (`--wait`, `wait_ms`), at least 5 s for one snapshot, at most 60 s: it was always 60 s, so
 //! `pool acquire --wait 1s` and `pool serve`'s `wait_ms: 0` blocked a minute on a Redis whose
-//! snapshots are slow.
+//! snapshots are slow. And `pool status` says whether acquires are open (it counted the ids of
+//! a closed pool as ready, and said nothing of acquires being refused).
 
+use std::fs;
 use std::time::Instant;
 
 use nix::sys::signal::{Signal, kill};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::pool_cli::pool_json;
+use crate::pool_cli::{pool_cmd, pool_json};
 use crate::pool_http::Serve;
 
 /// Where a first use waits past the caller's wait, it waits this long (the old 60 s limit); a
@@ -140,4 +142,90 @@ fn a_new_pools_first_acquire_over_http_with_wait_ms_0_answers_in_seconds() {
     );
     assert_eq!(status, 201, "{lease}");
     assert_eq!(lease["fence"], 1, "{lease}");
+}
+
+/// `pool status` (JSON and table) and `GET /pools/p`: the gate and when it opens by time.
+fn gate_of(redis: &RedisServer, serve: &Serve) -> (Value, Value, String) {
+    let status = pool_json(redis, &["status", "--pool", "p", "--json"]);
+    let (code, http, _) = serve.call("GET", "/pools/p", None);
+    assert_eq!(code, 200, "{http}");
+    assert_eq!(
+        (&http["gate"], &http["closed_until_ms"]),
+        (&status["gate"], &status["closed_until_ms"]),
+        "HTTP {http} and CLI {status} differ"
+    );
+    let table = pool_cmd(redis, &["status", "--pool", "p"], &[]);
+    assert_eq!(table.code, Some(0), "{table:?}");
+    let line = table
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("acquires"))
+        .unwrap_or_else(|| panic!("no acquires line: {}", table.stdout))
+        .to_owned();
+    (
+        status["gate"].clone(),
+        status["closed_until_ms"].clone(),
+        line,
+    )
+}
+
+/// `pool status` of a pool whose acquires are closed says so (it counted its ids ready and
+/// nothing more): a new pool whose first record is not durable (a snapshot that fails:
+/// `dump.rdb` is a folder, as a full disk) is `new` until an acquire sees the record durable,
+/// then `open`; after a restart (the record of an earlier life) `rolled_back`, which status
+/// only reports (it writes nothing); after the next acquire `closed` until one max lease from
+/// it. `GET /pools/p` says the same.
+#[test]
+fn status_shows_whether_acquires_are_open() {
+    let mut redis = RedisServer::start();
+    let blocker = redis.dir().join("dump.rdb");
+    fs::create_dir_all(blocker.join("x")).unwrap();
+    plain_pool(&redis);
+    let serve = Serve::start_at(&redis.url(), &["--pool", "p"]);
+    let acquire = [
+        "acquire",
+        "--pool",
+        "p",
+        "--ttl",
+        "30s",
+        "--max-lease",
+        "10m",
+    ];
+    let closed = pool_cmd(&redis, &acquire, &[]);
+    assert_eq!(closed.code, Some(3), "closed while not durable: {closed:?}");
+    let status = pool_json(&redis, &["status", "--pool", "p", "--json"]);
+    assert_eq!(status["ready_due"], 1, "{status}");
+    let (gate, until, line) = gate_of(&redis, &serve);
+    assert_eq!((gate, until), (json!("new"), Value::Null), "{line}");
+    assert!(line.contains("durable"), "{line}");
+
+    fs::remove_dir_all(&blocker).unwrap();
+    let lease = pool_json(&redis, &acquire);
+    assert_eq!(lease["fence"], 1, "{lease}");
+    let (gate, until, line) = gate_of(&redis, &serve);
+    assert_eq!((gate, until), (json!("open"), Value::Null), "{line}");
+
+    // The snapshot the acquire took holds the record; a restart loads it, stamped by the
+    // server's earlier life.
+    drop(serve);
+    redis.restart();
+    let serve = Serve::start_at(&redis.url(), &["--pool", "p"]);
+    let record = || redis.query::<Option<String>>(redis::cmd("HGET").arg("{p}:meta").arg("~node"));
+    let before = record();
+    let (gate, until, line) = gate_of(&redis, &serve);
+    assert_eq!((gate, until), (json!("rolled_back"), Value::Null), "{line}");
+    assert!(line.contains("next acquire"), "{line}");
+    assert_eq!(record(), before, "status wrote the record");
+
+    let closed = pool_cmd(&redis, &acquire, &[]);
+    assert_eq!(closed.code, Some(3), "closed after the restart: {closed:?}");
+    let now = crate::pool::redis_ms(&redis);
+    let (gate, until, line) = gate_of(&redis, &serve);
+    assert_eq!(gate, "closed", "{line}");
+    let until = until.as_u64().unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        until > now + 590_000 && until <= now + 600_000,
+        "closed until {until}, one max lease (10m) from {now}: {line}"
+    );
+    assert!(line.contains("9m"), "{line}");
 }
