@@ -46,7 +46,7 @@ pub use charged::{ChargedAcquire, acquire_charged, acquire_charged_wait, charge_
 pub use error::PoolError;
 pub use lease::{Extended, LostReason, PoolLease, Quarantine, Released};
 pub use script::{PoolKeys, PoolScript};
-pub use status::{AutoDisabled, Leased, PoolStatus, Quarantined};
+pub use status::{AutoDisabled, Gate, Leased, PoolStatus, Quarantined};
 
 use limits::MAX_LEASE_MS;
 

@@ -27,6 +27,19 @@ pub(crate) fn script(body: &str) -> Script {
 /// equal).
 pub(crate) const FIRST_USE_WAIT: Duration = Duration::from_secs(60);
 
+/// The least time a first use waits for its record to be durable (one snapshot of a small
+/// Redis), even when its caller's own wait (`lock --wait`, `pool acquire --wait`, `wait_ms`)
+/// is shorter or none.
+pub(crate) const FIRST_USE_MIN: Duration = Duration::from_secs(5);
+
+/// How long a first use whose caller has `wait_left` of its own wait waits for its record to
+/// be durable: that, but at least [`FIRST_USE_MIN`] and at most [`FIRST_USE_WAIT`]. A caller
+/// that waits is not held past its wait by more than one snapshot of a small Redis; steps
+/// without a wait of their own (`pool init`, `guard open`) take [`FIRST_USE_WAIT`].
+pub(crate) fn first_use_limit(wait_left: Duration) -> Duration {
+    wait_left.max(FIRST_USE_MIN).min(FIRST_USE_WAIT)
+}
+
 static OPEN: LazyLock<Script> = LazyLock::new(|| script(include_str!("node_open.lua")));
 
 /// A new store's first record as its script wrote it: closed for one bound, as after a
@@ -260,6 +273,16 @@ mod tests {
         ] {
             assert_eq!(record(none).snapshots_before(), None, "{none:?}");
         }
+    }
+
+    /// A first use waits what is left of its caller's wait, 5-60 s.
+    #[test]
+    fn first_use_limit_is_the_callers_wait_within_5_to_60_s() {
+        let s = Duration::from_secs;
+        assert_eq!(first_use_limit(Duration::ZERO), s(5));
+        assert_eq!(first_use_limit(s(1)), s(5));
+        assert_eq!(first_use_limit(s(12)), s(12));
+        assert_eq!(first_use_limit(s(3600)), s(60));
     }
 
     /// Stamped and plain integers read alike; anything else is unreadable.

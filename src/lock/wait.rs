@@ -14,10 +14,6 @@ use crate::shutdown::Signals;
 use crate::supervise::child;
 use crate::timing;
 
-/// The least time a new lock's first use waits for its record to be durable (one snapshot
-/// of a small Redis), even under a shorter `--wait`.
-const FIRST_USE_MIN: Duration = Duration::from_secs(5);
-
 /// How the wait for the lock ended.
 #[derive(Debug)]
 pub(crate) enum LockWaited {
@@ -76,10 +72,12 @@ pub(crate) async fn wait(
         );
         let (reason, hint) = match reply {
             Ok(LockAcquired::New { record, wait }) => {
-                // At least FIRST_USE_MIN for a snapshot even with a short --wait.
+                // What is left of --wait, but time for one snapshot even with a short one.
                 let left = deadline.saturating_duration_since(Instant::now());
-                let limit = left.max(FIRST_USE_MIN).min(node::FIRST_USE_WAIT);
-                if session.open_first_use(record, limit).await {
+                if session
+                    .open_first_use(record, node::first_use_limit(left))
+                    .await
+                {
                     // Open now: tried again at once, even past --wait.
                     continue;
                 }

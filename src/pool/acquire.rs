@@ -114,11 +114,27 @@ where
     /// first due id, or answers [`Acquired::Empty`] with the next-due hint.
     /// The token is 128 random bits in hex.
     ///
+    /// The first acquire of a new pool waits up to 5 s for its first record
+    /// to be durable (see [`Pool::acquire_wait`] for more).
+    ///
     /// Errors: [`PoolError::BadInput`] (see [`AcquireRequest`] for ranges),
     /// [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired<C>, PoolError> {
+        self.acquire_within(req, Duration::ZERO).await
+    }
+
+    /// [`Pool::acquire`] whose caller has `wait_left` of its own wait: that
+    /// bounds a new pool's first-use wait ([`Pool::acquire_through`]).
+    async fn acquire_within(
+        &self,
+        req: &AcquireRequest,
+        wait_left: Duration,
+    ) -> Result<Acquired<C>, PoolError> {
         let script = PoolScript::Acquire.script();
-        match self.acquire_through(req, script, &[], &[]).await? {
+        match self
+            .acquire_through(req, script, &[], &[], wait_left)
+            .await?
+        {
             AcquireReply::Acquired(acquired) => Ok(acquired),
             AcquireReply::Other { code, .. } => Err(PoolError::Reply {
                 script: PoolScript::Acquire.name(),
@@ -134,16 +150,21 @@ where
     ///
     /// A new pool (no record, never leased; or its first lease was lost with
     /// a rollback) answers closed until its first record is durable: this
-    /// waits for that (up to [`node::FIRST_USE_WAIT`]), opens it, and tries
-    /// once more; where Redis will not say, the pool opens one max lease
-    /// after its first use, as after a rollback; not durable in time, it
-    /// stays closed and the next acquire tries again (both logged).
+    /// waits for that, opens it, and tries once more; where Redis will not
+    /// say, the pool opens one max lease after its first use, as after a
+    /// rollback; not durable in time, it stays closed and the next acquire
+    /// tries again (both logged). That wait is `wait_left`, what is left of
+    /// the caller's own wait (zero for one attempt), but at least 5 s (one
+    /// snapshot of a small Redis) and at most 60 s
+    /// ([`node::first_use_limit`]): a caller is held past its wait by one
+    /// snapshot at most, not by the 60 s `pool init` gives it.
     pub(crate) async fn acquire_through(
         &self,
         req: &AcquireRequest,
         script: &redis::Script,
         extra_keys: &[String],
         head: &[String],
+        wait_left: Duration,
     ) -> Result<AcquireReply<C>, PoolError> {
         let (reply, first) = self.acquire_once(req, script, extra_keys, head).await?;
         let Some(written) = first else {
@@ -151,7 +172,8 @@ where
         };
         let record = self.first_record(written);
         let mut conn = self.conn.clone();
-        match node::open_first_use(&mut conn, &[record], node::FIRST_USE_WAIT).await {
+        let limit = node::first_use_limit(wait_left);
+        match node::open_first_use(&mut conn, &[record], limit).await {
             Ok(FirstUse::Opened) => {
                 info!(pool = %self.name, "new pool: its first record is durable, so it opens now");
             }
@@ -268,6 +290,13 @@ where
     /// Returns the last [`Acquired::Empty`] if nothing came due in time.
     /// The same request id (if any) is sent on every attempt.
     ///
+    /// The first acquire of a new pool waits for its first record to be
+    /// durable (a snapshot, the replicas; docs/pool.md, "First use") for what
+    /// is left of `wait`, but at least 5 s and at most 60 s: with a short
+    /// `wait` on a Redis whose snapshots are slower, it answers the pool
+    /// closed ([`Acquired::Empty`], `after_rollback`) about 5 s after it
+    /// began, and the next acquire tries again.
+    ///
     /// Errors: as [`Pool::acquire`], returned at once.
     pub async fn acquire_wait(
         &self,
@@ -293,7 +322,8 @@ where
         let start = Instant::now();
         let mut attempt = 0;
         loop {
-            let acquired = self.acquire(req).await?;
+            let left = wait.saturating_sub(start.elapsed());
+            let acquired = self.acquire_within(req, left).await?;
             let Acquired::Empty { next_due_in, .. } = &acquired else {
                 return Ok(acquired);
             };

@@ -70,7 +70,9 @@ fn pool_error(err: BudgetError) -> PoolError {
     }
 }
 
-/// One acquire of `pool` with `charge`, in one script call.
+/// One acquire of `pool` with `charge`, in one script call (the first
+/// acquire of a new pool waits up to 5 s for its first record, as
+/// [`Pool::acquire`]).
 ///
 /// Errors: as [`Pool::acquire`]; [`PoolError::BadInput`] for a bad charge
 /// (fields `budget`, `keys[i]`, `keys[i].rate`, `keys[i].burst`, `cost`).
@@ -82,8 +84,25 @@ pub async fn acquire_charged<C>(
 where
     C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
 {
+    acquire_charged_within(pool, req, charge, Duration::ZERO).await
+}
+
+/// [`acquire_charged`] whose caller has `wait_left` of its own wait: that
+/// bounds a new pool's first-use wait (`Pool::acquire_through`).
+async fn acquire_charged_within<C>(
+    pool: &Pool<C>,
+    req: &AcquireRequest,
+    charge: &Charge,
+    wait_left: Duration,
+) -> Result<ChargedAcquire<C>, PoolError>
+where
+    C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
+{
     let (keys, head) = charge.checked(pool.name()).map_err(pool_error)?;
-    match pool.acquire_through(req, &SCRIPT, &keys, &head).await? {
+    match pool
+        .acquire_through(req, &SCRIPT, &keys, &head, wait_left)
+        .await?
+    {
         AcquireReply::Acquired(acquired) => Ok(ChargedAcquire::Acquired(acquired)),
         AcquireReply::Other { code: 2, rest } if rest.len() == 4 => {
             Ok(ChargedAcquire::Denied(Taken {
@@ -104,7 +123,9 @@ where
 /// [`acquire_charged`], retried until `wait` has passed or `stop` is
 /// cancelled: after a denial it sleeps by `retry_after_ms`, after an empty
 /// pool by the pool's backoff. Returns the last answer; a denial whose
-/// `retry_after_ms` is beyond what is left of `wait` at once.
+/// `retry_after_ms` is beyond what is left of `wait` at once. A new pool's
+/// first acquire waits for its first record as in [`Pool::acquire_wait`]
+/// (what is left of `wait`, 5-60 s).
 ///
 /// Errors: as [`acquire_charged`], returned at once.
 pub async fn acquire_charged_wait<C>(
@@ -120,7 +141,8 @@ where
     let start = Instant::now();
     let mut attempt: u32 = 0;
     loop {
-        let answer = acquire_charged(pool, req, charge).await?;
+        let left = wait.saturating_sub(start.elapsed());
+        let answer = acquire_charged_within(pool, req, charge, left).await?;
         let remaining = wait.saturating_sub(start.elapsed());
         let sleep = match &answer {
             ChargedAcquire::Acquired(Acquired::Leased(_)) => return Ok(answer),

@@ -167,7 +167,8 @@ pub(crate) struct AcquireArgs {
     )]
     pub reclaim_cooldown: Duration,
 
-    /// Retry for this long (0s-24h), backing off by the next-due hint; then exit 3.
+    /// Retry for this long (0s-24h), backing off by the next-due hint; then exit 3. A new
+    /// pool's first acquire waits for its first snapshot within it, but at least 5s.
     #[arg(long, env = "SNOWLEASE_POOL_WAIT", default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
 

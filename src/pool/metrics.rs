@@ -271,6 +271,8 @@ mod tests {
                 auto_disabled_ids: Vec::new(),
                 disabled_ids: vec!["vn-b02".into()],
                 leases: Vec::new(),
+                gate: crate::pool::Gate::Open,
+                closed_until_ms: None,
             },
         );
         metrics.acquired(&pool, "leased", Duration::from_millis(3));

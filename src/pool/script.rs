@@ -174,6 +174,9 @@ impl PoolScript {
                 &k.quarantine,
                 &k.reasons,
                 &k.autodisabled,
+                &k.meta,
+                &k.fence,
+                &k.requests,
             ],
             Self::Disable | Self::Enable => &[
                 &k.ready,

@@ -1,7 +1,8 @@
 -- status: counts of the pool's ids by state, and the quarantined and
 -- auto-disabled ids with their reasons; never tokens.
 -- KEYS: 1 {P}:ready  2 {P}:leases  3 {P}:owners  4 {P}:disabled
---       5 {P}:quarantine  6 {P}:reasons  7 {P}:autodisabled
+--       5 {P}:quarantine  6 {P}:reasons  7 {P}:autodisabled  8 {P}:meta
+--       9 {P}:fence  10 {P}:requests
 -- ARGV: none
 -- Returns: {now_ms, ready_due, ready_cooling, leases_valid, leases_expired,
 --           disabled, quarantined, auto_disabled,
@@ -9,7 +10,8 @@
 --           m, (id, at_ms, reason)... m times,
 --           d, id... d times (disabled ids, sorted),
 --           l, (id, deadline_ms)... l times (leased ids, soonest deadline
---           first; expired ones included)}
+--           first; expired ones included),
+--           gate, closed_until_ms}
 --          where ready_due have score <= now, leases_valid a deadline after
 --          now, leases_expired one not yet reclaimed; disabled counts
 --          disabled ids, leased or not; quarantined counts ids in
@@ -17,18 +19,38 @@
 --          ids strikes disabled. The lists hold the first
 --          LIMITS.status_list_max quarantines (soonest end first; disabled =
 --          1 for a disabled one), auto-disabled ids, disabled ids and
---          leases.
+--          leases. gate says whether acquires are open, by the node record
+--          as acquire.lua's node_gate would judge it now (read only: status
+--          writes nothing, so a record the next acquire would rewrite is
+--          reported, not changed):
+--            'open'        leased as usual;
+--            'closed'      this node's record, closed until closed_until_ms
+--                          (Redis ms; -1 for every other gate): the next
+--                          acquire after a rollback closed it, or a new pool
+--                          where Redis would not say whether its first
+--                          record is durable;
+--            'new'         marked new (or no record in a pool that never
+--                          leased): opens at the first acquire that sees its
+--                          first record durable (docs/pool.md, "First use");
+--            'rolled_back' a record of another node or an earlier life of
+--                          this one (a restart, a failover), an unreadable
+--                          one, or none in a pool that leased: the next
+--                          acquire closes acquires for the largest max lease
+--                          from then.
 -- Errors: BADARG, KEYTYPE as in common.lua.
 
-local K, err = pool_keys({ 'ready', 'leases', 'owners', 'disabled', 'quarantine', 'reasons', 'autodisabled' })
+local K, err = pool_keys({
+  'ready', 'leases', 'owners', 'disabled', 'quarantine', 'reasons', 'autodisabled', 'meta', 'fence', 'requests',
+})
 if err then return err end
 if #ARGV ~= 0 then
   return badarg('ARGV', 'none')
 end
 err = key_types({
   { K.ready, 'zset' }, { K.leases, 'zset' }, { K.owners, 'hash' }, { K.disabled, 'set' },
-  { K.quarantine, 'zset' }, { K.reasons, 'hash' }, { K.autodisabled, 'hash' },
-})
+  { K.quarantine, 'zset' }, { K.reasons, 'hash' }, { K.autodisabled, 'hash' }, { K.meta, 'hash' },
+  { K.fence, 'string' }, { K.requests, 'hash' },
+}) or fence_value(K.fence)
 if err then return err end
 
 local now = now_ms()
@@ -76,4 +98,28 @@ for i = 1, #leases, 2 do
   table.insert(reply, leases[i])
   table.insert(reply, tonumber(leases[i + 1]))
 end
+
+-- The gate, judged as node_gate judges it (node.lua's own readers, never the record's text:
+-- its mark may change), without its writes.
+local function gate()
+  local record = redis.call('HGET', K.meta, '~node')
+  if type(record) ~= 'string' then
+    -- As acquire.lua's `active`: a fence handed out or leases kept mean a past use was lost.
+    local active = tonumber(redis.call('GET', K.fence) or '0') > 0
+        or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
+    return active and 'rolled_back' or 'new', -1
+  end
+  local _, prefix, rest, marked_new = read_record(record)
+  local open_at, stamp = unstamp(rest)
+  -- A pool's record has a bound ("<max_lease_ms>:"): node_gate reads one without as unreadable.
+  if prefix == '' or open_at == nil or not stamped_here(stamp) then
+    return 'rolled_back', -1
+  end
+  if marked_new then return 'new', -1 end
+  if open_at > now then return 'closed', open_at end
+  return 'open', -1
+end
+local state, closed_until = gate()
+table.insert(reply, state)
+table.insert(reply, closed_until)
 return reply

@@ -1,5 +1,6 @@
-//! A pool's status: counts of its ids by state at one Redis time, and
-//! the quarantined, auto-disabled, disabled and leased ids (never tokens).
+//! A pool's status: counts of its ids by state at one Redis time, the
+//! quarantined, auto-disabled, disabled and leased ids (never tokens), and
+//! whether acquires are open (the node gate, docs/pool.md).
 
 use redis::aio::ConnectionLike;
 use serde::Serialize;
@@ -38,6 +39,39 @@ pub struct PoolStatus {
     /// Leased ids, soonest deadline first, expired ones included (at most
     /// `limits::STATUS_LIST_MAX`); never tokens.
     pub leases: Vec<Leased>,
+    /// Whether acquires are open, by the pool's node record as the next
+    /// acquire would judge it now (status only reads it). While not
+    /// [`Gate::Open`], acquires answer "no id due" closed
+    /// ([`super::Acquired::Empty`] with `after_rollback`), whatever the
+    /// counts above say.
+    pub gate: Gate,
+    /// With [`Gate::Closed`]: when acquires open by time, ms of Redis time;
+    /// `None` for every other gate (open, or not opened by time).
+    pub closed_until_ms: Option<u64>,
+}
+
+/// Whether a pool's acquires are open (docs/pool.md, "After a Redis
+/// rollback" and "First use"). In JSON: `"open"`, `"closed"`, `"new"`,
+/// `"rolled_back"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gate {
+    /// Acquires lease as usual.
+    Open,
+    /// Closed until [`PoolStatus::closed_until_ms`]: an acquire found that
+    /// Redis restarted or failed over (it may have rolled back), or the
+    /// pool is new and Redis would not say whether its first record is
+    /// durable (no `+bgsave`, `appendfsync no`).
+    Closed,
+    /// A new pool (its first record marked new, or no record yet in a
+    /// pool that never leased): closed until an acquire sees its first
+    /// record durable (a snapshot, every replica), which opens it.
+    New,
+    /// Redis restarted or failed over since the pool's record was written
+    /// (a record of another node or an earlier life, an unreadable one, or
+    /// none in a pool that leased): the next acquire closes acquires for the
+    /// largest max lease seen, from then.
+    RolledBack,
 }
 
 /// One leased id, as status shows it (no token).
@@ -83,7 +117,8 @@ impl<C> Pool<C>
 where
     C: ConnectionLike + Clone + Send + Sync,
 {
-    /// Counts the pool's ids by state.
+    /// Counts the pool's ids by state, and says whether acquires are open
+    /// ([`PoolStatus::gate`]). Writes nothing.
     ///
     /// Errors: [`PoolError::WrongKeyType`], [`PoolError::Redis`].
     pub async fn status(&self) -> Result<PoolStatus, PoolError> {
@@ -103,6 +138,8 @@ where
             auto_disabled_ids: Vec::new(),
             disabled_ids: Vec::new(),
             leases: Vec::new(),
+            gate: Gate::Open,
+            closed_until_ms: None,
         };
         for _ in 0..reply.uint()? {
             let id = reply.string()?;
@@ -134,6 +171,19 @@ where
                 left_ms: deadline_ms.saturating_sub(now_ms),
             });
         }
+        status.gate = match reply.string()?.as_str() {
+            "open" => Gate::Open,
+            "closed" => Gate::Closed,
+            "new" => Gate::New,
+            "rolled_back" => Gate::RolledBack,
+            other => {
+                return Err(PoolError::Reply {
+                    script: PoolScript::Status.name(),
+                    detail: format!("unknown gate {other:?}"),
+                });
+            }
+        };
+        status.closed_until_ms = u64::try_from(reply.int()?).ok();
         Ok(status)
     }
 }

@@ -95,6 +95,8 @@ mod pool;
 mod pool_cli;
 /// Pool mode on a Redis Cluster: the pool tests there, `pool add`/`pool serve`, a failover.
 mod pool_cluster;
+/// A new pool's first use: its durability wait within the caller's wait (CLI, HTTP).
+mod pool_first_use;
 /// `pool serve`: the router via `oneshot`, and the process (reaper, SIGTERM).
 mod pool_http;
 /// The pool limits table against the scripts: both refuse the same at every boundary.

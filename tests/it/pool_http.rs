@@ -507,8 +507,20 @@ impl Serve {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value, Option<String>) {
+        self.call_within(method, path, body, secs(10))
+    }
+
+    /// [`Serve::call`] that waits up to `timeout` for the answer (a test that times a slow
+    /// answer, rather than one that fails at 10 s).
+    pub(crate) fn call_within(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        timeout: Duration,
+    ) -> (u16, Value, Option<String>) {
         let url = format!("http://{}{path}", self.addr);
-        let request = ureq::request(method, &url).timeout(secs(10));
+        let request = ureq::request(method, &url).timeout(timeout);
         let result = match body {
             Some(body) => request.send_json(body),
             None => request.call(),

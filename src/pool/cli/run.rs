@@ -13,7 +13,7 @@ use super::{Op, PoolCliConfig, StrikesChange, human};
 use crate::pool::ChargedAcquire;
 use crate::pool::hint::hint_words;
 use crate::pool::{
-    Acquired, Extended, LostReason, Pool, PoolOptions, PoolStatus, Released, StrikePolicy,
+    Acquired, Extended, Gate, LostReason, Pool, PoolOptions, PoolStatus, Released, StrikePolicy,
 };
 
 /// Most reap calls one `pool reap` makes.
@@ -299,8 +299,25 @@ fn config_json(pool: &str, strikes: Option<StrikePolicy>) -> serde_json::Value {
     })
 }
 
+/// Whether acquires are open, in words: the gate's line of the status table.
+fn gate_line(s: &PoolStatus) -> String {
+    match (s.gate, s.closed_until_ms) {
+        (Gate::Open, _) => "acquires open".to_owned(),
+        (Gate::Closed, until) => {
+            let until = until.unwrap_or(s.now_ms);
+            let left = human(Duration::from_millis(until.saturating_sub(s.now_ms)));
+            format!(
+                "acquires closed for {left} (until {until} ms, Redis time): Redis restarted or failed over and may have come back without its last writes, or the pool is new and Redis would not say whether its first record is durable; ids shown free may still be held by holders from before (docs/pool.md, \"After a Redis rollback\")"
+            )
+        }
+        (Gate::New, _) => "acquires closed: a new pool, opened by the first acquire that sees its first record durable (a snapshot and every replica; docs/pool.md, \"First use\")".to_owned(),
+        (Gate::RolledBack, _) => "acquires closed: Redis restarted or failed over since the pool's record was written (it may have rolled back); the next acquire closes acquires for the largest max lease from then (docs/pool.md, \"After a Redis rollback\")".to_owned(),
+    }
+}
+
 fn status_table(pool: &str, s: &PoolStatus) -> String {
     let mut out = format!("pool {pool} (Redis time {} ms)\n", s.now_ms);
+    let _ = writeln!(out, "{}\n", gate_line(s));
     let rows = [
         ("ready, due", s.ready_due),
         ("ready, cooling down", s.ready_cooling),
@@ -377,8 +394,14 @@ mod tests {
             auto_disabled_ids: Vec::new(),
             disabled_ids: vec!["vn-b02".into()],
             leases: Vec::new(),
+            gate: Gate::Closed,
+            closed_until_ms: Some(60_007),
         };
         let table = status_table("p", &status);
+        assert!(
+            table.contains("\nacquires closed for 1m (until 60007 ms"),
+            "{table}"
+        );
         assert!(table.starts_with("pool p (Redis time 7 ms)"), "{table}");
         assert!(table.contains("leased, expired               4"), "{table}");
         assert!(table.contains("quarantined                   1"), "{table}");

@@ -91,7 +91,8 @@ pub(super) struct AcquireBody {
     pub(super) ttl: Duration,
     /// `cooldown_ms`, default 0.
     pub(super) cooldown: Duration,
-    /// `wait_ms`, default 0.
+    /// `wait_ms`, default 0; a new pool's first acquire waits for its
+    /// first record at least 5 s even so (`Pool::acquire_wait`).
     pub(super) wait: Duration,
     /// `request_id`, a name ([`limits::name_rule`]).
     pub(super) request_id: Option<String>,
