@@ -28,17 +28,10 @@ use crate::rollback_break::holder_lock;
 #[test]
 fn lock_first_use_during_a_slow_snapshot_then_a_crash_is_not_handed_out_twice() {
     let mut redis = RedisServer::start();
-    for i in 0..300 {
-        let _: () = redis.query(redis::cmd("SET").arg(format!("filler:{i}")).arg(i));
-    }
+    redis.slow_snapshots(300, ms(0));
     // The last snapshot on disk: before the lock's first use.
     let _: () = redis.query(&mut redis::cmd("SAVE"));
-    let _: () = redis.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("rdb-key-save-delay")
-            .arg(100_000),
-    );
+    redis.slow_snapshots(0, ms(100));
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&redis.url(), "job", "10s", "12s", dir.path()).spawn();
     // a's command starts (the bug) or a gives up after --wait.

@@ -29,15 +29,7 @@ fn snapshots(redis: &RedisServer) -> u64 {
 #[test]
 fn a_snapshot_longer_than_each_attempt_still_opens_a_new_lock() {
     let redis = RedisServer::start();
-    for i in 0..70 {
-        let _: () = redis.query(redis::cmd("SET").arg(format!("filler:{i}")).arg(i));
-    }
-    let _: () = redis.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("rdb-key-save-delay")
-            .arg(100_000),
-    );
+    redis.slow_snapshots(70, ms(100));
     let _: () = redis.query(&mut redis::cmd("BGSAVE"));
     let dir = TempDir::new().unwrap();
     let out = dir.path().join("fence");

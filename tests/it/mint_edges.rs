@@ -460,16 +460,8 @@ fn carry_over_waits_for_a_snapshot_when_one_is_already_running() {
         args: ["--save", "3600 1"].map(String::from).to_vec(),
         ..RedisOptions::default()
     });
-    for i in 0..50 {
-        let _: () = redis.query(redis::cmd("SET").arg(format!("filler:{i}")).arg(i));
-    }
     // 50 keys x 40 ms: the snapshot runs about 2 s.
-    let _: () = redis.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("rdb-key-save-delay")
-            .arg(40_000),
-    );
+    redis.slow_snapshots(50, ms(40));
     let _: String = redis.query(&mut redis::cmd("BGSAVE"));
     let run = carry_over(&redis.url(), &["--durable-wait", "30s"]);
     assert_durable(&run, "a snapshot started after them finished");

@@ -28,17 +28,7 @@ fn plain_pool(redis: &RedisServer) {
 /// Makes every snapshot slow (400 keys x 100 ms: 40 s, as a large data set) and starts one,
 /// which runs when the first use begins: its wait must see that one end, then one of its own.
 fn slow_snapshot_running(redis: &RedisServer) {
-    let mut pipe = redis::pipe();
-    for i in 0..400 {
-        pipe.cmd("SET").arg(format!("filler:{i}")).arg(i).ignore();
-    }
-    let _: () = pipe.query(&mut redis.conn()).unwrap();
-    let _: () = redis.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("rdb-key-save-delay")
-            .arg(100_000),
-    );
+    redis.slow_snapshots(400, ms(100));
     let _: String = redis.query(&mut redis::cmd("BGSAVE"));
     assert!(
         poll_until(secs(5), || redis
@@ -51,12 +41,7 @@ fn slow_snapshot_running(redis: &RedisServer) {
 
 /// Makes snapshots quick again and ends the slow one (its child killed, as a crash would).
 fn end_slow_snapshot(redis: &RedisServer) {
-    let _: () = redis.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("rdb-key-save-delay")
-            .arg(0),
-    );
+    redis.slow_snapshots(0, ms(0));
     for child in child_pids(redis.pid()) {
         let _ = kill(child, Signal::SIGKILL);
     }

@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -205,6 +205,26 @@ impl RedisServer {
 
     pub fn dbsize(&self) -> i64 {
         self.query(&mut redis::cmd("DBSIZE"))
+    }
+
+    /// Makes every snapshot of this server take about `keys` x `per_key` (as one of a large
+    /// data set): writes `keys` filler keys (`filler:<i>`) and sets `rdb-key-save-delay`
+    /// (Redis sleeps that long per key it saves). `per_key` zero makes them quick again.
+    pub fn slow_snapshots(&self, keys: usize, per_key: Duration) {
+        if keys > 0 {
+            let mut pipe = redis::pipe();
+            for i in 0..keys {
+                pipe.cmd("SET").arg(format!("filler:{i}")).arg(i).ignore();
+            }
+            let _: () = pipe.query(&mut self.conn()).expect("write filler keys");
+        }
+        let delay_us = per_key.as_micros().to_string();
+        let _: () = self.query(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("rdb-key-save-delay")
+                .arg(delay_us),
+        );
     }
 
     /// The value of `field` in `INFO section` (on a fresh connection, which the server counts
