@@ -102,14 +102,15 @@ impl Nodes {
     }
 }
 
-/// The writes were not made durable within the limit: says which node lacks what.
+/// The writes were not made durable within the limit: says which node lacks what (a
+/// one-off step adds that running it again is safe; a first use is retried by the store's
+/// next user instead). Exit 3 (`failure.rs`).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}; the step is safe to run again")]
+#[error("{0}")]
 pub(crate) struct NotDurable(String);
 
 impl NotDurable {
-    /// Which node lacks what, without the advice to run the step again (a first use is
-    /// retried by the store's next user instead).
+    /// Which node lacks what.
     pub(crate) fn detail(&self) -> &str {
         &self.0
     }
@@ -175,7 +176,10 @@ async fn replicas_step(
         for (id, offset) in &seen {
             count += 1;
             if offset < target {
-                behind.push(format!("{} {id} {offset} < {target}", show(node)));
+                behind.push(format!(
+                    "replica {id} of {} at offset {offset} < {target}",
+                    show(node)
+                ));
             }
         }
         for id in before {
@@ -196,8 +200,12 @@ async fn replicas_step(
 /// Each primary's persistence holds the writes. Without AOF a restart loads `dump.rdb`
 /// whenever one is on disk, whatever `save` says (a manual `BGSAVE`, a backup, the file a
 /// replica wrote at its full sync and keeps after a promotion): so a snapshot that started
-/// after the writes must finish. With AOF the AOF is what a restart loads: `appendfsync`
-/// (`CONFIG GET`) says how long a write may wait for its fsync.
+/// after the writes must finish. With AOF on now, a restart loads the AOF only if the
+/// configuration file says `appendonly yes`, which `CONFIG GET` cannot show (AOF switched on
+/// at run time, Redis' documented way from RDB to AOF, loads `dump.rdb` at a restart until
+/// redis.conf is edited; and its first AOF is loadable only once its rewrite ends): so the
+/// snapshot is waited for with AOF too (it starts once a running rewrite ends), and the AOF
+/// as well: `appendfsync` (`CONFIG GET`) says how long a write may wait for its fsync.
 async fn persisted(
     conn: &mut Redis,
     nodes: &Nodes,
@@ -212,11 +220,9 @@ async fn persisted(
     };
     let aof = |text: &str| info_field(text, "aof_enabled") == Some("1");
     let mut how = Vec::new();
-    if infos.iter().any(|(_, text)| !aof(text)) {
-        match snapshot_taken(conn, nodes, deadline, infos.clone()).await? {
-            Ok(()) => how.push("a snapshot started after them finished"),
-            Err(refused) => return Ok(unchecked(refused)),
-        }
+    match snapshot_taken(conn, nodes, deadline, infos.clone()).await? {
+        Ok(()) => how.push("a snapshot started after them finished"),
+        Err(refused) => return Ok(unchecked(refused)),
     }
     if let Some((node, _)) = infos
         .iter()

@@ -310,6 +310,7 @@ pub async fn carry_over(config: &CarryConfig) -> anyhow::Result<()> {
     // below the floor when the new epoch is later.
     let durability = make_durable(&mut conn, &Reach::EveryPrimary, config.durable_wait)
         .await
+        .context("the carry-over is written but not yet durable; the step is safe to run again")
         .with_context(context)?;
     let (durable, unchecked) = match &durability {
         Durability::Held(how) => (Some(how.as_str()), None),

@@ -286,7 +286,7 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
                 .await
                 .with_context(context)?;
         }
-        let not_durable = || "its guard was not seen durable, so it is taken back (no guard, as before this command; running it again is safe)";
+        let not_durable = || "its guard was not seen durable, so it is taken back (no guard, as before this command; it is safe to run again)";
         match first_use.with_context(not_durable)? {
             FirstUse::Opened => {}
             // --force: the operator says no holder can be lost with the guard.
