@@ -119,7 +119,8 @@ pub(crate) enum GuardRefused {
         "claim guard of app {app} not opened: a sidecar closed it {opens_in_ms} ms before it \
          opens, because it found no guard (a Redis that lost its data, or sidecars that started \
          before this command), or an earlier guard open wrote it closed and could not see it \
-         durable (its warning or exit 3 said so); holders from before a data loss may still publish their IDs \
+         durable (its warning or exit 3 said so) or found it written before a Redis restart or \
+         failover; holders from before a data loss may still publish their IDs \
          until then. Wait, or use --force only if no sidecar of this app held an ID on this \
          Redis in the last TTL"
     )]
@@ -128,21 +129,6 @@ pub(crate) enum GuardRefused {
         app: String,
         /// ms until the latest closed guard opens (Redis time).
         opens_in_ms: u64,
-    },
-    /// A guard was written on another node or life of Redis (a restart, a
-    /// failover, or a version without node stamps): Redis may have rolled
-    /// back since and lost leases that holders still publish.
-    #[error(
-        "claim guard of app {app} not opened: it was written before Redis last restarted or \
-         failed over (or by a snapshot of an older version), so Redis may have come back \
-         without its newest lease keys while their holders still publish them; the next \
-         sidecar claim closes the guard for one TTL, after which claims open. Wait, or use \
-         --force only if no sidecar of this app held an ID on this Redis in the last TTL \
-         (docs/rollback-design.md)"
-    )]
-    OtherNode {
-        /// The app.
-        app: String,
     },
 }
 
@@ -163,7 +149,9 @@ impl OpenFindings {
         let app = config.app.clone();
         match (self.held, self.closed_ms) {
             _ if config.force || self.all_open => None,
-            _ if self.other_node => Some(GuardRefused::OtherNode { app }),
+            // Closed by the script as a claim would (answer 3), never refused: the app is
+            // not new, and a deploy hook run after each Redis restart must not fail.
+            _ if self.other_node => None,
             (held, _) if held > 0 => Some(GuardRefused::LeaseKeys { app, held }),
             (_, opens_in_ms) if opens_in_ms > 0 => Some(GuardRefused::Closed { app, opens_in_ms }),
             _ => None,
@@ -181,7 +169,9 @@ impl OpenFindings {
 /// whose key appeared meanwhile is refused alone. Guards that are all open
 /// already (with or without lease keys under them) make it a no-op: nothing
 /// is written and the line says `"already_open": true` (exit 0), so a
-/// deploy hook can run this on every deploy.
+/// deploy hook can run this on every deploy. A guard written on another node or life of
+/// Redis (a restart, a failover) is closed for one TTL as a claim would close it (exit 0, a
+/// warning, `"closed_after_rollback"`), never opened without `--force`.
 ///
 /// Errors: `GuardRefused` without `--force`; `EvictingRedis`
 /// without `--allow-evicting-redis` (exit 1, nothing written); a Redis error
@@ -222,6 +212,8 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
     };
     let (mut refused, mut already_open, mut total, mut at_ms) =
         (false, true, OpenFindings::default(), 0);
+    // Guards of another node or life closed now for one TTL (answer 3), and until when.
+    let (mut rolled_back, mut rolled_back_ms) = (0usize, 0u64);
     let mut written: Vec<FirstRecord> = Vec::new();
     for batch in &batches {
         let mut invocation = OPEN.prepare_invoke();
@@ -252,6 +244,10 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
                 batch[0].1
             );
         }
+        if opened == 3 {
+            rolled_back += 1;
+            rolled_back_ms = rolled_back_ms.max(closed_ms);
+        }
         refused |= opened == 0;
         already_open &= opened == 2;
         total.held += held;
@@ -271,6 +267,15 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         "guards": batches.len(),
         "redis": config.redis.to_string(),
     });
+    if rolled_back > 0 {
+        // Not an error: the app is not new; claims wait as after any rollback.
+        eprintln!(
+            "warning: the claim guard of app {} was written before Redis last restarted or failed over (or by a version without node stamps), so Redis may have come back without its newest lease keys while their holders still publish them: closed for one TTL ({} ms), as a claim would close it; claims open then (docs/rollback-design.md). --force opens it now, only if no sidecar of this app held an ID on this Redis in the last TTL",
+            config.app, rolled_back_ms
+        );
+        line["closed_after_rollback"] = serde_json::json!(rolled_back);
+        line["opens_in_ms"] = serde_json::json!(rolled_back_ms);
+    }
     if !written.is_empty() {
         let first_use = node::open_first_use(&mut conn, &written, node::FIRST_USE_WAIT).await;
         let unchecked = |why: &str| {

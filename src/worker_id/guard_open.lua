@@ -21,9 +21,17 @@
 --              not after now), with or without lease keys: nothing to do,
 --              nothing written (so a deploy hook may run this on every
 --              deploy);
+--              3 = a guard named was written on another node or life of
+--              Redis (other_node = 1): Redis restarted or failed over since
+--              and may have lost lease keys whose holders still publish, so
+--              each such guard is written closed until Redis' TIME + ARGV[3]
+--              (or its own later time) with this node's stamp, as a claim
+--              would close it; closed_ms says how long. The app is not new:
+--              nothing else to do (a deploy hook run after every restart of
+--              Redis would otherwise fail until a sidecar claimed);
 --              0 = refused, nothing written (lease keys exist and a guard
---              is missing, a guard is closed, a guard was written on
---              another node, or a guard key has another type: held = -1)
+--              is missing, a guard is closed, or a guard key has another
+--              type: held = -1)
 --   at_ms      Redis time in ms when the script ran; with opened = 2 the
 --              latest time a guard named opened
 --   held       how many of the lease keys exist as strings (a key of
@@ -80,12 +88,23 @@ end
 if ARGV[1] ~= '1' and all_open then
   return {2, open_since, held, 0, 0, ''}
 end
-if (held > 0 or closed > 0 or other_node == 1) and ARGV[1] ~= '1' then
-  return {0, now, held, closed, other_node, ''}
-end
 local ttl = tonumber(ARGV[3])
 if ttl == nil or ttl < 1 then
   return redis.error_reply('ERR guard open: ARGV[3] must be the TTL in ms')
+end
+if other_node == 1 and ARGV[1] ~= '1' then
+  local until_ms = now + ttl
+  for guard in pairs(guards) do
+    local open_at, stamp = unstamp(redis.call('GET', guard))
+    if open_at ~= nil and not stamped_here(stamp) then
+      redis.call('SET', guard, stamped(math.max(open_at, now + ttl)))
+      until_ms = math.max(until_ms, open_at)
+    end
+  end
+  return {3, now, held, until_ms - now, 1, ''}
+end
+if (held > 0 or closed > 0) and ARGV[1] ~= '1' then
+  return {0, now, held, closed, other_node, ''}
 end
 local written = stamped(now + ttl)
 for guard in pairs(guards) do

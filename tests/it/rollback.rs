@@ -244,7 +244,7 @@ fn worker_cluster_failover_to_a_lagging_replica_never_publishes_one_id_twice() {
 /// holders still publish): refused, exit 5, nothing written; `--force` opens it, stamped by
 /// the node that runs now.
 #[test]
-fn guard_open_refuses_a_guard_from_before_a_restart() {
+fn guard_open_closes_a_guard_from_before_a_restart_for_one_ttl() {
     let mut redis = RedisServer::start();
     let guard = format!("{PREFIX}{APP}:guard");
     let first = guard_open(&redis.url(), APP, &[]);
@@ -252,13 +252,28 @@ fn guard_open_refuses_a_guard_from_before_a_restart() {
     let _: () = redis.query(&mut redis::cmd("SAVE"));
     redis.restart();
     let before = redis.get(&guard).expect("the snapshot's guard");
-    let refused = guard_open(&redis.url(), APP, &[]);
-    assert_eq!(refused.code, Some(5), "{refused:?}");
+    // A deploy hook run after the restart: not an error (it failed with exit 5 until a
+    // sidecar claimed, so a PreSync hook blocked every deploy), and the guard is closed
+    // for one TTL as a claim would close it, never opened.
+    let closed = guard_open(&redis.url(), APP, &["--ttl", "30s"]);
+    assert_eq!(closed.code, Some(0), "{closed:?}");
     assert!(
-        refused.stderr.contains("restarted or failed over"),
-        "{refused:?}"
+        closed.stderr.contains("restarted or failed over"),
+        "{closed:?}"
     );
-    assert_eq!(redis.get(&guard), Some(before), "nothing written");
+    let line: serde_json::Value = serde_json::from_str(closed.stdout.trim()).unwrap();
+    assert_eq!(line["closed_after_rollback"], 1, "{line}");
+    assert_eq!(line["already_open"], false, "{line}");
+    let now = redis.get(&guard).unwrap();
+    assert_ne!(now, before);
+    assert!(now.ends_with(&format!(".{}", redis.node_stamp())), "{now}");
+    assert!(
+        stamped_int(&now) > unix_ms() + 20_000,
+        "closed for the TTL: {now}"
+    );
+    // Run again within that TTL: the guard is closed (exit 5, as for a claim's closure).
+    let again = guard_open(&redis.url(), APP, &[]);
+    assert_eq!(again.code, Some(5), "{again:?}");
     let forced = guard_open(&redis.url(), APP, &["--force"]);
     assert_eq!(forced.code, Some(0), "{forced:?}");
     let after = redis.get(&guard).unwrap();
