@@ -11,6 +11,8 @@
 //! offsets hold whatever connection wrote; and each shard of a Cluster is read with its own
 //! replicas.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use redis::{RedisResult, Value};
@@ -27,6 +29,38 @@ const POLL: Duration = Duration::from_millis(100);
 /// second and postpones an fsync by up to 2 s while the previous one still runs (redis.conf,
 /// "APPEND ONLY MODE").
 const EVERYSEC_FSYNC: Duration = Duration::from_secs(3);
+
+/// How long after a snapshot of a primary failed this process starts no other there: Redis'
+/// own pause before it retries a failed snapshot of a save point (`CONFIG_BGSAVE_RETRY_DELAY`,
+/// 5 s, server.h). Callers that try again every second (a lock's attempts, `pool serve`'s
+/// requests) forked once each: 44 snapshots in 20 s for one lock on a full disk, and with
+/// `stop-writes-on-bgsave-error` (the default) every write refused meanwhile.
+const FAILED_SNAPSHOT_PAUSE: Duration = Duration::from_secs(5);
+
+/// When a snapshot this process started or saw last failed, by primary (its name in
+/// messages).
+static SNAPSHOT_FAILED: LazyLock<Mutex<HashMap<Option<String>, Instant>>> =
+    LazyLock::new(Mutex::default);
+
+/// Notes that the snapshot of `node` failed now.
+fn note_failed(node: &Option<String>) {
+    let mut failed = SNAPSHOT_FAILED.lock().unwrap_or_else(|e| e.into_inner());
+    failed.insert(node.clone(), Instant::now());
+}
+
+/// The error for `node` when its last snapshot failed less than [`FAILED_SNAPSHOT_PAUSE`] ago.
+fn failed_recently(node: &Option<String>) -> Option<NotDurable> {
+    let failed = SNAPSHOT_FAILED.lock().unwrap_or_else(|e| e.into_inner());
+    let ago = failed.get(node)?.elapsed();
+    (ago < FAILED_SNAPSHOT_PAUSE).then(|| {
+        NotDurable(format!(
+            "{}: the last snapshot (BGSAVE) failed {} ms ago; the next starts {} s after it",
+            show(node),
+            ago.as_millis(),
+            FAILED_SNAPSHOT_PAUSE.as_secs()
+        ))
+    })
+}
 
 /// How far the writes reach beyond the primaries' memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -371,6 +405,9 @@ async fn snapshot_step(
         if !state.quiet {
             if !running {
                 (state.quiet, state.quiet_saves) = (true, saves(text));
+                if let Some(paused) = failed_recently(node) {
+                    return Err(paused.into());
+                }
                 send = true;
             }
             waiting.push(show(node));
@@ -385,12 +422,17 @@ async fn snapshot_step(
                 continue;
             }
             if state.started {
+                note_failed(node);
                 return Err(
                     NotDurable(format!("{}: the snapshot (BGSAVE) failed", show(node))).into(),
                 );
             }
         }
-        send |= !running && !state.started && !state.scheduled;
+        let wants = !running && !state.started && !state.scheduled;
+        if wants && let Some(paused) = failed_recently(node) {
+            return Err(paused.into());
+        }
+        send |= wants;
         waiting.push(show(node));
     }
     if waiting.is_empty() {
@@ -415,6 +457,7 @@ async fn snapshot_step(
                 }
                 // A fork that failed (memory, process limit): not durable, not unchecked.
                 Err(err) => {
+                    note_failed(&node);
                     return Err(
                         NotDurable(format!("{}: BGSAVE failed ({err})", show(&node))).into(),
                     );

@@ -228,3 +228,31 @@ fn a_new_lock_whose_snapshot_cannot_fork_stays_closed() {
     );
     assert!(run.stderr.contains("BGSAVE"), "{run:?}");
 }
+
+/// A new lock on a Redis whose snapshots fail (`dump.rdb` a folder, as a full disk), asked
+/// for with `--wait 12s`: every attempt (about one a second) forked a snapshot of its own,
+/// 44 in 20 s in the new-user trial, and with `stop-writes-on-bgsave-error` (the default)
+/// Redis refuses every write meanwhile. Now one process starts none within 5 s of one that
+/// failed (Redis' own pause after a failed save point): at most 4 in 12 s. The lock stays
+/// closed (exit 69) and says why.
+#[test]
+fn a_new_lock_on_a_failing_disk_does_not_fork_a_snapshot_every_attempt() {
+    let redis = RedisServer::start();
+    fs::create_dir_all(redis.dir().join("dump.rdb").join("x")).unwrap();
+    let saves = || -> u64 {
+        redis
+            .info_field("persistence", "rdb_saves")
+            .and_then(|n| n.parse().ok())
+            .expect("rdb_saves")
+    };
+    let before = saves();
+    let out = redis.dir().join("fence.out");
+    let run = lock_run(&redis.url(), "job", "20s", "12s", &out);
+    let forked = saves() - before;
+    let _ = fs::remove_dir_all(redis.dir().join("dump.rdb"));
+    assert_eq!(run.code, Some(69), "{run:?}");
+    assert!(
+        (1..=4).contains(&forked),
+        "{forked} snapshots in one lock's 12 s wait: {run:?}"
+    );
+}
