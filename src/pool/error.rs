@@ -35,7 +35,9 @@ pub enum PoolError {
         expected: String,
     },
     /// `init` on a pool that already has keys.
-    #[error("pool {pool} already initialized")]
+    #[error(
+        "pool {pool} already initialized (some key of it exists; an acquire on a pool without ids writes its node record too): add ids with `pool add`"
+    )]
     AlreadyInitialized {
         /// The pool name.
         pool: String,

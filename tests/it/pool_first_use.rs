@@ -214,3 +214,20 @@ fn status_shows_whether_acquires_are_open() {
     );
     assert!(line.contains("9m"), "{line}");
 }
+
+/// An acquire on a pool that does not exist yet writes its node record (an empty pool: exit
+/// 3), after which `pool init` is refused (exit 2) with only "already initialized" and a
+/// status of 0 ids (new-user trial): the message now names `pool add`, which works.
+#[test]
+fn init_after_an_acquire_on_a_missing_pool_points_to_pool_add() {
+    let redis = RedisServer::start();
+    let early = pool_cmd(&redis, &["acquire", "--pool", "rp", "--ttl", "30s"], &[]);
+    assert_eq!(early.code, Some(3), "{early:?}");
+    let init = pool_cmd(&redis, &["init", "--pool", "rp", "--ids", "a,b"], &[]);
+    assert_eq!(init.code, Some(2), "{init:?}");
+    assert!(init.stderr.contains("pool add"), "{init:?}");
+    let add = pool_cmd(&redis, &["add", "--pool", "rp", "--ids", "a,b"], &[]);
+    assert_eq!(add.code, Some(0), "{add:?}");
+    let lease = pool_json(&redis, &["acquire", "--pool", "rp", "--ttl", "30s"]);
+    assert_eq!(lease["fence"], json!(1), "{lease}");
+}
