@@ -28,7 +28,9 @@ Exit codes (the same meaning in every command):
   1   anything else (Redis refused, cannot listen, output file in use, ...)
   2   bad input; the message names the flag and its range; nothing written
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due;
-      mint carry-over: written but not yet on every replica and in a snapshot (run it again)
+      mint carry-over: written but not yet on every replica and in a snapshot (run it again);
+      pool init, guard open: the first record not seen durable in 60 s (pool init: do not run it
+      again, the next acquire opens the pool; guard open: its guard is taken back, run it again)
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
   5   refused as unsafe, nothing written: guard open found lease keys without a guard, or a closed guard;
       exec, id: the sidecar mints (mint mode) and offers no worker ID; mint carry-over: the old app holds IDs
