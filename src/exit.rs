@@ -30,7 +30,7 @@ Exit codes (the same meaning in every command):
   3   unavailable in time: no ID claimed (worker) or published (exec, id), no pool id due;
       mint carry-over: written but not yet on every replica and in a snapshot (run it again);
       pool init, guard open: the first record not seen durable in 60 s (pool init: do not run it
-      again, the next acquire opens the pool; guard open: its guard is taken back, run it again)
+      again, the next acquire opens the pool; guard open: its guard is taken back, run it again; or it changed meanwhile: not opened)
   4   not held: lease lost with --on-loss exit, pool lease not ours or expired
   5   refused as unsafe, nothing written: guard open found lease keys without a guard, or a closed guard;
       exec, id: the sidecar mints (mint mode) and offers no worker ID; mint carry-over: the old app holds IDs

@@ -34,6 +34,9 @@ pub fn code_of(err: &anyhow::Error) -> u8 {
     if err
         .downcast_ref::<crate::persistence::durable::NotDurable>()
         .is_some()
+        || err
+            .downcast_ref::<crate::worker_id::guard::NotOpened>()
+            .is_some()
     {
         return UNAVAILABLE;
     }

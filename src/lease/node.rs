@@ -73,8 +73,13 @@ impl FirstRecord {
 pub(crate) enum FirstUse {
     /// The records are durable; those still closed as written opened now (the others
     /// opened by their own time, or were changed meanwhile: the caller reads the store
-    /// again).
-    Opened,
+    /// again). `changed`: how many were not the record written any more (another caller
+    /// changed it, or Redis restarted or failed over during the wait: its stamp is not this
+    /// node's), so this call did not open them.
+    Opened {
+        /// Records this call found changed and left as they are.
+        changed: usize,
+    },
     /// Redis could not say whether they are durable (why): their new-store mark is dropped,
     /// so they open by their own time, one bound from their first use.
     Unchecked(String),
@@ -103,9 +108,9 @@ pub(crate) async fn open_first_use<C: WaitDurable>(
         Durability::Held(_) => OpenMode::Durable,
         Durability::Unchecked(_) => OpenMode::ByTime,
     };
-    open_records(conn, records, mode).await?;
+    let changed = open_records(conn, records, mode).await?;
     Ok(match durability {
-        Durability::Held(_) => FirstUse::Opened,
+        Durability::Held(_) => FirstUse::Opened { changed },
         Durability::Unchecked(why) => FirstUse::Unchecked(format!(
             "{why}; grant +bgsave (and +config|get where AOF is on) so that new stores open at once"
         )),
@@ -123,20 +128,21 @@ pub(crate) enum OpenMode {
     Withdraw,
 }
 
-/// Runs `node_open.lua` on each record (what it answers is for the next read of the store
-/// to see, not for the caller).
+/// Runs `node_open.lua` on each record; how many it found changed (answer 0: not the
+/// record written any more, left as it is).
 ///
 /// Errors: a Redis error (the records stay as they are).
 pub(crate) async fn open_records<C: ConnectionLike>(
     conn: &mut C,
     records: &[FirstRecord],
     mode: OpenMode,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let mode = match mode {
         OpenMode::Durable => "durable",
         OpenMode::ByTime => "unchecked",
         OpenMode::Withdraw => "withdraw",
     };
+    let mut changed = 0;
     for record in records {
         let mut open = OPEN.prepare_invoke();
         open.key(&record.key);
@@ -147,9 +153,10 @@ pub(crate) async fn open_records<C: ConnectionLike>(
             .arg(&record.written)
             .arg(record.fence_reset)
             .arg(mode);
-        let _: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
+        let answer: i64 = bounded(COMMAND_CALL_TIMEOUT, open.invoke_async(conn)).await?;
+        changed += usize::from(answer == 0);
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// The integer part of a stored "<integer>.<stamp>" or of a plain

@@ -81,7 +81,7 @@ impl Session {
     pub(crate) async fn open_first_use(&mut self, record: FirstRecord, limit: Duration) -> bool {
         let lock = self.keys.name().to_owned();
         match lease::node::open_first_use(&mut self.conn, &[record], limit).await {
-            Ok(FirstUse::Opened) => {
+            Ok(FirstUse::Opened { .. }) => {
                 info!(
                     lock,
                     "new lock: its first record is durable, so it opens now"

@@ -174,7 +174,7 @@ where
         let mut conn = self.conn.clone();
         let limit = node::first_use_limit(wait_left);
         match node::open_first_use(&mut conn, &[record], limit).await {
-            Ok(FirstUse::Opened) => {
+            Ok(FirstUse::Opened { .. }) => {
                 info!(pool = %self.name, "new pool: its first record is durable, so it opens now");
             }
             Ok(FirstUse::Unchecked(why)) => {

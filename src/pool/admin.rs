@@ -122,7 +122,7 @@ where
             detail,
         };
         match node::open_first_use(&mut conn, &[record], node::FIRST_USE_WAIT).await {
-            Ok(FirstUse::Opened) => Ok(()),
+            Ok(FirstUse::Opened { .. }) => Ok(()),
             Ok(FirstUse::Unchecked(why)) => {
                 warn!(pool = %self.name, why = %why, "new pool: Redis did not say whether its first record would outlast a restart or failover, so it opens one max lease after the init, as after a rollback (docs/pool.md)");
                 Ok(())

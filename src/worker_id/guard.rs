@@ -132,6 +132,22 @@ pub(crate) enum GuardRefused {
     },
 }
 
+/// `guard open` saw its guard durable but could not open it: the guard is no longer the one
+/// it wrote (Redis restarted or failed over during the wait, so its stamp is another node's
+/// now, or someone changed it). Exit 3 (`failure.rs`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "claim guard of app {app} not opened: {guards} guard(s) changed during the wait for \
+     durability (Redis restarted or failed over, or the key was written by hand); claims \
+     treat such a guard as after a rollback and wait one TTL; run guard open again after that"
+)]
+pub(crate) struct NotOpened {
+    /// The app.
+    app: String,
+    /// Guards found changed.
+    guards: usize,
+}
+
 /// What a pre-read or the script found: lease keys (strings), the ms
 /// until the latest closed guard opens, and whether every guard is open.
 #[derive(Debug, Default, Clone, Copy)]
@@ -228,7 +244,11 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         let (opened, at, held, closed_ms, other_node, guard_written) =
             bounded(config, call).await.with_context(context)?;
         if opened == 1 {
+            // One record per guard key (on one server every pair names the app's guard).
             for (_, guard) in *batch {
+                if written.iter().any(|record| record.key == *guard) {
+                    continue;
+                }
                 written.push(FirstRecord {
                     key: guard.clone(),
                     field: None,
@@ -293,7 +313,16 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         }
         let not_durable = || "its guard was not seen durable, so it is taken back (no guard, as before this command; it is safe to run again)";
         match first_use.with_context(not_durable)? {
-            FirstUse::Opened => {}
+            FirstUse::Opened { changed: 0 } => {}
+            // Redis restarted or failed over during the wait (the guard's stamp is not this
+            // node's any more), or the guard was changed: not opened by this call.
+            FirstUse::Opened { changed } => {
+                return Err(NotOpened {
+                    app: config.app.clone(),
+                    guards: changed,
+                }
+                .into());
+            }
             // --force: the operator says no holder can be lost with the guard.
             FirstUse::Unchecked(why) if config.force => {
                 node::open_records(&mut conn, &written, OpenMode::Durable)

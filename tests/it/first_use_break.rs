@@ -256,3 +256,28 @@ fn a_new_lock_on_a_failing_disk_does_not_fork_a_snapshot_every_attempt() {
         "{forked} snapshots in one lock's 12 s wait: {run:?}"
     );
 }
+
+/// `guard open` whose guard changes while it waits for the guard to be durable (here written
+/// by hand; a failover or a restart in that wait gives the guard another node's stamp the
+/// same way): `node_open.lua` leaves such a guard as it is, yet `guard open` printed its line
+/// and exited 0 as if it had opened it (a breaker, from the code). Now exit 3, "not opened".
+#[test]
+fn guard_open_whose_guard_changes_during_the_wait_says_it_did_not_open_it() {
+    let redis = RedisServer::start();
+    // 30 keys x 100 ms: the wait's snapshot takes about 3 s.
+    redis.slow_snapshots(30, ms(100));
+    let guard = format!("{PREFIX}orders:guard");
+    let url = redis.url();
+    let run = std::thread::scope(|scope| {
+        let run = scope.spawn(|| guard_open(&url, "orders", &["--ttl", "30s"]));
+        assert!(
+            poll_until(secs(5), || redis.exists(&guard)),
+            "guard open wrote no guard"
+        );
+        let _: () = redis.query(redis::cmd("SET").arg(&guard).arg("1796412036000.1"));
+        run.join().unwrap()
+    });
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(run.stderr.contains("not opened"), "{run:?}");
+    assert_eq!(redis.get(&guard).as_deref(), Some("1796412036000.1"));
+}
