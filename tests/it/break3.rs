@@ -5,7 +5,9 @@
 //! not covered"), so that `cargo test -- --ignored` shows them.
 
 use std::fs;
+use std::path::Path;
 use std::thread;
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use tempfile::TempDir;
@@ -13,6 +15,38 @@ use tempfile::TempDir;
 use crate::first_record::lock_run;
 use crate::harness::*;
 use crate::rollback_break::holder_lock;
+
+/// Waits (up to `within`) until holder `a` (`rollback_break::holder_lock`) runs its command or
+/// exits: the fence it runs with, if it runs.
+fn fence_once_running(a: &mut Sidecar, dir: &Path, within: Duration) -> Option<String> {
+    let a_fence = dir.join("a.fence");
+    poll_until(within, || a_fence.exists() || a.wait_exit(ms(1)).is_some());
+    fs::read_to_string(&a_fence).ok()
+}
+
+/// `b` asks for the lock "job" (TTL 30 s, `--wait wait`) while `a` may still run, then `a` is
+/// let go: `b`'s fence if its command ran, and `b`'s run.
+fn second_holder(url: &str, wait: &str, dir: &Path, a: &mut Sidecar) -> (Option<String>, Run) {
+    let b_fence = dir.join("b.fence");
+    let run = lock_run(url, "job", "30s", wait, &b_fence);
+    fs::write(dir.join("a.go"), "").unwrap();
+    let fence_b = fs::read_to_string(&b_fence).ok();
+    let _ = a.wait_exit(secs(10));
+    (fence_b, run)
+}
+
+/// Waits (5 s) until `primary` lists no replica (`connected_slaves:0`).
+fn assert_no_replica_listed(primary: &RedisServer) {
+    assert!(
+        poll_until(secs(5), || {
+            primary
+                .info_field("replication", "connected_slaves")
+                .as_deref()
+                == Some("0")
+        }),
+        "the primary still lists its replica"
+    );
+}
 
 /// SIGKILLs `redis`' children (a snapshot or AOF rewrite in progress) and `redis` itself,
 /// then starts it again with its options (a crash-restart: the node lost, an OOM kill).
@@ -49,17 +83,11 @@ fn aof_switched_on_at_run_time_does_not_make_a_first_use_durable() {
     let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes"));
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&redis.url(), "job", "30s", "0s", dir.path()).spawn();
-    let a_fence = dir.path().join("a.fence");
     // a's command starts (the bug) or a gives up after its one attempt (5 s).
-    poll_until(secs(8), || a_fence.exists() || a.wait_exit(ms(1)).is_some());
-    let fence_a = fs::read_to_string(&a_fence).ok();
+    let fence_a = fence_once_running(&mut a, dir.path(), secs(8));
     let rewriting = redis.info_field("persistence", "aof_rewrite_in_progress");
     crash_restart(&mut redis);
-    let b_fence = dir.path().join("b.fence");
-    let run = lock_run(&redis.url(), "job", "30s", "0s", &b_fence);
-    fs::write(dir.path().join("a.go"), "").unwrap();
-    let fence_b = fs::read_to_string(&b_fence).ok();
-    let _ = a.wait_exit(secs(10));
+    let (fence_b, run) = second_holder(&redis.url(), "0s", dir.path(), &mut a);
     assert!(
         fence_a.is_none() || fence_b.is_none(),
         "b ran with fence {fence_b:?} while a (fence {fence_a:?}) still ran; the AOF rewrite \
@@ -84,16 +112,10 @@ fn aof_switched_off_at_run_time_does_not_make_a_snapshot_what_a_restart_loads() 
     let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("no"));
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&redis.url(), "job", "30s", "0s", dir.path()).spawn();
-    let a_fence = dir.path().join("a.fence");
-    poll_until(secs(8), || a_fence.exists() || a.wait_exit(ms(1)).is_some());
-    let fence_a = fs::read_to_string(&a_fence).ok();
+    let fence_a = fence_once_running(&mut a, dir.path(), secs(8));
     crash_restart(&mut redis);
     let restored = redis.exists("before");
-    let b_fence = dir.path().join("b.fence");
-    let run = lock_run(&redis.url(), "job", "30s", "0s", &b_fence);
-    fs::write(dir.path().join("a.go"), "").unwrap();
-    let fence_b = fs::read_to_string(&b_fence).ok();
-    let _ = a.wait_exit(secs(10));
+    let (fence_b, run) = second_holder(&redis.url(), "0s", dir.path(), &mut a);
     assert!(
         fence_a.is_none() || fence_b.is_none(),
         "b ran with fence {fence_b:?} while a (fence {fence_a:?}) still ran; the restart \
@@ -154,20 +176,12 @@ fn a_replica_sync_whose_file_redis_removes_is_not_a_snapshot_of_the_first_use() 
     replica.stop();
     let _ = fs::remove_file(replica.dir().join("dump.rdb"));
     replica.restart();
-    let a_fence = dir.path().join("a.fence");
-    poll_until(secs(25), || {
-        a_fence.exists() || a.wait_exit(ms(1)).is_some()
-    });
-    let fence_a = fs::read_to_string(&a_fence).ok();
+    let fence_a = fence_once_running(&mut a, dir.path(), secs(25));
     let on_disk = primary.dir().join("dump.rdb").exists();
     let saves = primary.info_field("persistence", "rdb_saves");
     replica.stop();
     crash_restart(&mut primary);
-    let b_fence = dir.path().join("b.fence");
-    let run = lock_run(&primary.url(), "job", "30s", "5s", &b_fence);
-    fs::write(dir.path().join("a.go"), "").unwrap();
-    let fence_b = fs::read_to_string(&b_fence).ok();
-    let _ = a.wait_exit(secs(10));
+    let (fence_b, run) = second_holder(&primary.url(), "5s", dir.path(), &mut a);
     assert!(
         fence_a.is_none() || fence_b.is_none(),
         "b ran with fence {fence_b:?} while a (fence {fence_a:?}) still ran; when a opened, \
@@ -194,11 +208,7 @@ fn a_lock_moved_to_another_shard_that_then_rolls_back_does_not_hand_out_its_fenc
     let _: () = cluster.server(target).query(&mut redis::cmd("SAVE"));
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&cluster.url(), "job", "30s", "10s", dir.path()).spawn();
-    let a_fence = dir.path().join("a.fence");
-    poll_until(secs(15), || {
-        a_fence.exists() || a.wait_exit(ms(1)).is_some()
-    });
-    let fence_a = fs::read_to_string(&a_fence).ok();
+    let fence_a = fence_once_running(&mut a, dir.path(), secs(15));
     assert_eq!(fence_a.as_deref().map(str::trim), Some("1"), "a never ran");
     cluster.migrate_slot(slot, target);
     let moved: Vec<String> = cluster
@@ -207,11 +217,7 @@ fn a_lock_moved_to_another_shard_that_then_rolls_back_does_not_hand_out_its_fenc
         .into_iter()
         .collect();
     cluster.restart_shard_from_snapshot(target);
-    let b_fence = dir.path().join("b.fence");
-    let run = lock_run(&cluster.url(), "job", "30s", "5s", &b_fence);
-    fs::write(dir.path().join("a.go"), "").unwrap();
-    let fence_b = fs::read_to_string(&b_fence).ok();
-    let _ = a.wait_exit(secs(10));
+    let (fence_b, run) = second_holder(&cluster.url(), "5s", dir.path(), &mut a);
     assert!(
         fence_b.is_none(),
         "b ran with fence {fence_b:?} while a (fence {fence_a:?}) still ran; keys moved to \
@@ -233,11 +239,7 @@ fn a_lock_after_a_failover_then_a_crash_of_the_new_primary_does_not_hand_out_its
     let mut topo = SentinelTopology::start_small();
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&topo.url(), "job", "30s", "10s", dir.path()).spawn();
-    let a_fence = dir.path().join("a.fence");
-    poll_until(secs(15), || {
-        a_fence.exists() || a.wait_exit(ms(1)).is_some()
-    });
-    let fence_a = fs::read_to_string(&a_fence).ok();
+    let fence_a = fence_once_running(&mut a, dir.path(), secs(15));
     assert_eq!(fence_a.as_deref().map(str::trim), Some("1"), "a never ran");
     let new = topo.failover();
     let had_record = topo.nodes()[new].exists("snowlease:lock:{job}:node");
@@ -247,11 +249,7 @@ fn a_lock_after_a_failover_then_a_crash_of_the_new_primary_does_not_hand_out_its
             .map(String::from)
             .to_vec(),
     );
-    let b_fence = dir.path().join("b.fence");
-    let run = lock_run(&topo.url(), "job", "30s", "10s", &b_fence);
-    fs::write(dir.path().join("a.go"), "").unwrap();
-    let fence_b = fs::read_to_string(&b_fence).ok();
-    let _ = a.wait_exit(secs(10));
+    let (fence_b, run) = second_holder(&topo.url(), "10s", dir.path(), &mut a);
     assert!(
         fence_b.is_none(),
         "b ran with fence {fence_b:?} while a (fence {fence_a:?}) still ran; the new \
@@ -277,20 +275,10 @@ fn a_replica_briefly_disconnected_during_a_first_use_is_not_promoted_without_the
     topo.nodes()[replica].pause();
     let _: i64 =
         topo.nodes()[old].query(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
-    assert!(
-        poll_until(secs(5), || {
-            topo.nodes()[old]
-                .info_field("replication", "connected_slaves")
-                .as_deref()
-                == Some("0")
-        }),
-        "the primary still lists its replica"
-    );
+    assert_no_replica_listed(&topo.nodes()[old]);
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&topo.url(), "job", "30s", "5s", dir.path()).spawn();
-    let a_fence = dir.path().join("a.fence");
-    poll_until(secs(8), || a_fence.exists() || a.wait_exit(ms(1)).is_some());
-    let fence_a = fs::read_to_string(&a_fence).ok();
+    let fence_a = fence_once_running(&mut a, dir.path(), secs(8));
     topo.nodes_mut()[old].stop();
     topo.nodes()[replica].resume();
     let new = topo.wait_new_primary(old);
@@ -298,11 +286,7 @@ fn a_replica_briefly_disconnected_during_a_first_use_is_not_promoted_without_the
         new, replica,
         "the replica of :{primary_port} was not promoted"
     );
-    let b_fence = dir.path().join("b.fence");
-    let run = lock_run(&topo.url(), "job", "30s", "10s", &b_fence);
-    fs::write(dir.path().join("a.go"), "").unwrap();
-    let fence_b = fs::read_to_string(&b_fence).ok();
-    let _ = a.wait_exit(secs(10));
+    let (fence_b, run) = second_holder(&topo.url(), "10s", dir.path(), &mut a);
     assert!(
         fence_a.is_none() || fence_b.is_none(),
         "b ran with fence {fence_b:?} while a (fence {fence_a:?}) still ran; b: {run:?}"
@@ -351,15 +335,7 @@ fn a_replica_dropped_between_two_attempts_still_holds_the_first_use_closed() {
     let a = lock_run(&topo.url(), "job", "30s", "0s", &dir.path().join("a.fence"));
     topo.nodes()[replica].pause();
     topo.proxy(old).set_conn_mode(link.id, Mode::Reset);
-    assert!(
-        poll_until(secs(5), || {
-            topo.nodes()[old]
-                .info_field("replication", "connected_slaves")
-                .as_deref()
-                == Some("0")
-        }),
-        "the primary still lists its replica"
-    );
+    assert_no_replica_listed(&topo.nodes()[old]);
     let mut b = holder_lock(&topo.url(), "job", "30s", "5s", dir.path())
         .env("ME", "b")
         .spawn();
