@@ -155,7 +155,6 @@ struct OpenFindings {
     held: i64,
     closed_ms: u64,
     all_open: bool,
-    other_node: bool,
 }
 
 impl OpenFindings {
@@ -165,9 +164,6 @@ impl OpenFindings {
         let app = config.app.clone();
         match (self.held, self.closed_ms) {
             _ if config.force || self.all_open => None,
-            // Closed by the script as a claim would (answer 3), never refused: the app is
-            // not new, and a deploy hook run after each Redis restart must not fail.
-            _ if self.other_node => None,
             (held, _) if held > 0 => Some(GuardRefused::LeaseKeys { app, held }),
             (_, opens_in_ms) if opens_in_ms > 0 => Some(GuardRefused::Closed { app, opens_in_ms }),
             _ => None,
@@ -240,8 +236,9 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
             .arg(if config.force { "1" } else { "0" })
             .arg(beyond)
             .arg(timing::ttl_ms(config.ttl));
-        let call = invocation.invoke_async::<(i64, u64, i64, u64, i64, String)>(&mut conn);
-        let (opened, at, held, closed_ms, other_node, guard_written) =
+        let call = invocation.invoke_async::<(i64, u64, i64, u64, String)>(&mut conn);
+        // A guard of another node is closed by the script (answer 3), never refused.
+        let (opened, at, held, closed_ms, guard_written) =
             bounded(config, call).await.with_context(context)?;
         if opened == 1 {
             // One record per guard key (on one server every pair names the app's guard).
@@ -272,7 +269,6 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
         already_open &= opened == 2;
         total.held += held;
         total.closed_ms = total.closed_ms.max(closed_ms);
-        total.other_node |= other_node == 1;
         at_ms = at_ms.max(at);
     }
     if refused {

@@ -13,7 +13,7 @@
 -- ARGV[3]     the app's TTL, ms (--ttl): how long a guard written here stays
 --             closed unless the caller opens it (below)
 --
--- Returns {opened, at_ms, held, closed_ms, other_node, written} (written is
+-- Returns {opened, at_ms, held, closed_ms, written} (written is
 -- "" unless opened = 1):
 --   opened     1 = every guard named is written closed until Redis' TIME +
 --              ARGV[3] (`written`); the caller opens them once they are
@@ -22,7 +22,7 @@
 --              nothing written (so a deploy hook may run this on every
 --              deploy);
 --              3 = a guard named was written on another node or life of
---              Redis (other_node = 1): Redis restarted or failed over since
+--              Redis: Redis restarted or failed over since
 --              and may have lost lease keys whose holders still publish, so
 --              each such guard is written closed until Redis' TIME + ARGV[3]
 --              (or its own later time) with this node's stamp, as a claim
@@ -41,10 +41,6 @@
 --              closed. A closed guard was set by a claim that found it
 --              missing: after a data loss, holders from before may still
 --              publish their IDs until it opens, so only --force opens it
---   other_node 1 when a guard was written on another node or life of Redis
---              (node.lua): it may have rolled back since, and holders from
---              before may still publish IDs whose keys it lost; such a guard
---              is not open, and only --force opens it. Else 0
 -- A guard written here holds "<now + ttl>.<node stamp>": closed, as a claim
 -- that found no guard closes it, until the caller has seen it durable and
 -- opened it. Why: a guard opened at once and then lost with a rollback (a
@@ -61,18 +57,19 @@ local held = tonumber(ARGV[2]) or 0
 local closed = 0
 local open_since = 0
 local all_open = true
-local other_node = 0
+-- Guards written on another node or life of Redis, with their times.
+local others = {}
 for i = 1, #KEYS, 2 do
   if redis.call('TYPE', KEYS[i]).ok == 'string' then held = held + 1 end
   local guard = KEYS[i + 1]
   if not guards[guard] then
     local kind = redis.call('TYPE', guard).ok
     if kind ~= 'none' and kind ~= 'string' then
-      return {0, now, -1, 0, 0, ''}
+      return {0, now, -1, 0, ''}
     end
     local open_at, stamp = unstamp(redis.call('GET', guard))
     if open_at ~= nil and not stamped_here(stamp) then
-      other_node = 1
+      others[guard] = open_at
       all_open = false
     elseif open_at == nil or open_at > now then
       all_open = false
@@ -86,28 +83,25 @@ for i = 1, #KEYS, 2 do
   end
 end
 if ARGV[1] ~= '1' and all_open then
-  return {2, open_since, held, 0, 0, ''}
+  return {2, open_since, held, 0, ''}
 end
 local ttl = tonumber(ARGV[3])
 if ttl == nil or ttl < 1 then
   return redis.error_reply('ERR guard open: ARGV[3] must be the TTL in ms')
 end
-if other_node == 1 and ARGV[1] ~= '1' then
+if next(others) ~= nil and ARGV[1] ~= '1' then
   local until_ms = now + ttl
-  for guard in pairs(guards) do
-    local open_at, stamp = unstamp(redis.call('GET', guard))
-    if open_at ~= nil and not stamped_here(stamp) then
-      redis.call('SET', guard, stamped(math.max(open_at, now + ttl)))
-      until_ms = math.max(until_ms, open_at)
-    end
+  for guard, open_at in pairs(others) do
+    until_ms = math.max(until_ms, open_at)
+    redis.call('SET', guard, stamped(math.max(open_at, now + ttl)))
   end
-  return {3, now, held, until_ms - now, 1, ''}
+  return {3, now, held, until_ms - now, ''}
 end
 if (held > 0 or closed > 0) and ARGV[1] ~= '1' then
-  return {0, now, held, closed, other_node, ''}
+  return {0, now, held, closed, ''}
 end
 local written = stamped(now + ttl)
 for guard in pairs(guards) do
   redis.call('SET', guard, written)
 end
-return {1, now, held, closed, other_node, written}
+return {1, now, held, closed, written}
