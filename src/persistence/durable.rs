@@ -143,13 +143,6 @@ impl Nodes {
 #[error("{0}")]
 pub(crate) struct NotDurable(String);
 
-impl NotDurable {
-    /// Which node lacks what.
-    pub(crate) fn detail(&self) -> &str {
-        &self.0
-    }
-}
-
 /// Waits (up to `limit`) until every replica of each primary `reach` names has the writes
 /// this process made so far and that primary's persistence holds them.
 ///
@@ -178,30 +171,32 @@ async fn replicas_caught_up(
 ) -> anyhow::Result<String> {
     // Each primary's offset, and the replicas it has now: one dropped during the wait (a
     // stalled link, after repl-timeout) never got the writes, yet a failover may pick it.
-    let targets: Vec<Target> = info(conn, nodes, "replication")
-        .await?
-        .into_iter()
+    let first = info(conn, nodes, "replication").await?;
+    let targets: Vec<Target> = first
+        .iter()
         .map(|(node, text)| {
-            let offset = field(&text, "master_repl_offset")?.parse()?;
-            let replicas = replicas(&text).into_iter().map(|(id, _)| id).collect();
-            Ok((node, offset, replicas))
+            let offset = field(text, "master_repl_offset")?.parse()?;
+            let replicas = replicas(text).into_iter().map(|(id, _)| id).collect();
+            Ok((node.clone(), offset, replicas))
         })
         .collect::<anyhow::Result<_>>()?;
+    // The first look is the read that set the targets (a primary without replicas is done).
+    let mut seen = Some(first);
     loop {
-        match replicas_step(conn, nodes, &targets).await? {
+        let now = match seen.take() {
+            Some(first) => first,
+            None => info(conn, nodes, "replication").await?,
+        };
+        match replicas_step(&targets, &now) {
             Ok(done) => return Ok(done),
             Err(waiting) => wait_more(deadline, waiting).await?,
         }
     }
 }
 
-/// One look at the replicas' offsets: done (how many replicas), or who is behind.
-async fn replicas_step(
-    conn: &mut Redis,
-    nodes: &Nodes,
-    targets: &[Target],
-) -> anyhow::Result<Result<String, String>> {
-    let now = info(conn, nodes, "replication").await?;
+/// One look at the replicas' offsets in the `INFO replication` texts `now`: done (how many
+/// replicas), or who is behind.
+fn replicas_step(targets: &[Target], now: &[(Option<String>, String)]) -> Result<String, String> {
     let mut behind = Vec::new();
     let mut count = 0;
     for (node, target, before) in targets {
@@ -222,13 +217,13 @@ async fn replicas_step(
             }
         }
     }
-    Ok(match behind.is_empty() {
+    match behind.is_empty() {
         true => Ok(format!("{count} replica(s) have the writes")),
         false => Err(format!(
             "replicas did not catch up in time (offsets: {}): a failover to one of them would lose the writes",
             behind.join(", ")
         )),
-    })
+    }
 }
 
 /// Each primary's persistence holds the writes. Without AOF a restart loads `dump.rdb`
@@ -248,7 +243,9 @@ async fn persisted(
     let infos = match info(conn, nodes, "persistence").await {
         Ok(infos) => infos,
         Err(err) if refused(&err) => {
-            return Ok(unchecked(format!("INFO persistence refused ({err})")));
+            return Ok(Durability::Unchecked(format!(
+                "INFO persistence refused ({err})"
+            )));
         }
         Err(err) => return Err(err),
     };
@@ -256,7 +253,7 @@ async fn persisted(
     let mut how = Vec::new();
     match snapshot_taken(conn, nodes, deadline, infos.clone()).await? {
         Ok(()) => how.push("a snapshot started after them finished"),
-        Err(refused) => return Ok(unchecked(refused)),
+        Err(refused) => return Ok(Durability::Unchecked(refused)),
     }
     if let Some((node, _)) = infos
         .iter()
@@ -268,7 +265,7 @@ async fn persisted(
         let nodes = match read(conn).await {
             Ok(nodes) => nodes,
             Err(err) if is_refusal(&err) => {
-                return Ok(unchecked(format!(
+                return Ok(Durability::Unchecked(format!(
                     "AOF is on and its appendfsync could not be read ({err})"
                 )));
             }
@@ -322,11 +319,6 @@ fn refused(err: &anyhow::Error) -> bool {
     err.chain()
         .filter_map(|e| e.downcast_ref::<redis::RedisError>())
         .any(is_refusal)
-}
-
-/// Durability not checked because `why`: what to do instead.
-fn unchecked(why: String) -> Durability {
-    Durability::Unchecked(why)
 }
 
 /// What `snapshot_taken` knows of one primary.
@@ -402,14 +394,11 @@ async fn snapshot_step(
         };
         let state = &mut nodes[at].1;
         let running = info_field(text, "rdb_bgsave_in_progress").is_some_and(|v| v != "0");
+        // The first look with none running: any snapshot from now on started after them.
+        if !state.quiet && !running {
+            (state.quiet, state.quiet_saves) = (true, saves(text));
+        }
         if !state.quiet {
-            if !running {
-                (state.quiet, state.quiet_saves) = (true, saves(text));
-                if let Some(paused) = failed_recently(node) {
-                    return Err(paused.into());
-                }
-                send = true;
-            }
             waiting.push(show(node));
             continue;
         }

@@ -12,7 +12,6 @@ use super::script::Reply;
 use super::{Pool, PoolError, PoolScript};
 use crate::lease::node::{self, FirstUse};
 use crate::persistence::WaitDurable;
-use crate::persistence::durable::NotDurable;
 
 /// The pool's strike setting: an id quarantined `max_strikes` times within
 /// `window` is disabled, until `enable`. Stored in `{P}:config`.
@@ -129,10 +128,7 @@ where
             }
             Err(err) => Err(match err.downcast::<RedisError>() {
                 Ok(err) => PoolError::Redis(err),
-                Err(err) => not_durable(match err.downcast_ref::<NotDurable>() {
-                    Some(not) => not.detail().to_owned(),
-                    None => format!("{err:#}"),
-                }),
+                Err(err) => not_durable(format!("{err:#}")),
             }),
         }
     }
