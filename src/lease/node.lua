@@ -124,21 +124,33 @@ local function read_record(record)
   return record, prefix, rest, mark
 end
 
-local function node_gate(record, bound, now, active)
-  local known, rest, mark = nil, nil, nil
-  if type(record) == 'string' then
-    local prefix
-    record, prefix, rest, mark = read_record(record)
-    known = string.match(prefix, '^(%d+)')
-    if not known then rest = nil end
-  end
-  known = tonumber(known) or 0
-  local widest = math.max(bound, known)
+-- How node_gate judges a stored store record (`record`: the stored text, or false when
+-- missing), writing nothing (pool status reads the gate through it):
+-- judge_record(record) -> kind, open_at, known, bare, mark
+--   kind     'here': this node's, in this life: hand-outs open at open_at (Redis ms);
+--            'new': this node's, marked new: opens only once seen durable (node_open.lua);
+--            'lost': missing, unreadable (a store record has a bound), or of another node
+--            or life: may predate leases a rollback lost
+--   known    the largest bound the record names, ms (0 without one)
+--   bare     the record without its mark; mark the mark, or nil
+local function judge_record(record)
+  if type(record) ~= 'string' then return 'lost', nil, 0, record, nil end
+  local bare, prefix, rest, mark = read_record(record)
+  local known = tonumber(string.match(prefix, '^(%d+)'))
+  if not known then return 'lost', nil, 0, bare, mark end
   local open_at, stamp = unstamp(rest)
-  if open_at ~= nil and stamped_here(stamp) then
-    if mark then
-      return now + widest, nil, false, true, record .. mark
-    end
+  if open_at == nil or not stamped_here(stamp) then return 'lost', nil, known, bare, mark end
+  if mark then return 'new', open_at, known, bare, mark end
+  return 'here', open_at, known, bare, mark
+end
+
+local function node_gate(record, bound, now, active)
+  local kind, open_at, known, bare, mark = judge_record(record)
+  local widest = math.max(bound, known)
+  if kind == 'new' then
+    return now + widest, nil, false, true, bare .. mark
+  end
+  if kind == 'here' then
     if bound > known then
       return open_at, string.format('%d:%s', widest, stamped(open_at)), false, false
     end

@@ -63,9 +63,7 @@ if err then return err end
 
 local now = now_ms()
 
-local active = tonumber(redis.call('GET', K.fence) or '0') > 0
-    or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
-local open_at, record, rolled_back, new_store, stored = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, active)
+local open_at, record, rolled_back, new_store, stored = node_gate(redis.call('HGET', K.meta, '~node'), max_lease, now, pool_active(K))
 if record then redis.call('HSET', K.meta, '~node', record) end
 if rolled_back then lift_fence(K.fence, now) end
 if new_store then

@@ -312,3 +312,11 @@ local function reclaim(K, now, cooldown, limit)
   end
   return expired
 end
+
+-- Whether the pool shows a past use (a fence handed out, leases or their owners and
+-- request ids kept): a missing node record then means a use a rollback lost, not a new pool
+-- (node.lua's node_gate `active`; acquire and status judge it alike).
+local function pool_active(K)
+  return tonumber(redis.call('GET', K.fence) or '0') > 0
+      or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
+end

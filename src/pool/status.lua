@@ -99,23 +99,16 @@ for i = 1, #leases, 2 do
   table.insert(reply, tonumber(leases[i + 1]))
 end
 
--- The gate, judged as node_gate judges it (node.lua's own readers, never the record's text:
--- its mark may change), without its writes.
+-- The gate, judged as node_gate judges it (node.lua's judge_record), without its writes.
 local function gate()
   local record = redis.call('HGET', K.meta, '~node')
-  if type(record) ~= 'string' then
-    -- As acquire.lua's `active`: a fence handed out or leases kept mean a past use was lost.
-    local active = tonumber(redis.call('GET', K.fence) or '0') > 0
-        or redis.call('EXISTS', K.leases, K.owners, K.requests) > 0
-    return active and 'rolled_back' or 'new', -1
-  end
-  local _, prefix, rest, marked_new = read_record(record)
-  local open_at, stamp = unstamp(rest)
-  -- A pool's record has a bound ("<max_lease_ms>:"): node_gate reads one without as unreadable.
-  if prefix == '' or open_at == nil or not stamped_here(stamp) then
+  local kind, open_at = judge_record(record)
+  if kind == 'lost' then
+    -- Missing in a pool that never leased: new, as node_gate's new_store.
+    if record == false and not pool_active(K) then return 'new', -1 end
     return 'rolled_back', -1
   end
-  if marked_new then return 'new', -1 end
+  if kind == 'new' then return 'new', -1 end
   if open_at > now then return 'closed', open_at end
   return 'open', -1
 end
