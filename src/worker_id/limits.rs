@@ -150,8 +150,6 @@ mod tests {
         assert!(RENEW_INTERVAL.default_value() <= TTL.default_value() / 2);
     }
 
-    /// `mint carry-over` takes the old app's `--mint-window` and `--max-clock-skew` with the
-    /// sidecar's ranges and defaults.
     /// A store's first use waits as long as carry-over does by default (lease/node.rs
     /// cannot read this table: worker_id builds on lease).
     #[test]
@@ -162,6 +160,8 @@ mod tests {
         );
     }
 
+    /// `mint carry-over` takes the old app's `--mint-window` and `--max-clock-skew` with the
+    /// sidecar's ranges and defaults.
     #[test]
     fn carry_over_follows_the_table() {
         let command = CarryArgs::augment_args(Command::new("carry-over"));
