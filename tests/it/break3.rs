@@ -69,17 +69,10 @@ fn crash_restart(redis: &mut RedisServer) {
 #[test]
 fn aof_switched_on_at_run_time_does_not_make_a_first_use_durable() {
     let mut redis = RedisServer::start();
-    for i in 0..100 {
-        let _: () = redis.query(redis::cmd("SET").arg(format!("filler:{i}")).arg(i));
-    }
+    redis.slow_snapshots(100, ms(0));
     // The last snapshot on disk: before the lock's first use.
     let _: () = redis.query(&mut redis::cmd("SAVE"));
-    let _: () = redis.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("rdb-key-save-delay")
-            .arg(100_000),
-    );
+    redis.slow_snapshots(0, ms(100));
     let _: () = redis.query(redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes"));
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&redis.url(), "job", "30s", "0s", dir.path()).spawn();
@@ -171,7 +164,13 @@ fn a_replica_sync_whose_file_redis_removes_is_not_a_snapshot_of_the_first_use() 
     replica.pause();
     let dir = TempDir::new().unwrap();
     let mut a = holder_lock(&primary.url(), "job", "30s", "20s", dir.path()).spawn();
-    thread::sleep(secs(1));
+    // a's first use has written its record; its wait (which lists the stalled replica)
+    // begins right after, which cannot be seen from outside: a moment more.
+    assert!(
+        poll_until(secs(10), || primary.exists("snowlease:lock:{job}:node")),
+        "a wrote no record"
+    );
+    thread::sleep(ms(300));
     // It comes back without its data (a pod rescheduled onto another node): a full sync.
     replica.stop();
     let _ = fs::remove_file(replica.dir().join("dump.rdb"));

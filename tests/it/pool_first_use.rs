@@ -7,7 +7,6 @@
 //! a closed pool as ready, and said nothing of acquires being refused).
 
 use std::fs;
-use std::time::Instant;
 
 use nix::sys::signal::{Signal, kill};
 use serde_json::{Value, json};
@@ -23,6 +22,22 @@ const WELL_BEFORE_60S: std::time::Duration = std::time::Duration::from_secs(30);
 /// A pool written with plain commands (no `pool init`, so no record): id `a` in pool `p`.
 fn plain_pool(redis: &RedisServer) {
     let _: () = redis.query(redis::cmd("ZADD").arg("{p}:ready").arg(0).arg("a"));
+}
+
+/// Runs `call` (a first acquire) while a 40 s snapshot runs (started before it, ended after
+/// it): what it answered and how long it took, which must be well before the old 60 s.
+fn during_slow_snapshot<T: std::fmt::Debug>(
+    redis: &RedisServer,
+    call: impl FnOnce() -> T,
+) -> (T, std::time::Duration) {
+    slow_snapshot_running(redis);
+    let (answer, took) = timed(call);
+    end_slow_snapshot(redis);
+    assert!(
+        took < WELL_BEFORE_60S,
+        "answered after {took:?}: {answer:?}"
+    );
+    (answer, took)
 }
 
 /// Makes every snapshot slow (400 keys x 100 ms: 40 s, as a large data set) and starts one,
@@ -62,22 +77,16 @@ fn end_slow_snapshot(redis: &RedisServer) {
 fn a_new_pools_first_acquire_waits_about_its_wait_not_60s() {
     let redis = RedisServer::start();
     plain_pool(&redis);
-    slow_snapshot_running(&redis);
     let url = redis.url();
-    let started = Instant::now();
-    let run = run_snowlease(
-        &[
-            "pool", "acquire", "--pool", "p", "--ttl", "30s", "--wait", "1s",
-        ],
-        &[("REDIS_URL", url.as_str())],
-        secs(90),
-    );
-    let took = started.elapsed();
-    end_slow_snapshot(&redis);
-    assert!(
-        took < WELL_BEFORE_60S,
-        "pool acquire --wait 1s answered after {took:?}: {run:?}"
-    );
+    let (run, took) = during_slow_snapshot(&redis, || {
+        run_snowlease(
+            &[
+                "pool", "acquire", "--pool", "p", "--ttl", "30s", "--wait", "1s",
+            ],
+            &[("REDIS_URL", url.as_str())],
+            secs(90),
+        )
+    });
     assert_eq!(run.code, Some(3), "closed while not durable: {run:?}");
     assert!(
         run.stderr.contains("closed") && run.stderr.contains("new"),
@@ -103,20 +112,14 @@ fn a_new_pools_first_acquire_over_http_with_wait_ms_0_answers_in_seconds() {
         .call("GET", "/readyz", None)
         .0
         == 200));
-    slow_snapshot_running(&redis);
-    let started = Instant::now();
-    let (status, body, retry_after) = serve.call_within(
-        "POST",
-        "/pools/p/leases",
-        Some(json!({"ttl_ms": 30000, "wait_ms": 0})),
-        secs(90),
-    );
-    let took = started.elapsed();
-    end_slow_snapshot(&redis);
-    assert!(
-        took < WELL_BEFORE_60S,
-        "wait_ms 0 answered after {took:?}: {status} {body}"
-    );
+    let ((status, body, retry_after), _) = during_slow_snapshot(&redis, || {
+        serve.call_within(
+            "POST",
+            "/pools/p/leases",
+            Some(json!({"ttl_ms": 30000, "wait_ms": 0})),
+            secs(90),
+        )
+    });
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["reason"], "redis_rollback", "{body}");
     assert_eq!(retry_after.as_deref(), Some("1"), "{body}");
