@@ -368,11 +368,25 @@ impl Setup {
     /// TTL) keeps holders publishing across the failover, as in production.
     /// Cluster: 5 s, as a killed primary is replaced in 2-3 s there (`cluster-node-timeout` 1
     /// s) and the sidecars find the new one within a second.
+    /// Managed: 6 s (renew every 1.5 s, [`Setup::renew_ms`]): a call's timeout, a quarter of
+    /// the renew interval, includes connecting, and a TLS connect did not fit 125 ms on a
+    /// loaded machine (every sidecar timed out for the whole run: a vacuous run, twice in a
+    /// row in CI).
     fn ttl_ms(self) -> u64 {
         match self {
             Setup::Sentinel { rollback: true, .. } => 10_000,
             Setup::Cluster { .. } => 5_000,
+            Setup::Managed => 6_000,
             _ => TTL_MS,
+        }
+    }
+
+    /// `--renew-interval` of the sidecars, ms: the harness's 500 ms, a quarter of the TTL in
+    /// the managed setup ([`Setup::ttl_ms`]).
+    fn renew_ms(self) -> u64 {
+        match self {
+            Setup::Managed => self.ttl_ms() / 4,
+            _ => 500,
         }
     }
 
@@ -612,6 +626,8 @@ struct Slot {
     max_id: u32,
     /// `--ttl`, ms ([`Setup::ttl_ms`]).
     ttl_ms: u64,
+    /// `--renew-interval`, ms ([`Setup::renew_ms`]).
+    renew_ms: u64,
     sidecar: Option<Sidecar>,
     view: Arc<Mutex<SlotView>>,
     managed: Option<ManagedSlot>,
@@ -668,6 +684,7 @@ impl Slot {
             .name(format!("sidecar {index}"))
             .flag("--max-worker-id", self.max_id.to_string())
             .flag("--ttl", format!("{}ms", self.ttl_ms))
+            .flag("--renew-interval", format!("{}ms", self.renew_ms))
             // A spare may wait long for an ID; it must not give up (exit 3) mid-run.
             .flag("--claim-timeout", "24h");
         if let Some(m) = &self.managed {
@@ -811,7 +828,7 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     }
     let minting = setup.mints();
     let mut slots: Vec<Slot> = (0..sidecars)
-        .map(|_| new_slot(&redis, min_acks, max_id, minting, setup.ttl_ms()))
+        .map(|_| new_slot(&redis, min_acks, setup))
         .collect();
     for (i, slot) in slots.iter_mut().enumerate() {
         slot.spawn(i);
@@ -942,6 +959,12 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
         elapsed_us(start),
     );
     exits.print(&faults);
+    // SNOWLEASE_CHAOS_LOGS=1 prints them after every run.
+    if verdict.as_ref().is_err_and(|why| why.contains(VACUOUS))
+        || env_u64("SNOWLEASE_CHAOS_LOGS") == Some(1)
+    {
+        print_last_lines(&slots);
+    }
     drop(slots);
     verdict?;
     if let Some(failure) = harness_failure {
@@ -952,11 +975,25 @@ fn run_seed(setup: Setup, run_secs: u64, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// What each sidecar (and `exec`) logged last: why a run published too little to judge.
+fn print_last_lines(slots: &[Slot]) {
+    for (i, slot) in slots.iter().enumerate() {
+        let managed_exec = slot.managed.as_ref().and_then(|m| m.exec.as_ref());
+        for (what, process) in [("sidecar", slot.sidecar.as_ref()), ("exec", managed_exec)] {
+            let Some(process) = process else { continue };
+            let lines = process.log_lines();
+            for line in &lines[lines.len().saturating_sub(8)..] {
+                eprintln!("chaos: {what} {i}: {line}");
+            }
+        }
+    }
+}
+
 /// A slot of `redis`: its own proxy on standalone Redis, the managed setup's files and
 /// wrapper there.
-fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: u64) -> Slot {
+fn new_slot(redis: &Backend, min_acks: u32, setup: Setup) -> Slot {
     let pod = PodDir::new();
-    let mint_clock = minting.then(|| pod.path().join("sidecar.faketime"));
+    let mint_clock = setup.mints().then(|| pod.path().join("sidecar.faketime"));
     if let Some(clock) = &mint_clock {
         set_clock(clock, "+0");
     }
@@ -975,8 +1012,9 @@ fn new_slot(redis: &Backend, min_acks: u32, max_id: u32, minting: bool, ttl_ms: 
         proxy,
         url,
         min_acks,
-        max_id,
-        ttl_ms,
+        max_id: setup.max_id(),
+        ttl_ms: setup.ttl_ms(),
+        renew_ms: setup.renew_ms(),
         sidecar: None,
         view: Arc::new(Mutex::new(SlotView {
             generation: 0,
@@ -1424,7 +1462,7 @@ fn step_clock(kind: Kind, slot: &Slot, rng: &mut StdRng) {
     thread::sleep(ms(1100));
     if rng.random_bool(0.5) {
         slot.sidecar().pause();
-        thread::sleep(ms(TTL_MS + rng.random_range(100..1500)));
+        thread::sleep(ms(slot.ttl_ms + rng.random_range(100..1500)));
         slot.sidecar().resume();
     } else {
         thread::sleep(ms(rng.random_range(400..3000)));
