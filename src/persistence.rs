@@ -134,8 +134,7 @@ impl Persistence {
     }
 }
 
-/// The settings read, one `CONFIG GET` each (a call with several names
-/// needs Redis 7).
+/// The settings read ([`config_gets`]).
 const PARAMETERS: [&str; 3] = ["save", "appendonly", "appendfsync"];
 
 fn text(value: &Value) -> Option<String> {
@@ -164,19 +163,40 @@ pub(crate) struct NodePersistence {
 /// without `+config|get`, `ERR unknown command` where `CONFIG` is renamed,
 /// a timeout); a reply without the three settings is a parse error.
 pub(crate) async fn read(conn: &mut Redis) -> RedisResult<Vec<NodePersistence>> {
-    let mut per_node: Vec<(Option<String>, Vec<Value>)> = Vec::new();
-    for parameter in PARAMETERS {
+    let mut replies = Vec::new();
+    for cmd in config_gets() {
+        replies.extend(conn.on_every_primary(&cmd).await?);
+    }
+    let mut nodes = by_node(replies)?;
+    nodes.sort_by_key(|n| (!n.settings.rolls_back(), n.node.clone()));
+    Ok(nodes)
+}
+
+/// The `CONFIG GET` calls that read the settings, one per setting (a call with several
+/// names needs Redis 7).
+pub(crate) fn config_gets() -> impl Iterator<Item = redis::Cmd> {
+    PARAMETERS.into_iter().map(|parameter| {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(parameter);
-        for (node, reply) in conn.on_every_primary(&cmd).await? {
-            let reply = reply.extract_error()?;
-            match per_node.iter_mut().find(|(n, _)| *n == node) {
-                Some((_, replies)) => replies.push(reply),
-                None => per_node.push((node, vec![reply])),
-            }
+        cmd
+    })
+}
+
+/// The settings of each node from the replies of [`config_gets`] (`(node, reply)`, in any
+/// order), nodes in the order they first reply.
+///
+/// Errors: a node's error reply (kept as a value by the caller); a node without the three
+/// settings (a parse error).
+pub(crate) fn by_node(replies: Vec<(Option<String>, Value)>) -> RedisResult<Vec<NodePersistence>> {
+    let mut per_node: Vec<(Option<String>, Vec<Value>)> = Vec::new();
+    for (node, reply) in replies {
+        let reply = reply.extract_error()?;
+        match per_node.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, replies)) => replies.push(reply),
+            None => per_node.push((node, vec![reply])),
         }
     }
-    let mut nodes = per_node
+    per_node
         .into_iter()
         .map(|(node, replies)| {
             let settings = Persistence::from_replies(&replies).ok_or_else(|| {
@@ -187,9 +207,7 @@ pub(crate) async fn read(conn: &mut Redis) -> RedisResult<Vec<NodePersistence>> 
             })?;
             Ok(NodePersistence { node, settings })
         })
-        .collect::<RedisResult<Vec<_>>>()?;
-    nodes.sort_by_key(|n| (!n.settings.rolls_back(), n.node.clone()));
-    Ok(nodes)
+        .collect()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::time::Duration;
 use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
-use super::read;
+use super::{NodePersistence, by_node, config_gets};
 use crate::connection::{Keyspace, Redis, info_field};
 use crate::timing::{COMMAND_CALL_TIMEOUT, bounded};
 
@@ -262,7 +262,7 @@ async fn persisted(
         return Err(NotDurable(format!("{}: the AOF write is failing", show(node))).into());
     }
     if infos.iter().any(|(_, text)| aof(text)) {
-        let nodes = match read(conn).await {
+        let nodes = match aof_settings(conn, nodes).await {
             Ok(nodes) => nodes,
             Err(err) if is_refusal(&err) => {
                 return Ok(Durability::Unchecked(format!(
@@ -299,6 +299,16 @@ async fn persisted(
         }
     }
     Ok(Durability::Held(how.join(", ")))
+}
+
+/// The settings (`CONFIG GET`) of the primaries the wait covers, not of every primary: a
+/// shard the wait does not cover says nothing of these writes.
+async fn aof_settings(conn: &mut Redis, nodes: &Nodes) -> RedisResult<Vec<NodePersistence>> {
+    let mut replies = Vec::new();
+    for cmd in config_gets() {
+        replies.extend(nodes.ask(conn, &cmd).await?);
+    }
+    by_node(replies)
 }
 
 /// Redis will not say: an ACL without the command (`NOPERM`), or a managed service that

@@ -48,11 +48,13 @@ fn a_snapshot_longer_than_each_attempt_still_opens_a_new_lock() {
     assert_eq!(fs::read_to_string(&out).unwrap().trim(), "1");
 }
 
-/// A Cluster whose other shard cannot snapshot (its `dump.rdb` is a folder, as a full or
-/// read-only disk): the new lock's record is on a shard that can, so it opens at once, at
-/// fence 1, and no other shard is asked to snapshot. The wait used to cover every shard:
-/// the failing one kept every new store closed (exit 69), and each first use forked a
-/// snapshot on every shard.
+/// A Cluster whose other shards cannot snapshot (one's `dump.rdb` is a folder, as a full or
+/// read-only disk) or cannot promise (the other's AOF with `appendfsync no`): the new lock's
+/// record is on a shard that can (AOF with `appendfsync always`), so it opens at once, at
+/// fence 1, and no other shard is asked to snapshot. The wait used to cover every shard: the failing one kept every new
+/// store closed (exit 69), and each first use forked a snapshot on every shard; then the
+/// AOF settings of every shard were still read, and the other's `appendfsync no` made the
+/// wait unchecked (the lock opened only one TTL after its first use: exit 69 with `--wait 0s`).
 #[test]
 fn a_new_lock_on_a_cluster_waits_only_for_its_own_shard() {
     let cluster = ClusterTopology::start_primaries_only();
@@ -65,6 +67,19 @@ fn a_new_lock_on_a_cluster_waits_only_for_its_own_shard() {
         .collect();
     let broken = cluster.server(others[0]);
     fs::create_dir_all(broken.dir().join("dump.rdb").join("x")).unwrap();
+    // The lock's shard runs AOF with fsync at every write; another shard AOF with none.
+    for (port, fsync) in [(owner, "always"), (others[1], "no")] {
+        let node = cluster.server(port);
+        for (name, value) in [("appendonly", "yes"), ("appendfsync", fsync)] {
+            let _: () = node.query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
+        }
+        assert!(
+            poll_until(secs(10), || node
+                .info_field("persistence", "aof_rewrite_in_progress")
+                .is_some_and(|v| v == "0")),
+            "the AOF's first rewrite did not end"
+        );
+    }
     let before: Vec<u64> = others
         .iter()
         .map(|&p| snapshots(cluster.server(p)))
