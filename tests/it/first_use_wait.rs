@@ -49,12 +49,13 @@ fn a_snapshot_longer_than_each_attempt_still_opens_a_new_lock() {
 }
 
 /// A Cluster whose other shards cannot snapshot (one's `dump.rdb` is a folder, as a full or
-/// read-only disk) or cannot promise (the other's AOF with `appendfsync no`): the new lock's
-/// record is on a shard that can (AOF with `appendfsync always`), so it opens at once, at
-/// fence 1, and no other shard is asked to snapshot. The wait used to cover every shard: the failing one kept every new
-/// store closed (exit 69), and each first use forked a snapshot on every shard; then the
-/// AOF settings of every shard were still read, and the other's `appendfsync no` made the
-/// wait unchecked (the lock opened only one TTL after its first use: exit 69 with `--wait 0s`).
+/// read-only disk) or cannot promise (the other's AOF with `appendfsync no`): the new
+/// lock's record is on a shard that can (AOF with `appendfsync always`), so it opens at
+/// once, at fence 1, and no other shard is asked to snapshot. The wait used to cover every
+/// shard: the failing one kept every new store closed (exit 69), and each first use forked
+/// a snapshot on every shard; then the AOF settings of every shard were still read, and the
+/// other's `appendfsync no` made the wait unchecked (the lock opened only one TTL after its
+/// first use: exit 69 with `--wait 0s`).
 #[test]
 fn a_new_lock_on_a_cluster_waits_only_for_its_own_shard() {
     let cluster = ClusterTopology::start_primaries_only();
