@@ -67,16 +67,15 @@ impl Persistence {
     /// acknowledged. With AOF on, Redis loads the AOF (not the RDB) at start,
     /// so only `appendfsync` matters: `always` fsyncs before replying,
     /// `everysec` loses up to about 1 s on a crash, `no` what the kernel had
-    /// not flushed (up to ~30 s on Linux). With AOF off, any `save` point
-    /// means a crash-restart loads the last snapshot, minutes old; no `save`
-    /// point means it comes back empty, which the claim guard already
-    /// treats as a loss (a `dump.rdb` left by a hand-made `SAVE` is not seen).
+    /// not flushed (up to ~30 s on Linux). With AOF off, a restart loads
+    /// whatever `dump.rdb` is on disk, whatever `save` says: a scheduled
+    /// snapshot, minutes old, but also without `save` points the snapshot a
+    /// store's first use takes (`guard open`, a new lock or pool: its
+    /// durability wait), a replica's full sync or a hand-made `BGSAVE`
+    /// (Redis docs, "Redis persistence"). So only AOF with `always` is false.
     pub(crate) fn rolls_back(&self) -> bool {
-        if self.appendonly.eq_ignore_ascii_case("yes") {
-            !self.appendfsync.eq_ignore_ascii_case("always")
-        } else {
-            !self.save.trim().is_empty()
-        }
+        !(self.appendonly.eq_ignore_ascii_case("yes")
+            && self.appendfsync.eq_ignore_ascii_case("always"))
     }
 
     /// What a crash-restart loads, in words, for a warning; `None` when
@@ -90,6 +89,8 @@ impl Persistence {
                 "appendonly yes with appendfsync {}: a crash loses the writes not yet fsynced (about 1 s with everysec, more with no)",
                 self.appendfsync
             )
+        } else if self.save.trim().is_empty() {
+            "no snapshot points (save \"\") with appendonly no: a restart loads the last dump.rdb on disk, if any (the snapshot a first use takes, such as guard open's; a replica's full sync; a BGSAVE), else comes back empty".to_owned()
         } else {
             format!(
                 "RDB snapshots (save \"{}\") with appendonly no: a crash-restart loads the last snapshot, up to the longest save interval old",
@@ -222,18 +223,19 @@ mod tests {
         }
     }
 
-    /// Every combination of RDB and AOF: only AOF with fsync on every write,
-    /// or no persistence at all, cannot bring back older data.
+    /// Every combination of RDB and AOF: only AOF with fsync on every write
+    /// cannot bring back older data (without AOF a restart loads any
+    /// `dump.rdb`, also one no `save` point wrote).
     #[test]
-    fn rolls_back_unless_aof_always_or_nothing_kept() {
+    fn rolls_back_unless_aof_always() {
         let debian = "3600 1 300 100 60 10000";
         let cases = [
             // (save, appendonly, appendfsync, rolls back)
             (debian, "no", "everysec", true),
             ("3600 1", "no", "always", true),
-            ("", "no", "everysec", false),
-            ("", "no", "always", false),
-            ("  ", "no", "no", false),
+            ("", "no", "everysec", true),
+            ("", "no", "always", true),
+            ("  ", "no", "no", true),
             ("", "yes", "everysec", true),
             ("", "yes", "no", true),
             ("", "yes", "always", false),

@@ -1,5 +1,5 @@
-//! A Redis whose persistence can bring it back older (RDB snapshots, AOF without `appendfsync
-//! always`) is named by `status` (a note, `"persistence"` in `--json`) and by one WARN in the
+//! A Redis whose persistence can bring it back older (AOF off: a restart loads any
+//! `dump.rdb`; AOF without `appendfsync always`) is named by `status` (a note, `"persistence"` in `--json`) and by one WARN in the
 //! sidecar's start log; one that cannot is not; where `CONFIG` is refused nothing is said and
 //! nothing fails.
 
@@ -82,14 +82,15 @@ fn snapshots_are_named_by_status_and_the_sidecar() {
     assert!(warnings[0].contains("3600 1"), "{warning}");
 }
 
-/// Nothing kept (`--save "" --appendonly no`: a restart comes back empty, which the claim
-/// guard covers) and AOF fsynced on every write (also with snapshots on: Redis loads the AOF)
-/// are not named; AOF with `everysec` is.
+/// AOF fsynced on every write (also with snapshots on: Redis loads the AOF) is not named; AOF
+/// with `everysec` is, and so is no snapshot point with AOF off (`--save "" --appendonly no`):
+/// `guard open`'s durability wait leaves a `dump.rdb`, which a restart loads (it was not named
+/// before: the tour's own Redis read as one that could not roll back, and after `guard
+/// open`, a claim, a SIGKILL and a restart the lease was gone while the guard was back).
 #[test]
-fn nothing_kept_or_aof_always_is_not_named() {
+fn aof_always_is_not_named_and_no_save_point_is() {
     for args in [
-        &["--save", "", "--appendonly", "no"][..],
-        &["--appendonly", "yes", "--appendfsync", "always"],
+        &["--appendonly", "yes", "--appendfsync", "always"][..],
         &[
             "--save",
             "3600 1",
@@ -113,6 +114,32 @@ fn nothing_kept_or_aof_always_is_not_named() {
     assert_eq!(p["rolls_back"], true, "{p}");
     let text = status(&everysec.url(), false).stdout;
     assert!(text.contains("appendfsync everysec"), "{text}");
+
+    let unsaved = redis_with(&["--save", "", "--appendonly", "no"]);
+    let run = run_snowlease(
+        &[
+            "guard",
+            "open",
+            "--app",
+            "orders",
+            "--redis-url",
+            &unsaved.url(),
+        ],
+        &[],
+        secs(30),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        unsaved.dir().join("dump.rdb").exists(),
+        "guard open's snapshot"
+    );
+    let p = persistence_json(&unsaved.url());
+    assert_eq!(p["rolls_back"], true, "{p}");
+    let text = status(&unsaved.url(), false).stdout;
+    assert!(
+        text.contains(NAMED) && text.contains("loads the last dump.rdb on disk"),
+        "{text}"
+    );
 }
 
 /// An ACL user without `+config` (the documented rules) and a server whose `CONFIG` is renamed
@@ -142,20 +169,29 @@ fn config_refused_is_no_warning_and_no_failure() {
     assert!(!log.iter().any(|l| l.contains(NAMED)), "{log:#?}");
 }
 
-/// Cluster: every primary is read; one primary with snapshots switched on at run time is named,
-/// with its address, though the others keep nothing.
+/// Cluster: every primary is read; one primary whose AOF is switched to `appendfsync
+/// everysec` at run time is named, with its address, though the others fsync every write.
 #[test]
 fn cluster_names_the_primary_that_rolls_back() {
     let cluster = ClusterTopology::start_primaries_only();
-    assert_eq!(persistence_json(&cluster.url())["rolls_back"], false);
     let primaries = cluster.primaries();
+    for node in &primaries {
+        let server = cluster.server(node.port);
+        for (name, value) in [("appendonly", "yes"), ("appendfsync", "always")] {
+            let _: () = server.query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
+        }
+    }
+    assert_eq!(persistence_json(&cluster.url())["rolls_back"], false);
     let last = primaries.last().expect("primaries");
-    let _: () = cluster
-        .server(last.port)
-        .query(redis::cmd("CONFIG").arg("SET").arg("save").arg("3600 1"));
+    let _: () = cluster.server(last.port).query(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg("everysec"),
+    );
     let p = persistence_json(&cluster.url());
     assert_eq!(p["rolls_back"], true, "{p}");
-    assert_eq!(p["save"], "3600 1", "{p}");
+    assert_eq!(p["appendfsync"], "everysec", "{p}");
     let node = p["node"].as_str().unwrap_or_default();
     assert!(node.ends_with(&format!(":{}", last.port)), "{p}");
 }

@@ -235,11 +235,11 @@ mod tests {
     /// The note names the settings and the primary; a Redis that cannot roll back gets none.
     #[test]
     fn persistence_note_only_when_redis_can_roll_back() {
-        let report = |save: &str, node: Option<&str>| {
+        let report = |(save, appendonly, appendfsync): (&str, &str, &str), node: Option<&str>| {
             let settings = crate::persistence::Persistence {
                 save: save.into(),
-                appendonly: "no".into(),
-                appendfsync: "everysec".into(),
+                appendonly: appendonly.into(),
+                appendfsync: appendfsync.into(),
             };
             PersistenceReport {
                 rolls_back: settings.rolls_back(),
@@ -247,13 +247,14 @@ mod tests {
                 node: node.map(String::from),
             }
         };
-        let note = report("3600 1", Some("127.0.0.1:7001")).note().unwrap();
+        let snapshots = ("3600 1", "no", "everysec");
+        let note = report(snapshots, Some("127.0.0.1:7001")).note().unwrap();
         assert!(
             note.starts_with("note: redis persistence can roll back (primary 127.0.0.1:7001): ")
                 && note.contains("save \"3600 1\"")
                 && note.contains("one TTL"),
             "{note}"
         );
-        assert_eq!(report("", None).note(), None);
+        assert_eq!(report(("", "yes", "always"), None).note(), None);
     }
 }
