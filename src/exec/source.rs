@@ -211,8 +211,10 @@ fn read_file(path: &std::path::Path) -> Reading {
 fn without_id_file(path: &std::path::Path) -> Reading {
     let state = match read_small(&state_path(path)) {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            // A sidecar writes both files first when it publishes: none yet means it still
+            // claims (a closed claim guard, all IDs held) or never ran, as well as released.
             return Reading::Released(
-                "no ID file and no state file: the sidecar released the ID".into(),
+                "no ID file and no state file: no sidecar has published an ID here yet (still claiming, or waiting for a closed claim guard), or it released the ID".into(),
             );
         }
         other => other

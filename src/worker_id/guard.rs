@@ -116,13 +116,13 @@ pub(crate) enum GuardRefused {
     /// last TTL (a data loss, or sidecars that started first on a fresh
     /// Redis), and holders from before a loss may still publish their IDs.
     #[error(
-        "claim guard of app {app} not opened: a sidecar closed it {opens_in_ms} ms before it \
-         opens, because it found no guard (a Redis that lost its data, or sidecars that started \
-         before this command), or an earlier guard open wrote it closed and could not see it \
-         durable (its warning or exit 3 said so) or found it written before a Redis restart or \
-         failover; holders from before a data loss may still publish their IDs \
-         until then. Wait, or use --force only if no sidecar of this app held an ID on this \
-         Redis in the last TTL"
+        "claim guard of app {app} not opened: it is closed and opens by itself in {opens_in_ms} \
+         ms. A sidecar's claim closed it because it found no guard (a Redis that lost its data, \
+         or sidecars that started before this command) or one written before a Redis restart \
+         or failover; or an earlier guard open closed it for one of these reasons, or could not \
+         see it durable (its warning or exit 3 said so). Holders from before may still publish \
+         their IDs until then. Wait, or use --force only if no sidecar of this app held an ID \
+         on this Redis in the last TTL"
     )]
     Closed {
         /// The app.
@@ -307,7 +307,12 @@ pub async fn open(config: &OpenConfig) -> anyhow::Result<()> {
                 .await
                 .with_context(context)?;
         }
-        let not_durable = || "its guard was not seen durable, so it is taken back (no guard, as before this command; it is safe to run again)";
+        let not_durable = || {
+            format!(
+                "claim guard of app {} on redis {}: not seen durable, so it is taken back (no guard, as before this command; it is safe to run again)",
+                config.app, config.redis
+            )
+        };
         match first_use.with_context(not_durable)? {
             FirstUse::Opened { changed: 0 } => {}
             // Redis restarted or failed over during the wait (the guard's stamp is not this
