@@ -28,6 +28,32 @@ pub use handle::{Keyspace, Redis};
 pub(crate) use script_error::ScriptError;
 pub use target::RedisTarget;
 
+/// A connection that can say whether its last write counts: behind Sentinel a demoted
+/// primary still takes writes for seconds after a failover (until Sentinel turns it into a
+/// replica, about 8-12 s here), and they are lost, so what such a write handed out would be
+/// handed out again by the new primary (docs/operations.md, "Sentinel").
+pub trait ConfirmPrimary: Send {
+    /// Sentinel: whether this clone's last call ran on the node a majority of the Sentinels
+    /// name as primary now, and that node still answers `ROLE` as master (asked within the
+    /// call timeout; no answer is no). Standalone and Cluster: true, at no cost.
+    fn confirm_primary(&mut self) -> impl std::future::Future<Output = bool> + Send;
+
+    /// The error of a write that [`ConfirmPrimary::confirm_primary`] did not confirm: an I/O
+    /// error, so every caller takes it as a failover (retried; a new connection asks the
+    /// Sentinels again).
+    fn unconfirmed(what: &str) -> RedisError {
+        RedisError::from(std::io::Error::other(format!(
+            "{what} ran on a node that the Sentinels no longer name as the primary (failover in progress?); it does not count, try again"
+        )))
+    }
+}
+
+impl ConfirmPrimary for Redis {
+    fn confirm_primary(&mut self) -> impl std::future::Future<Output = bool> + Send {
+        Redis::confirm_primary(self)
+    }
+}
+
 /// Installs ring as rustls's process-wide crypto provider; without one the
 /// first `rediss://` connection panics. Harmless when already installed.
 fn install_crypto_provider() {

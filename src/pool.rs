@@ -37,7 +37,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{ScriptInvocation, Value};
 
-use crate::connection::Redis;
+use crate::connection::{ConfirmPrimary, Redis};
 
 pub(crate) use acquire::AcquireReply;
 pub use acquire::{AcquireRequest, Acquired};
@@ -128,6 +128,30 @@ where
     async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Value, PoolError> {
         let mut conn = self.conn.clone();
         Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// [`Pool::run`] of a script that grants or extends a lease (`what`: `acquire`,
+    /// `extend`): its reply counts only where the node it ran on is still the primary
+    /// ([`ConfirmPrimary`]): a lease granted on a demoted primary, which takes writes for
+    /// seconds after a Sentinel failover, is one the new primary grants again, with a fence
+    /// below those it handed out.
+    ///
+    /// Errors: as `run`; not confirmed: [`PoolError::Redis`] with an I/O error (retried as a
+    /// failover; the lease written there ends by its deadline, or is lost with the node).
+    async fn run_confirmed(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        what: &str,
+    ) -> Result<Value, PoolError>
+    where
+        C: ConfirmPrimary,
+    {
+        let mut conn = self.conn.clone();
+        let reply = inv.invoke_async(&mut conn).await?;
+        if !conn.confirm_primary().await {
+            return Err(PoolError::Redis(C::unconfirmed(what)));
+        }
+        Ok(reply)
     }
 
     fn invocation(&self, script: PoolScript) -> ScriptInvocation<'static> {

@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::LockKeys;
 use super::acquire::{self, LockAcquired};
 use crate::boot_clock::BootInstant;
-use crate::connection::{Readable, Redis, RedisTarget};
+use crate::connection::{ConfirmPrimary, Readable, Redis, RedisTarget};
 use crate::eviction::Eviction;
 use crate::identity::Owner;
 use crate::lease::node::{FirstRecord, FirstUse};
@@ -108,8 +108,19 @@ impl Session {
     }
 
     /// One run of `acquire.lua`, sent now.
+    ///
+    /// Behind Sentinel an acquire that made us the holder counts only where the node it ran
+    /// on is still the primary (`ConfirmPrimary`): a demoted primary takes writes for seconds
+    /// after a failover, and hands out fences below those of the new primary.
     pub(crate) async fn acquire(&mut self, limit: Duration) -> RedisResult<LockAcquired> {
-        let call = acquire::acquire(&mut self.conn, &self.keys, &self.owner, self.ttl);
+        let call = async {
+            let acquired =
+                acquire::acquire(&mut self.conn, &self.keys, &self.owner, self.ttl).await?;
+            if matches!(acquired, LockAcquired::Ours { .. }) && !self.conn.confirm_primary().await {
+                return Err(Redis::unconfirmed("the acquire"));
+            }
+            Ok(acquired)
+        };
         timing::bounded(limit, call).await
     }
 
@@ -122,10 +133,17 @@ impl Session {
         limit: Duration,
     ) -> (RedisResult<RenewOutcome>, BootInstant) {
         let sent = BootInstant::now();
-        let renew = lease::renew(&mut self.conn, self.keys.lock(), &self.owner, self.ttl, 0);
-        let reply = timing::bounded(limit, renew)
-            .await
-            .map(|reply| reply.outcome);
+        let call = async {
+            let reply =
+                lease::renew(&mut self.conn, self.keys.lock(), &self.owner, self.ttl, 0).await?;
+            // As the acquire: a renewal on a demoted primary proves nothing (retried until the
+            // lease's deadline; the new primary lacks the key if the writes were lost).
+            if reply.outcome != RenewOutcome::Lost && !self.conn.confirm_primary().await {
+                return Err(Redis::unconfirmed("the renew"));
+            }
+            Ok(reply.outcome)
+        };
+        let reply = timing::bounded(limit, call).await;
         (reply, sent)
     }
 

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::limits::{self, COOLDOWN_MS, TTL_MS};
 use super::script::Reply;
 use super::{Pool, PoolError, PoolLease, PoolScript};
-use crate::connection::Redis;
+use crate::connection::{ConfirmPrimary, Redis};
 use crate::lease::node::{self, FirstRecord, FirstUse};
 use crate::persistence::WaitDurable;
 use crate::timing;
@@ -108,7 +108,7 @@ pub(crate) enum AcquireReply<C> {
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + WaitDurable + Clone + Send + Sync,
+    C: ConnectionLike + WaitDurable + ConfirmPrimary + Clone + Send + Sync,
 {
     /// One acquire: reclaims at most 100 expired leases, then leases the
     /// first due id, or answers [`Acquired::Empty`] with the next-due hint.
@@ -243,7 +243,10 @@ where
         if let Some(request_id) = &req.request_id {
             inv.arg(request_id);
         }
-        let mut reply = Reply::new(PoolScript::Acquire, self.run(&inv).await?)?;
+        let mut reply = Reply::new(
+            PoolScript::Acquire,
+            self.run_confirmed(&inv, "the acquire").await?,
+        )?;
         match reply.int()? {
             0 => {
                 let hint = reply.int()?;

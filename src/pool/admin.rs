@@ -51,7 +51,7 @@ pub struct Reaped {
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + WaitDurable + Clone + Send + Sync,
+    C: ConnectionLike + WaitDurable + crate::connection::ConfirmPrimary + Clone + Send + Sync,
 {
     /// Runs `script` with `head` and then `ids` as ARGV; answers its count.
     async fn batch<S: AsRef<str>>(

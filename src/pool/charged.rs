@@ -82,7 +82,12 @@ pub async fn acquire_charged<C>(
     charge: &Charge,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
+    C: ConnectionLike
+        + crate::persistence::WaitDurable
+        + crate::connection::ConfirmPrimary
+        + Clone
+        + Send
+        + Sync,
 {
     acquire_charged_within(pool, req, charge, Duration::ZERO).await
 }
@@ -96,7 +101,12 @@ async fn acquire_charged_within<C>(
     wait_left: Duration,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
+    C: ConnectionLike
+        + crate::persistence::WaitDurable
+        + crate::connection::ConfirmPrimary
+        + Clone
+        + Send
+        + Sync,
 {
     let (keys, head) = charge.checked(pool.name()).map_err(pool_error)?;
     match pool
@@ -136,7 +146,12 @@ pub async fn acquire_charged_wait<C>(
     stop: &CancellationToken,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike + crate::persistence::WaitDurable + Clone + Send + Sync,
+    C: ConnectionLike
+        + crate::persistence::WaitDurable
+        + crate::connection::ConfirmPrimary
+        + Clone
+        + Send
+        + Sync,
 {
     let start = Instant::now();
     let mut attempt: u32 = 0;

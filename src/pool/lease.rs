@@ -123,7 +123,7 @@ impl<C> fmt::Debug for PoolLease<C> {
 
 impl<C> PoolLease<C>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + crate::connection::ConfirmPrimary + Clone + Send + Sync,
 {
     pub(super) fn new(
         pool: Pool<C>,

@@ -10,10 +10,11 @@ use super::lease::lost_reason;
 use super::limits::{self, COOLDOWN_MS, QUARANTINE_MS, TTL_MS};
 use super::script::Reply;
 use super::{Extended, Pool, PoolError, PoolScript, Quarantine, Released};
+use crate::connection::ConfirmPrimary;
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + ConfirmPrimary + Clone + Send + Sync,
 {
     /// Extends the lease of `id` held with `token` (the CLI and HTTP form of
     /// [`super::PoolLease::extend`]): deadline = Redis now + `ttl` (whole ms,
@@ -33,7 +34,10 @@ where
         let ttl = limits::millis("ttl", ttl, TTL_MS)?;
         let mut inv = self.invocation(PoolScript::Extend);
         inv.arg(id).arg(token).arg(ttl).arg(self.max_lease_ms);
-        let mut reply = Reply::new(PoolScript::Extend, self.run(&inv).await?)?;
+        let mut reply = Reply::new(
+            PoolScript::Extend,
+            self.run_confirmed(&inv, "the extend").await?,
+        )?;
         if reply.int()? == 0 {
             let at_ms = reply.uint()?;
             let reason = lost_reason(&mut reply)?;

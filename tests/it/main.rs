@@ -38,6 +38,8 @@ mod component;
 mod connection;
 /// The image (Dockerfile) and the pods of k8s/ in real containers: podman, kube play, TLS.
 mod container;
+/// A demoted primary behind Sentinel: lock and pool count no write made there.
+mod demoted_primary;
 /// Links in README.md and docs/, and the alerts' runbook_url, name files and headings that exist.
 mod docs;
 /// One worker ID never published twice under faults found by adversarial testing.
