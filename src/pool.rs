@@ -130,28 +130,30 @@ where
         Ok(inv.invoke_async(&mut conn).await?)
     }
 
-    /// [`Pool::run`] of a script that grants or extends a lease (`what`: `acquire`,
-    /// `extend`): its reply counts only where the node it ran on is still the primary
-    /// ([`ConfirmPrimary`]): a lease granted on a demoted primary, which takes writes for
-    /// seconds after a Sentinel failover, is one the new primary grants again, with a fence
-    /// below those it handed out.
+    /// [`Pool::run`] of a script that grants or extends a lease, and whether its reply
+    /// counts: only where the node it ran on is still the primary ([`ConfirmPrimary`]). A
+    /// lease granted on a demoted primary, which takes writes for seconds after a Sentinel
+    /// failover, is one the new primary grants again, with a fence below those it handed
+    /// out. An unconfirmed reply is the caller's to undo and to fail with
+    /// [`Pool::unconfirmed`].
     ///
-    /// Errors: as `run`; not confirmed: [`PoolError::Redis`] with an I/O error (retried as a
-    /// failover; the lease written there ends by its deadline, or is lost with the node).
-    async fn run_confirmed(
-        &self,
-        inv: &ScriptInvocation<'_>,
-        what: &str,
-    ) -> Result<Value, PoolError>
+    /// Errors: as `run`.
+    async fn run_on_primary(&self, inv: &ScriptInvocation<'_>) -> Result<(Value, bool), PoolError>
     where
         C: ConfirmPrimary,
     {
         let mut conn = self.conn.clone();
         let reply = inv.invoke_async(&mut conn).await?;
-        if !conn.confirm_primary().await {
-            return Err(PoolError::Redis(C::unconfirmed(what)));
-        }
-        Ok(reply)
+        Ok((reply, conn.confirm_primary().await))
+    }
+
+    /// The error of `what` (`the acquire`, `the extend`) that [`Pool::run_on_primary`] did
+    /// not confirm: [`PoolError::Redis`] with an I/O error, retried as a failover.
+    fn unconfirmed(what: &str) -> PoolError
+    where
+        C: ConfirmPrimary,
+    {
+        PoolError::Redis(C::unconfirmed(what))
     }
 
     fn invocation(&self, script: PoolScript) -> ScriptInvocation<'static> {

@@ -117,6 +117,9 @@ impl Session {
             let acquired =
                 acquire::acquire(&mut self.conn, &self.keys, &self.owner, self.ttl).await?;
             if matches!(acquired, LockAcquired::Ours { .. }) && !self.conn.confirm_primary().await {
+                // Not ours to use: free the key where the node is still the primary (the
+                // Sentinels did not answer in time) rather than park the lock for one TTL.
+                let _ = lease::release(&mut self.conn, self.keys.lock(), &self.owner).await;
                 return Err(Redis::unconfirmed("the acquire"));
             }
             Ok(acquired)

@@ -14,7 +14,8 @@
 --          next_due_in_ms = -1 means no id will become due by itself;
 --          {0, open_in_ms, now_ms, 1} when acquires are closed after Redis
 --          restarted or failed over (it may have rolled back; see below):
---          nothing is leased or replayed for open_in_ms;
+--          nothing is leased or replayed for open_in_ms; 3 instead of 1 when
+--          this call found the rollback and closed them;
 --          {0, open_in_ms, now_ms, 2, record} when the pool is new (see
 --          below): closed as after a rollback, and the caller may open it
 --          once `record` is durable (lease/node_open.lua).
@@ -71,7 +72,8 @@ if new_store then
   return { 0, math.min(open_at - now, 1000), now, 2, stored }
 end
 if open_at > now then
-  return { 0, open_at - now, now, 1 }
+  -- 3: closed by this call (it found the rollback), for the caller to say so once.
+  return { 0, open_at - now, now, rolled_back and 3 or 1 }
 end
 
 -- A retry of a call that leased: answer its lease while that is still valid.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::limits::{self, COOLDOWN_MS, TTL_MS};
 use super::script::Reply;
@@ -243,18 +243,26 @@ where
         if let Some(request_id) = &req.request_id {
             inv.arg(request_id);
         }
-        let mut reply = Reply::new(
-            PoolScript::Acquire,
-            self.run_confirmed(&inv, "the acquire").await?,
-        )?;
+        let (value, confirmed) = self.run_on_primary(&inv).await?;
+        let mut reply = Reply::new(PoolScript::Acquire, value)?;
         match reply.int()? {
             0 => {
                 let hint = reply.int()?;
                 let next_due_in = u64::try_from(hint).ok().map(Duration::from_millis);
                 let at_ms = reply.uint()?;
-                // A fourth item only when closed: 1 after a rollback, 2 a new pool
-                // (closed as after one; then its record comes fifth).
+                // A fourth item only when closed: 1 after a rollback, 3 closed by this call
+                // (it found the rollback), 2 a new pool (closed as after one; then its record
+                // comes fifth).
                 let closed = reply.int().unwrap_or(0);
+                if closed == 3 {
+                    // Once per rollback, not per refused acquire (pool serve answers 503s
+                    // meanwhile, and logged nothing of why).
+                    warn!(
+                        pool = %self.name,
+                        opens_in_ms = hint,
+                        "acquires closed after a Redis restart or failover: it may have come back without its last writes (an older snapshot, a replica that lagged), so a holder from before may still use its id; closed for the max lease, fence lifted (docs/pool.md)"
+                    );
+                }
                 let first = match closed {
                     2 => Some(reply.string()?),
                     _ => None,
@@ -273,6 +281,15 @@ where
                 let fence = reply.uint()?;
                 reply.uint()?; // Redis now: the lease start, unless replayed
                 let replayed = reply.int()? == 1;
+                if !confirmed {
+                    // Not handed out: give the id back at once where the node is still the
+                    // primary (the Sentinels did not answer in time), instead of leaving it
+                    // leased to nobody until its deadline; on a demoted one it is lost anyway.
+                    if let Err(err) = self.release_lease(&id, &token, Duration::ZERO).await {
+                        debug!(pool = %self.name, id, error = %err, "unconfirmed lease not released; it ends by its deadline");
+                    }
+                    return Err(Self::unconfirmed("the acquire"));
+                }
                 let lease = PoolLease::new(self.clone(), id, token, deadline_ms, fence, replayed);
                 Ok((AcquireReply::Acquired(Acquired::Leased(lease)), None))
             }

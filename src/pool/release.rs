@@ -34,10 +34,12 @@ where
         let ttl = limits::millis("ttl", ttl, TTL_MS)?;
         let mut inv = self.invocation(PoolScript::Extend);
         inv.arg(id).arg(token).arg(ttl).arg(self.max_lease_ms);
-        let mut reply = Reply::new(
-            PoolScript::Extend,
-            self.run_confirmed(&inv, "the extend").await?,
-        )?;
+        let (value, confirmed) = self.run_on_primary(&inv).await?;
+        if !confirmed {
+            // Extended (or not) on a node that may be demoted: the holder learns nothing.
+            return Err(Self::unconfirmed("the extend"));
+        }
+        let mut reply = Reply::new(PoolScript::Extend, value)?;
         if reply.int()? == 0 {
             let at_ms = reply.uint()?;
             let reason = lost_reason(&mut reply)?;

@@ -66,6 +66,13 @@ fn pool_cli_acquire_after_a_rollback_waits_out_the_max_lease() {
     );
     assert!(run.stderr.contains("acquires are closed"), "{run:?}");
     assert!(run.stdout.is_empty(), "{run:?}");
+    // The acquire that found the rollback says so once in its log (pool serve logged
+    // nothing of it, only 503s); later ones, closed as before, do not.
+    const FOUND: &str = "acquires closed after a Redis restart or failover";
+    assert_eq!(run.stderr.matches(FOUND).count(), 1, "{run:?}");
+    let again = pool_cmd(&redis, &acquire, &[]);
+    assert_eq!(again.code, Some(3), "{again:?}");
+    assert!(!again.stderr.contains(FOUND), "{again:?}");
 
     let mut wait = acquire.to_vec();
     wait.extend(["--wait", "10s"]);
