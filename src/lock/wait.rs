@@ -111,7 +111,7 @@ pub(crate) async fn wait(
                     warn!(
                         lock = session.keys().name(),
                         wait_ms = timing::ms(wait),
-                        "lock acquires closed after a Redis restart or failover (it may have rolled back), or for a new lock whose first record could not be seen durable; waiting as for a holder"
+                        "lock acquires closed after a Redis restart or failover (it may have rolled back), or for a new lock whose first record could not be seen durable; they open in wait_ms, and --wait decides whether this waits for it as for a holder"
                     );
                     logged_closed = true;
                 }
