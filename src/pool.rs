@@ -38,6 +38,7 @@ use redis::aio::ConnectionLike;
 use redis::{ScriptInvocation, Value};
 
 use crate::connection::{ConfirmPrimary, Redis};
+use crate::persistence::WaitDurable;
 
 pub(crate) use acquire::AcquireReply;
 pub use acquire::{AcquireRequest, Acquired};
@@ -68,6 +69,19 @@ impl Default for PoolOptions {
             max_lease: Duration::from_secs(600),
         }
     }
+}
+
+/// What a pool's connection needs for acquires and the admin calls that write a first
+/// record: scripts, the first-use durability wait ([`WaitDurable`]) and the Sentinels'
+/// confirmation of a grant ([`ConfirmPrimary`]). [`Redis`] has them all.
+pub trait AcquireConnection:
+    ConnectionLike + WaitDurable + ConfirmPrimary + Clone + Send + Sync
+{
+}
+
+impl<T> AcquireConnection for T where
+    T: ConnectionLike + WaitDurable + ConfirmPrimary + Clone + Send + Sync
+{
 }
 
 /// A handle on one named pool. Cheap to clone (the connection is cloned,

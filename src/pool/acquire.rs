@@ -4,7 +4,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -12,9 +11,8 @@ use tracing::{debug, info, warn};
 use super::limits::{self, COOLDOWN_MS, TTL_MS};
 use super::script::Reply;
 use super::{Pool, PoolError, PoolLease, PoolScript};
-use crate::connection::{ConfirmPrimary, Redis};
+use crate::connection::Redis;
 use crate::lease::node::{self, FirstRecord, FirstUse};
-use crate::persistence::WaitDurable;
 use crate::timing;
 
 /// What one acquire asks for.
@@ -108,7 +106,7 @@ pub(crate) enum AcquireReply<C> {
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + WaitDurable + ConfirmPrimary + Clone + Send + Sync,
+    C: super::AcquireConnection,
 {
     /// One acquire: reclaims at most 100 expired leases, then leases the
     /// first due id, or answers [`Acquired::Empty`] with the next-due hint.

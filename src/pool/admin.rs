@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use tracing::warn;
 
@@ -11,7 +10,6 @@ use super::limits::{self, COOLDOWN_MS, IDS_PER_CALL, MAX_STRIKES, REAP_LIMIT, ST
 use super::script::Reply;
 use super::{Pool, PoolError, PoolScript};
 use crate::lease::node::{self, FirstUse};
-use crate::persistence::WaitDurable;
 
 /// The pool's strike setting: an id quarantined `max_strikes` times within
 /// `window` is disabled, until `enable`. Stored in `{P}:config`.
@@ -51,7 +49,7 @@ pub struct Reaped {
 
 impl<C> Pool<C>
 where
-    C: ConnectionLike + WaitDurable + crate::connection::ConfirmPrimary + Clone + Send + Sync,
+    C: super::AcquireConnection,
 {
     /// Runs `script` with `head` and then `ids` as ARGV; answers its count.
     async fn batch<S: AsRef<str>>(

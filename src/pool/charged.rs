@@ -8,7 +8,6 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -82,12 +81,7 @@ pub async fn acquire_charged<C>(
     charge: &Charge,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike
-        + crate::persistence::WaitDurable
-        + crate::connection::ConfirmPrimary
-        + Clone
-        + Send
-        + Sync,
+    C: super::AcquireConnection,
 {
     acquire_charged_within(pool, req, charge, Duration::ZERO).await
 }
@@ -101,12 +95,7 @@ async fn acquire_charged_within<C>(
     wait_left: Duration,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike
-        + crate::persistence::WaitDurable
-        + crate::connection::ConfirmPrimary
-        + Clone
-        + Send
-        + Sync,
+    C: super::AcquireConnection,
 {
     let (keys, head) = charge.checked(pool.name()).map_err(pool_error)?;
     match pool
@@ -146,12 +135,7 @@ pub async fn acquire_charged_wait<C>(
     stop: &CancellationToken,
 ) -> Result<ChargedAcquire<C>, PoolError>
 where
-    C: ConnectionLike
-        + crate::persistence::WaitDurable
-        + crate::connection::ConfirmPrimary
-        + Clone
-        + Send
-        + Sync,
+    C: super::AcquireConnection,
 {
     let start = Instant::now();
     let mut attempt: u32 = 0;
