@@ -82,13 +82,15 @@ enum Renewal {
 
 /// Judges a renewal's reply; a failure by the lease core's
 /// [`lease::on_failure`].
+/// Why a renewal found the lock lost: the script cannot tell a missing key from another
+/// owner's, so the reason names what each means.
+const LOST: &str = "the lock key no longer holds our owner string: it expired, was deleted or taken over, or Redis lost it (a restart from an older snapshot, a failover; docs/lock.md)";
+
 fn renewal(reply: &RedisResult<RenewOutcome>) -> Renewal {
     match reply {
         Ok(RenewOutcome::Extended) => Renewal::Extended,
         // Recreated cannot happen: renew is called with recreate off.
-        Ok(RenewOutcome::Lost | RenewOutcome::Recreated) => {
-            Renewal::Lost("the lock key no longer holds our owner string".to_owned())
-        }
+        Ok(RenewOutcome::Lost | RenewOutcome::Recreated) => Renewal::Lost(LOST.to_owned()),
         Err(err) => match lease::on_failure(classify(err).failure) {
             OnFailure::Ends => {
                 Renewal::Lost(format!("redis refused the renew script: {}", Readable(err)))
@@ -217,7 +219,7 @@ mod tests {
         let Renewal::Lost(reason) = renewal(&Ok(RenewOutcome::Lost)) else {
             panic!("a lost key is a loss")
         };
-        assert_eq!(reason, "the lock key no longer holds our owner string");
+        assert_eq!(reason, LOST);
         let wrong_type = RedisError::from((ErrorKind::UnexpectedReturnType, "not a renew reply"));
         let Renewal::Lost(reason) = renewal(&Err(wrong_type)) else {
             panic!("a permanent error is a loss")

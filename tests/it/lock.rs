@@ -485,7 +485,8 @@ fn a_lost_lock_ends_with_a_last_line_naming_it() {
     assert!(
         last.starts_with(
             "snowlease lock: lock \"report\" was lost while the command ran (the lock key no longer \
-             holds our owner string); the command was stopped ("
+             holds our owner string: it expired, was deleted or taken over, or Redis lost it (a \
+             restart from an older snapshot, a failover; docs/lock.md)); the command was stopped ("
         ),
         "{log:?}"
     );
