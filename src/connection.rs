@@ -37,15 +37,15 @@ pub trait ConfirmPrimary: Send {
     /// name as primary now, and that node still answers `ROLE` as master (asked within the
     /// call timeout; no answer is no). Standalone and Cluster: true, at no cost.
     fn confirm_primary(&mut self) -> impl std::future::Future<Output = bool> + Send;
+}
 
-    /// The error of a write that [`ConfirmPrimary::confirm_primary`] did not confirm: an I/O
-    /// error, so every caller takes it as a failover (retried; a new connection asks the
-    /// Sentinels again).
-    fn unconfirmed(what: &str) -> RedisError {
-        RedisError::from(std::io::Error::other(format!(
-            "{what} ran on a node that the Sentinels no longer name as the primary (failover in progress?); it does not count, try again"
-        )))
-    }
+/// The error of `what` (`the acquire`, `the renew`) that [`ConfirmPrimary::confirm_primary`]
+/// did not confirm: the Sentinels' failover error (I/O kind), so every caller takes it as a
+/// failover (retried; a new connection asks the Sentinels again).
+pub(crate) fn unconfirmed(what: &str) -> RedisError {
+    sentinel::in_failover(&format!(
+        "{what} ran on a node that the Sentinels do not name as the primary now; it does not count, try again"
+    ))
 }
 
 impl ConfirmPrimary for Redis {

@@ -149,7 +149,7 @@ where
     /// lease granted on a demoted primary, which takes writes for seconds after a Sentinel
     /// failover, is one the new primary grants again, with a fence below those it handed
     /// out. An unconfirmed reply is the caller's to undo and to fail with
-    /// [`Pool::unconfirmed`].
+    /// [`unconfirmed`](crate::connection::unconfirmed).
     ///
     /// Errors: as `run`.
     async fn run_on_primary(&self, inv: &ScriptInvocation<'_>) -> Result<(Value, bool), PoolError>
@@ -159,15 +159,6 @@ where
         let mut conn = self.conn.clone();
         let reply = inv.invoke_async(&mut conn).await?;
         Ok((reply, conn.confirm_primary().await))
-    }
-
-    /// The error of `what` (`the acquire`, `the extend`) that [`Pool::run_on_primary`] did
-    /// not confirm: [`PoolError::Redis`] with an I/O error, retried as a failover.
-    fn unconfirmed(what: &str) -> PoolError
-    where
-        C: ConfirmPrimary,
-    {
-        PoolError::Redis(C::unconfirmed(what))
     }
 
     fn invocation(&self, script: PoolScript) -> ScriptInvocation<'static> {

@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::LockKeys;
 use super::acquire::{self, LockAcquired};
 use crate::boot_clock::BootInstant;
-use crate::connection::{ConfirmPrimary, Readable, Redis, RedisTarget};
+use crate::connection::{Readable, Redis, RedisTarget, unconfirmed};
 use crate::eviction::Eviction;
 use crate::identity::Owner;
 use crate::lease::node::{FirstRecord, FirstUse};
@@ -110,7 +110,7 @@ impl Session {
     /// One run of `acquire.lua`, sent now.
     ///
     /// Behind Sentinel an acquire that made us the holder counts only where the node it ran
-    /// on is still the primary (`ConfirmPrimary`): a demoted primary takes writes for seconds
+    /// on is still the primary (`Redis::confirm_primary`): a demoted primary takes writes for seconds
     /// after a failover, and hands out fences below those of the new primary.
     pub(crate) async fn acquire(&mut self, limit: Duration) -> RedisResult<LockAcquired> {
         let call = async {
@@ -120,7 +120,7 @@ impl Session {
                 // Not ours to use: free the key where the node is still the primary (the
                 // Sentinels did not answer in time) rather than park the lock for one TTL.
                 let _ = lease::release(&mut self.conn, self.keys.lock(), &self.owner).await;
-                return Err(Redis::unconfirmed("the acquire"));
+                return Err(unconfirmed("the acquire"));
             }
             Ok(acquired)
         };
@@ -142,7 +142,7 @@ impl Session {
             // As the acquire: a renewal on a demoted primary proves nothing (retried until the
             // lease's deadline; the new primary lacks the key if the writes were lost).
             if reply.outcome != RenewOutcome::Lost && !self.conn.confirm_primary().await {
-                return Err(Redis::unconfirmed("the renew"));
+                return Err(unconfirmed("the renew"));
             }
             Ok(reply.outcome)
         };

@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use super::limits::{self, COOLDOWN_MS, TTL_MS};
 use super::script::Reply;
 use super::{Pool, PoolError, PoolLease, PoolScript};
-use crate::connection::Redis;
+use crate::connection::{Redis, unconfirmed};
 use crate::lease::node::{self, FirstRecord, FirstUse};
 use crate::timing;
 
@@ -286,7 +286,7 @@ where
                     if let Err(err) = self.release_lease(&id, &token, Duration::ZERO).await {
                         debug!(pool = %self.name, id, error = %err, "unconfirmed lease not released; it ends by its deadline");
                     }
-                    return Err(Self::unconfirmed("the acquire"));
+                    return Err(PoolError::Redis(unconfirmed("the acquire")));
                 }
                 let lease = PoolLease::new(self.clone(), id, token, deadline_ms, fence, replayed);
                 Ok((AcquireReply::Acquired(Acquired::Leased(lease)), None))

@@ -10,7 +10,7 @@ use super::lease::lost_reason;
 use super::limits::{self, COOLDOWN_MS, QUARANTINE_MS, TTL_MS};
 use super::script::Reply;
 use super::{Extended, Pool, PoolError, PoolScript, Quarantine, Released};
-use crate::connection::ConfirmPrimary;
+use crate::connection::{ConfirmPrimary, unconfirmed};
 
 impl<C> Pool<C>
 where
@@ -37,7 +37,7 @@ where
         let (value, confirmed) = self.run_on_primary(&inv).await?;
         if !confirmed {
             // Extended (or not) on a node that may be demoted: the holder learns nothing.
-            return Err(Self::unconfirmed("the extend"));
+            return Err(PoolError::Redis(unconfirmed("the extend")));
         }
         let mut reply = Reply::new(PoolScript::Extend, value)?;
         if reply.int()? == 0 {
