@@ -22,8 +22,33 @@ use crate::harness::*;
 /// the fence and the time (ns), appended to `$DIR/log`.
 const JOB: &str = r#"end() { echo "end $(date +%s%N) $SNOWLEASE_FENCE $ME" >> "$DIR/log"; }; trap 'end; exit 143' TERM; echo "start $(date +%s%N) $SNOWLEASE_FENCE $ME" >> "$DIR/log"; sleep "$HOLD"; end"#;
 
-/// One holder's run of the command: (start ns, end ns, fence, who).
+/// One holding of the lock or of the pool's id: (start, end, fence, who); times in ns (the
+/// lock's command) or Redis ms (the pool's leases).
 type Held = (u128, u128, u64, String);
+
+/// Sorted by start, each holding ended before the next began, and has a smaller fence.
+fn assert_one_at_a_time(mut held: Vec<Held>) {
+    held.sort();
+    for pair in held.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            a.1 <= b.0,
+            "{} (fence {}) still held it when {} (fence {}) began: {held:#?}",
+            a.3,
+            a.2,
+            b.3,
+            b.2
+        );
+        assert!(
+            a.2 < b.2,
+            "{} held it with fence {} after {} with fence {}: {held:#?}",
+            b.3,
+            b.2,
+            a.3,
+            a.2
+        );
+    }
+}
 
 /// The runs in `$DIR/log`; a run without an end line (SIGKILL after the grace) ends at
 /// `gone_ns`, when every lock process had exited.
@@ -48,7 +73,6 @@ fn runs(dir: &Path, gone_ns: u128) -> Vec<Held> {
             }
         }
     }
-    runs.sort();
     runs
 }
 
@@ -95,8 +119,13 @@ fn a_lock_never_counts_a_demoted_primary() {
             .is_ok_and(|t| t.contains("holder"))),
         "the holder never ran"
     );
-    procs.push(lock(&url, "waiter", "2", "30s", dir.path()).spawn());
-    thread::sleep(ms(300));
+    let waiter = lock(&url, "waiter", "2", "30s", dir.path()).spawn();
+    assert!(
+        waiter.wait_for_log("waiting for the lock", secs(10)),
+        "the waiter never waited: {:#?}",
+        waiter.log_lines()
+    );
+    procs.push(waiter);
     topo.failover();
     let until = Instant::now() + secs(12);
     let mut n = 0;
@@ -110,29 +139,8 @@ fn a_lock_never_counts_a_demoted_primary() {
     }
     let held = runs(dir.path(), now_ns());
     assert!(held.len() >= 2, "{held:?}");
-    for pair in held.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert!(
-            a.1 <= b.0,
-            "{} (fence {}) still ran when {} (fence {}) started: {held:#?}",
-            a.3,
-            a.2,
-            b.3,
-            b.2
-        );
-        assert!(
-            a.2 < b.2,
-            "{} ran with fence {} after {} with fence {}: {held:#?}",
-            b.3,
-            b.2,
-            a.3,
-            a.2
-        );
-    }
+    assert_one_at_a_time(held);
 }
-
-/// One lease of the pool's only id: (Redis ms it was granted at, deadline, fence, by whom).
-type Grant = (u64, u64, u64, &'static str);
 
 /// `pool serve` keeps its connection across a planned failover while fresh `pool acquire`
 /// processes ask the Sentinels: the pool's one id, never released, is leased again only
@@ -155,16 +163,18 @@ fn a_pool_never_counts_a_demoted_primary() {
         &["--pool", "p", "--max-lease", "3s", "--reap-interval", "1h"],
     );
     let ttl_ms = 3000;
-    let grant = |body: &serde_json::Value, by| -> Grant {
+    // A lease of the pool's only id: from its grant to its deadline (Redis ms).
+    let grant = |body: &serde_json::Value, by: &str| -> Held {
         let deadline = body["deadline_ms"].as_u64().expect("deadline_ms");
+        let fence = body["fence"].as_u64().expect("fence");
         (
-            deadline - ttl_ms,
-            deadline,
-            body["fence"].as_u64().expect("fence"),
-            by,
+            (deadline - ttl_ms).into(),
+            deadline.into(),
+            fence,
+            by.to_owned(),
         )
     };
-    let mut grants: Vec<Grant> = Vec::new();
+    let mut grants: Vec<Held> = Vec::new();
     // A 503 is an answer to retry (the Sentinels' check timing out on a loaded machine).
     let mut body = serde_json::Value::Null;
     let warmed = poll_until(secs(10), || {
@@ -205,18 +215,6 @@ fn a_pool_never_counts_a_demoted_primary() {
         }
         thread::sleep(ms(300));
     }
-    grants.sort();
     assert!(!grants.is_empty(), "no lease granted after the failover");
-    for pair in grants.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        assert!(
-            a.1 <= b.0,
-            "{} leased the id at {} while {}'s lease ran to {}: {grants:#?}",
-            b.3,
-            b.0,
-            a.3,
-            a.1
-        );
-        assert!(a.2 < b.2, "fence {} after fence {}: {grants:#?}", b.2, a.2);
-    }
+    assert_one_at_a_time(grants);
 }
