@@ -254,9 +254,7 @@ impl Managed {
     fn wait_in_sync(&self) {
         let replica = &self.nodes[1 - self.primary];
         assert!(
-            poll_until(SYNC_TIMEOUT, || replica
-                .info_field("replication", "master_link_status")
-                .is_some_and(|s| s == "up")),
+            replica.wait_info("replication", "master_link_status", "up", SYNC_TIMEOUT),
             "{} did not link to the primary within {SYNC_TIMEOUT:?}",
             replica.name()
         );

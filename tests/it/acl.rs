@@ -158,9 +158,7 @@ fn worker_with_min_replicas_ack_runs_with_the_minimal_acl() {
         ..RedisOptions::default()
     });
     assert!(
-        poll_until(secs(10), || redis
-            .info_field("replication", "connected_slaves")
-            == Some("1".into())),
+        redis.wait_info("replication", "connected_slaves", "1", secs(10)),
         "replica linked"
     );
     let url = acl_user(&redis, "snowlease", WORKER_RULES);

@@ -38,12 +38,7 @@ fn second_holder(url: &str, wait: &str, dir: &Path, a: &mut Sidecar) -> (Option<
 /// Waits (5 s) until `primary` lists no replica (`connected_slaves:0`).
 fn assert_no_replica_listed(primary: &RedisServer) {
     assert!(
-        poll_until(secs(5), || {
-            primary
-                .info_field("replication", "connected_slaves")
-                .as_deref()
-                == Some("0")
-        }),
+        primary.wait_info("replication", "connected_slaves", "0", secs(5)),
         "the primary still lists its replica"
     );
 }
@@ -118,12 +113,7 @@ fn aof_switched_off_at_run_time_does_not_make_a_snapshot_what_a_restart_loads() 
 
 /// A replica's `master_link_status` is `up` (10 s at most).
 fn wait_link_up(replica: &RedisServer) -> bool {
-    poll_until(secs(10), || {
-        replica
-            .info_field("replication", "master_link_status")
-            .as_deref()
-            == Some("up")
-    })
+    replica.wait_info("replication", "master_link_status", "up", secs(10))
 }
 
 /// A primary without persistence (`save ""`) that syncs its replicas from disk and removes

@@ -75,9 +75,7 @@ fn a_new_lock_on_a_cluster_waits_only_for_its_own_shard() {
             let _: () = node.query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
         }
         assert!(
-            poll_until(secs(10), || node
-                .info_field("persistence", "aof_rewrite_in_progress")
-                .is_some_and(|v| v == "0")),
+            node.wait_info("persistence", "aof_rewrite_in_progress", "0", secs(10)),
             "the AOF's first rewrite did not end"
         );
     }

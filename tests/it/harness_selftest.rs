@@ -97,10 +97,7 @@ fn harness_proxy_blackhole_holds_then_release_delivers() {
     c.read_until("PONG");
     // A reply held on its way back: BLPOP parks in Redis, the push comes from elsewhere.
     c.send(&["BLPOP", "q", "0"]);
-    assert!(poll_until(secs(5), || redis
-        .info_field("clients", "blocked_clients")
-        .as_deref()
-        == Some("1")));
+    assert!(redis.wait_info("clients", "blocked_clients", "1", secs(5)));
     proxy.set_mode(Mode::Blackhole);
     let _: () = redis.query(redis::cmd("RPUSH").arg("q").arg("item"));
     assert!(poll_until(secs(5), || proxy.connections()[0].queued_down > 0));

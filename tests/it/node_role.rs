@@ -44,9 +44,7 @@ impl Pair {
 fn switch(primary: &RedisServer, to: &RedisServer) {
     let _: String = primary.query(redis::cmd("FAILOVER").arg("TIMEOUT").arg(20_000));
     assert!(
-        poll_until(secs(30), || {
-            to.info_field("replication", "role").as_deref() == Some("master")
-        }),
+        to.wait_info("replication", "role", "master", secs(30)),
         "{} was never promoted",
         to.name()
     );
@@ -78,12 +76,7 @@ fn replica_of(primary: &RedisServer, ip: Option<&str>, port: Option<u16>) -> Red
 
 fn wait_linked(replica: &RedisServer) {
     assert!(
-        poll_until(secs(15), || {
-            replica
-                .info_field("replication", "master_link_status")
-                .as_deref()
-                == Some("up")
-        }),
+        replica.wait_info("replication", "master_link_status", "up", secs(15)),
         "{} never linked to its primary",
         replica.name()
     );

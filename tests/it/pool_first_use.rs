@@ -46,10 +46,7 @@ fn slow_snapshot_running(redis: &RedisServer) {
     redis.slow_snapshots(400, ms(100));
     let _: String = redis.query(&mut redis::cmd("BGSAVE"));
     assert!(
-        poll_until(secs(5), || redis
-            .info_field("persistence", "rdb_bgsave_in_progress")
-            .as_deref()
-            == Some("1")),
+        redis.wait_info("persistence", "rdb_bgsave_in_progress", "1", secs(5)),
         "no snapshot running"
     );
 }
@@ -61,10 +58,7 @@ fn end_slow_snapshot(redis: &RedisServer) {
         let _ = kill(child, Signal::SIGKILL);
     }
     assert!(
-        poll_until(secs(5), || redis
-            .info_field("persistence", "rdb_bgsave_in_progress")
-            .as_deref()
-            == Some("0")),
+        redis.wait_info("persistence", "rdb_bgsave_in_progress", "0", secs(5)),
         "the slow snapshot still runs"
     );
 }

@@ -297,10 +297,7 @@ fn a_stale_sentinel_listed_first_is_outvoted() {
     assert!(poll_until(secs(10), || named_by_stale() == Some(old_port)));
     let new = topo.failover();
     assert!(
-        poll_until(secs(30), || topo.nodes()[old]
-            .info_field("replication", "role")
-            .as_deref()
-            == Some("slave")),
+        topo.nodes()[old].wait_info("replication", "role", "slave", secs(30)),
         "the old primary was never demoted"
     );
     assert_eq!(

@@ -245,6 +245,14 @@ impl RedisServer {
         })
     }
 
+    /// Polls [`RedisServer::info_field`] until `field` of `INFO section` reads `value`; false
+    /// when it did not within `within`.
+    pub fn wait_info(&self, section: &str, field: &str, value: &str, within: Duration) -> bool {
+        poll_until(within, || {
+            self.info_field(section, field).as_deref() == Some(value)
+        })
+    }
+
     /// One counter of `command` (lower case, e.g. "evalsha") in `INFO commandstats`: "calls",
     /// or "failed_calls" (calls answered with an error, e.g. NOSCRIPT; part of "calls"). 0
     /// before the command's first call.
