@@ -1,7 +1,7 @@
 //! A Redis whose persistence can bring it back older (AOF off: a restart loads any
-//! `dump.rdb`; AOF without `appendfsync always`) is named by `status` (a note, `"persistence"` in `--json`) and by one WARN in the
-//! sidecar's start log; one that cannot is not; where `CONFIG` is refused nothing is said and
-//! nothing fails.
+//! `dump.rdb`; AOF without `appendfsync always`) is named by `status` (a note,
+//! `"persistence"` in `--json`) and by one WARN in the sidecar's start log; one that cannot
+//! is not; where `CONFIG` is refused nothing is said and nothing fails.
 
 use serde_json::Value;
 
